@@ -1,0 +1,27 @@
+"""trimflow: keep LLM agent requests under provider image and size limits, at the wire.
+
+The engine is pure Python; `addon/mitm.py` is the mitmproxy addon that runs it on live traffic.
+"""
+
+from ._engine import ENFORCE, MODES, OBSERVE, Outcome, is_sigv4, prune_request
+from ._policy import DEFAULT_PLACEHOLDER, Decision, Limits, count_pruned, decide
+from ._record import Record
+from .formats import FORMATS, Media, detect_shape
+
+__all__ = [
+    "DEFAULT_PLACEHOLDER",
+    "Decision",
+    "ENFORCE",
+    "FORMATS",
+    "Limits",
+    "MODES",
+    "Media",
+    "OBSERVE",
+    "Outcome",
+    "Record",
+    "count_pruned",
+    "decide",
+    "detect_shape",
+    "is_sigv4",
+    "prune_request",
+]

@@ -1,0 +1,50 @@
+"""JSON in and out: orjson for speed, the standard library for what orjson refuses.
+
+orjson rejects integers over 64 bits, NaN and Infinity, and nesting deeper than 1024; those bodies
+are still valid for many servers, so they fall back to `json` instead of failing the request.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import orjson
+
+
+class BodyError(ValueError):
+    """The body cannot be handled; the message says why without quoting it."""
+
+
+def loads(body: bytes) -> tuple[Any, bool]:
+    """The parsed body and whether it needed the fallback parser."""
+    try:
+        return orjson.loads(body), False
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BodyError(f"body is not UTF-8 (invalid byte at offset {exc.start})") from None
+    try:
+        return json.loads(text), True
+    except RecursionError:
+        raise BodyError("body is JSON nested too deeply to parse") from None
+    except json.JSONDecodeError as exc:
+        raise BodyError(f"body is not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+
+
+def dumps(value: Any, fallback: bool) -> bytes:
+    """Compact JSON; with `fallback` the standard library writes what orjson cannot."""
+    if not fallback:
+        try:
+            return orjson.dumps(value)
+        except (orjson.JSONEncodeError, TypeError):
+            pass
+    try:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    except UnicodeEncodeError:
+        # A lone surrogate (from a "\ud800" escape) only survives as an escape.
+        return json.dumps(value, separators=(",", ":")).encode("ascii")
+    except RecursionError:
+        raise BodyError("body is JSON nested too deeply to write") from None

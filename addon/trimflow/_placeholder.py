@@ -1,0 +1,53 @@
+"""The text that stands where a pruned image was.
+
+It says what was there and depends only on the image itself and its ordinal in the conversation,
+so the same image gets the same text on every later turn and a provider's cached prefix survives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ._imageinfo import ImageInfo
+from ._sizes import format_size
+from .formats import Media
+
+# The fields a template may use; _rules validates templates against these.
+PLACEHOLDER_FIELDS = ("kind", "ordinal", "mime", "dims", "size", "bytes", "width", "height", "reason")
+
+
+@dataclass(frozen=True, slots=True)
+class MediaFacts:
+    """What is known of one media item: its wire form and what its header says."""
+
+    media: Media
+    ordinal: int  # 1-based among the request's media of the same kind, in document order
+    info: ImageInfo | None
+
+    @property
+    def mime(self) -> str | None:
+        if self.info is not None:
+            return self.info.mime
+        return self.media.declared_mime
+
+    @property
+    def decoded_bytes(self) -> int:
+        return (self.media.wire_bytes - self.media.data_offset) * 3 // 4
+
+
+def render(template: str, facts: MediaFacts, reason: str) -> str:
+    info = facts.info
+    width = info.width if info is not None else None
+    height = info.height if info is not None else None
+    values = {
+        "kind": facts.media.kind,
+        "ordinal": facts.ordinal,
+        "mime": facts.mime or "unknown type",
+        "dims": f"{width}x{height}" if width and height else "unknown size",
+        "size": "remote" if facts.media.remote else format_size(facts.decoded_bytes),
+        "bytes": facts.media.wire_bytes,
+        "width": width if width is not None else "?",
+        "height": height if height is not None else "?",
+        "reason": reason,
+    }
+    return template.format_map(values)

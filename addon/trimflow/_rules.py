@@ -1,0 +1,518 @@
+"""The rules file: which requests are LLM calls (endpoints) and what limits apply to them (rules).
+
+Pure Python, no mitmproxy. Parsing walks PyYAML's node tree rather than plain dicts so that every
+error can name the file and line it comes from; globs are compiled once at load because
+`limits_for` and `format_for` run on every request.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import fnmatch
+import functools
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import yaml
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from ._policy import Limits
+from ._sizes import parse_size
+
+DEFAULT_RULES_PATH: Path = Path(__file__).resolve().parents[2] / "rules" / "default.yaml"
+
+# Wire format names; the same as the keys of trimflow.formats.FORMATS (a test checks).
+FORMAT_NAMES: tuple[str, ...] = (
+    "openai-chat",
+    "openai-responses",
+    "anthropic",
+    "gemini",
+    "bedrock-converse",
+    "ollama",
+)
+
+# Dummy values for checking a placeholder template at load time, in the types the placeholder
+# renderer passes: numbers are ints so a format spec such as {bytes:,} is checked as it will be
+# used, and a second set has width/height unknown ("?") as they are for an unreadable image.
+PLACEHOLDER_FIELDS: tuple[str, ...] = ("kind", "ordinal", "mime", "dims", "size", "bytes", "width", "height", "reason")
+_PLACEHOLDER_SAMPLES: tuple[Mapping[str, Any], ...] = (
+    {"kind": "image", "ordinal": 3, "mime": "image/png", "dims": "1024x768", "size": "669KB",
+     "bytes": 685_000, "width": 1024, "height": 768, "reason": "max_images"},
+    {"kind": "document", "ordinal": 1, "mime": "unknown type", "dims": "unknown size", "size": "remote",
+     "bytes": 120, "width": "?", "height": "?", "reason": "max_body_bytes"},
+)
+
+LIMIT_FIELDS: tuple[str, ...] = (
+    "max_images",
+    "max_body_bytes",
+    "keep_recent",
+    "prune_batch",
+    "placeholder",
+)
+_TOP_KEYS = ("defaults", "rules", "endpoints", "detect_by_shape")
+_MATCH_KEYS = ("host", "path", "model")
+_ENDPOINT_KEYS = ("path", "format", "host")
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class RulesError(ValueError):
+    """A rules file problem; str() is always "FILE:LINE: what is wrong" (or "FILE: ..." without a line)."""
+
+    def __init__(self, source: str, line: int | None, problem: str) -> None:
+        self.source = source
+        self.line = line
+        self.problem = problem
+        super().__init__(f"{source}:{line}: {problem}" if line is not None else f"{source}: {problem}")
+
+
+# --- matching ---------------------------------------------------------------------------------
+
+
+def _compile(globs: Iterable[str], *, ignore_case: bool) -> re.Pattern[str] | None:
+    """One regex for a list of globs (any of them); None when a glob is "*" (matches anything)."""
+    globs = tuple(globs)
+    if not globs or "*" in globs:
+        return None
+    flags = re.IGNORECASE if ignore_case else 0
+    return re.compile("|".join(fnmatch.translate(g) for g in globs), flags)
+
+
+def _bare_host(host: str) -> str:
+    """Host without port, IPv6 brackets or trailing dot: "API.x.com:443" -> "API.x.com" (case is ignored later)."""
+    if host.startswith("["):
+        end = host.find("]")
+        if end != -1:
+            return host[1:end]
+    elif host.count(":") == 1:  # more than one colon is a bare IPv6 address, not host:port
+        host = host.partition(":")[0]
+    return host.rstrip(".")
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """Requests to `path` (a glob on the URL path, case-sensitive) on `host` speak wire format `format`."""
+
+    path: str
+    format: str
+    host: str = "*"
+    _path_re: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
+    _host_re: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.format not in FORMAT_NAMES:
+            raise ValueError(f"unknown format {self.format!r}; use one of {', '.join(FORMAT_NAMES)}")
+        object.__setattr__(self, "_path_re", _compile([self.path], ignore_case=False))
+        object.__setattr__(self, "_host_re", _compile([self.host], ignore_case=True))
+
+    def matches(self, host: str, path: str) -> bool:
+        return self._hit(_bare_host(host), path.partition("?")[0])
+
+    def _hit(self, host: str, path: str) -> bool:
+        return (self._path_re is None or self._path_re.match(path) is not None) and (
+            self._host_re is None or self._host_re.match(host) is not None
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One entry of `rules:`: all given glob lists must match (any glob of a list); empty = any.
+
+    `overrides` holds only the fields the rule sets; the rest come from the file's defaults.
+    """
+
+    name: str
+    host: tuple[str, ...] = ()
+    path: tuple[str, ...] = ()
+    model: tuple[str, ...] = ()
+    overrides: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    line: int = field(default=0, compare=False)
+    _host_re: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
+    _path_re: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
+    _model_re: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        unknown = set(self.overrides) - set(LIMIT_FIELDS)
+        if unknown:
+            raise ValueError(f"rule {self.name!r}: unknown fields {sorted(unknown)}")
+        for key in ("host", "path", "model"):
+            object.__setattr__(self, key, tuple(getattr(self, key)))
+        object.__setattr__(self, "overrides", MappingProxyType(dict(self.overrides)))
+        object.__setattr__(self, "_host_re", _compile(self.host, ignore_case=True))
+        object.__setattr__(self, "_path_re", _compile(self.path, ignore_case=False))
+        object.__setattr__(self, "_model_re", _compile(self.model, ignore_case=True))
+
+    def matches(self, host: str, path: str, model: str | None) -> bool:
+        return self._hit(_bare_host(host), path.partition("?")[0], model)
+
+    def _hit(self, host: str, path: str, model: str | None) -> bool:
+        if self._host_re is not None and self._host_re.match(host) is None:
+            return False
+        if self._path_re is not None and self._path_re.match(path) is None:
+            return False
+        if self._model_re is not None and (model is None or self._model_re.match(model) is None):
+            return False
+        return True
+
+
+@dataclass(frozen=True)
+class Rules:
+    """A loaded rules file. Lookups are first-match-wins over `rules` and `endpoints`."""
+
+    source: str
+    defaults: Limits
+    rules: tuple[Rule, ...]
+    endpoints: tuple[Endpoint, ...]
+    detect_by_shape: bool = True
+    # Each rule with its fields already merged over the defaults, so a lookup only matches.
+    _table: tuple[tuple[Rule, Limits], ...] = field(init=False, repr=False, compare=False, default=())
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rules", tuple(self.rules))
+        object.__setattr__(self, "endpoints", tuple(self.endpoints))
+        table = tuple(
+            (r, dataclasses.replace(self.defaults, rule=r.name, **r.overrides)) for r in self.rules
+        )
+        object.__setattr__(self, "_table", table)
+
+    def format_for(self, host: str, path: str) -> str | None:
+        """Wire format of the first endpoint matching host and path (query ignored), else None."""
+        host, path = _bare_host(host), path.partition("?")[0]
+        for ep in self.endpoints:
+            if ep._hit(host, path):
+                return ep.format
+        return None
+
+    def limits_for(self, host: str, path: str, model: str | None) -> Limits:
+        """Limits of the first matching rule (Limits.rule = its name), else the defaults."""
+        host, path = _bare_host(host), path.partition("?")[0]
+        for rule, limits in self._table:
+            if rule._hit(host, path, model):
+                return limits
+        return self.defaults
+
+
+# Wire formats by URL path. First match wins, so specific patterns come before general ones.
+# fnmatch's "*" also matches "/", so "*/chat/completions" covers any prefix (/v1/, /v2/, Azure's
+# /openai/deployments/{d}/, OpenRouter's /api/v1/, Ollama's /v1/). Mirrored in rules/default.yaml.
+BUILTIN_ENDPOINTS: tuple[Endpoint, ...] = (
+    Endpoint("*/chat/completions", "openai-chat"),
+    Endpoint("*/responses/compact", "openai-responses"),
+    Endpoint("*/responses", "openai-responses"),
+    Endpoint("*/publishers/anthropic/models/*:rawPredict", "anthropic"),
+    Endpoint("*/publishers/anthropic/models/*:streamRawPredict", "anthropic"),
+    Endpoint("*:generateContent", "gemini"),
+    Endpoint("*:streamGenerateContent", "gemini"),
+    Endpoint("*/model/*/converse", "bedrock-converse"),
+    Endpoint("*/model/*/converse-stream", "bedrock-converse"),
+    Endpoint("*/model/*/invoke", "anthropic"),
+    Endpoint("*/model/*/invoke-with-response-stream", "anthropic"),
+    Endpoint("*/v1/messages", "anthropic"),
+    Endpoint("*/messages", "anthropic"),
+    Endpoint("*/api/chat", "ollama"),
+)
+
+
+@functools.cache
+def builtin_rules() -> Rules:
+    """The built-in endpoints and no limits at all, for tools and tests without a rules file."""
+    return Rules("<builtin>", Limits(), (), BUILTIN_ENDPOINTS, True)
+
+
+def check_placeholder(template: str) -> None:
+    """Raise ValueError unless `template` formats with the known placeholder fields."""
+    fields = ", ".join("{" + f + "}" for f in PLACEHOLDER_FIELDS)
+    for i, sample in enumerate(_PLACEHOLDER_SAMPLES):
+        unknown_dims = "; {width} and {height} are '?' when an image's size is unknown" if i else ""
+        try:
+            template.format(**sample)
+        except KeyError as e:
+            name = str(e.args[0])
+            raise ValueError(f"placeholder has an unknown field {{{name}}}"
+                             f"{_did_you_mean(name, PLACEHOLDER_FIELDS)}; fields: {fields}") from None
+        except IndexError:
+            raise ValueError(f"placeholder has a field without a name ({{}}); use one of {fields}") from None
+        except ValueError as e:
+            hint = unknown_dims or "; write {{ and }} for a literal brace"
+            raise ValueError(f"placeholder is not a valid template ({e}){hint}") from None
+        except (AttributeError, TypeError) as e:
+            raise ValueError(f"placeholder is not a valid template ({e}){unknown_dims}") from None
+    if not template.strip():
+        # Some providers reject an empty text block; a placeholder must say something.
+        raise ValueError("placeholder must not be empty")
+
+
+# --- parsing ----------------------------------------------------------------------------------
+
+
+def load_rules(path: str | os.PathLike[str]) -> Rules:
+    """Read and parse a rules file; any problem is a RulesError naming the file (and line)."""
+    source = os.fspath(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8-sig")  # -sig: tolerate a BOM from Windows editors
+    except UnicodeDecodeError as e:
+        raise RulesError(source, None, f"cannot read: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise RulesError(source, None, f"cannot read: {e.strerror or e}") from None
+    return parse_rules(text, source)
+
+
+def parse_rules(text: str, source: str = "<string>") -> Rules:
+    """Parse rules from YAML text; `source` names the file in error messages."""
+    return _Parser(source).parse(text)
+
+
+def _did_you_mean(word: str, choices: Iterable[str]) -> str:
+    close = difflib.get_close_matches(word.lower(), list(choices), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _show(value: Any) -> str:
+    """A value as the user wrote it in YAML terms, for error messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return repr(value)
+    return type(value).__name__
+
+
+def _line(node: Node) -> int:
+    return node.start_mark.line + 1
+
+
+class _Parser:
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.loader: yaml.SafeLoader | None = None
+        self._mappings: dict[int, dict[str, tuple[Node, Node]]] = {}
+
+    def error(self, node_or_line: Node | int, problem: str) -> RulesError:
+        line = node_or_line if isinstance(node_or_line, int) else _line(node_or_line)
+        return RulesError(self.source, line, problem)
+
+    def parse(self, text: str) -> Rules:
+        try:
+            try:
+                self.loader = yaml.SafeLoader(text)  # checks for unprintable characters at once
+                root = self.loader.get_single_node()
+                return self._top(root)
+            except yaml.MarkedYAMLError as e:
+                mark = e.problem_mark or e.context_mark
+                what = e.problem or e.context or "invalid YAML"
+                kind = "YAML error" if isinstance(e, yaml.constructor.ConstructorError) else "YAML syntax error"
+                raise self.error(mark.line + 1 if mark else 1, f"{kind}: {what}") from None
+            except yaml.reader.ReaderError as e:  # e.g. a control character; has an offset, not a line
+                line = text.count("\n", 0, max(e.position, 0)) + 1
+                raise self.error(line, f"YAML syntax error: {e.reason}") from None
+        finally:
+            if self.loader is not None:
+                self.loader.dispose()
+
+    # -- generic node helpers
+
+    def scalar(self, node: Node) -> Any:
+        """The Python value of a scalar node; a list or mapping comes back as a _Collection marker."""
+        assert self.loader is not None
+        if not isinstance(node, ScalarNode):
+            return _Collection("a list" if isinstance(node, SequenceNode) else "a mapping")
+        try:
+            return self.loader.construct_object(node, deep=True)
+        except ValueError as e:  # e.g. a timestamp-looking scalar with month 13
+            raise self.error(node, f"cannot read value {node.value!r}: {e}") from None
+
+    def describe(self, node: Node) -> str:
+        value = self.scalar(node)
+        return str(value) if isinstance(value, _Collection) else _show(value)
+
+    def mapping(self, node: Node, what: str) -> dict[str, tuple[Node, Node]]:
+        """Keys of a mapping node -> (key node, value node); YAML merge keys (<<: *x) are honoured."""
+        if not isinstance(node, MappingNode):
+            raise self.error(node, f"{what} must be a mapping, got {self.describe(node)}")
+        cached = self._mappings.get(id(node))  # an alias reaches the same node again
+        if cached is not None:
+            return cached
+        assert self.loader is not None
+        explicit = {id(k) for k, _ in node.value if k.tag != _MERGE_TAG}
+        self.loader.flatten_mapping(node)  # merged pairs first, then the explicit ones
+        out: dict[str, tuple[Node, Node]] = {}
+        for k, v in node.value:
+            key = self.scalar(k)
+            if not isinstance(key, str):
+                raise self.error(k, f"keys in {what} must be names, got {self.describe(k)}")
+            prev = out.get(key)
+            if prev is not None and id(prev[0]) in explicit and id(k) in explicit:
+                raise self.error(k, f"duplicate key {key!r} in {what} (first on line {_line(prev[0])})")
+            out[key] = (k, v)  # an explicit key overrides a merged one
+        self._mappings[id(node)] = out
+        return out
+
+    def reject_unknown(self, fields: Mapping[str, tuple[Node, Node]], allowed: tuple[str, ...], what: str,
+                       noun: str = "field") -> None:
+        for key, (knode, _) in fields.items():
+            if key not in allowed:
+                hint = _did_you_mean(key, allowed) or f" (known: {', '.join(allowed)})"
+                raise self.error(knode, f"unknown {noun} {key!r} in {what}{hint}")
+
+    def sequence(self, node: Node, what: str) -> list[Node]:
+        if isinstance(node, ScalarNode) and self.scalar(node) is None:
+            return []
+        if not isinstance(node, SequenceNode):
+            raise self.error(node, f"{what} must be a list, got {self.describe(node)}")
+        return list(node.value)
+
+    def is_null(self, node: Node) -> bool:
+        return isinstance(node, ScalarNode) and self.scalar(node) is None
+
+    # -- the file's structure
+
+    def _top(self, root: Node | None) -> Rules:
+        if root is None:
+            raise self.error(1, "empty rules file: write at least `defaults:` (see rules/default.yaml)")
+        top = self.mapping(root, "the rules file")
+        # "x-..." keys are ignored, as in docker compose: a place for YAML anchors shared by rules.
+        top = {k: v for k, v in top.items() if not k.startswith("x-")}
+        self.reject_unknown(top, _TOP_KEYS, "the rules file", noun="top-level key")
+
+        defaults = Limits()
+        if "defaults" in top and not self.is_null(top["defaults"][1]):
+            fields = self.mapping(top["defaults"][1], "defaults")
+            self.reject_unknown(fields, LIMIT_FIELDS, "defaults")
+            defaults = Limits(rule="defaults", **self.limit_fields(fields))
+
+        rules: list[Rule] = []
+        if "rules" in top:
+            seen: dict[str, int] = {}
+            for i, item in enumerate(self.sequence(top["rules"][1], "rules"), 1):
+                rules.append(self.rule(item, i, seen))
+
+        endpoints = BUILTIN_ENDPOINTS
+        if "endpoints" in top and not self.is_null(top["endpoints"][1]):
+            endpoints = tuple(self.endpoint(n) for n in self.sequence(top["endpoints"][1], "endpoints"))
+
+        detect = True
+        if "detect_by_shape" in top:
+            node = top["detect_by_shape"][1]
+            detect = self.scalar(node)
+            if not isinstance(detect, bool):
+                raise self.error(node, f"detect_by_shape must be true or false, got {self.describe(node)}")
+            if not detect and not endpoints:
+                raise self.error(node, "no endpoints and detect_by_shape: false: no request would ever be trimmed")
+
+        return Rules(self.source, defaults, tuple(rules), endpoints, detect)
+
+    def limit_fields(self, fields: Mapping[str, tuple[Node, Node]]) -> dict[str, Any]:
+        return {k: self.limit_value(k, v) for k, (_, v) in fields.items() if k in LIMIT_FIELDS}
+
+    def limit_value(self, key: str, node: Node) -> Any:
+        value = self.scalar(node)
+        is_int = isinstance(value, int) and not isinstance(value, bool)  # YAML `yes` is a bool, not 1
+        if key == "max_images":
+            if value is None or (is_int and value >= 0):
+                return value
+            raise self.error(node, f"max_images must be a whole number >= 0 or null, got {self.describe(node)}")
+        if key == "keep_recent":
+            if is_int and value >= 0:
+                return value
+            raise self.error(node, f"keep_recent must be a whole number >= 0, got {self.describe(node)}")
+        if key == "prune_batch":
+            if is_int and value >= 1:
+                return value
+            raise self.error(node, f"prune_batch must be a whole number >= 1, got {self.describe(node)}")
+        if key == "max_body_bytes":
+            if value is not None and not is_int and not isinstance(value, str):
+                raise self.error(node, f"max_body_bytes must be a size like 16MiB or 2000000, or null, "
+                                       f"got {self.describe(node)}")
+            try:
+                return parse_size(value)
+            except ValueError as e:
+                raise self.error(node, f"max_body_bytes: {e}") from None
+        if key == "placeholder":
+            if not isinstance(value, str):
+                raise self.error(node, f"placeholder must be a text template, got {self.describe(node)}")
+            try:
+                check_placeholder(value)
+            except ValueError as e:
+                raise self.error(node, str(e)) from None
+            return value
+        raise AssertionError(key)
+
+    def rule(self, node: Node, index: int, seen: dict[str, int]) -> Rule:
+        what = f"rule #{index}"
+        fields = self.mapping(node, what)
+        if "name" not in fields:
+            raise self.error(node, f"{what} has no name: add `name: <unique name>`")
+        name_node = fields["name"][1]
+        name = self.scalar(name_node)
+        if not isinstance(name, str) or not name.strip():
+            raise self.error(name_node, f"rule name must be a non-empty text, got {self.describe(name_node)}")
+        if name == "defaults":
+            raise self.error(name_node, "rule name 'defaults' is reserved for the defaults section")
+        if name in seen:
+            raise self.error(name_node, f"duplicate rule name {name!r} (first on line {seen[name]})")
+        seen[name] = _line(name_node)
+        what = f"rule {name!r}"
+        self.reject_unknown(fields, ("name", "match", *LIMIT_FIELDS), what)
+
+        globs: dict[str, tuple[str, ...]] = {}
+        if "match" in fields and not self.is_null(fields["match"][1]):
+            match = self.mapping(fields["match"][1], f"match of {what}")
+            self.reject_unknown(match, _MATCH_KEYS, f"match of {what}", noun="key")
+            for key, (_, vnode) in match.items():
+                globs[key] = self.globs(vnode, f"match.{key} of {what}")
+        return Rule(name, overrides=self.limit_fields(fields), line=_line(node), **globs)
+
+    def globs(self, node: Node, what: str) -> tuple[str, ...]:
+        if isinstance(node, SequenceNode):
+            items = list(node.value)
+            if not items:
+                raise self.error(node, f"{what} is an empty list, which would never match; remove it to match any")
+        else:
+            items = [node]
+        out = []
+        for item in items:
+            value = self.scalar(item)
+            if not isinstance(value, str):
+                raise self.error(item, f"{what} must be a glob (quoted text) or a list of globs, "
+                                       f"got {self.describe(item)}")
+            if not value:
+                raise self.error(item, f"{what} has an empty glob; use \"*\" to match anything")
+            out.append(value)
+        return tuple(out)
+
+    def endpoint(self, node: Node) -> Endpoint:
+        fields = self.mapping(node, "an endpoint")
+        self.reject_unknown(fields, _ENDPOINT_KEYS, "an endpoint", noun="key")
+        for key in ("path", "format"):
+            if key not in fields:
+                raise self.error(node, f"endpoint has no {key}: write {{path: \"*/chat/completions\", "
+                                       f"format: openai-chat}}")
+        values: dict[str, str] = {}
+        for key, (_, vnode) in fields.items():
+            value = self.scalar(vnode)
+            if not isinstance(value, str) or not value:
+                raise self.error(vnode, f"endpoint {key} must be non-empty text, got {self.describe(vnode)}")
+            values[key] = value
+        if values["format"] not in FORMAT_NAMES:
+            fmt_node = fields["format"][1]
+            raise self.error(fmt_node, f"unknown format {values['format']!r}{_did_you_mean(values['format'], FORMAT_NAMES)}"
+                                       f" (formats: {', '.join(FORMAT_NAMES)})")
+        return Endpoint(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class _Collection:
+    """Stands in for a list or mapping where a scalar was expected, so errors can say which."""
+
+    kind: str
+
+    def __str__(self) -> str:
+        return self.kind

@@ -1,0 +1,138 @@
+"""The shared interface of the wire formats, and the helpers they all use."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+JsonPath = tuple[str | int, ...]
+
+IMAGE = "image"
+DOCUMENT = "document"
+
+
+@dataclass(frozen=True, slots=True)
+class Media:
+    """One image or document found in a request, in document order."""
+
+    kind: str  # image, document, audio or video
+    path: JsonPath  # the part a placeholder replaces
+    data: str | None  # the wire text (raw base64 or a whole data URL); None for remote media
+    data_offset: int = 0  # where the base64 starts inside `data` (after "data:...;base64,")
+    declared_mime: str | None = None
+    detail: str | None = None  # OpenAI's image detail, which changes its token count
+
+    @property
+    def remote(self) -> bool:
+        return self.data is None
+
+    @property
+    def wire_bytes(self) -> int:
+        return len(self.data) if self.data is not None else 0
+
+    def base64_prefix(self, chars: int) -> str:
+        """The first `chars` characters of the base64 payload, without copying the rest."""
+        if self.data is None:
+            return ""
+        return self.data[self.data_offset : self.data_offset + chars]
+
+
+class WireFormat(Protocol):
+    """What every format module provides. All functions are pure over parsed JSON."""
+
+    NAME: str
+
+    def find_media(self, body: dict[str, Any]) -> list[Media]:
+        """Every image and document in document order."""
+        ...
+
+    def replace_media(self, body: dict[str, Any], texts: Mapping[JsonPath, str]) -> dict[str, Any]:
+        """A new body where each media at a path of `texts` is a text placeholder; `body` is untouched."""
+        ...
+
+    def model(self, body: dict[str, Any], path: str) -> str | None: ...
+
+    def matches_shape(self, body: dict[str, Any]) -> bool:
+        """Whether a body with no known endpoint path looks like this format."""
+        ...
+
+    def conversation_anchor(self, body: dict[str, Any]) -> Any:
+        """The part of the body that stays the same on every turn of one conversation."""
+        ...
+
+
+def kind_of_mime(mime: str | None) -> str:
+    if not mime:
+        return DOCUMENT
+    top = mime.split("/", 1)[0].lower()
+    if top in ("image", "audio", "video"):
+        return top
+    return DOCUMENT
+
+
+def split_data_url(url: str) -> tuple[str | None, int] | None:
+    """('image/png', offset of the payload) for a base64 data URL, else None. Copies no payload."""
+    if not url.startswith("data:"):
+        return None
+    comma = url.find(",", 5, 512)
+    if comma < 0:
+        return None
+    header = url[5:comma]
+    if not header.endswith(";base64"):
+        return None
+    mime = header[: -len(";base64")].split(";", 1)[0] or None
+    return mime, comma + 1
+
+
+def url_media(kind: str, path: JsonPath, url: Any, detail: str | None = None) -> Media | None:
+    """Media for an image or file URL: a base64 data URL carries bytes, anything else is remote."""
+    if not isinstance(url, str):
+        return None
+    parsed = split_data_url(url)
+    if parsed is None:
+        return Media(kind, path, None, 0, None, detail)
+    mime, offset = parsed
+    media_kind = kind if kind != IMAGE or mime is None else kind_of_mime(mime)
+    return Media(media_kind, path, url, offset, mime, detail)
+
+
+def rebuild(node: Any, edits: Mapping[JsonPath, Callable[[Any], Any]]) -> Any:
+    """Copy `node` with each path's value passed through its function.
+
+    Only the containers on the edited paths are copied (shallowly); everything else is shared,
+    so the input is never mutated and a 16 MB body is not duplicated.
+    """
+    if () in edits:
+        return edits[()](node)
+    groups: dict[str | int, dict[JsonPath, Callable[[Any], Any]]] = {}
+    for path, edit in edits.items():
+        groups.setdefault(path[0], {})[path[1:]] = edit
+    copy: Any = list(node) if isinstance(node, list) else dict(node)
+    for key, sub in groups.items():
+        copy[key] = rebuild(node[key], sub)
+    return copy
+
+
+def replace_parts(
+    body: dict[str, Any], texts: Mapping[JsonPath, str], make_part: Callable[[Any, str], Any]
+) -> dict[str, Any]:
+    """Replace each part at a path of `texts` with make_part(old_part, text)."""
+    edits = {path: (lambda old, text=text: make_part(old, text)) for path, text in texts.items()}
+    return rebuild(body, edits)
+
+
+def dicts(value: Any) -> list[tuple[int, dict[str, Any]]]:
+    """(index, item) for the dict items of a list; anything else yields nothing (malformed input passes)."""
+    if not isinstance(value, list):
+        return []
+    return [(i, item) for i, item in enumerate(value) if isinstance(item, dict)]
+
+
+def first_items(body: dict[str, Any], *keys: str, count: int = 1) -> list[Any]:
+    """The stable head of a conversation: these top-level values plus the first items of the last key's list."""
+    *fixed, listed = keys
+    head = [body.get(key) for key in fixed]
+    items = body.get(listed)
+    head.append(items[:count] if isinstance(items, list) else items)
+    return head

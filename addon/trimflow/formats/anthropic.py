@@ -1,0 +1,85 @@
+"""Anthropic Messages: /v1/messages, Vertex rawPredict, Bedrock InvokeModel with a Claude body.
+
+Images and documents are blocks of `messages[].content[]` and of `tool_result.content[]` (where
+computer-use screenshots come back). A replaced block keeps its `cache_control` breakpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import unquote
+
+from ._base import DOCUMENT, IMAGE, JsonPath, Media, dicts, first_items, kind_of_mime, replace_parts
+
+NAME = "anthropic"
+
+
+def find_media(body: dict[str, Any]) -> list[Media]:
+    found: list[Media] = []
+    for m, message in dicts(body.get("messages")):
+        for b, block in dicts(message.get("content")):
+            path = ("messages", m, "content", b)
+            if block.get("type") == "tool_result":
+                for c, inner in dicts(block.get("content")):
+                    _add(found, (*path, "content", c), inner)
+            else:
+                _add(found, path, block)
+    return found
+
+
+def _add(found: list[Media], path: JsonPath, block: dict[str, Any]) -> None:
+    kind = block.get("type")
+    if kind not in (IMAGE, DOCUMENT):
+        return
+    source = block.get("source")
+    if not isinstance(source, dict):
+        return
+    if source.get("type") == "base64" and isinstance(source.get("data"), str):
+        mime = source.get("media_type")
+        mime = mime if isinstance(mime, str) else None
+        found.append(Media(kind if kind == DOCUMENT else kind_of_mime(mime or "image/"), path, source["data"], 0, mime))
+    elif kind == DOCUMENT and source.get("type") == "text":
+        return  # a plain-text document carries no binary payload
+    else:
+        found.append(Media(kind, path, None))  # url or file id: fetched by the provider
+
+
+def _text_block(old: Any, text: str) -> dict[str, Any]:
+    block: dict[str, Any] = {"type": "text", "text": text}
+    if isinstance(old, dict) and "cache_control" in old:
+        block["cache_control"] = old["cache_control"]
+    return block
+
+
+def replace_media(body: dict[str, Any], texts: Mapping[JsonPath, str]) -> dict[str, Any]:
+    return replace_parts(body, texts, _text_block)
+
+
+def model(body: dict[str, Any], path: str) -> str | None:
+    value = body.get("model")
+    if isinstance(value, str):
+        return value
+    # Vertex: .../publishers/anthropic/models/{m}:rawPredict; Bedrock: /model/{id}/invoke.
+    for marker in ("/models/", "/model/"):
+        if marker in path:
+            tail = path.rsplit(marker, 1)[1]
+            return unquote(tail.split(":", 1)[0].split("/", 1)[0]) or None
+    return None
+
+
+def matches_shape(body: dict[str, Any]) -> bool:
+    if not isinstance(body.get("messages"), list):
+        return False
+    if "anthropic_version" in body or isinstance(body.get("system"), list):
+        return True
+    # Anthropic's image blocks carry a `source`; OpenAI's carry `image_url`.
+    for _, message in dicts(body.get("messages")):
+        for _, block in dicts(message.get("content")):
+            if block.get("type") in ("image", "document", "tool_result", "tool_use"):
+                return True
+    return False
+
+
+def conversation_anchor(body: dict[str, Any]) -> Any:
+    return first_items(body, "system", "messages")

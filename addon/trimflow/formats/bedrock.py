@@ -1,0 +1,71 @@
+"""Bedrock Converse: /model/{id}/converse and /converse-stream.
+
+Media are `{"image": {"format", "source": {"bytes"}}}` (and `document`, `video`) blocks of
+`messages[].content[]` and of `toolResult.content[]`. Bytes travel as base64 in the JSON API.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import unquote
+
+from ._base import DOCUMENT, IMAGE, JsonPath, Media, dicts, first_items, replace_parts
+
+NAME = "bedrock-converse"
+
+_KINDS = {"image": IMAGE, "document": DOCUMENT, "video": "video"}
+
+
+def find_media(body: dict[str, Any]) -> list[Media]:
+    found: list[Media] = []
+    for m, message in dicts(body.get("messages")):
+        for b, block in dicts(message.get("content")):
+            path = ("messages", m, "content", b)
+            result = block.get("toolResult")
+            if isinstance(result, dict):
+                for c, inner in dicts(result.get("content")):
+                    _add(found, (*path, "toolResult", "content", c), inner)
+            else:
+                _add(found, path, block)
+    return found
+
+
+def _add(found: list[Media], path: JsonPath, block: dict[str, Any]) -> None:
+    for key, kind in _KINDS.items():
+        media = block.get(key)
+        if not isinstance(media, dict):
+            continue
+        source = media.get("source")
+        fmt = media.get("format")
+        mime = f"{'application' if kind == DOCUMENT else kind}/{fmt}" if isinstance(fmt, str) else None
+        if isinstance(source, dict) and isinstance(source.get("bytes"), str):
+            found.append(Media(kind, path, source["bytes"], 0, mime))
+        else:
+            found.append(Media(kind, path, None, 0, mime))  # s3Location: fetched by the service
+        return
+
+
+def replace_media(body: dict[str, Any], texts: Mapping[JsonPath, str]) -> dict[str, Any]:
+    return replace_parts(body, texts, lambda _old, text: {"text": text})
+
+
+def model(body: dict[str, Any], path: str) -> str | None:
+    marker = "/model/"
+    if marker not in path:
+        return None
+    return unquote(path.split(marker, 1)[1].split("/", 1)[0]) or None
+
+
+def matches_shape(body: dict[str, Any]) -> bool:
+    if not isinstance(body.get("messages"), list) or "model" in body:
+        return False
+    for _, message in dicts(body.get("messages")):
+        for _, block in dicts(message.get("content")):
+            if any(key in block for key in ("text", "image", "toolResult", "toolUse", "document")) and "type" not in block:
+                return True
+    return False
+
+
+def conversation_anchor(body: dict[str, Any]) -> Any:
+    return first_items(body, "system", "messages")

@@ -1,0 +1,58 @@
+"""Ollama's native chat API: /api/chat.
+
+Images are raw base64 strings in `messages[].images[]`. A pruned image leaves that list and a
+note joins the message's `content`, since Ollama has no text parts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ._base import IMAGE, JsonPath, Media, dicts, first_items, rebuild
+
+NAME = "ollama"
+
+
+def find_media(body: dict[str, Any]) -> list[Media]:
+    found: list[Media] = []
+    for m, message in dicts(body.get("messages")):
+        images = message.get("images")
+        if isinstance(images, list):
+            for i, image in enumerate(images):
+                if isinstance(image, str):
+                    found.append(Media(IMAGE, ("messages", m, "images", i), image))
+    return found
+
+
+def replace_media(body: dict[str, Any], texts: Mapping[JsonPath, str]) -> dict[str, Any]:
+    by_message: dict[JsonPath, dict[int, str]] = {}
+    for path, text in texts.items():
+        *message_path, _images, index = path
+        by_message.setdefault(tuple(message_path), {})[int(index)] = text
+
+    def edit(notes: dict[int, str]) -> Any:
+        def apply(message: dict[str, Any]) -> dict[str, Any]:
+            copy = dict(message)
+            copy["images"] = [image for i, image in enumerate(message["images"]) if i not in notes]
+            added = "\n".join(notes[i] for i in sorted(notes))
+            content = message.get("content")
+            copy["content"] = f"{content}\n{added}" if isinstance(content, str) and content else added
+            return copy
+
+        return apply
+
+    return rebuild(body, {path: edit(notes) for path, notes in by_message.items()})
+
+
+def model(body: dict[str, Any], path: str) -> str | None:
+    value = body.get("model")
+    return value if isinstance(value, str) else None
+
+
+def matches_shape(body: dict[str, Any]) -> bool:
+    return any(isinstance(message.get("images"), list) for _, message in dicts(body.get("messages")))
+
+
+def conversation_anchor(body: dict[str, Any]) -> Any:
+    return first_items(body, "messages", count=2)

@@ -1,0 +1,72 @@
+"""OpenAI chat completions: /v1/chat/completions and every gateway that copies it.
+
+Images are `image_url` parts of `messages[].content[]` (a data URL or a remote URL); documents are
+`file` parts, audio is `input_audio`. Agents move tool screenshots into a user message after the
+tool messages, and gateways also accept them inside tool messages: every message is searched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ._base import DOCUMENT, IMAGE, JsonPath, Media, dicts, first_items, replace_parts, url_media
+
+NAME = "openai-chat"
+
+
+def find_media(body: dict[str, Any]) -> list[Media]:
+    found: list[Media] = []
+    for m, message in dicts(body.get("messages")):
+        for p, part in dicts(message.get("content")):
+            media = _part_media(("messages", m, "content", p), part)
+            if media is not None:
+                found.append(media)
+    return found
+
+
+def _part_media(path: JsonPath, part: dict[str, Any]) -> Media | None:
+    kind = part.get("type")
+    if kind == "image_url":
+        image = part.get("image_url")
+        # Most clients send {"url": ..., "detail": ...}; some gateways accept the bare URL string.
+        if isinstance(image, dict):
+            detail = image.get("detail")
+            return url_media(IMAGE, path, image.get("url"), detail if isinstance(detail, str) else None)
+        return url_media(IMAGE, path, image)
+    if kind == "file":
+        file = part.get("file")
+        if isinstance(file, dict):
+            if "file_data" in file:
+                return url_media(DOCUMENT, path, file.get("file_data"))
+            return Media(DOCUMENT, path, None)
+    if kind == "input_audio":
+        audio = part.get("input_audio")
+        if isinstance(audio, dict) and isinstance(audio.get("data"), str):
+            fmt = audio.get("format")
+            return Media("audio", path, audio["data"], 0, f"audio/{fmt}" if isinstance(fmt, str) else None)
+    return None
+
+
+def replace_media(body: dict[str, Any], texts: Mapping[JsonPath, str]) -> dict[str, Any]:
+    return replace_parts(body, texts, lambda _old, text: {"type": "text", "text": text})
+
+
+def model(body: dict[str, Any], path: str) -> str | None:
+    value = body.get("model")
+    if isinstance(value, str):
+        return value
+    # Azure names the deployment in the path and may omit the model.
+    marker = "/deployments/"
+    if marker in path:
+        return path.split(marker, 1)[1].split("/", 1)[0] or None
+    return None
+
+
+def matches_shape(body: dict[str, Any]) -> bool:
+    messages = body.get("messages")
+    return isinstance(messages, list) and isinstance(body.get("model"), str)
+
+
+def conversation_anchor(body: dict[str, Any]) -> Any:
+    return first_items(body, "messages", count=2)

@@ -1,0 +1,307 @@
+"""Every wire format: where media sit, in document order, and how a placeholder replaces them."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from trimflow._synthetic import b64, data_url, image
+from trimflow.formats import FORMATS, detect_shape
+
+PNG = image(64, 48, "PNG", seed=1)
+JPEG = image(80, 60, "JPEG", seed=2)
+PDF = b"%PDF-1.7\n" + b"0" * 64
+
+# For each format: a realistic body mixing text, images in every place the format allows,
+# remote media, documents and malformed entries; and the (kind, path) of each media in order.
+CASES = {
+    "openai-chat": (
+        {
+            "model": "gpt-4o",
+            "messages": [
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": [
+                    {"type": "text", "text": "look"},
+                    {"type": "image_url", "image_url": {"url": data_url(PNG, "image/png"), "detail": "high"}},
+                ]},
+                {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "shot", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": [{"type": "image_url", "image_url": {"url": data_url(JPEG, "image/jpeg")}}]},
+                {"role": "user", "content": [
+                    {"type": "image_url", "image_url": {"url": "https://example.invalid/a.png"}},
+                    {"type": "file", "file": {"filename": "a.pdf", "file_data": data_url(PDF, "application/pdf")}},
+                    {"type": "input_audio", "input_audio": {"data": b64(b"RIFF0000"), "format": "wav"}},
+                    "not a part", 7, None,
+                    {"type": "image_url"},
+                    {"type": "image_url", "image_url": "data:image/png;base64," + b64(PNG)},
+                ]},
+            ],
+            "temperature": 0.25,
+            "x_unknown": {"kept": [1, 2.5, "é"]},
+        },
+        [
+            ("image", ("messages", 1, "content", 1)),
+            ("image", ("messages", 3, "content", 0)),
+            ("image", ("messages", 4, "content", 0)),
+            ("document", ("messages", 4, "content", 1)),
+            ("audio", ("messages", 4, "content", 2)),
+            ("image", ("messages", 4, "content", 7)),
+        ],
+    ),
+    "openai-responses": (
+        {
+            "model": "gpt-4.1",
+            "instructions": "be brief",
+            "input": [
+                {"role": "user", "content": [
+                    {"type": "input_text", "text": "look"},
+                    {"type": "input_image", "image_url": data_url(PNG, "image/png"), "detail": "low"},
+                ]},
+                {"type": "function_call", "call_id": "c1", "name": "shot", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c1", "output": [
+                    {"type": "input_text", "text": "screen:"},
+                    {"type": "input_image", "image_url": data_url(JPEG, "image/jpeg")},
+                ]},
+                {"type": "function_call_output", "call_id": "c2", "output": "plain text output"},
+                {"role": "user", "content": [
+                    {"type": "input_image", "file_id": "file-abc"},
+                    {"type": "input_file", "filename": "a.pdf", "file_data": data_url(PDF, "application/pdf")},
+                    42,
+                ]},
+                "garbage item",
+            ],
+            "store": False,
+        },
+        [
+            ("image", ("input", 0, "content", 1)),
+            ("image", ("input", 2, "output", 1)),
+            ("image", ("input", 4, "content", 0)),
+            ("document", ("input", 4, "content", 1)),
+        ],
+    ),
+    "anthropic": (
+        {
+            "model": "claude-sonnet-4-5",
+            "max_tokens": 100,
+            "system": [{"type": "text", "text": "be brief", "cache_control": {"type": "ephemeral"}}],
+            "messages": [
+                {"role": "user", "content": [
+                    {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(PNG)}, "cache_control": {"type": "ephemeral"}},
+                    {"type": "text", "text": "look"},
+                ]},
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "computer", "input": {"action": "screenshot"}}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "t1", "content": [
+                        {"type": "text", "text": "done"},
+                        {"type": "image", "source": {"type": "base64", "media_type": "image/jpeg", "data": b64(JPEG)}},
+                    ]},
+                    {"type": "tool_result", "tool_use_id": "t0", "content": "string result"},
+                    {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": b64(PDF)}},
+                    {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "plain"}},
+                    {"type": "image", "source": {"type": "url", "url": "https://example.invalid/x.png"}},
+                    {"type": "image", "source": "broken"},
+                ]},
+                {"role": "user", "content": "plain string content"},
+            ],
+        },
+        [
+            ("image", ("messages", 0, "content", 0)),
+            ("image", ("messages", 2, "content", 0, "content", 1)),
+            ("document", ("messages", 2, "content", 2)),
+            ("image", ("messages", 2, "content", 4)),
+        ],
+    ),
+    "gemini": (
+        {
+            "systemInstruction": {"parts": [{"text": "be brief"}]},
+            "contents": [
+                {"role": "user", "parts": [{"text": "look"}, {"inline_data": {"mime_type": "image/png", "data": b64(PNG)}}]},
+                {"role": "model", "parts": [{"functionCall": {"name": "shot", "args": {}}}]},
+                {"role": "user", "parts": [
+                    {"functionResponse": {"name": "shot", "response": {"ok": True}, "parts": [
+                        {"inlineData": {"mimeType": "image/jpeg", "data": b64(JPEG)}},
+                    ]}},
+                    {"inlineData": {"mimeType": "application/pdf", "data": b64(PDF)}},
+                    {"fileData": {"mimeType": "image/png", "fileUri": "gs://bucket/x.png"}},
+                    {"file_data": {"mime_type": "video/mp4", "file_uri": "https://example.invalid/v.mp4"}},
+                ]},
+            ],
+            "generationConfig": {"temperature": 0.1},
+        },
+        [
+            ("image", ("contents", 0, "parts", 1)),
+            ("image", ("contents", 2, "parts", 0, "functionResponse", "parts", 0)),
+            ("document", ("contents", 2, "parts", 1)),
+            ("image", ("contents", 2, "parts", 2)),
+            ("video", ("contents", 2, "parts", 3)),
+        ],
+    ),
+    "bedrock-converse": (
+        {
+            "system": [{"text": "be brief"}],
+            "messages": [
+                {"role": "user", "content": [{"text": "look"}, {"image": {"format": "png", "source": {"bytes": b64(PNG)}}}]},
+                {"role": "assistant", "content": [{"toolUse": {"toolUseId": "t1", "name": "shot", "input": {}}}]},
+                {"role": "user", "content": [
+                    {"toolResult": {"toolUseId": "t1", "content": [{"image": {"format": "jpeg", "source": {"bytes": b64(JPEG)}}}, {"text": "ok"}]}},
+                    {"document": {"format": "pdf", "name": "a", "source": {"bytes": b64(PDF)}}},
+                    {"image": {"format": "png", "source": {"s3Location": {"uri": "s3://b/x.png"}}}},
+                ]},
+            ],
+        },
+        [
+            ("image", ("messages", 0, "content", 1)),
+            ("image", ("messages", 2, "content", 0, "toolResult", "content", 0)),
+            ("document", ("messages", 2, "content", 1)),
+            ("image", ("messages", 2, "content", 2)),
+        ],
+    ),
+    "ollama": (
+        {
+            "model": "llava",
+            "messages": [
+                {"role": "user", "content": "look", "images": [b64(PNG), b64(JPEG)]},
+                {"role": "assistant", "content": "a chart"},
+                {"role": "user", "content": "", "images": [b64(PNG), 5]},
+            ],
+            "options": {"num_ctx": 8192},
+        },
+        [
+            ("image", ("messages", 0, "images", 0)),
+            ("image", ("messages", 0, "images", 1)),
+            ("image", ("messages", 2, "images", 0)),
+        ],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_find_media_in_document_order(name: str) -> None:
+    body, expected = CASES[name]
+    found = FORMATS[name].find_media(body)
+    assert [(m.kind, m.path) for m in found] == expected
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_base64_size_is_measured_on_the_wire_text(name: str) -> None:
+    body, _ = CASES[name]
+    first = FORMATS[name].find_media(body)[0]
+    assert first.wire_bytes >= len(b64(PNG))
+    assert first.base64_prefix(8) == b64(PNG)[:8]
+
+
+def _value(node, path):
+    for key in path:
+        node = node[key]
+    return node
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_replace_media_keeps_everything_else_and_never_mutates(name: str) -> None:
+    body, expected = CASES[name]
+    pristine = copy.deepcopy(body)
+    module = FORMATS[name]
+    images = [m for m in module.find_media(body) if m.kind == "image"]
+    texts = {m.path: f"[placeholder {i}]" for i, m in enumerate(images)}
+    out = module.replace_media(body, texts)
+    assert body == pristine, "the input was mutated"
+    remaining = [m.kind for m in module.find_media(out)]
+    assert "image" not in remaining
+    assert sorted(remaining) == sorted(k for k, _ in expected if k != "image")
+    # Top-level fields other than the conversation are the same objects, untouched.
+    for key, value in body.items():
+        if key not in ("messages", "input", "contents"):
+            assert out[key] == value
+
+
+def test_openai_chat_placeholder_is_a_text_part() -> None:
+    body, _ = CASES["openai-chat"]
+    out = FORMATS["openai-chat"].replace_media(body, {("messages", 1, "content", 1): "[gone]"})
+    assert out["messages"][1]["content"] == [{"type": "text", "text": "look"}, {"type": "text", "text": "[gone]"}]
+    assert out["messages"][0] is body["messages"][0]
+
+
+def test_responses_placeholder_is_input_text_in_tool_output_too() -> None:
+    body, _ = CASES["openai-responses"]
+    out = FORMATS["openai-responses"].replace_media(body, {("input", 2, "output", 1): "[gone]"})
+    assert out["input"][2]["output"][1] == {"type": "input_text", "text": "[gone]"}
+    assert out["input"][2]["call_id"] == "c1"
+
+
+def test_anthropic_placeholder_keeps_cache_control_and_stays_in_tool_result() -> None:
+    body, _ = CASES["anthropic"]
+    module = FORMATS["anthropic"]
+    out = module.replace_media(body, {("messages", 0, "content", 0): "[a]", ("messages", 2, "content", 0, "content", 1): "[b]"})
+    assert out["messages"][0]["content"][0] == {"type": "text", "text": "[a]", "cache_control": {"type": "ephemeral"}}
+    result = out["messages"][2]["content"][0]
+    assert result["type"] == "tool_result" and result["tool_use_id"] == "t1"
+    assert result["content"][1] == {"type": "text", "text": "[b]"}
+
+
+def test_gemini_both_spellings_and_function_response_parts() -> None:
+    body, _ = CASES["gemini"]
+    out = FORMATS["gemini"].replace_media(body, {("contents", 2, "parts", 0, "functionResponse", "parts", 0): "[gone]"})
+    response = out["contents"][2]["parts"][0]["functionResponse"]
+    assert response["parts"] == [{"text": "[gone]"}] and response["name"] == "shot"
+
+
+def test_bedrock_placeholder_inside_tool_result() -> None:
+    body, _ = CASES["bedrock-converse"]
+    out = FORMATS["bedrock-converse"].replace_media(body, {("messages", 2, "content", 0, "toolResult", "content", 0): "[gone]"})
+    assert out["messages"][2]["content"][0]["toolResult"]["content"] == [{"text": "[gone]"}, {"text": "ok"}]
+
+
+def test_ollama_image_leaves_images_and_note_joins_content() -> None:
+    body, _ = CASES["ollama"]
+    module = FORMATS["ollama"]
+    out = module.replace_media(body, {("messages", 0, "images", 0): "[one]", ("messages", 2, "images", 0): "[three]"})
+    assert out["messages"][0]["images"] == [b64(JPEG)]
+    assert out["messages"][0]["content"] == "look\n[one]"
+    # An empty message gets the note alone, never empty content.
+    assert out["messages"][2]["content"] == "[three]"
+    assert out["messages"][2]["images"] == [5]
+
+
+@pytest.mark.parametrize(
+    ("name", "path", "expected"),
+    [
+        ("openai-chat", "/v1/chat/completions", "gpt-4o"),
+        ("openai-chat", "/openai/deployments/my-gpt4o/chat/completions", "gpt-4o"),
+        ("gemini", "/v1beta/models/gemini-2.5-pro:streamGenerateContent", "gemini-2.5-pro"),
+        ("gemini", "/v1/projects/p/locations/l/publishers/google/models/gemini-2.0-flash:generateContent", "gemini-2.0-flash"),
+        ("bedrock-converse", "/model/anthropic.claude-3-5-sonnet-20240620-v1%3A0/converse", "anthropic.claude-3-5-sonnet-20240620-v1:0"),
+        ("ollama", "/api/chat", "llava"),
+    ],
+)
+def test_model(name: str, path: str, expected: str) -> None:
+    body, _ = CASES[name]
+    assert FORMATS[name].model(body, path) == expected
+
+
+def test_model_from_path_when_the_body_has_none() -> None:
+    assert FORMATS["openai-chat"].model({"messages": []}, "/openai/deployments/dep1/chat/completions") == "dep1"
+    vertex = "/v1/projects/p/locations/us-east5/publishers/anthropic/models/claude-sonnet-4@20250514:streamRawPredict"
+    assert FORMATS["anthropic"].model({"anthropic_version": "vertex-2023-10-16", "messages": []}, vertex) == "claude-sonnet-4@20250514"
+    assert FORMATS["anthropic"].model({"messages": []}, "/model/us.anthropic.claude-3-7-sonnet-20250219-v1%3A0/invoke") == "us.anthropic.claude-3-7-sonnet-20250219-v1:0"
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_shape_detection_names_each_format(name: str) -> None:
+    body, _ = CASES[name]
+    assert detect_shape(body) == name
+
+
+def test_shape_detection_refuses_what_is_not_an_llm_request() -> None:
+    for body in ({"query": "x"}, [], {"messages": "x"}, {"contents": []}, None):
+        assert detect_shape(body) is None
+
+
+def test_websocket_response_create_is_read_at_top_level_or_nested() -> None:
+    module = FORMATS["openai-responses"]
+    item = {"role": "user", "content": [{"type": "input_image", "image_url": data_url(PNG, "image/png")}]}
+    flat = {"type": "response.create", "model": "gpt-5", "input": [item]}
+    nested = {"type": "response.create", "response": {"model": "gpt-5", "input": [item]}}
+    assert [m.path for m in module.find_media(flat)] == [("input", 0, "content", 0)]
+    assert [m.path for m in module.find_media(nested)] == [("response", "input", 0, "content", 0)]
+    out = module.replace_media(nested, {("response", "input", 0, "content", 0): "[gone]"})
+    assert out["response"]["input"][0]["content"][0]["type"] == "input_text"

@@ -1,0 +1,328 @@
+"""The engine end to end on request bytes: the policy's boundaries, fidelity, modes and bad input."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import orjson
+import pytest
+
+from trimflow import prune_request
+from trimflow._synthetic import b64, data_url, image, session_body, screenshot
+from trimflow.formats import FORMATS
+
+from .helpers import encode, rules_with, url_for
+
+SHOT = image(96, 64, "PNG", seed=3)
+ALL_FORMATS = sorted(FORMATS)
+
+
+def chat_with_images(count: int, *, text_last: bool = False) -> dict:
+    """An OpenAI chat history with `count` images, one per user turn, each image distinct."""
+    messages = []
+    for i in range(count):
+        shot = image(40 + i, 30, "PNG", seed=i)
+        messages.append({"role": "user", "content": [{"type": "text", "text": f"turn {i}"}, {"type": "image_url", "image_url": {"url": data_url(shot, "image/png")}}]})
+        messages.append({"role": "assistant", "content": f"answer {i}"})
+    if text_last:
+        messages.append({"role": "user", "content": "and now?"})
+    return {"model": "gpt-4o", "messages": messages}
+
+
+def images_left(body: bytes, wire_format: str = "openai-chat") -> list[str]:
+    """The data of the images still in a body, oldest first."""
+    return [m.data for m in FORMATS[wire_format].find_media(orjson.loads(body)) if m.kind == "image"]
+
+
+def run(body: dict | bytes, wire_format: str = "openai-chat", **limits):
+    raw = body if isinstance(body, bytes) else encode(body)
+    return prune_request(url_for(wire_format), {}, raw, rules_with(**limits))
+
+
+@pytest.mark.parametrize(
+    ("count", "limit", "kept"),
+    [(0, 10, 0), (9, 10, 9), (10, 10, 10), (11, 10, 10), (12, 10, 10), (15, 10, 10), (12, 8, 8)],
+)
+def test_count_limit_boundaries(count: int, limit: int, kept: int) -> None:
+    body = chat_with_images(count)
+    original = [m.data for m in FORMATS["openai-chat"].find_media(body)]
+    outcome = run(body, max_images=limit)
+    assert images_left(outcome.body) == original[len(original) - kept :], "the newest images must be the ones kept"
+    assert outcome.record.images_before == count and outcome.record.images_after == kept
+    assert outcome.record.pruned == count - kept == outcome.record.pruned_for_count
+
+
+def test_nothing_to_prune_forwards_the_very_same_bytes() -> None:
+    raw = json.dumps(chat_with_images(3), indent=2).encode()  # whitespace that a rewrite would lose
+    outcome = run(raw, max_images=8, max_body_bytes=len(raw))
+    assert outcome.body is raw
+    assert not outcome.changed and outcome.record.pruned == 0
+
+
+def test_limit_zero_keeps_only_keep_recent() -> None:
+    body = chat_with_images(4)
+    assert len(images_left(run(body, max_images=0, keep_recent=1).body)) == 1
+    assert images_left(run(body, max_images=0, keep_recent=0).body) == []
+
+
+def test_keep_recent_wins_over_a_smaller_max_images() -> None:
+    body = chat_with_images(5)
+    newest = [m.data for m in FORMATS["openai-chat"].find_media(body)][-3:]
+    assert images_left(run(body, max_images=1, keep_recent=3).body) == newest
+
+
+def test_the_current_message_alone_over_the_limit_keeps_its_newest() -> None:
+    shots = [data_url(image(20 + i, 20, "PNG", seed=i), "image/png") for i in range(12)]
+    body = {"model": "gemini-2.5-pro", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": u}} for u in shots]}]}
+    assert images_left(run(body, max_images=10).body) == shots[2:]
+
+
+def test_text_only_follow_up_after_the_limit_was_exceeded() -> None:
+    body = chat_with_images(12, text_last=True)
+    outcome = run(body, max_images=10)
+    assert outcome.record.images_after == 10
+    assert orjson.loads(outcome.body)["messages"][-1] == {"role": "user", "content": "and now?"}
+
+
+def test_an_image_only_message_keeps_a_placeholder_and_text_stays() -> None:
+    body = {"model": "gpt-4o", "messages": [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(SHOT, "image/png")}}]},
+        {"role": "user", "content": [{"type": "text", "text": "keep me"}, {"type": "image_url", "image_url": {"url": data_url(SHOT, "image/png")}}]},
+    ]}
+    out = orjson.loads(run(body, max_images=0, keep_recent=0).body)
+    first, second = out["messages"]
+    assert len(first["content"]) == 1 and first["content"][0]["type"] == "text" and first["content"][0]["text"]
+    assert second["content"][0] == {"type": "text", "text": "keep me"}
+
+
+def test_images_only_in_tool_results_and_a_tool_image_before_the_newest_user_image() -> None:
+    tool_shot, user_shot = data_url(image(30, 30, "PNG", seed=7), "image/png"), data_url(SHOT, "image/png")
+    body = {"model": "gpt-4o", "messages": [
+        {"role": "user", "content": "go"},
+        {"role": "tool", "tool_call_id": "a", "content": [{"type": "image_url", "image_url": {"url": tool_shot}}]},
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": user_shot}}]},
+    ]}
+    assert images_left(run(body, max_images=1).body) == [user_shot]
+    only_tool = {"model": "gpt-4o", "messages": body["messages"][:2]}
+    assert images_left(run(only_tool, max_images=1).body) == [tool_shot]
+
+
+def test_image_only_in_the_first_message() -> None:
+    body = chat_with_images(1)
+    body["messages"] += [{"role": "user", "content": f"more {i}"} for i in range(5)]
+    assert len(images_left(run(body, max_images=0, keep_recent=0).body)) == 0
+    assert run(body, max_images=1).body == encode(body)
+
+
+def test_documents_are_counted_but_never_pruned_by_an_image_limit() -> None:
+    pdf = data_url(b"%PDF-1.7 " + b"x" * 100, "application/pdf")
+    body = chat_with_images(3)
+    body["messages"][0]["content"].append({"type": "file", "file": {"filename": "a.pdf", "file_data": pdf}})
+    outcome = run(body, max_images=1)
+    assert outcome.record.documents == 1
+    assert pdf.encode() in outcome.body
+
+
+def test_remote_images_count_and_are_pruned_with_no_media_bytes() -> None:
+    body = {"model": "gpt-4o", "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "https://example.invalid/1.png"}},
+        {"type": "image_url", "image_url": {"url": data_url(SHOT, "image/png")}},
+    ]}]}
+    outcome = run(body, max_images=1)
+    assert outcome.record.images_before == 2 and outcome.record.images_after == 1
+    assert b"example.invalid" not in outcome.body
+    assert outcome.record.media_bytes_before == outcome.record.media_bytes_after
+
+
+def test_body_budget_boundary_exactly_at_the_limit_is_fine() -> None:
+    raw = encode(chat_with_images(4))
+    assert run(raw, max_body_bytes=len(raw)).body is raw
+    over = run(raw, max_body_bytes=len(raw) - 1)
+    assert over.record.pruned == 1 and over.record.pruned_for_body == 1
+    assert len(over.body) <= len(raw) - 1
+
+
+def test_body_budget_prunes_oldest_survivors_to_the_exact_size() -> None:
+    body = chat_with_images(6)
+    sizes = []
+    for k in range(6):
+        sizes.append(len(run(body, max_images=6 - k, keep_recent=0).body))
+    # With the budget at exactly the size of "oldest k pruned", exactly k are pruned.
+    for k in range(1, 6):
+        outcome = run(body, max_body_bytes=sizes[k], keep_recent=0)
+        assert outcome.record.pruned == k, (k, sizes)
+        assert len(outcome.body) == sizes[k] and not outcome.record.over_budget
+
+
+def test_body_budget_never_prunes_keep_recent_and_says_when_unmet() -> None:
+    body = chat_with_images(3)
+    outcome = run(body, max_body_bytes=100, keep_recent=1)
+    assert outcome.record.images_after == 1 and outcome.record.over_budget
+    assert len(images_left(outcome.body)) == 1
+    assert "OVER BUDGET" in outcome.record.summary()
+
+
+def test_running_on_its_own_output_changes_nothing() -> None:
+    first = run(chat_with_images(12), max_images=8, max_body_bytes=4000)
+    second = run(first.body, max_images=8, max_body_bytes=4000)
+    assert second.body is not None and second.body == first.body and second.record.pruned == 0
+
+
+def test_placeholder_is_identical_on_every_later_turn() -> None:
+    shot = screenshot(20)
+    bodies = [encode(session_body("anthropic", turns, shot)) for turns in (9, 10, 11)]
+    outs = [orjson.loads(run(raw, "anthropic", max_images=2, prune_batch=1).body) for raw in bodies]
+    first_blocks = [out["messages"][0]["content"][0] for out in outs]
+    assert first_blocks[0]["type"] == "text"
+    assert first_blocks[0] == first_blocks[1] == first_blocks[2]
+    text = first_blocks[0]["text"]
+    assert "#1" in text and "image/webp" in text and "KB" in text and "x" in text
+
+
+def test_placeholder_template_is_configurable() -> None:
+    out = run(chat_with_images(2), max_images=1, placeholder="<{kind} {ordinal}: {mime} {width}x{height} {reason}>")
+    assert b"<image 1: image/png 40x30 too many images>" in out.body
+
+
+def test_anthropic_cache_control_survives_pruning() -> None:
+    body = session_body("anthropic", 3, SHOT, "image/png")
+    body["messages"][0]["content"][0]["cache_control"] = {"type": "ephemeral"}
+    out = orjson.loads(run(body, "anthropic", max_images=1).body)
+    assert out["messages"][0]["content"][0]["cache_control"] == {"type": "ephemeral"}
+
+
+@pytest.mark.parametrize("wire_format", ALL_FORMATS)
+def test_every_format_prunes_a_session_to_the_limit_and_keeps_the_rest(wire_format: str) -> None:
+    body = session_body(wire_format, 6, SHOT, "image/png")
+    pristine = copy.deepcopy(body)
+    raw = encode(body)
+    outcome = prune_request(url_for(wire_format), {}, raw, rules_with(max_images=2))
+    assert body == pristine
+    assert outcome.record.format == wire_format
+    assert outcome.record.images_before == 6 and outcome.record.images_after == 2
+    assert len(images_left(outcome.body, wire_format)) == 2
+    assert outcome.record.body_bytes_after == len(outcome.body) < len(raw)
+    for turn in range(1, 7):  # every turn's text survives
+        assert f"Turn {turn}: here is my screen".encode() in outcome.body
+    again = prune_request(url_for(wire_format), {}, outcome.body, rules_with(max_images=2))
+    assert again.body == outcome.body
+
+
+def test_a_24_turn_screenshot_session_of_16_mb_prunes_to_8() -> None:
+    shot = screenshot(500, "WEBP")
+    raw = encode(session_body("openai-chat", 24, shot))
+    assert 14_000_000 < len(raw) < 19_000_000
+    outcome = prune_request("https://api.example.test/v2/chat/completions", {}, raw, rules_with(max_images=8, max_body_bytes=16 * 2**20))
+    assert outcome.record.images_before == 24 and outcome.record.images_after == 8
+    assert images_left(outcome.body) == images_left(raw)[-8:]
+    assert len(outcome.body) < 6_000_000
+
+
+def test_batch_pruning_moves_the_cut_every_few_turns() -> None:
+    shot = screenshot(10)
+
+    def prefix_breaks(batch: int) -> int:
+        """Turns whose body changes an earlier byte of the previous turn's messages."""
+        breaks, previous = 0, None
+        for turns in range(1, 31):
+            out = orjson.loads(run(session_body("openai-chat", turns, shot), max_images=8, prune_batch=batch).body)
+            messages = [orjson.dumps(m) for m in out["messages"]]
+            if previous is not None and messages[: len(previous)] != previous:
+                breaks += 1
+            previous = messages
+        return breaks
+
+    every_turn, batched = prefix_breaks(1), prefix_breaks(4)
+    assert every_turn == 22  # turns 9..30 each move the cut
+    assert batched == 6  # the cut moves on turns 9, 13, 17, 21, 25, 29
+
+
+def test_sigv4_signed_bodies_are_measured_but_never_rewritten() -> None:
+    raw = encode(session_body("bedrock-converse", 5, SHOT, "image/png"))
+    headers = {"Authorization": "AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/20261122/us-east-1/bedrock/aws4_request, Signature=abc"}
+    url = "https://bedrock-runtime.us-east-1.amazonaws.com/model/anthropic.claude-3-5-sonnet-20240620-v1%3A0/converse"
+    outcome = prune_request(url, headers, raw, rules_with(max_images=1))
+    assert outcome.body is raw and not outcome.changed
+    assert outcome.record.mode == "observe" and "SigV4" in outcome.record.reason
+    assert outcome.record.images_after == 1  # what enforce would have sent
+    bearer = prune_request(url, {"Authorization": "Bearer bedrock-api-key"}, raw, rules_with(max_images=1))
+    assert bearer.changed
+
+
+def test_observe_mode_forwards_the_original_and_reports_what_enforce_would_send() -> None:
+    raw = encode(chat_with_images(5))
+    observed = prune_request(url_for("openai-chat"), {}, raw, rules_with(max_images=2), mode="observe")
+    enforced = prune_request(url_for("openai-chat"), {}, raw, rules_with(max_images=2))
+    assert observed.body is raw and not observed.changed
+    assert observed.record.mode == "observe"
+    assert observed.record.body_bytes_after == len(enforced.body)
+    assert observed.record.images_after == enforced.record.images_after == 2
+
+
+def test_values_orjson_refuses_fall_back_and_survive() -> None:
+    body = chat_with_images(3)
+    raw = encode(body)[:-1] + b',"seed":123456789012345678901234567890,"bias":NaN,"t":1.5e300,"s":"\\u00e9\\ud83d\\ude00"}'
+    outcome = run(raw, max_images=1)
+    assert outcome.changed
+    tail = json.loads(outcome.body)
+    assert tail["seed"] == 123456789012345678901234567890
+    assert tail["bias"] != tail["bias"]  # NaN
+    assert tail["t"] == 1.5e300 and tail["s"] == "é😀"
+    assert b"123456789012345678901234567890" in outcome.body
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (b'{"model": "gpt-4o", "messages": [', "not JSON"),
+        (b"[1, 2, 3]", "JSON list"),
+        (b"\xff\xfe{}", "not UTF-8"),
+        (b"", "not JSON"),
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+    ],
+)
+def test_bad_bodies_on_llm_paths_pass_untouched_with_a_reason(raw: bytes, reason: str) -> None:
+    outcome = run(raw, max_images=1)
+    assert outcome.body is raw
+    assert reason in outcome.record.reason
+    assert "gpt-4o" not in outcome.record.reason  # the reason never quotes the body
+
+
+def test_non_llm_requests_get_no_record() -> None:
+    raw = b'{"query": "hello"}'
+    outcome = prune_request("https://example.test/search", {}, raw, rules_with(max_images=1))
+    assert outcome.body is raw and outcome.record is None
+
+
+def test_shape_detection_on_an_unknown_path() -> None:
+    raw = encode(chat_with_images(3))
+    outcome = prune_request("http://gateway.internal/proxy/llm", {}, raw, rules_with(max_images=1))
+    assert outcome.record.format == "openai-chat" and outcome.record.images_after == 1
+
+
+def test_responses_with_previous_response_id_says_history_is_at_the_provider() -> None:
+    body = session_body("openai-responses", 2, SHOT, "image/png")
+    body["previous_response_id"] = "resp_123"
+    outcome = run(body, "openai-responses", max_images=8)
+    assert outcome.record.server_side_history
+
+
+def test_the_record_holds_no_body_text_and_no_base64() -> None:
+    body = chat_with_images(4)
+    body["messages"][0]["content"][0]["text"] = "SECRET PROMPT TEXT"
+    record = run(body, max_images=1).record.to_json()
+    assert b"SECRET" not in record and b64(SHOT)[:20].encode() not in record
+    fields = orjson.loads(record)
+    for name in ("ts", "conversation", "turn", "host", "path", "format", "model", "rule", "mode", "images_before", "images_after",
+                 "media_bytes_before", "media_bytes_after", "body_bytes_before", "body_bytes_after", "est_tokens_before",
+                 "est_tokens_after", "pruned", "status", "usage_input_tokens", "overhead_ms"):
+        assert name in fields
+    assert fields["est_tokens_after"] < fields["est_tokens_before"]
+
+
+def test_path_in_the_record_has_no_query_string() -> None:
+    raw = encode(session_body("gemini", 2, SHOT, "image/png"))
+    outcome = prune_request("https://generativelanguage.googleapis.com/v1beta/models/gemini-2.5-pro:generateContent?key=AIzaSECRET", {}, raw, rules_with())
+    assert outcome.record.path == "/v1beta/models/gemini-2.5-pro:generateContent"
+    assert b"AIza" not in outcome.record.to_json()
