@@ -1,16 +1,17 @@
-"""An offline LLM provider on loopback: the upstream for tests and for reproducing failures without an API key.
+"""An offline LLM provider on loopback: the upstream for tests, and for reproducing failures with no API key.
 
-It answers the wire formats trimflow handles with a short fixed reply ("ok from fake-provider"), as JSON or
-streamed (SSE, NDJSON, Google's JSON array) the way the real provider does:
+It answers the wire formats trimflow handles with a short fixed reply ("ok from fake-provider"), as JSON
+or streamed (SSE, NDJSON, Google's JSON array) the way the real provider does:
 
-- openai-chat       POST */chat/completions                        (SSE when "stream": true)
-- openai-responses  POST */responses                               (SSE with the real event sequence)
+- openai-chat       POST */chat/completions                 (SSE when "stream": true)
+- openai-responses  POST */responses                        (SSE with the real event sequence)
 - anthropic         POST */messages, Vertex */models/{m}:rawPredict | :streamRawPredict,
                     Bedrock */model/{id}/invoke (JSON only); */messages/count_tokens
-- gemini            POST */models/{m}:generateContent | :streamGenerateContent (?alt=sse: SSE, else a JSON array)
-- ollama            POST */api/chat                                (NDJSON unless "stream": false)
-- bedrock-converse  POST */model/{id}/converse                     (converse-stream and invoke-with-response-stream
-                                                                    use AWS binary event-stream: 501)
+- gemini            POST */models/{m}:generateContent | :streamGenerateContent
+                                                            (?alt=sse: SSE, else a JSON array)
+- ollama            POST */api/chat                         (NDJSON unless "stream": false)
+- bedrock-converse  POST */model/{id}/converse              (converse-stream and invoke-with-response-stream
+                                                             answer AWS binary event-stream: 501 here)
 Anything else is a 404 JSON error.
 
 Usage is a deterministic estimate from the request body, realistic in magnitude:
@@ -18,18 +19,18 @@ Usage is a deterministic estimate from the request body, realistic in magnitude:
     input_tokens  = ceil((body_bytes - base64_bytes) / 4) + 1600 * images
     output_tokens = ceil(len(REPLY_TEXT) / 4)
 
-``body_bytes`` is the decoded body length; ``base64_bytes`` is the total length of runs of 256 or more base64
+``body_bytes`` is the decoded body length; ``base64_bytes`` the total length of runs of 256 or more base64
 characters (image payloads); ``images`` counts image markers with a regex scan, without parsing:
-``"type":"image_url"`` (OpenAI chat), ``"type":"input_image"`` (Responses), ``"type":"image"`` (Anthropic),
-``"inline_data":``/``"inlineData":`` (Gemini), ``"image":{`` (Bedrock) and the strings in each Ollama
-``"images":[...]`` list.
+``"type":"image_url"`` (OpenAI chat), ``"type":"input_image"`` (Responses), ``"type":"image"``
+(Anthropic), ``"inline_data":``/``"inlineData":`` (Gemini), ``"image":{`` (Bedrock) and the strings in
+each Ollama ``"images":[...]`` list.
 
-Request bodies with Content-Encoding gzip/deflate (stdlib), br and zstd (when brotli/zstandard are importable) are
-decoded before anything else looks at them. ``FakeProvider(check=...)`` is the hook for answers that must come
-before the normal reply (limit profiles: a provider's exact error status, content type and text).
+Request bodies with Content-Encoding gzip/deflate (stdlib), br and zstd (when brotli/zstandard are
+importable) are decoded before anything looks at them. ``FakeProvider(check=...)`` is the hook for answers
+that come before the normal reply (limit profiles: a provider's exact error status, content type and text).
 
-The CLI (``python -m trimflow._fake_provider``) logs one line per request to stderr: method, path (never the query,
-which may hold ``?key=``), status, sizes, image count. Never headers or body content.
+The CLI (``python -m trimflow._fake_provider``) logs one line per request to stderr: method, path (never
+the query, which may hold ``?key=``), status, sizes, image count; never headers or body content.
 """
 
 from __future__ import annotations
@@ -262,7 +263,9 @@ def _gemini_usage(u: Usage, final: bool) -> dict[str, Any]:
 
 
 def _responses_message(item_id: str, text: str, status: str) -> dict[str, Any]:
-    content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status == "completed" else []
+    content = []
+    if status == "completed":
+        content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
     return {"id": item_id, "type": "message", "status": status, "role": "assistant", "content": content}
 
 
@@ -297,7 +300,9 @@ def _responses_object(
     }
 
 
-def _anthropic_message(mid: str, model: str, content: list[Any], stop: str | None, usage: dict[str, Any]) -> dict:
+def _anthropic_message(
+    mid: str, model: str, content: list[Any], stop: str | None, usage: dict[str, Any]
+) -> dict[str, Any]:
     return {
         "id": mid,
         "type": "message",
@@ -407,7 +412,9 @@ def _sse(data: dict[str, Any], event: str | None = None) -> bytes:
     return head + b"data: " + orjson.dumps(data) + b"\n\n"
 
 
-def iter_stream_events(r: Route, request_json: dict[str, Any], usage: Usage, *, sse: bool = True) -> Iterator[bytes]:
+def iter_stream_events(
+    r: Route, request_json: dict[str, Any], usage: Usage, *, sse: bool = True
+) -> Iterator[bytes]:
     """The streamed answer as wire frames, one event each: SSE events, NDJSON lines or Google JSON-array items.
 
     ``sse`` only matters for Gemini (``?alt=sse``); every other streaming format has a single framing.
@@ -423,8 +430,9 @@ def iter_stream_events(r: Route, request_json: dict[str, Any], usage: Usage, *, 
         yield from _gemini_events(model, usage, sse)
     elif r.fmt == "ollama":
         for delta in REPLY_DELTAS:
-            line = {"model": model, "created_at": _iso_now(), "message": {"role": "assistant", "content": delta}}
-            yield orjson.dumps({**line, "done": False}) + b"\n"
+            message = {"role": "assistant", "content": delta}
+            line = {"model": model, "created_at": _iso_now(), "message": message, "done": False}
+            yield orjson.dumps(line) + b"\n"
         yield orjson.dumps(_ollama_final(model, usage, "")) + b"\n"
     else:
         raise ValueError(f"no stream for format {r.fmt!r}")
@@ -531,7 +539,7 @@ def decode_body(wire: bytes, content_encoding: str) -> bytes:
             body = _decode_one(body, enc)
         except ValueError:
             raise
-        except Exception as e:  # each codec has its own error type
+        except Exception as e:  # each codec has its own error type (zlib.error, OSError, brotli.error, ...)
             raise ValueError(f"cannot decode {enc} body: {e}") from e
     return body
 
@@ -608,6 +616,11 @@ class _Server(ThreadingHTTPServer):
             if conn is not request:
                 conn.close()
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], OSError):
+            return  # a client that went away is no news; other errors keep the stdlib traceback
+        super().handle_error(request, client_address)
+
     def close_connections(self) -> None:
         """End kept-alive connections so their threads stop serving after stop()."""
         with self.conns_lock:
@@ -622,11 +635,12 @@ class _Server(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive and chunked streaming
     server: _Server
-    server_version = "fake-provider"
-    sys_version = ""
+
+    def version_string(self) -> str:
+        return "fake-provider"
 
     def log_message(self, format: str, *args: Any) -> None:
-        # http.server would print the request line, query (and a Gemini ?key=) included: FakeProvider logs instead.
+        # http.server would print the request line, query (a Gemini ?key=) included; FakeProvider logs instead.
         pass
 
     def _handle(self) -> None:
@@ -648,12 +662,10 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         return self.rfile.read(length) if length > 0 else b""
 
-    def send_body(self, status: int, content_type: str, body: bytes, extra: dict[str, str] | None = None) -> None:
+    def send_body(self, status: int, content_type: str, body: bytes) -> None:
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
-        for k, v in (extra or {}).items():
-            self.send_header(k, v)
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
@@ -685,6 +697,7 @@ class FakeProvider:
 
     ``check(received)`` runs first for every request; when it returns ``(status, content_type, body)`` that is
     the answer (the seam for limit profiles). ``log`` gets one line per request (never headers or content).
+    ``received`` lists every request (unless ``record=False``); ``event_delay`` (seconds) may be changed live.
     """
 
     def __init__(
@@ -697,9 +710,10 @@ class FakeProvider:
         event_delay: float = 0.0,
         log: Callable[[str], None] | None = None,
         check: Callable[[Received], CheckAnswer | None] | None = None,
+        record: bool = True,
     ) -> None:
         if not is_loopback(host):
-            raise ValueError(f"fake-provider only listens on loopback (127.0.0.1, ::1, localhost), not {host!r}")
+            raise ValueError(f"fake-provider listens on loopback only (127.0.0.1, ::1, localhost): {host!r}")
         if host == "localhost":
             host = "127.0.0.1"
         tls = None
@@ -713,6 +727,7 @@ class FakeProvider:
         self.event_delay = event_delay
         self.log = log
         self.check = check
+        self.record = record  # the CLI turns this off: a long session of 20 MB bodies would pile up
         self.received: list[Received] = []
         self._received_lock = threading.Lock()
         self._server = _Server((host, port), self, tls, family)
@@ -724,7 +739,8 @@ class FakeProvider:
 
     def start(self) -> FakeProvider:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._server.serve_forever, name="fake-provider", daemon=True)
+            serve = self._server.serve_forever
+            self._thread = threading.Thread(target=serve, name="fake-provider", daemon=True)
             self._thread.start()
         return self
 
@@ -759,15 +775,22 @@ class FakeProvider:
             name = name.lower()
             headers[name] = f"{headers[name]}, {value}" if name in headers else value
 
-        wire = h.read_body()
+        try:
+            wire = h.read_body()
+        except (ValueError, OSError):  # a bad Content-Length or chunk size, or the client went away
+            h.close_connection = True
+            if self.log is not None:
+                self.log(f"{h.command} {path} - unreadable body")
+            return
         decode_error = None
         try:
             body = decode_body(wire, headers.get("content-encoding", ""))
         except ValueError as e:
             body, decode_error = wire, str(e)
         rec = Received(h.command, path, query, headers, body, len(wire))
-        with self._received_lock:
-            self.received.append(rec)
+        if self.record:
+            with self._received_lock:
+                self.received.append(rec)
 
         out = _Outcome()
         try:
@@ -858,7 +881,7 @@ def main(argv: list[str] | None = None) -> int:
         "Bedrock Converse) that answers a fixed reply with realistic usage. Runs until Ctrl-C.",
     )
     parser.add_argument("--host", default="127.0.0.1", help="loopback address to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"default {DEFAULT_PORT}; 0: any free")
     parser.add_argument("--event-delay-ms", type=float, default=0.0, help="pause between streamed events")
     parser.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM)")
     parser.add_argument("--tls-key", help="the certificate's private key (PEM)")
@@ -882,6 +905,7 @@ def main(argv: list[str] | None = None) -> int:
             keyfile=args.tls_key,
             event_delay=max(args.event_delay_ms, 0.0) / 1000,
             log=_stderr_log,
+            record=False,
         )
     except (OSError, ssl.SSLError) as e:
         print(f"fake-provider: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)

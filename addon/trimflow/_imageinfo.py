@@ -77,14 +77,15 @@ def parse_data_url(url: str) -> tuple[str | None, str] | None:
 
 # --- base64 windows ---------------------------------------------------------------------------
 
-_URLSAFE = str.maketrans("-_", "+/")
 _B64_RUN = re.compile(r"[A-Za-z0-9+/]*")
 _WHITESPACE = (" ", "\n", "\r", "\t", "\f", "\v")
 
 
 def _b64decode_window(chunk: str) -> bytes:
     """Decode a 4-aligned window, stopping at the first character outside the alphabet."""
-    chunk = chunk.translate(_URLSAFE)
+    # str.replace, not str.translate: translate costs ~10 us even on 64 chars.
+    if "-" in chunk or "_" in chunk:
+        chunk = chunk.replace("-", "+").replace("_", "/")
     end = _B64_RUN.match(chunk).end()  # type: ignore[union-attr]  # `*` always matches
     if end < len(chunk):
         chunk = chunk[:end]  # padding, garbage or a cut: everything after it is unreadable

@@ -11,8 +11,11 @@ import dataclasses
 import difflib
 import fnmatch
 import functools
+import logging
 import os
 import re
+import threading
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,8 +25,11 @@ from typing import Any
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from ._placeholder import PLACEHOLDER_FIELDS
 from ._policy import Limits
 from ._sizes import parse_size
+
+log = logging.getLogger("trimflow")
 
 DEFAULT_RULES_PATH: Path = Path(__file__).resolve().parents[2] / "rules" / "default.yaml"
 
@@ -37,10 +43,9 @@ FORMAT_NAMES: tuple[str, ...] = (
     "ollama",
 )
 
-# Dummy values for checking a placeholder template at load time, in the types the placeholder
-# renderer passes: numbers are ints so a format spec such as {bytes:,} is checked as it will be
-# used, and a second set has width/height unknown ("?") as they are for an unreadable image.
-PLACEHOLDER_FIELDS: tuple[str, ...] = ("kind", "ordinal", "mime", "dims", "size", "bytes", "width", "height", "reason")
+# Sample values for checking a placeholder template at load time, in the types _placeholder.render
+# passes: numbers are ints so a format spec such as {bytes:,} is checked as it will be used, and
+# the second set has width/height unknown ("?") as they are for an unreadable image.
 _PLACEHOLDER_SAMPLES: tuple[Mapping[str, Any], ...] = (
     {"kind": "image", "ordinal": 3, "mime": "image/png", "dims": "1024x768", "size": "669KB",
      "bytes": 685_000, "width": 1024, "height": 768, "reason": "max_images"},
@@ -62,7 +67,7 @@ _MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
 class RulesError(ValueError):
-    """A rules file problem; str() is always "FILE:LINE: what is wrong" (or "FILE: ..." without a line)."""
+    """A rules file problem; str() is "FILE:LINE: what is wrong" ("FILE: ..." when there is no line)."""
 
     def __init__(self, source: str, line: int | None, problem: str) -> None:
         self.source = source
@@ -84,7 +89,7 @@ def _compile(globs: Iterable[str], *, ignore_case: bool) -> re.Pattern[str] | No
 
 
 def _bare_host(host: str) -> str:
-    """Host without port, IPv6 brackets or trailing dot: "API.x.com:443" -> "API.x.com" (case is ignored later)."""
+    """Host without port, IPv6 brackets or trailing dot: "API.x.com:443" -> "API.x.com"."""
     if host.startswith("["):
         end = host.find("]")
         if end != -1:
@@ -256,7 +261,8 @@ def load_rules(path: str | os.PathLike[str]) -> Rules:
     try:
         text = Path(path).read_text(encoding="utf-8-sig")  # -sig: tolerate a BOM from Windows editors
     except UnicodeDecodeError as e:
-        raise RulesError(source, None, f"cannot read: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        problem = f"cannot read: not UTF-8 text ({e.reason} at byte {e.start})"
+        raise RulesError(source, None, problem) from None
     except OSError as e:
         raise RulesError(source, None, f"cannot read: {e.strerror or e}") from None
     return parse_rules(text, source)
@@ -265,6 +271,55 @@ def load_rules(path: str | os.PathLike[str]) -> Rules:
 def parse_rules(text: str, source: str = "<string>") -> Rules:
     """Parse rules from YAML text; `source` names the file in error messages."""
     return _Parser(source).parse(text)
+
+
+class RulesFile:
+    """A rules file that follows edits: `current()` reloads it when it changed on disk.
+
+    The first load must succeed (RulesError otherwise). A later invalid edit, or the file going
+    missing, logs one error and keeps the last good rules, so a typo never stops the proxy.
+    The file is checked at most every `check_interval` seconds; safe to call from any thread.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, check_interval: float = 1.0) -> None:
+        self.path = Path(path)
+        self.check_interval = check_interval
+        self.error: RulesError | None = None  # why the last reload failed; None once a good one loads
+        self._stamp = self._stat()
+        self._rules = load_rules(self.path)
+        self._next_check = time.monotonic() + check_interval
+        self._lock = threading.Lock()
+
+    def current(self) -> Rules:
+        if time.monotonic() < self._next_check:  # the common case: no system call at all
+            return self._rules
+        with self._lock:
+            now = time.monotonic()
+            if now >= self._next_check:
+                self._next_check = now + self.check_interval
+                stamp = self._stat()
+                if stamp != self._stamp:
+                    self._stamp = stamp
+                    self._reload()
+        return self._rules
+
+    def _reload(self) -> None:
+        try:
+            self._rules = load_rules(self.path)
+        except RulesError as e:
+            self.error = e
+            log.error("trimflow: %s; keeping the last good rules", e)
+            return
+        self.error = None
+        log.info("trimflow: reloaded rules from %s", self.path)
+
+    def _stat(self) -> tuple[int, int, int] | None:
+        # The inode too: editors that save by renaming a new file over the old one may keep mtime.
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_size, st.st_ino)
 
 
 def _did_you_mean(word: str, choices: Iterable[str]) -> str:
@@ -308,7 +363,8 @@ class _Parser:
             except yaml.MarkedYAMLError as e:
                 mark = e.problem_mark or e.context_mark
                 what = e.problem or e.context or "invalid YAML"
-                kind = "YAML error" if isinstance(e, yaml.constructor.ConstructorError) else "YAML syntax error"
+                constructor = isinstance(e, yaml.constructor.ConstructorError)  # e.g. a !!python tag
+                kind = "YAML error" if constructor else "YAML syntax error"
                 raise self.error(mark.line + 1 if mark else 1, f"{kind}: {what}") from None
             except yaml.reader.ReaderError as e:  # e.g. a control character; has an offset, not a line
                 line = text.count("\n", 0, max(e.position, 0)) + 1
@@ -375,7 +431,7 @@ class _Parser:
     # -- the file's structure
 
     def _top(self, root: Node | None) -> Rules:
-        if root is None:
+        if root is None or (isinstance(root, ScalarNode) and self.scalar(root) is None):  # "" or "---"
             raise self.error(1, "empty rules file: write at least `defaults:` (see rules/default.yaml)")
         top = self.mapping(root, "the rules file")
         # "x-..." keys are ignored, as in docker compose: a place for YAML anchors shared by rules.
@@ -405,7 +461,8 @@ class _Parser:
             if not isinstance(detect, bool):
                 raise self.error(node, f"detect_by_shape must be true or false, got {self.describe(node)}")
             if not detect and not endpoints:
-                raise self.error(node, "no endpoints and detect_by_shape: false: no request would ever be trimmed")
+                raise self.error(node, "no endpoints and detect_by_shape: false: "
+                                       "no request would ever be trimmed")
 
         return Rules(self.source, defaults, tuple(rules), endpoints, detect)
 
@@ -418,7 +475,8 @@ class _Parser:
         if key == "max_images":
             if value is None or (is_int and value >= 0):
                 return value
-            raise self.error(node, f"max_images must be a whole number >= 0 or null, got {self.describe(node)}")
+            raise self.error(node, f"max_images must be a whole number >= 0 or null, "
+                                   f"got {self.describe(node)}")
         if key == "keep_recent":
             if is_int and value >= 0:
                 return value
@@ -453,7 +511,7 @@ class _Parser:
         name_node = fields["name"][1]
         name = self.scalar(name_node)
         if not isinstance(name, str) or not name.strip():
-            raise self.error(name_node, f"rule name must be a non-empty text, got {self.describe(name_node)}")
+            raise self.error(name_node, f"rule name must be non-empty text, got {self.describe(name_node)}")
         if name == "defaults":
             raise self.error(name_node, "rule name 'defaults' is reserved for the defaults section")
         if name in seen:
@@ -474,7 +532,8 @@ class _Parser:
         if isinstance(node, SequenceNode):
             items = list(node.value)
             if not items:
-                raise self.error(node, f"{what} is an empty list, which would never match; remove it to match any")
+                raise self.error(node, f"{what} is an empty list, which would never match; "
+                                       "remove it to match any")
         else:
             items = [node]
         out = []
@@ -503,7 +562,8 @@ class _Parser:
             values[key] = value
         if values["format"] not in FORMAT_NAMES:
             fmt_node = fields["format"][1]
-            raise self.error(fmt_node, f"unknown format {values['format']!r}{_did_you_mean(values['format'], FORMAT_NAMES)}"
+            fmt = values["format"]
+            raise self.error(fmt_node, f"unknown format {fmt!r}{_did_you_mean(fmt, FORMAT_NAMES)}"
                                        f" (formats: {', '.join(FORMAT_NAMES)})")
         return Endpoint(**values)
 

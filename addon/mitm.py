@@ -1,0 +1,201 @@
+"""trimflow's mitmproxy addon: `mitmdump -s addon/mitm.py`.
+
+Prunes images out of LLM API requests per the rules file, streams LLM responses through while
+reading the usage they report, and logs one line (and optionally one JSONL record) per request.
+The work is done by the pure-Python `trimflow` package beside this file; this module only binds it
+to mitmproxy's hooks and options, and is the only module of the live path that imports mitmproxy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from pathlib import Path
+
+from mitmproxy import ctx, exceptions, http
+
+# Prefer the package beside this script (a checkout) over any installed copy, so the two match.
+_HERE = str(Path(__file__).resolve().parent)
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
+
+from trimflow import ENFORCE, MODES, OBSERVE, prune_request  # noqa: E402
+from trimflow._conversation import TurnCounter  # noqa: E402
+from trimflow._metrics import MetricsFile  # noqa: E402
+from trimflow._record import Record  # noqa: E402
+from trimflow._rules import DEFAULT_RULES_PATH, RulesError, RulesFile  # noqa: E402
+from trimflow._usage import UsageScanner, input_tokens_of  # noqa: E402
+from trimflow.formats import openai_responses  # noqa: E402
+
+log = logging.getLogger("trimflow")
+
+META = "trimflow"  # flow.metadata key holding the flow's metrics record
+_STREAMED_TYPES = ("text/event-stream", "application/x-ndjson", "application/vnd.amazon.eventstream")
+_STREAMED_PATHS = (":streamGenerateContent", ":streamRawPredict", "/converse-stream", "/invoke-with-response-stream")
+
+
+class Trimflow:
+    def __init__(self) -> None:
+        self.rules: RulesFile | None = None
+        self.metrics: MetricsFile | None = None
+        self.turns = TurnCounter()
+        self._warned_streamed: set[str] = set()
+
+    def load(self, loader) -> None:
+        loader.add_option(
+            "trimflow_rules", str, str(DEFAULT_RULES_PATH),
+            "YAML rules file: which endpoints are LLM APIs and the image and size limits per host and model. "
+            "Reloaded when edited; an invalid edit keeps the last good rules.",
+        )
+        loader.add_option(
+            "trimflow_metrics", str, "",
+            "Append one JSON line per finished LLM request to this file (sizes and counts only). Empty: off.",
+        )
+        loader.add_option(
+            "trimflow_mode", str, ENFORCE,
+            "enforce: prune and forward. observe: measure and log what enforce would do, forward untouched.",
+            choices=MODES,
+        )
+
+    def configure(self, updated: set[str]) -> None:
+        if "trimflow_mode" in updated and ctx.options.trimflow_mode not in MODES:
+            # mitmproxy lists choices in the help but does not enforce them.
+            raise exceptions.OptionsError(f"trimflow_mode must be one of {', '.join(MODES)}, not {ctx.options.trimflow_mode!r}")
+        if "trimflow_rules" in updated or self.rules is None:
+            try:
+                self.rules = RulesFile(ctx.options.trimflow_rules)
+            except RulesError as exc:
+                raise exceptions.OptionsError(f"trimflow: {exc}") from None
+            log.info("trimflow: rules from %s", self.rules.path)
+        if "trimflow_metrics" in updated:
+            if self.metrics is not None:
+                self.metrics.close()
+            path = ctx.options.trimflow_metrics
+            self.metrics = MetricsFile(path) if path else None
+
+    def done(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
+
+    def _format_for(self, flow: http.HTTPFlow) -> str | None:
+        assert self.rules is not None
+        return self.rules.current().format_for(flow.request.pretty_host, flow.request.path.split("?", 1)[0])
+
+    def requestheaders(self, flow: http.HTTPFlow) -> None:
+        # mitmproxy streams bodies over stream_large_bodies before this hook; an LLM request must
+        # stay whole to be pruned.
+        if flow.request.stream and self._format_for(flow) is not None:
+            flow.request.stream = False
+
+    async def request(self, flow: http.HTTPFlow) -> None:
+        if flow.response is not None or flow.request.method != "POST":
+            return
+        if flow.request.raw_content is None:
+            self._warn_streamed(flow)
+            return
+        try:
+            record = await asyncio.to_thread(self._prune_flow, flow)
+        except Exception as exc:  # noqa: BLE001 - fail open: the request goes as it came
+            log.warning("trimflow: %s%s forwarded untouched: internal error %s", flow.request.pretty_host, _path(flow), type(exc).__name__)
+            return
+        if record is not None:
+            self._annotate(flow, record)
+
+    def _prune_flow(self, flow: http.HTTPFlow) -> Record | None:
+        """Runs in a worker thread: decoding, pruning and re-encoding a 16 MB body would stall the event loop."""
+        assert self.rules is not None
+        rules = self.rules.current()
+        request = flow.request
+        if self._format_for(flow) is None and not (rules.detect_by_shape and "json" in request.headers.get("content-type", "")):
+            return None
+        try:
+            body = request.get_content(strict=True)
+        except ValueError:
+            encoding = request.headers.get("content-encoding", "?")
+            log.warning("trimflow: %s%s forwarded untouched: cannot decode content-encoding %r", request.pretty_host, _path(flow), encoding[:40])
+            return None
+        if body is None:
+            return None
+        outcome = prune_request(request.url, request.headers, body, rules, ctx.options.trimflow_mode)
+        if outcome.record is None:
+            return None
+        if outcome.changed:
+            request.content = outcome.body  # re-encodes with the request's content-encoding, fixes content-length
+        if outcome.record.reason:
+            log.warning("trimflow: %s%s forwarded untouched: %s", request.pretty_host, _path(flow), outcome.record.reason)
+        return outcome.record
+
+    def _annotate(self, flow: http.HTTPFlow, record: Record) -> None:
+        if record.conversation is not None:
+            record.turn = self.turns.next(record.conversation)
+        flow.metadata[META] = record.to_dict()
+        flow.comment = f"trimflow: images {record.images_before}->{record.images_after}, body {record.body_bytes_before}->{record.body_bytes_after} bytes"
+
+    def _warn_streamed(self, flow: http.HTTPFlow) -> None:
+        host = flow.request.pretty_host
+        if self._format_for(flow) is not None and host not in self._warned_streamed:
+            self._warned_streamed.add(host)
+            log.warning(
+                "trimflow: an LLM request to %s was streamed by stream_large_bodies before it could be pruned "
+                "(chunked upload); raise stream_large_bodies above your largest request to let trimflow edit it",
+                host,
+            )
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        if META not in flow.metadata or flow.response is None:
+            return
+        content_type = flow.response.headers.get("content-type", "")
+        if content_type.startswith(_STREAMED_TYPES) or flow.request.path.split("?", 1)[0].endswith(_STREAMED_PATHS):
+            # Pass events through as they come (mitmproxy buffers by default) and read usage on the way.
+            flow.response.stream = UsageScanner()
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        record = flow.metadata.get(META)
+        if record is None or flow.response is None:
+            return
+        record["status"] = flow.response.status_code
+        scanner = flow.response.stream
+        if isinstance(scanner, UsageScanner):
+            record["usage_input_tokens"] = scanner.input_tokens
+        elif flow.response.raw_content is not None:
+            record["usage_input_tokens"] = input_tokens_of(flow.response.get_content(strict=False) or b"")
+        self._finish(record)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        record = flow.metadata.get(META)
+        if record is not None and record.get("status") is None:
+            record["error"] = flow.error.msg if flow.error else "error"
+            self._finish(record)
+
+    def _finish(self, record: dict) -> None:
+        log.info("trimflow: %s", Record(**{k: v for k, v in record.items() if k in Record.__dataclass_fields__}).summary())
+        if self.metrics is not None:
+            self.metrics.write(record)
+
+    def websocket_message(self, flow: http.HTTPFlow) -> None:
+        """Codex sends Responses requests as WebSocket `response.create` messages: prune them the same way."""
+        assert flow.websocket is not None and self.rules is not None
+        message = flow.websocket.messages[-1]
+        if not message.from_client or b"response.create" not in message.content[:256]:
+            return
+        try:
+            outcome = prune_request(flow.request.url, flow.request.headers, message.content, self.rules.current(), ctx.options.trimflow_mode, openai_responses.NAME)
+        except Exception as exc:  # noqa: BLE001 - fail open
+            log.warning("trimflow: websocket message forwarded untouched: internal error %s", type(exc).__name__)
+            return
+        if outcome.record is None:
+            return
+        if outcome.changed:
+            message.content = outcome.body
+        record = outcome.record
+        if record.conversation is not None:
+            record.turn = self.turns.next(record.conversation)
+        self._finish(record.to_dict())
+
+
+def _path(flow: http.HTTPFlow) -> str:
+    return flow.request.path.split("?", 1)[0]
+
+
+addons = [Trimflow()]

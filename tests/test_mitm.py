@@ -1,0 +1,257 @@
+"""The mitmproxy addon's hooks and options, with mitmproxy's own taddons/tflow helpers."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import logging
+import os
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+from mitmproxy import exceptions, http
+from mitmproxy.test import taddons, tflow, tutils
+from mitmproxy.websocket import WebSocketMessage
+from wsproto.frame_protocol import Opcode
+
+from trimflow._synthetic import PATHS, image, session_body
+
+ROOT = Path(__file__).resolve().parents[1]
+SHOT = image(120, 80, "PNG", seed=5)
+
+
+def _load_mitm():
+    spec = importlib.util.spec_from_file_location("trimflow_mitm_under_test", ROOT / "addon" / "mitm.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+mitm = _load_mitm()
+
+
+def write_rules(path: Path, max_images: int, extra: str = "") -> Path:
+    path.write_text(f"defaults:\n  max_images: {max_images}\n  max_body_bytes: 16MiB\n  keep_recent: 1\n{extra}")
+    return path
+
+
+def llm_flow(wire_format: str = "openai-chat", turns: int = 5, *, host: str = "api.openai.com", path: str | None = None,
+             headers: dict | None = None, body: bytes | None = None) -> http.HTTPFlow:
+    content = body if body is not None else orjson.dumps(session_body(wire_format, turns, SHOT, "image/png"))
+    request = tutils.treq(host=host, port=443, scheme=b"https", method=b"POST", authority=b"",
+                          path=(path or PATHS[wire_format]).encode(), content=content,
+                          headers=http.Headers(content_type="application/json", **(headers or {})))
+    return tflow.tflow(req=request)
+
+
+def images_in(flow: http.HTTPFlow) -> int:
+    return flow.request.get_content().count(b"base64,") or flow.request.get_content().count(b'"data":"')
+
+
+@pytest.fixture
+def addon(tmp_path):
+    instance = mitm.Trimflow()
+    with taddons.context(instance) as tctx:
+        tctx.configure(instance, trimflow_rules=str(write_rules(tmp_path / "rules.yaml", 2)))
+        instance.tctx = tctx
+        yield instance
+
+
+def test_options_have_defaults_and_help() -> None:
+    instance = mitm.Trimflow()
+    with taddons.context(instance) as tctx:
+        options = tctx.options
+        assert Path(options.trimflow_rules) == ROOT / "rules" / "default.yaml"
+        assert options.trimflow_metrics == "" and options.trimflow_mode == "enforce"
+        for name in ("trimflow_rules", "trimflow_metrics", "trimflow_mode"):
+            assert options._options[name].help
+        with pytest.raises(exceptions.OptionsError):
+            tctx.configure(instance, trimflow_mode="bogus")
+
+
+def test_the_default_rules_apply_gemini_10_and_others_8() -> None:
+    instance = mitm.Trimflow()
+    with taddons.context(instance) as tctx:
+        tctx.configure(instance)  # mitmdump configures a script with all options once it is loaded
+        rules = instance.rules.current()
+        assert rules.limits_for("generativelanguage.googleapis.com", PATHS["gemini"], "gemini-2.5-pro").max_images == 10
+        assert rules.limits_for("api.anthropic.com", "/v1/messages", "claude-sonnet-4-5").max_images == 8
+
+
+def test_a_bad_rules_file_is_refused_at_start_with_file_and_line(tmp_path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("defaults:\n  max_images: 8\n  max_image: 3\n")
+    instance = mitm.Trimflow()
+    with taddons.context(instance) as tctx:
+        with pytest.raises(exceptions.OptionsError, match=r"bad\.yaml:3: .*max_image"):
+            tctx.configure(instance, trimflow_rules=str(bad))
+
+
+async def test_enforce_prunes_and_annotates_the_flow(addon) -> None:
+    flow = llm_flow(turns=5)
+    before = len(flow.request.content)
+    await addon.request(flow)
+    assert images_in(flow) == 2
+    assert int(flow.request.headers["content-length"]) == len(flow.request.raw_content) < before
+    record = flow.metadata["trimflow"]
+    assert record["images_before"] == 5 and record["images_after"] == 2 and record["turn"] == 1
+    assert "images 5->2" in flow.comment
+
+
+async def test_observe_forwards_untouched_but_records_what_enforce_would_do(addon) -> None:
+    addon.tctx.configure(addon, trimflow_mode="observe")
+    flow = llm_flow(turns=5)
+    original = flow.request.raw_content
+    await addon.request(flow)
+    assert flow.request.raw_content == original
+    assert flow.metadata["trimflow"]["images_after"] == 2 and flow.metadata["trimflow"]["mode"] == "observe"
+
+
+async def test_non_llm_traffic_is_never_touched(addon) -> None:
+    flow = llm_flow(path="/upload")
+    flow.request.headers["content-type"] = "image/png"
+    original = flow.request.raw_content
+    await addon.request(flow)
+    assert flow.request.raw_content == original and "trimflow" not in flow.metadata
+
+
+async def test_gzip_bodies_are_decoded_pruned_and_reencoded(addon) -> None:
+    flow = llm_flow(turns=4)
+    flow.request.headers["content-encoding"] = "gzip"
+    flow.request.raw_content = gzip.compress(flow.request.raw_content)
+    await addon.request(flow)
+    assert flow.request.headers["content-encoding"] == "gzip"
+    assert orjson.loads(gzip.decompress(flow.request.raw_content))
+    assert images_in(flow) == 2
+    assert int(flow.request.headers["content-length"]) == len(flow.request.raw_content)
+
+
+async def test_an_undecodable_body_is_forwarded_with_one_log_line(addon, caplog) -> None:
+    flow = llm_flow(turns=4)
+    flow.request.headers["content-encoding"] = "gzip"  # but the body is not gzip
+    original = flow.request.raw_content
+    with caplog.at_level(logging.WARNING, logger="trimflow"):
+        await addon.request(flow)
+    assert flow.request.raw_content == original
+    assert len([r for r in caplog.records if "forwarded untouched" in r.getMessage()]) == 1
+
+
+async def test_an_internal_error_fails_open(addon, caplog, monkeypatch) -> None:
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom with secret body text")
+
+    monkeypatch.setattr(mitm, "prune_request", broken)
+    flow = llm_flow(turns=4)
+    original = flow.request.raw_content
+    with caplog.at_level(logging.WARNING, logger="trimflow"):
+        await addon.request(flow)
+    assert flow.request.raw_content == original
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("RuntimeError" in m for m in messages) and not any("secret" in m for m in messages)
+
+
+def test_llm_requests_stay_editable_under_stream_large_bodies(addon) -> None:
+    flow = llm_flow()
+    flow.request.stream = True
+    addon.requestheaders(flow)
+    assert flow.request.stream is False
+    other = llm_flow(path="/upload")
+    other.request.stream = True
+    addon.requestheaders(other)
+    assert other.request.stream is True
+
+
+async def test_sse_responses_stream_through_and_usage_is_read(addon, tmp_path) -> None:
+    addon.tctx.configure(addon, trimflow_metrics=str(tmp_path / "m.jsonl"))
+    flow = llm_flow("anthropic", host="api.anthropic.com")
+    await addon.request(flow)
+    flow.response = tutils.tresp(content=None, headers=http.Headers(content_type="text/event-stream"))
+    addon.responseheaders(flow)
+    scanner = flow.response.stream
+    assert callable(scanner)
+    events = [b'event: message_start\ndata: {"type":"message_start","message":{"usage":{"input_tokens":1200,"cache_read_input_tokens":300}}}\n\n',
+              b'event: message_delta\ndata: {"type":"message_delta","usage":{"output_tokens":9}}\n\n']
+    assert [scanner(e) for e in events] == events  # bytes pass through unchanged
+    addon.response(flow)
+    (line,) = (tmp_path / "m.jsonl").read_bytes().splitlines()
+    record = orjson.loads(line)
+    assert record["usage_input_tokens"] == 1500 and record["status"] == 200
+
+
+async def test_json_responses_give_usage_too(addon, tmp_path) -> None:
+    addon.tctx.configure(addon, trimflow_metrics=str(tmp_path / "m.jsonl"))
+    flow = llm_flow()
+    await addon.request(flow)
+    flow.response = tutils.tresp(content=b'{"usage":{"prompt_tokens":321,"completion_tokens":5}}', headers=http.Headers(content_type="application/json"))
+    addon.responseheaders(flow)
+    assert not callable(flow.response.stream)
+    addon.response(flow)
+    assert orjson.loads((tmp_path / "m.jsonl").read_bytes())["usage_input_tokens"] == 321
+
+
+async def test_a_failed_flow_still_gets_its_record(addon, tmp_path) -> None:
+    addon.tctx.configure(addon, trimflow_metrics=str(tmp_path / "m.jsonl"))
+    flow = llm_flow()
+    await addon.request(flow)
+    flow.error = tflow.terr("connection reset")
+    addon.error(flow)
+    record = orjson.loads((tmp_path / "m.jsonl").read_bytes())
+    assert record["status"] is None and record["error"] == "connection reset"
+
+
+async def test_turns_are_numbered_per_conversation(addon) -> None:
+    turns = []
+    for n in (3, 4, 5):
+        flow = llm_flow(turns=n)
+        await addon.request(flow)
+        turns.append((flow.metadata["trimflow"]["conversation"], flow.metadata["trimflow"]["turn"]))
+    other = llm_flow("anthropic", host="api.anthropic.com")
+    await addon.request(other)
+    assert [t for _, t in turns] == [1, 2, 3] and len({c for c, _ in turns}) == 1
+    assert other.metadata["trimflow"]["conversation"] != turns[0][0]
+
+
+async def test_an_edited_rules_file_is_reloaded_and_a_bad_edit_keeps_the_last_good(addon, tmp_path, caplog) -> None:
+    path = Path(addon.rules.path)
+    addon.rules = mitm.RulesFile(path, check_interval=0)  # check on every request, not once a second
+    write_rules(path, 1)
+    os.utime(path, (time.time() + 5, time.time() + 5))
+    flow = llm_flow(turns=4)
+    await addon.request(flow)
+    assert images_in(flow) == 1
+    path.write_text("defaults:\n  max_images: -1\n")
+    os.utime(path, (time.time() + 10, time.time() + 10))
+    with caplog.at_level(logging.ERROR, logger="trimflow"):
+        for _ in range(2):
+            flow = llm_flow(turns=4)
+            await addon.request(flow)
+            assert images_in(flow) == 1
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "rules.yaml:2" in errors[0]
+
+
+def test_websocket_response_create_is_pruned(addon) -> None:
+    flow = tflow.twebsocketflow(messages=False)
+    flow.request.path = "/backend-api/codex/responses"
+    body = session_body("openai-responses", 4, SHOT, "image/png")
+    message = orjson.dumps({"type": "response.create", **body})
+    flow.websocket.messages.append(WebSocketMessage(Opcode.TEXT, True, message))
+    addon.websocket_message(flow)
+    assert flow.websocket.messages[-1].content.count(b"base64,") == 2
+
+
+async def test_no_key_reaches_logs_or_metrics(addon, tmp_path, caplog) -> None:
+    addon.tctx.configure(addon, trimflow_metrics=str(tmp_path / "m.jsonl"))
+    secret = "sk-ant-TOPSECRET0123456789"
+    flow = llm_flow("gemini", host="generativelanguage.googleapis.com",
+                    path=PATHS["gemini"] + "?key=AIzaTOPSECRET", headers={"x-api-key": secret, "authorization": f"Bearer {secret}"})
+    with caplog.at_level(logging.DEBUG):
+        await addon.request(flow)
+        flow.response = tutils.tresp(content=b'{"usageMetadata":{"promptTokenCount":77}}')
+        addon.responseheaders(flow)
+        addon.response(flow)
+    logged = "\n".join(r.getMessage() for r in caplog.records) + (tmp_path / "m.jsonl").read_text() + flow.comment
+    assert "TOPSECRET" not in logged and "AIza" not in logged
+    assert "gemini-2.5-flash" in logged
