@@ -516,7 +516,6 @@ VERTEX_CLAUDE = "/v1/projects/p/locations/us-east5/publishers/anthropic/models/c
         ("/v1/responses/compact", "openai-responses"),
         ("/backend-api/codex/responses/compact", "openai-responses"),
         ("/v1/messages", "anthropic"),
-        ("/anthropic/messages", "anthropic"),
         (VERTEX_CLAUDE + ":rawPredict", "anthropic"),
         (VERTEX_CLAUDE + ":streamRawPredict", "anthropic"),
         ("/v1beta/models/gemini-2.5-pro:generateContent", "gemini"),
@@ -539,6 +538,7 @@ def test_builtin_formats(path, fmt):
     [
         "/v1/models",
         "/v1/embeddings",
+        "/v1/threads/thread_abc/messages",  # OpenAI Assistants, not Anthropic
         "/api/tags",
         "/index.html",
         "/",

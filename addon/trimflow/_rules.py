@@ -193,6 +193,11 @@ class Rules:
                 return ep.format
         return None
 
+    def with_limits(self, **fields: Any) -> Rules:
+        """These rules with `fields` forced on the defaults and on every rule (command-line overrides)."""
+        rules = tuple(dataclasses.replace(r, overrides={**r.overrides, **fields}) for r in self.rules)
+        return dataclasses.replace(self, defaults=dataclasses.replace(self.defaults, **fields), rules=rules)
+
     def limits_for(self, host: str, path: str, model: str | None) -> Limits:
         """Limits of the first matching rule (Limits.rule = its name), else the defaults."""
         host, path = _bare_host(host), path.partition("?")[0]
@@ -218,7 +223,6 @@ BUILTIN_ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("*/model/*/invoke", "anthropic"),
     Endpoint("*/model/*/invoke-with-response-stream", "anthropic"),
     Endpoint("*/v1/messages", "anthropic"),
-    Endpoint("*/messages", "anthropic"),
     Endpoint("*/api/chat", "ollama"),
 )
 
