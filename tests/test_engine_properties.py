@@ -1,0 +1,126 @@
+"""Property tests of the engine's invariants over random conversations in every wire format."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import orjson
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from trimflow import prune_request
+from trimflow._synthetic import b64, data_url, image
+from trimflow.formats import FORMATS
+
+from .helpers import rules_with, url_for
+
+# A pool of distinct real images, so the newest kept can be told apart from the rest.
+POOL = [image(8 + i, 8, "PNG", seed=i) for i in range(12)]
+
+text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=30)
+part = st.one_of(st.tuples(st.just("text"), text), st.tuples(st.just("image"), st.integers(0, len(POOL) - 1)))
+# A message: its role, whether its parts sit inside a tool result, and the parts.
+message = st.tuples(st.sampled_from(["user", "assistant"]), st.booleans(), st.lists(part, min_size=1, max_size=4))
+conversation = st.lists(message, min_size=1, max_size=8)
+limits = st.fixed_dictionaries(
+    {
+        "max_images": st.one_of(st.none(), st.integers(0, 6)),
+        "keep_recent": st.integers(0, 3),
+        "prune_batch": st.integers(1, 4),
+    }
+)
+unknown = st.dictionaries(st.sampled_from(["x_extra", "metadata_x", "z"]), st.one_of(st.integers(-(2**60), 2**60), st.floats(allow_nan=False), text), max_size=2)
+
+
+def render(fmt: str, conv: list, extra: dict) -> dict[str, Any]:
+    """The conversation in one wire format, tool results nested where the format has them."""
+    if fmt == "openai-chat":
+        msgs = [{"role": role, "content": [{"type": "text", "text": v} if k == "text" else {"type": "image_url", "image_url": {"url": data_url(POOL[v], "image/png")}} for k, v in parts]} for role, _tool, parts in conv]
+        return {"model": "gpt-4o", "messages": msgs, **extra}
+    if fmt == "openai-responses":
+        items = []
+        for i, (role, tool, parts) in enumerate(conv):
+            content = [{"type": "input_text", "text": v} if k == "text" else {"type": "input_image", "image_url": data_url(POOL[v], "image/png")} for k, v in parts]
+            items.append({"type": "function_call_output", "call_id": f"c{i}", "output": content} if tool else {"role": role, "content": content})
+        return {"model": "gpt-4.1", "input": items, **extra}
+    if fmt == "anthropic":
+        msgs = []
+        for i, (role, tool, parts) in enumerate(conv):
+            blocks = [{"type": "text", "text": v} if k == "text" else {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(POOL[v])}} for k, v in parts]
+            msgs.append({"role": role, "content": [{"type": "tool_result", "tool_use_id": f"t{i}", "content": blocks}] if tool else blocks})
+        return {"model": "claude-x", "max_tokens": 10, "messages": msgs, **extra}
+    if fmt == "gemini":
+        contents = []
+        for role, tool, parts in conv:
+            ps = [{"text": v} if k == "text" else {"inlineData": {"mimeType": "image/png", "data": b64(POOL[v])}} for k, v in parts]
+            contents.append({"role": "user" if role == "user" else "model", "parts": [{"functionResponse": {"name": "f", "response": {}, "parts": ps}}] if tool else ps})
+        return {"contents": contents, **extra}
+    if fmt == "bedrock-converse":
+        msgs = []
+        for i, (role, tool, parts) in enumerate(conv):
+            blocks = [{"text": v} if k == "text" else {"image": {"format": "png", "source": {"bytes": b64(POOL[v])}}} for k, v in parts]
+            msgs.append({"role": role, "content": [{"toolResult": {"toolUseId": f"t{i}", "content": blocks}}] if tool else blocks})
+        return {"messages": msgs, **extra}
+    msgs = []
+    for role, _tool, parts in conv:
+        texts = [v for k, v in parts if k == "text"]
+        msg = {"role": role, "content": " ".join(texts)}
+        images = [b64(POOL[v]) for k, v in parts if k == "image"]
+        if images:
+            msg["images"] = images
+        msgs.append(msg)
+    return {"model": "llava", "messages": msgs, **extra}
+
+
+def image_data(fmt: str, body: dict) -> list[str]:
+    return [m.data[m.data_offset :] for m in FORMATS[fmt].find_media(body) if m.kind == "image"]
+
+
+def texts_of(conv: list) -> list[str]:
+    return [v for _, _, parts in conv for k, v in parts if k == "text" and v]
+
+
+settings.register_profile("trimflow", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("trimflow")
+
+
+@given(fmt=st.sampled_from(sorted(FORMATS)), conv=conversation, lim=limits, extra=unknown)
+def test_invariants(fmt: str, conv: list, lim: dict, extra: dict) -> None:
+    body = render(fmt, conv, extra)
+    pristine = copy.deepcopy(body)
+    raw = orjson.dumps(body)
+    rules = rules_with(**lim)
+    outcome = prune_request(url_for(fmt), {}, raw, rules)
+    assert body == pristine  # the caller's structure is never touched
+    out = orjson.loads(outcome.body)  # valid JSON
+    before, after = image_data(fmt, body), image_data(fmt, out)
+    # Newest kept: what survives is exactly the newest len(after) images, in order.
+    assert after == (before[len(before) - len(after) :] if after else [])
+    allowed = len(before) if lim["max_images"] is None else max(lim["max_images"], min(lim["keep_recent"], len(before)))
+    assert len(after) <= allowed
+    assert len(after) >= min(lim["keep_recent"], len(before))
+    # Text untouched: every text the client sent is still there (JSON-escaped, as orjson writes it).
+    for t in texts_of(conv):
+        assert orjson.dumps(t)[1:-1] in outcome.body
+    # Unknown fields keep their values.
+    for key, value in extra.items():
+        assert out[key] == value
+    if outcome.record.pruned == 0:
+        assert outcome.body is raw  # byte-identical, the same object
+    again = prune_request(url_for(fmt), {}, outcome.body, rules)
+    assert again.body == outcome.body  # idempotent
+
+
+@given(fmt=st.sampled_from(sorted(FORMATS)), conv=conversation, budget=st.integers(0, 4000), keep=st.integers(0, 2))
+def test_body_budget_is_met_or_said_unmet(fmt: str, conv: list, budget: int, keep: int) -> None:
+    raw = orjson.dumps(render(fmt, conv, {}))
+    outcome = prune_request(url_for(fmt), {}, raw, rules_with(max_body_bytes=budget, keep_recent=keep))
+    record = outcome.record
+    if len(outcome.body) > budget:
+        # Over budget only when every prunable image is gone.
+        assert record.over_budget or record.pruned == 0 and record.images_before <= keep
+        assert record.images_after == min(keep, record.images_before)
+    else:
+        assert not record.over_budget
+    assert record.body_bytes_after == len(outcome.body) or record.mode == "observe"
