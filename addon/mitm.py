@@ -23,6 +23,7 @@ if _HERE not in sys.path:
 from trimflow import ENFORCE, MODES, OBSERVE, prune_request  # noqa: E402
 from trimflow._conversation import TurnCounter  # noqa: E402
 from trimflow._metrics import MetricsFile  # noqa: E402
+from trimflow._profiles import DEFAULT_PROFILES_PATH, OFF, Profile, check_request, select_profile  # noqa: E402
 from trimflow._record import Record  # noqa: E402
 from trimflow._rules import DEFAULT_RULES_PATH, RulesError, RulesFile  # noqa: E402
 from trimflow._usage import UsageScanner, input_tokens_of  # noqa: E402
@@ -40,6 +41,7 @@ class Trimflow:
         self.rules: RulesFile | None = None
         self.metrics: MetricsFile | None = None
         self.turns = TurnCounter()
+        self.simulated: Profile | None = None  # trimflow_simulate's profile; None when off
         self._warned_streamed: set[str] = set()
 
     def load(self, loader) -> None:
@@ -57,6 +59,15 @@ class Trimflow:
             "enforce: prune and forward. observe: measure and log what enforce would do, forward untouched.",
             choices=MODES,
         )
+        loader.add_option(
+            "trimflow_simulate", str, OFF,
+            "Name of a limit profile (see trimflow_profiles) to play the provider: a request that would be forwarded "
+            "breaking it gets that provider's error answer instead, and its record says simulated. off: forward all.",
+        )
+        loader.add_option(
+            "trimflow_profiles", str, str(DEFAULT_PROFILES_PATH),
+            "YAML file of limit profiles for trimflow_simulate; read when trimflow_simulate is not off.",
+        )
 
     def configure(self, updated: set[str]) -> None:
         if "trimflow_mode" in updated and ctx.options.trimflow_mode not in MODES:
@@ -68,6 +79,13 @@ class Trimflow:
             except RulesError as exc:
                 raise exceptions.OptionsError(f"trimflow: {exc}") from None
             log.info("trimflow: rules from %s", self.rules.path)
+        if "trimflow_simulate" in updated or "trimflow_profiles" in updated:
+            try:
+                self.simulated = select_profile(ctx.options.trimflow_simulate, ctx.options.trimflow_profiles)
+            except ValueError as exc:  # ProfilesError (file:line: problem) or UnknownProfile (lists the names)
+                raise exceptions.OptionsError(f"trimflow: {exc}") from None
+            if self.simulated is not None:
+                log.info("trimflow: simulating limit profile %s from %s", self.simulated.name, ctx.options.trimflow_profiles)
         if "trimflow_metrics" in updated:
             if self.metrics is not None:
                 self.metrics.close()
@@ -124,6 +142,12 @@ class Trimflow:
             request.content = outcome.body  # re-encodes with the request's content-encoding, fixes content-length
         if outcome.record.reason:
             log.warning("trimflow: %s%s forwarded untouched: %s", request.pretty_host, _path(flow), outcome.record.reason)
+        if self.simulated is not None:
+            # outcome.body is what goes upstream: pruned in enforce, as sent in observe.
+            violation = check_request(self.simulated, request.path, outcome.body, outcome.record.format)
+            if violation is not None:
+                flow.response = http.Response.make(violation.status, violation.body, {"content-type": violation.content_type})
+                outcome.record.simulated, outcome.record.status = violation.profile, violation.status
         return outcome.record
 
     def _annotate(self, flow: http.HTTPFlow, record: Record) -> None:

@@ -2,6 +2,27 @@
 
 Pure Python with no mitmproxy import, so the proxy, the command-line tools and the audit share it.
 It never raises on bad input: the caller gets the original bytes and a reason in the record.
+
+Order of operations over the request's images, in document order (each step sees what the ones
+before it left, and every image ends as sent, re-encoded and sent, or a placeholder):
+1. Repeats (`dedupe`): an image whose base64 payload equals a later image's becomes
+   `repeat_placeholder`, pointing at the next later copy (so its text never changes on later turns).
+2. Count cap (`max_images`, `prune_batch`): the oldest survivors become placeholders; never the
+   newest `keep_recent`.
+3. Per-image limits: a survivor over `max_image_bytes` (its base64 length) or `max_image_side`, or
+   over `many_images_max_side` when more than `many_images_threshold` images survive step 2, is
+   shrunk (_shrink); one that cannot be is dropped with a placeholder whose {reason} says why -
+   even one of the newest `keep_recent`, since the provider would refuse the whole request.
+4. Thinning (`thumbnail_side`): survivors older than the newest `keep_recent` go as thumbnails
+   (one encode that also meets step 3's limits), so the budgets below drop fewer images.
+5. Budgets (`max_body_bytes`, then `max_est_tokens`): the oldest survivors become placeholders
+   while the body or the token estimate is over; never the newest `keep_recent`.
+A declared type that differs from the bytes' real type is only counted (`mime_mismatches`).
+
+Fidelity: when nothing changes the output is the input bytes object itself; the input is never
+mutated; running on its own output changes nothing (shrunk images and thumbnails are within the
+limits that made them, and re-encoding is deterministic and cached by content hash).
+Only images over a limit (or thinned) are ever decoded; the rest is header sniffing.
 """
 
 from __future__ import annotations
@@ -12,12 +33,13 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from . import _jsoncodec
+from . import _jsoncodec, _shrink
 from ._conversation import conversation_key
 from ._imageinfo import sniff_base64
 from ._placeholder import MediaFacts, render
-from ._policy import Decision, Limits, count_pruned, decide
+from ._policy import Limits, count_pruned, prune_to_budgets
 from ._record import Record, utc_timestamp
+from ._sizes import format_size
 from ._rules import Rules
 from ._tokens import image_tokens, text_tokens
 from .formats import FORMATS, IMAGE, Media, WireFormat, detect_shape
@@ -38,7 +60,8 @@ class Outcome:
 
     @property
     def changed(self) -> bool:
-        return self.record is not None and self.record.mode == ENFORCE and self.record.pruned > 0
+        record = self.record
+        return record is not None and record.mode == ENFORCE and (record.pruned > 0 or record.shrunk > 0 or record.thinned > 0)
 
 
 def is_sigv4(headers: Mapping[str, str]) -> bool:
@@ -123,14 +146,10 @@ def _prune(
     reason = None
     if is_sigv4(headers):
         record.mode, reason = OBSERVE, "SigV4-signed body: any change would break its signature"
-    by_count = count_pruned(len(images), limits)
-    texts = _Placeholders(limits.placeholder, images, by_count)
-    sizer = _BodySizer(module, parsed, fallback, body, images, texts)
-    decision = decide(len(images), limits, sizer.size_after)
-    out = body
-    if decision.pruned:
-        decision, out = _settle(decision, limits, len(images), lambda k: _rewrite(module, parsed, fallback, texts, k))
-    _fill(record, fmt, model, media, images, decision, body, out, limits)
+    plan = _Plan(images, limits, fmt, model)
+    candidates = plan.reduce()
+    out = plan.apply_budgets(candidates, module, parsed, fallback, body, sum(m.wire_bytes for m in media))
+    plan.fill(record, media, body, out)
     record.reason = reason
     if fmt == openai_responses.NAME:
         record.server_side_history = openai_responses.server_side_history(parsed)
@@ -146,108 +165,292 @@ def _facts(images: list[Media]) -> list[MediaFacts]:
     ]
 
 
-class _Placeholders:
-    """The placeholder text of each image, rendered once when first needed."""
-
-    def __init__(self, template: str, images: list[MediaFacts], by_count: int) -> None:
-        self._template, self._images, self._by_count = template, images, by_count
-        self._texts: dict[int, str] = {}
-
-    def path(self, i: int) -> tuple[str | int, ...]:
-        return self._images[i].media.path
-
-    def text(self, i: int) -> str:
-        if i not in self._texts:
-            reason = "too many images" if i < self._by_count else "request too large"
-            self._texts[i] = render(self._template, self._images[i], reason)
-        return self._texts[i]
-
-    def oldest(self, k: int) -> dict[tuple[str | int, ...], str]:
-        return {self.path(i): self.text(i) for i in range(k)}
+# Why an image became a placeholder: the record's counter and the placeholder's {reason}.
+_REPEAT, _COUNT, _IMAGE_LIMIT, _BODY, _TOKENS = "repeat", "count", "image_limit", "body", "tokens"
+_BUDGET_CAUSES = (_BODY, _TOKENS)  # in the order of the budgets handed to prune_to_budgets
+_REASONS = {_COUNT: "too many images", _BODY: "request too large", _TOKENS: "too many tokens"}
+_CHUNK = 1 << 20  # chars compared at a time when two payloads sit behind different data URL headers
 
 
-def _rewrite(module: WireFormat, parsed: Any, fallback: bool, texts: _Placeholders, k: int) -> bytes:
-    return _jsoncodec.dumps(module.replace_media(parsed, texts.oldest(k)), fallback)
+class _Plan:
+    """What happens to each image of one request: dropped (with a placeholder and a cause), re-encoded, or kept."""
+
+    def __init__(self, images: list[MediaFacts], limits: Limits, fmt: str, model: str | None) -> None:
+        self.images, self.limits, self.fmt, self.model = images, limits, fmt, model
+        self.dropped: dict[int, tuple[str, str]] = {}  # image index -> (cause, placeholder text)
+        self.new: dict[int, _shrink.Shrunk] = {}  # image index -> its re-encoded bytes
+        self.thinned: set[int] = set()  # of `new`, the ones made thumbnails by age
+        self.over_budget = False
+
+    # -- steps 1 to 4
+
+    def reduce(self) -> list[int]:
+        """Repeats, count cap, per-image limits, thinning; returns the survivors for the budgets."""
+        images, limits = self.images, self.limits
+        if limits.dedupe:
+            for i, later in _repeats(images).items():
+                text = render(limits.repeat_placeholder, images[i], f"repeated as image #{images[later].ordinal}", later=images[later].ordinal)
+                self.dropped[i] = (_REPEAT, text)
+        survivors = [i for i in range(len(images)) if i not in self.dropped]
+        by_count = count_pruned(len(survivors), limits)
+        for i in survivors[:by_count]:
+            self._drop(i, _COUNT)
+        kept = survivors[by_count:]
+        side = limits.image_side_limit(len(kept))
+        thumb = limits.thumbnail_side
+        older = set(kept[: max(0, len(kept) - limits.keep_recent)]) if thumb is not None else set()
+        if side is not None or limits.max_image_bytes is not None or older:
+            for i in kept:
+                self._fit(i, side, thumb if i in older else None)
+        return [i for i in kept if i not in self.dropped]
+
+    def _drop(self, i: int, cause: str, reason: str | None = None) -> None:
+        self.dropped[i] = (cause, render(self.limits.placeholder, self.images[i], reason or _REASONS[cause]))
+
+    def _fit(self, i: int, side: int | None, thumb: int | None) -> None:
+        """Shrink image i under the per-image limits and, when `thumb` is set, to a thumbnail."""
+        facts, max_bytes = self.images[i], self.limits.max_image_bytes
+        m = facts.media
+        if m.remote:
+            return  # nothing to shrink here: the provider fetches it
+        info = facts.info
+        long_side = max(info.width, info.height) if info is not None and info.width and info.height else None
+        over_bytes = max_bytes is not None and m.wire_bytes - m.data_offset > max_bytes
+        over_side = side is not None and long_side is not None and long_side > side
+        thinning = thumb is not None and long_side is not None and long_side > thumb
+        if not (over_bytes or over_side or thinning):
+            return  # within every limit by its header: never decoded
+        sides = [s for s in (side, thumb) if s is not None]
+        result = _shrink.shrink(m.data[m.data_offset :], max_side=min(sides) if sides else None, max_bytes=max_bytes)  # type: ignore[index]
+        if result.data is not None:
+            self.new[i] = result
+            if thinning:
+                self.thinned.add(i)
+        elif result.reason is not None and (over_bytes or over_side):
+            limit = f"over {format_size(max_bytes)}" if over_bytes else f"over {side}px"  # type: ignore[arg-type]
+            self._drop(i, _IMAGE_LIMIT, f"{limit}, {result.reason}")
+        # else: a thumbnail that can't be made (undecodable, a pixel bomb): the image goes as it is
+
+    # -- what each image weighs as it would be sent
+
+    def wire_bytes(self, i: int) -> int:
+        m, new = self.images[i].media, self.new.get(i)
+        if new is None:
+            return m.wire_bytes
+        assert new.data is not None and new.mime is not None
+        # A data URL gets a new header with the new type; the other formats carry bare base64.
+        return len(new.data) + (len(f"data:{new.mime};base64,") if m.data_offset else 0)
+
+    def tokens(self, i: int, as_sent: bool = True) -> int:
+        facts = self.images[i]
+        info = self.new[i].info if as_sent and i in self.new else facts.info
+        width, height = (info.width, info.height) if info is not None else (None, None)
+        return image_tokens(self.fmt, self.model, width, height, facts.media.detail)
+
+    # -- step 5 and the rewrite
+
+    def apply_budgets(self, candidates: list[int], module: WireFormat, parsed: Any, fallback: bool, body: bytes, media_bytes: int) -> bytes:
+        """Prune the oldest candidates while a budget is over; returns the body to send."""
+        images, limits = self.images, self.limits
+        staged = parsed
+        if self.new:
+            staged = module.replace_data(parsed, {images[i].media.path: (s.data, s.mime) for i, s in self.new.items()})  # type: ignore[misc]
+        fixed = {images[i].media.path: text for i, (_, text) in self.dropped.items()}
+
+        def rewrite(k: int) -> bytes:
+            if not fixed and not self.new and k == 0:
+                return body  # nothing changes: the very same bytes
+            texts = dict(fixed)
+            for i in candidates[:k]:
+                texts[images[i].media.path] = self.dropped[i][1]
+            return _jsoncodec.dumps(module.replace_media(staged, texts), fallback)
+
+        out = rewrite(0)
+        if limits.max_body_bytes is None and limits.max_est_tokens is None:
+            return out
+        prunable = max(0, len(candidates) - limits.keep_recent)
+        # Pruning k >= 1 writes a compact body: measure from the compact size of this one.
+        compact = (lambda: len(_jsoncodec.dumps(parsed, fallback))) if out is body else (lambda: len(out))
+        sizer = _BodySizer(module, staged, fallback, len(out), compact, [images[i].media.path for i in candidates], self._budget_text(candidates))
+        # Media bytes and image tokens as sent, with the oldest k candidates pruned.
+        media_base = media_bytes - sum(images[i].media.wire_bytes for i in self.dropped) - sum(images[i].media.wire_bytes - self.wire_bytes(i) for i in self.new)
+        wire_prefix = [0]
+        for i in candidates:
+            wire_prefix.append(wire_prefix[-1] + self.wire_bytes(i))
+        token_suffix = [0]
+        if limits.max_est_tokens is not None:
+            for i in reversed(candidates):
+                token_suffix.append(token_suffix[-1] + self.tokens(i))
+            token_suffix.reverse()
+
+        def tokens_after(k: int) -> int:
+            return text_tokens(sizer.size_after(k) - (media_base - wire_prefix[k])) + token_suffix[k]
+
+        causes, _ = prune_to_budgets(prunable, [(limits.max_body_bytes, sizer.size_after), (limits.max_est_tokens, tokens_after)])
+        for n, cause in enumerate(causes):
+            self._drop(candidates[n], _BUDGET_CAUSES[cause])
+        if causes:
+            out = rewrite(len(causes))
+        # The accounting above is exact for every format but Ollama's joined notes and a fallback
+        # codec: check the body as written and prune further while it is still over.
+        k = len(causes)
+        while True:
+            cause = self._over(out, media_base - wire_prefix[k], candidates, k)
+            if cause is None or k >= prunable:
+                break
+            self._drop(candidates[k], cause)
+            k += 1
+            out = rewrite(k)
+        self.over_budget = cause is not None
+        return out
+
+    def _budget_text(self, candidates: list[int]) -> Callable[[int], str]:
+        return lambda n: render(self.limits.placeholder, self.images[candidates[n]], _REASONS[_BODY])
+
+    def _over(self, out: bytes, media_after: int, candidates: list[int], k: int) -> str | None:
+        """Which budget the written body `out` (with the oldest k candidates pruned) is over, if any."""
+        limits = self.limits
+        if limits.max_body_bytes is not None and len(out) > limits.max_body_bytes:
+            return _BODY
+        if limits.max_est_tokens is not None:
+            tokens = text_tokens(len(out) - media_after) + sum(self.tokens(i) for i in candidates[k:])
+            if tokens > limits.max_est_tokens:
+                return _TOKENS
+        return None
+
+    # -- the record
+
+    def fill(self, record: Record, media: list[Media], body: bytes, out: bytes) -> None:
+        images = self.images
+        media_bytes = sum(m.wire_bytes for m in media)
+        sent = [i for i in range(len(images)) if i not in self.dropped]
+        media_after = media_bytes - sum(images[i].media.wire_bytes - (0 if i in self.dropped else self.wire_bytes(i)) for i in range(len(images)))
+        causes = [cause for cause, _ in self.dropped.values()]
+        record.images_before = len(images)
+        record.images_after = len(sent)
+        record.documents = len(media) - len(images)
+        record.media_bytes_before = media_bytes
+        record.media_bytes_after = media_after
+        record.body_bytes_before = len(body)
+        record.body_bytes_after = len(out)
+        record.est_tokens_before = text_tokens(len(body) - media_bytes) + sum(self.tokens(i, as_sent=False) for i in range(len(images)))
+        record.est_tokens_after = text_tokens(len(out) - media_after) + sum(self.tokens(i) for i in sent)
+        record.pruned = len(self.dropped)
+        record.pruned_for_count = causes.count(_COUNT)
+        record.pruned_for_body = causes.count(_BODY)
+        record.over_budget = self.over_budget
+        record.pruned_for_tokens = causes.count(_TOKENS)
+        record.pruned_for_image_limit = causes.count(_IMAGE_LIMIT)
+        record.deduplicated = causes.count(_REPEAT)
+        for i in self.new:
+            if i in self.dropped:
+                continue
+            saved = images[i].media.wire_bytes - self.wire_bytes(i)
+            if i in self.thinned:
+                record.thinned += 1
+                record.thinned_bytes_saved += saved
+            else:
+                record.shrunk += 1
+                record.shrunk_bytes_saved += saved
+        record.mime_mismatches = sum(1 for f in images if _mime_mismatch(f))
+
+
+def _repeats(images: list[MediaFacts]) -> dict[int, int]:
+    """Image index -> the index of the next later image with the same base64 payload."""
+    groups: dict[tuple[int, str, str], list[int]] = {}
+    for i, facts in enumerate(images):
+        m = facts.media
+        if m.data is None or m.wire_bytes - m.data_offset < 1:
+            continue
+        # A cheap key first (length, head, tail); payloads are compared only within a group.
+        key = (m.wire_bytes - m.data_offset, m.data[m.data_offset : m.data_offset + 64], m.data[-64:])
+        groups.setdefault(key, []).append(i)
+    later: dict[int, int] = {}
+    for members in groups.values():
+        for pos, i in enumerate(members):
+            for j in members[pos + 1 :]:
+                if _same_payload(images[i].media, images[j].media):
+                    later[i] = j
+                    break
+    return later
+
+
+def _same_payload(a: Media, b: Media) -> bool:
+    assert a.data is not None and b.data is not None
+    if a.data == b.data:
+        return True  # the usual repeat: the very same text, header included; no copy made
+    n = a.wire_bytes - a.data_offset
+    if n != b.wire_bytes - b.data_offset:
+        return False
+    # Same bytes behind different data URL headers: compare in slices rather than copy 10 MB twice.
+    return all(
+        a.data[a.data_offset + k : a.data_offset + k + _CHUNK] == b.data[b.data_offset + k : b.data_offset + k + _CHUNK]
+        for k in range(0, n, _CHUNK)
+    )
+
+
+_MIME_ALIASES = {"image/jpg": "image/jpeg", "image/pjpeg": "image/jpeg", "image/x-png": "image/png"}
+
+
+def _mime_mismatch(facts: MediaFacts) -> bool:
+    """The declared type names another format than the bytes are (jpg/jpeg spellings agree)."""
+    declared = facts.media.declared_mime
+    if declared is None or facts.info is None:
+        return False
+    declared = declared.strip().lower()
+    return _MIME_ALIASES.get(declared, declared) != facts.info.mime
 
 
 class _BodySizer:
-    """The compact body size with the oldest k images pruned, without serializing the body per candidate.
+    """The compact body size with the oldest k candidates pruned, without serializing the body per candidate.
 
     orjson writes a container as the concatenation of its items, so replacing one part changes the
-    total by exactly the difference of the two parts' own serializations. (Ollama's note joins the
-    message text instead; _settle corrects the few bytes that differ there.)
+    total by exactly the difference of the two parts' own serializations. Where the part leaves
+    its list instead (Ollama's images, whose note joins the message text), the message holding it
+    is compared; the few bytes that joining several notes differs by are corrected by the caller.
     """
 
-    def __init__(self, module: WireFormat, parsed: Any, fallback: bool, body: bytes, images: list[MediaFacts], texts: _Placeholders) -> None:
-        self._module, self._parsed, self._fallback, self._body = module, parsed, fallback, body
-        self._texts = texts
-        self._base: int | None = None
+    def __init__(
+        self,
+        module: WireFormat,
+        staged: Any,
+        fallback: bool,
+        size: int,
+        compact_size: Callable[[], int],
+        paths: list[tuple[str | int, ...]],
+        text: Callable[[int], str],
+    ) -> None:
+        self._module, self._staged, self._fallback = module, staged, fallback
+        self._size, self._compact_size, self._compact = size, compact_size, None
+        self._paths, self._text = paths, text
         self._saved_total = [0]  # bytes saved by pruning the oldest k, for k = 0, 1, ...
 
     def size_after(self, k: int) -> int:
         if k == 0:
-            return len(self._body)  # nothing pruned: the body goes as it came
-        if self._base is None:
-            self._base = len(_jsoncodec.dumps(self._parsed, self._fallback))
+            return self._size  # the body as it goes with nothing pruned by a budget
+        if self._compact is None:
+            self._compact = self._compact_size()
         while len(self._saved_total) <= k:
-            i = len(self._saved_total) - 1
-            path = self._texts.path(i)
-            old = _value_at(self._parsed, path)
-            new = _value_at(self._module.replace_media(self._parsed, {path: self._texts.text(i)}), path)
-            saved = len(_jsoncodec.dumps(old, self._fallback)) - len(_jsoncodec.dumps(new, self._fallback))
+            n = len(self._saved_total) - 1
+            path = self._paths[n]
+            replaced = self._module.replace_media(self._staged, {path: self._text(n)})
+            unit = _changed_unit(self._staged, replaced, path)
+            dumps = _jsoncodec.dumps
+            saved = len(dumps(_value_at(self._staged, unit), self._fallback)) - len(dumps(_value_at(replaced, unit), self._fallback))
             self._saved_total.append(self._saved_total[-1] + saved)
-        return self._base - self._saved_total[k]
+        return self._compact - self._saved_total[k]
+
+
+def _changed_unit(old: Any, new: Any, path: tuple[str | int, ...]) -> tuple[str | int, ...]:
+    """`path` when the part was replaced in place; the message holding it when it left its list."""
+    parent = path[:-1]
+    a, b = _value_at(old, parent), _value_at(new, parent)
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return path
+    return path[:-2]
 
 
 def _value_at(node: Any, path: tuple[str | int, ...]) -> Any:
     for key in path:
         node = node[key]
     return node
-
-
-def _settle(decision: Decision, limits: Limits, images: int, rewrite: Callable[[int], bytes]) -> tuple[Decision, bytes]:
-    """Write the pruned body and check its real size against the budget, pruning further where the
-    size accounting fell short (a fallback codec, Ollama's joined notes)."""
-    budget = limits.max_body_bytes
-    prunable = max(0, images - limits.keep_recent)
-    pruned = decision.pruned
-    out = rewrite(pruned)
-    while budget is not None and len(out) > budget and pruned < prunable:
-        pruned += 1
-        out = rewrite(pruned)
-    return Decision(pruned, decision.by_count, budget is not None and len(out) > budget), out
-
-
-def _fill(
-    record: Record,
-    fmt: str,
-    model: str | None,
-    media: list[Media],
-    images: list[MediaFacts],
-    decision: Decision,
-    body: bytes,
-    out: bytes,
-    limits: Limits,
-) -> None:
-    media_bytes = sum(m.wire_bytes for m in media)
-    pruned = images[: decision.pruned]
-    pruned_bytes = sum(f.media.wire_bytes for f in pruned)
-    image_tok = [_image_tokens(fmt, model, f) for f in images]
-    record.images_before = len(images)
-    record.images_after = len(images) - decision.pruned
-    record.documents = len(media) - len(images)
-    record.media_bytes_before = media_bytes
-    record.media_bytes_after = media_bytes - pruned_bytes
-    record.body_bytes_before = len(body)
-    record.body_bytes_after = len(out)
-    record.est_tokens_before = text_tokens(len(body) - media_bytes) + sum(image_tok)
-    record.est_tokens_after = text_tokens(len(out) - record.media_bytes_after) + sum(image_tok[decision.pruned :])
-    record.pruned = decision.pruned
-    record.pruned_for_count = decision.by_count
-    record.pruned_for_body = decision.pruned - decision.by_count
-    record.over_budget = decision.over_budget
-
-
-def _image_tokens(fmt: str, model: str | None, facts: MediaFacts) -> int:
-    info = facts.info
-    return image_tokens(fmt, model, info.width if info else None, info.height if info else None, facts.media.detail)

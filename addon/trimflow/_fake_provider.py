@@ -30,7 +30,9 @@ importable) are decoded before anything looks at them. ``FakeProvider(check=...)
 that come before the normal reply (limit profiles: a provider's exact error status, content type and text).
 
 The CLI (``python -m trimflow._fake_provider``) logs one line per request to stderr: method, path (never
-the query, which may hold ``?key=``), status, sizes, image count; never headers or body content.
+the query, which may hold ``?key=``), status, sizes, image count; never headers or body content. With
+``--profile NAME`` it refuses what that limit profile (rules/profiles.yaml) refuses, as the provider would.
+Every answer carries ``X-Fake-Provider-Received-Bytes``: the decoded body size it received.
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import orjson
 
+from ._profiles import DEFAULT_PROFILES_PATH, load_profiles, provider_check
+
 REPLY_TEXT = "ok from fake-provider"
 # The reply streamed as a few deltas; joined they give REPLY_TEXT.
 REPLY_DELTAS = ("ok", " from", " fake", "-provider")
@@ -66,6 +70,9 @@ assert "".join(REPLY_DELTAS) == REPLY_TEXT
 IMAGE_TOKENS = 1600
 DEFAULT_PORT = 8700
 DEFAULT_MODEL = "fake-model"
+
+# Every answer says how many (decoded) body bytes the provider received: scripts/replay shows it.
+RECEIVED_BYTES_HEADER = "X-Fake-Provider-Received-Bytes"
 
 CheckAnswer = tuple[int, str, bytes]
 """(status, content type, body) that a check hook answers instead of the normal reply."""
@@ -662,9 +669,17 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         return self.rfile.read(length) if length > 0 else b""
 
+    # The decoded size of the request being answered, sent back in RECEIVED_BYTES_HEADER.
+    received_bytes: int | None = None
+
+    def send_received_bytes(self) -> None:
+        if self.received_bytes is not None:
+            self.send_header(RECEIVED_BYTES_HEADER, str(self.received_bytes))
+
     def send_body(self, status: int, content_type: str, body: bytes) -> None:
         self.send_response(status)
         self.send_header("Content-Type", content_type)
+        self.send_received_bytes()
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         if self.command != "HEAD":
@@ -676,6 +691,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Type", content_type)
         self.send_header("Cache-Control", "no-cache")
+        self.send_received_bytes()
         if chunked:
             self.send_header("Transfer-Encoding", "chunked")
         else:
@@ -765,6 +781,7 @@ class FakeProvider:
     # One request, from the handler thread.
     def _serve(self, h: _Handler) -> None:
         started = time.monotonic()
+        h.received_bytes = None
         target = h.path
         if "://" in target:  # absolute-form request target (a client that thinks we are a proxy)
             parts = urlsplit(target)
@@ -788,6 +805,7 @@ class FakeProvider:
         except ValueError as e:
             body, decode_error = wire, str(e)
         rec = Received(h.command, path, query, headers, body, len(wire))
+        h.received_bytes = len(body)
         if self.record:
             with self._received_lock:
                 self.received.append(rec)
@@ -885,6 +903,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--event-delay-ms", type=float, default=0.0, help="pause between streamed events")
     parser.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM)")
     parser.add_argument("--tls-key", help="the certificate's private key (PEM)")
+    parser.add_argument("--profile", help="refuse requests that break this limit profile, with the provider's own "
+                        "status, content type and text (names: rules/profiles.yaml)")
+    parser.add_argument("--profiles", default=str(DEFAULT_PROFILES_PATH), help="the profiles file (default: %(default)s)")
     args = parser.parse_args(argv)
 
     if not is_loopback(args.host):
@@ -897,6 +918,13 @@ def main(argv: list[str] | None = None) -> int:
     if bool(args.tls_cert) != bool(args.tls_key):
         print("fake-provider: --tls-cert and --tls-key go together", file=sys.stderr)
         return 2
+    check = None
+    if args.profile:
+        try:
+            check = provider_check(load_profiles(args.profiles).get(args.profile))
+        except ValueError as e:  # ProfilesError (file:line: problem) or UnknownProfile (lists the names)
+            print(f"fake-provider: {e}", file=sys.stderr)
+            return 2
     try:
         provider = FakeProvider(
             args.host,
@@ -905,6 +933,7 @@ def main(argv: list[str] | None = None) -> int:
             keyfile=args.tls_key,
             event_delay=max(args.event_delay_ms, 0.0) / 1000,
             log=_stderr_log,
+            check=check,
             record=False,
         )
     except (OSError, ssl.SSLError) as e:
@@ -916,7 +945,8 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     provider.start()
-    print(f"fake-provider listening on {provider.url}", file=sys.stderr, flush=True)
+    enforcing = f", refusing like profile {args.profile}" if args.profile else ""
+    print(f"fake-provider listening on {provider.url}{enforcing}", file=sys.stderr, flush=True)
     try:
         while True:
             time.sleep(3600)

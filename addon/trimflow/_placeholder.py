@@ -14,6 +14,8 @@ from .formats import Media
 
 # The fields a template may use; _rules validates templates against these.
 PLACEHOLDER_FIELDS = ("kind", "ordinal", "mime", "dims", "size", "bytes", "width", "height", "reason")
+# A repeat's placeholder may also name the later image it repeats as.
+REPEAT_FIELDS = (*PLACEHOLDER_FIELDS, "later")
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +37,8 @@ class MediaFacts:
         return (self.media.wire_bytes - self.media.data_offset) * 3 // 4
 
 
-def render(template: str, facts: MediaFacts, reason: str) -> str:
+def render(template: str, facts: MediaFacts, reason: str, **extra: object) -> str:
+    """The template filled in for this image; `extra` adds fields (a repeat's {later})."""
     info = facts.info
     width = info.width if info is not None else None
     height = info.height if info is not None else None
@@ -49,5 +52,6 @@ def render(template: str, facts: MediaFacts, reason: str) -> str:
         "width": width if width is not None else "?",
         "height": height if height is not None else "?",
         "reason": reason,
+        **extra,
     }
     return template.format_map(values)

@@ -37,12 +37,24 @@ class Record:
     pruned: int = 0
     pruned_for_count: int = 0
     pruned_for_body: int = 0
-    over_budget: bool = False  # the body budget could not be met: the best effort was forwarded
+    over_budget: bool = False  # the body or token budget could not be met: the best effort was forwarded
+    # Beyond dropping: pruned images by cause, images re-encoded and still sent, and the wire bytes
+    # (base64 text) those saved. Each image counts once: a thumbnail that also had to meet a
+    # per-image limit is thinned, and an image re-encoded then pruned by a budget is pruned.
+    pruned_for_tokens: int = 0  # to meet max_est_tokens
+    pruned_for_image_limit: int = 0  # over a per-image limit and could not be shrunk under it
+    deduplicated: int = 0  # repeats of a later image of the same request (also in pruned)
+    shrunk: int = 0  # re-encoded to meet max_image_bytes / max_image_side / the many-image rule
+    shrunk_bytes_saved: int = 0
+    thinned: int = 0  # older images sent as thumbnails (thumbnail_side)
+    thinned_bytes_saved: int = 0
+    mime_mismatches: int = 0  # declared type differs from the bytes' real type (reported, left alone)
     server_side_history: bool = False  # earlier turns live at the provider (previous_response_id)
     reason: str | None = None  # why the body was forwarded as it came, when it could not be handled
     status: int | None = None
     usage_input_tokens: int | None = None
     overhead_ms: float = 0.0
+    simulated: str | None = None  # the limit profile (trimflow_simulate) that answered instead of the provider
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -56,7 +68,19 @@ class Record:
         parts.append(self.model or self.format)
         if self.reason:
             parts.append(f"untouched ({self.reason})")
-        parts.append(f"images {self.images_before}->{self.images_after}")
+        images = f"images {self.images_before}->{self.images_after}"
+        done = [
+            f"{n} {what}"
+            for n, what in (
+                (self.thinned, "thinned"),
+                (self.shrunk, "shrunk"),
+                (self.deduplicated, "repeated"),
+                (self.pruned_for_image_limit, "too big"),
+                (self.mime_mismatches, "mime mismatch"),
+            )
+            if n
+        ]
+        parts.append(f"{images} ({', '.join(done)})" if done else images)
         parts.append(f"body {format_size(self.body_bytes_before)}->{format_size(self.body_bytes_after)}")
         parts.append(f"~{_thousands(self.est_tokens_before)}->{_thousands(self.est_tokens_after)} tok")
         if self.mode == "observe":
@@ -67,7 +91,21 @@ class Record:
             parts.append(str(self.status))
         if self.usage_input_tokens is not None:
             parts.append(f"in={self.usage_input_tokens}")
+        ratio = self.est_to_usage_ratio()
+        if ratio is not None:
+            parts.append(f"est/in={ratio:.2f}")
         return " ".join(parts)
+
+    def est_to_usage_ratio(self) -> float | None:
+        """The token estimate of the body that went out over the provider's input tokens (None until known).
+
+        Kept out of the record's fields: usage arrives with the response, and a consumer of the
+        JSONL has both numbers. Above 1 the estimate runs high (the safe side for budgets).
+        """
+        if not self.usage_input_tokens:
+            return None
+        sent = self.est_tokens_after if self.mode == "enforce" else self.est_tokens_before
+        return sent / self.usage_input_tokens if sent else None
 
 
 def _thousands(n: int) -> str:

@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from ._placeholder import PLACEHOLDER_FIELDS
+from ._placeholder import PLACEHOLDER_FIELDS, REPEAT_FIELDS
 from ._policy import Limits
 from ._sizes import parse_size
 
@@ -59,8 +59,20 @@ LIMIT_FIELDS: tuple[str, ...] = (
     "keep_recent",
     "prune_batch",
     "placeholder",
+    "max_image_bytes",
+    "max_image_side",
+    "many_images_threshold",
+    "many_images_max_side",
+    "thumbnail_side",
+    "max_est_tokens",
+    "dedupe",
+    "repeat_placeholder",
 )
+# Fields that only mean something together: one set without the other is an error.
+_PAIRED = ("many_images_threshold", "many_images_max_side")
 _TOP_KEYS = ("defaults", "rules", "endpoints", "detect_by_shape")
+_MIN_IMAGE_BYTES = 1024  # a byte limit below this is a typo (5 instead of 5MiB), not a real limit
+_MIN_SIDE = 16  # the smallest long side the shrink ladder goes down to
 _MATCH_KEYS = ("host", "path", "model")
 _ENDPOINT_KEYS = ("path", "format", "host")
 _MERGE_TAG = "tag:yaml.org,2002:merge"
@@ -233,27 +245,31 @@ def builtin_rules() -> Rules:
     return Rules("<builtin>", Limits(), (), BUILTIN_ENDPOINTS, True)
 
 
-def check_placeholder(template: str) -> None:
-    """Raise ValueError unless `template` formats with the known placeholder fields."""
-    fields = ", ".join("{" + f + "}" for f in PLACEHOLDER_FIELDS)
+def check_placeholder(template: str, field: str = "placeholder") -> None:
+    """Raise ValueError unless `template` formats with the known placeholder fields.
+
+    `field` is the rules field it is for: "repeat_placeholder" also knows {later}.
+    """
+    known = REPEAT_FIELDS if field == "repeat_placeholder" else PLACEHOLDER_FIELDS
+    fields = ", ".join("{" + f + "}" for f in known)
     for i, sample in enumerate(_PLACEHOLDER_SAMPLES):
         unknown_dims = "; {width} and {height} are '?' when an image's size is unknown" if i else ""
         try:
-            template.format(**sample)
+            template.format(**sample, **({"later": 7} if "later" in known else {}))
         except KeyError as e:
             name = str(e.args[0])
-            raise ValueError(f"placeholder has an unknown field {{{name}}}"
-                             f"{_did_you_mean(name, PLACEHOLDER_FIELDS)}; fields: {fields}") from None
+            raise ValueError(f"{field} has an unknown field {{{name}}}"
+                             f"{_did_you_mean(name, known)}; fields: {fields}") from None
         except IndexError:
-            raise ValueError(f"placeholder has a field without a name ({{}}); use one of {fields}") from None
+            raise ValueError(f"{field} has a field without a name ({{}}); use one of {fields}") from None
         except ValueError as e:
             hint = unknown_dims or "; write {{ and }} for a literal brace"
-            raise ValueError(f"placeholder is not a valid template ({e}){hint}") from None
+            raise ValueError(f"{field} is not a valid template ({e}){hint}") from None
         except (AttributeError, TypeError) as e:
-            raise ValueError(f"placeholder is not a valid template ({e}){unknown_dims}") from None
+            raise ValueError(f"{field} is not a valid template ({e}){unknown_dims}") from None
     if not template.strip():
         # Some providers reject an empty text block; a placeholder must say something.
-        raise ValueError("placeholder must not be empty")
+        raise ValueError(f"{field} must not be empty")
 
 
 # --- parsing ----------------------------------------------------------------------------------
@@ -447,12 +463,16 @@ class _Parser:
             fields = self.mapping(top["defaults"][1], "defaults")
             self.reject_unknown(fields, LIMIT_FIELDS, "defaults")
             defaults = Limits(rule="defaults", **self.limit_fields(fields))
+            self.check_pairs(defaults, fields, top["defaults"][1], "defaults")
 
         rules: list[Rule] = []
         if "rules" in top:
             seen: dict[str, int] = {}
             for i, item in enumerate(self.sequence(top["rules"][1], "rules"), 1):
-                rules.append(self.rule(item, i, seen))
+                rule = self.rule(item, i, seen)
+                merged = dataclasses.replace(defaults, **rule.overrides)
+                self.check_pairs(merged, self.mapping(item, f"rule #{i}"), item, f"rule {rule.name!r}")
+                rules.append(rule)
 
         endpoints = BUILTIN_ENDPOINTS
         if "endpoints" in top and not self.is_null(top["endpoints"][1]):
@@ -497,15 +517,49 @@ class _Parser:
                 return parse_size(value)
             except ValueError as e:
                 raise self.error(node, f"max_body_bytes: {e}") from None
-        if key == "placeholder":
+        if key in ("placeholder", "repeat_placeholder"):
             if not isinstance(value, str):
-                raise self.error(node, f"placeholder must be a text template, got {self.describe(node)}")
+                raise self.error(node, f"{key} must be a text template, got {self.describe(node)}")
             try:
-                check_placeholder(value)
+                check_placeholder(value, key)
             except ValueError as e:
                 raise self.error(node, str(e)) from None
             return value
+        if key == "max_image_bytes":
+            if value is not None and not is_int and not isinstance(value, str):
+                raise self.error(node, f"max_image_bytes must be a size like 5MiB or 5242880, or null, "
+                                       f"got {self.describe(node)}")
+            try:
+                size = parse_size(value)
+            except ValueError as e:
+                raise self.error(node, f"max_image_bytes: {e}") from None
+            if size is not None and size < _MIN_IMAGE_BYTES:
+                raise self.error(node, f"max_image_bytes must be at least {_MIN_IMAGE_BYTES} (1KiB): "
+                                       f"no image fits in less, got {self.describe(node)}")
+            return size
+        if key in ("max_image_side", "many_images_max_side", "thumbnail_side"):
+            if value is None or (is_int and value >= _MIN_SIDE):
+                return value
+            raise self.error(node, f"{key} must be a whole number of pixels >= {_MIN_SIDE} or null, "
+                                   f"got {self.describe(node)}")
+        if key in ("many_images_threshold", "max_est_tokens"):
+            if value is None or (is_int and value >= 0):
+                return value
+            raise self.error(node, f"{key} must be a whole number >= 0 or null, got {self.describe(node)}")
+        if key == "dedupe":
+            if isinstance(value, bool):
+                return value
+            raise self.error(node, f"dedupe must be true or false, got {self.describe(node)}")
         raise AssertionError(key)
+
+    def check_pairs(self, limits: Limits, fields: Mapping[str, tuple[Node, Node]], fallback: Node, what: str) -> None:
+        """The many-image rule needs both its fields once merged over the defaults."""
+        first, second = _PAIRED
+        if (getattr(limits, first) is None) != (getattr(limits, second) is None):
+            given, missing = (first, second) if getattr(limits, first) is not None else (second, first)
+            node = fields[given][0] if given in fields else fallback
+            raise self.error(node, f"{given} is set in {what} but {missing} is not: the many-image rule "
+                                   f"needs both (more than {first} images -> no side over {second})")
 
     def rule(self, node: Node, index: int, seen: dict[str, int]) -> Rule:
         what = f"rule #{index}"

@@ -51,6 +51,14 @@ class WireFormat(Protocol):
         """A new body where each media at a path of `texts` is a text placeholder; `body` is untouched."""
         ...
 
+    def replace_data(self, body: dict[str, Any], images: Mapping[JsonPath, tuple[str, str]]) -> dict[str, Any]:
+        """A new body where each image at a path of `images` carries new bytes: (base64, mime).
+
+        The declared type follows the new bytes (data URL prefix, media_type, mime_type, format);
+        everything else of the part is kept; `body` is untouched.
+        """
+        ...
+
     def model(self, body: dict[str, Any], path: str) -> str | None: ...
 
     def matches_shape(self, body: dict[str, Any]) -> bool:
@@ -97,6 +105,10 @@ def url_media(kind: str, path: JsonPath, url: Any, detail: str | None = None) ->
     return Media(media_kind, path, url, offset, mime, detail)
 
 
+def data_url(data: str, mime: str) -> str:
+    return f"data:{mime};base64,{data}"
+
+
 def rebuild(node: Any, edits: Mapping[JsonPath, Callable[[Any], Any]]) -> Any:
     """Copy `node` with each path's value passed through its function.
 
@@ -119,6 +131,14 @@ def replace_parts(
 ) -> dict[str, Any]:
     """Replace each part at a path of `texts` with make_part(old_part, text)."""
     edits = {path: (lambda old, text=text: make_part(old, text)) for path, text in texts.items()}
+    return rebuild(body, edits)
+
+
+def replace_images(
+    body: dict[str, Any], images: Mapping[JsonPath, tuple[str, str]], make_part: Callable[[Any, str, str], Any]
+) -> dict[str, Any]:
+    """Replace each part at a path of `images` with make_part(old_part, base64, mime)."""
+    edits = {path: (lambda old, new=new: make_part(old, *new)) for path, new in images.items()}
     return rebuild(body, edits)
 
 

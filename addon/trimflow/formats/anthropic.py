@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import unquote
 
-from ._base import DOCUMENT, IMAGE, JsonPath, Media, dicts, first_items, kind_of_mime, replace_parts
+from ._base import DOCUMENT, IMAGE, JsonPath, Media, dicts, first_items, kind_of_mime, replace_images, replace_parts
 
 NAME = "anthropic"
 
@@ -54,6 +54,14 @@ def _text_block(old: Any, text: str) -> dict[str, Any]:
 
 def replace_media(body: dict[str, Any], texts: Mapping[JsonPath, str]) -> dict[str, Any]:
     return replace_parts(body, texts, _text_block)
+
+
+def _with_image(block: Any, data: str, mime: str) -> dict[str, Any]:
+    return {**block, "source": {**block["source"], "media_type": mime, "data": data}}
+
+
+def replace_data(body: dict[str, Any], images: Mapping[JsonPath, tuple[str, str]]) -> dict[str, Any]:
+    return replace_images(body, images, _with_image)
 
 
 def model(body: dict[str, Any], path: str) -> str | None:

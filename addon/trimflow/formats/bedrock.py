@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import unquote
 
-from ._base import DOCUMENT, IMAGE, JsonPath, Media, dicts, first_items, replace_parts
+from ._base import DOCUMENT, IMAGE, JsonPath, Media, dicts, first_items, replace_images, replace_parts
 
 NAME = "bedrock-converse"
 
@@ -48,6 +48,16 @@ def _add(found: list[Media], path: JsonPath, block: dict[str, Any]) -> None:
 
 def replace_media(body: dict[str, Any], texts: Mapping[JsonPath, str]) -> dict[str, Any]:
     return replace_parts(body, texts, lambda _old, text: {"text": text})
+
+
+def _with_image(block: Any, data: str, mime: str) -> dict[str, Any]:
+    image = block["image"]
+    # Converse names the type by format alone: png, jpeg, gif or webp.
+    return {**block, "image": {**image, "format": mime.split("/", 1)[1], "source": {**image["source"], "bytes": data}}}
+
+
+def replace_data(body: dict[str, Any], images: Mapping[JsonPath, tuple[str, str]]) -> dict[str, Any]:
+    return replace_images(body, images, _with_image)
 
 
 def model(body: dict[str, Any], path: str) -> str | None:

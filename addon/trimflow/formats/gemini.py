@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ._base import JsonPath, Media, dicts, first_items, kind_of_mime, replace_parts
+from ._base import JsonPath, Media, dicts, first_items, kind_of_mime, replace_images, replace_parts
 
 NAME = "gemini"
 
@@ -47,6 +47,19 @@ def _add(found: list[Media], path: JsonPath, part: dict[str, Any]) -> None:
 
 def replace_media(body: dict[str, Any], texts: Mapping[JsonPath, str]) -> dict[str, Any]:
     return replace_parts(body, texts, lambda _old, text: {"text": text})
+
+
+def _with_image(part: Any, data: str, mime: str) -> dict[str, Any]:
+    # Keep the spelling the client used: inline_data{mime_type} or inlineData{mimeType}.
+    for key, mime_key in (("inline_data", "mime_type"), ("inlineData", "mimeType")):
+        inline = part.get(key)
+        if isinstance(inline, dict) and isinstance(inline.get("data"), str):
+            return {**part, key: {**inline, mime_key: mime, "data": data}}
+    raise ValueError("not an inline image part")
+
+
+def replace_data(body: dict[str, Any], images: Mapping[JsonPath, tuple[str, str]]) -> dict[str, Any]:
+    return replace_images(body, images, _with_image)
 
 
 def model(body: dict[str, Any], path: str) -> str | None:

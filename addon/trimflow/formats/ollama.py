@@ -45,6 +45,11 @@ def replace_media(body: dict[str, Any], texts: Mapping[JsonPath, str]) -> dict[s
     return rebuild(body, {path: edit(notes) for path, notes in by_message.items()})
 
 
+def replace_data(body: dict[str, Any], images: Mapping[JsonPath, tuple[str, str]]) -> dict[str, Any]:
+    # Raw base64 with no declared type: Ollama sniffs the bytes itself.
+    return rebuild(body, {path: (lambda _old, data=data: data) for path, (data, _mime) in images.items()})
+
+
 def model(body: dict[str, Any], path: str) -> str | None:
     value = body.get("model")
     return value if isinstance(value, str) else None

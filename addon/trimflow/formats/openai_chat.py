@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ._base import DOCUMENT, IMAGE, JsonPath, Media, dicts, first_items, replace_parts, url_media
+from ._base import DOCUMENT, IMAGE, JsonPath, Media, data_url, dicts, first_items, replace_images, replace_parts, url_media
 
 NAME = "openai-chat"
 
@@ -50,6 +50,18 @@ def _part_media(path: JsonPath, part: dict[str, Any]) -> Media | None:
 
 def replace_media(body: dict[str, Any], texts: Mapping[JsonPath, str]) -> dict[str, Any]:
     return replace_parts(body, texts, lambda _old, text: {"type": "text", "text": text})
+
+
+def _with_image(part: Any, data: str, mime: str) -> dict[str, Any]:
+    copy = dict(part)
+    image = part.get("image_url")
+    url = data_url(data, mime)
+    copy["image_url"] = {**image, "url": url} if isinstance(image, dict) else url
+    return copy
+
+
+def replace_data(body: dict[str, Any], images: Mapping[JsonPath, tuple[str, str]]) -> dict[str, Any]:
+    return replace_images(body, images, _with_image)
 
 
 def model(body: dict[str, Any], path: str) -> str | None:

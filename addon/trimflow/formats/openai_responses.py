@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ._base import DOCUMENT, IMAGE, JsonPath, Media, dicts, replace_parts, url_media
+from ._base import DOCUMENT, IMAGE, JsonPath, Media, data_url, dicts, replace_images, replace_parts, url_media
 
 NAME = "openai-responses"
 
@@ -59,6 +59,10 @@ def _part_media(path: JsonPath, part: dict[str, Any]) -> Media | None:
 
 def replace_media(body: dict[str, Any], texts: Mapping[JsonPath, str]) -> dict[str, Any]:
     return replace_parts(body, texts, lambda _old, text: {"type": "input_text", "text": text})
+
+
+def replace_data(body: dict[str, Any], images: Mapping[JsonPath, tuple[str, str]]) -> dict[str, Any]:
+    return replace_images(body, images, lambda old, data, mime: {**old, "image_url": data_url(data, mime)})
 
 
 def model(body: dict[str, Any], path: str) -> str | None:

@@ -1,0 +1,132 @@
+"""`scripts/audit`: how fast recorded LLM traffic grows per turn, which turn crosses which limit, what a
+rules file would change, and a CI gate on all of it.
+
+    scripts/audit FILE... [--rules FILE] [--profile NAME]... [--format text|json|markdown|html]
+                  [--fail-on EXPR]... [--out PATH]
+
+Inputs are mitmproxy dumps (`mitmdump -w`), HAR files and trimflow's metrics JSONL, several at once.
+Exit 0 when every --fail-on expression holds nowhere, 1 when one is true somewhere (each named with
+its conversation and turn on stderr), 2 for unusable input (a one-line reason on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from . import _audit_gate, _audit_html, _audit_report
+from ._audit_gate import Gate
+from ._audit_read import InputError, Reader
+from ._audit_summary import ProfileLimits, summarize
+from ._profiles import DEFAULT_PROFILES_PATH, UnknownProfile, load_profiles
+from ._rules import DEFAULT_RULES_PATH, RulesError, builtin_rules, load_rules
+
+FORMATS = {
+    "text": _audit_report.text,
+    "json": _audit_report.json,
+    "markdown": _audit_report.markdown,
+    "html": _audit_html.html,
+}
+
+EXIT_OK, EXIT_GATE, EXIT_UNUSABLE = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        print(f"trimflow audit: {message}", file=sys.stderr)
+        raise SystemExit(EXIT_UNUSABLE)
+
+
+def parser() -> _Parser:
+    p = _Parser(prog="scripts/audit", description=__doc__.split("\n\n")[0],
+                epilog=_audit_gate.__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("files", nargs="+", metavar="FILE", help=".mitm dump (mitmproxy 11 or 12), .har, or trimflow metrics .jsonl")
+    p.add_argument("--rules", metavar="FILE",
+                   help="what-if: apply this rules file offline to every recorded request and report before and after "
+                        f"(default: the recording as it is, with the limits of rules/{DEFAULT_RULES_PATH.name} for crossings)")
+    p.add_argument("--profile", action="append", default=[], metavar="NAME",
+                   help="also report when each conversation crosses this limit profile's image and body limits "
+                        "(repeatable; e.g. axum-2mb, generic-8)")
+    p.add_argument("--profiles", metavar="FILE", default=str(DEFAULT_PROFILES_PATH),
+                   help=f"the limit profiles file (default: rules/{DEFAULT_PROFILES_PATH.name})")
+    p.add_argument("--format", choices=tuple(FORMATS), default="text", help="report format (default: text)")
+    p.add_argument("--fail-on", action="append", default=[], metavar="EXPR",
+                   help="exit 1 when EXPR is true for any request or conversation, e.g. 'images>8' (repeatable; quote it)")
+    p.add_argument("--out", metavar="PATH", help="write the report to PATH instead of stdout")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = parser().parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a usage error (2): a code to return, like every other outcome
+        return exc.code if isinstance(exc.code, int) else EXIT_UNUSABLE
+    try:
+        expressions = [_audit_gate.parse(text) for text in args.fail_on]
+    except _audit_gate.ExpressionError as exc:
+        return _fail(str(exc))
+    try:
+        if args.rules:
+            engine_rules = limit_rules = load_rules(args.rules)
+            limits_source = args.rules
+        else:
+            engine_rules, limit_rules = builtin_rules(), load_rules(DEFAULT_RULES_PATH)
+            limits_source = f"{DEFAULT_RULES_PATH.parent.name}/{DEFAULT_RULES_PATH.name}"
+        profiles = _profile_limits(args.profile, args.profiles)
+    except (RulesError, UnknownProfile) as exc:  # ProfilesError is a RulesError
+        return _fail(str(exc))
+    reader = Reader(engine_rules, limit_rules, what_if=bool(args.rules))
+    try:
+        inputs = reader.check(args.files)
+        summary = summarize(reader.rows(inputs), reader.tallies, args.rules, limits_source, profiles)
+    except InputError as exc:
+        return _fail(str(exc))
+    gate = Gate(expressions, _audit_gate.evaluate(expressions, summary)) if expressions else None
+    report = FORMATS[args.format](summary, gate)
+    try:
+        _write(report, args.out)
+    except OSError as exc:
+        return _fail(f"cannot write {args.out}: {exc.strerror or type(exc).__name__}")
+    for warning in _audit_report.warnings(summary):
+        print(f"trimflow audit: warning: {warning}", file=sys.stderr)
+    if gate is not None and not gate.ok:
+        for breach in gate.breaches:
+            print(f"trimflow audit: FAIL {breach.line()}", file=sys.stderr)
+        return EXIT_GATE
+    return EXIT_OK
+
+
+def _profile_limits(names: list[str], path: str) -> list[ProfileLimits]:
+    if not names:
+        return []
+    profiles = load_profiles(path)
+    out = []
+    for name in names:
+        profile = profiles.get(name)
+        out.append(ProfileLimits(profile.name, profile.max_images, profile.max_body_bytes))
+    return out
+
+
+def _write(report: str, out: str | None) -> None:
+    if out is None:
+        # As UTF-8 bytes whatever the locale: the reports use a few non-ASCII signs (·, →, ✅).
+        sys.stdout.flush()
+        sys.stdout.buffer.write(report.encode("utf-8"))
+        sys.stdout.buffer.flush()
+        return
+    path = Path(out)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(report, encoding="utf-8")
+    os.replace(tmp, path)  # a CI step never picks up half a report
+
+
+def _fail(reason: str) -> int:
+    print(f"trimflow audit: {reason}", file=sys.stderr)
+    return EXIT_UNUSABLE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,373 @@
+"""The audit's inputs: mitmproxy dumps (.mitm, mitmproxy 11 and 12), HAR files and trimflow's metrics JSONL.
+
+Each input is read one flow (or line) at a time and turned into small rows of figures: the engine's
+metrics record for the request, in observe mode, plus the recorded answer (status, provider usage,
+a failure category). Bodies are dropped as soon as a flow is measured, so memory does not grow with
+the size of a recording, only with its number of requests (a few hundred bytes each). HAR is the
+exception: mitmproxy parses a HAR file as one JSON document.
+
+Not on the live path, so this module may import mitmproxy.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+from mitmproxy import http
+from mitmproxy import io as mitm_io
+
+from ._conversation import TurnCounter
+from ._engine import ENFORCE, OBSERVE, prune_request
+from ._record import Record
+from ._rules import Rules
+from ._usage import input_tokens_of
+from .formats import openai_responses
+
+PROXY_META = "trimflow"  # the flow.metadata key where the addon keeps its record (addon/mitm.py's META)
+
+# Failure categories: fixed labels, never the provider's text itself (it may quote the request).
+BODY_TOO_LARGE = "body too large"
+TOO_MANY_IMAGES = "too many images"
+IMAGE_TOO_LARGE = "image too large"
+NO_RESPONSE = "no response"
+
+# Provider error texts (see providers.md, "Error texts users hit"), checked in this order: an image's
+# own size error also says "exceeds ... maximum", so it comes before the body checks.
+_FAILURE_TEXTS = (
+    (IMAGE_TOO_LARGE, re.compile(r"image exceeds|image dimensions exceed")),
+    (TOO_MANY_IMAGES, re.compile(r"too many images|max images exceeded|too much media|images?,? exceeding the maximum")),
+    (BODY_TOO_LARGE, re.compile(
+        r"request_too_large|request entity too large|payload too large|exceeds the maximum|length limit exceeded"
+        r"|request payload size exceeds|request size cannot exceed|maximum request body size"
+    )),
+)
+_FAILURE_SCAN = 64 * 1024  # error texts are short; a long answer is not read past this
+
+# The Record's before figures: what the client sent.
+BEFORE_FIELDS = ("images_before", "documents", "media_bytes_before", "body_bytes_before", "est_tokens_before")
+_INT_FIELDS = frozenset(
+    name for name, spec in Record.__dataclass_fields__.items() if spec.type in ("int", "int | None")
+)
+_STR_FIELDS = frozenset(
+    name for name, spec in Record.__dataclass_fields__.items() if spec.type in ("str", "str | None")
+)
+_ENCODING_NAME = re.compile(r"[A-Za-z0-9_, -]{1,40}")
+
+WHAT_IF = "what-if"  # the audit's own offline pruning with --rules
+PROXY = "proxy"  # what trimflow did when the traffic was recorded (the addon's record)
+
+
+class InputError(Exception):
+    """An input the audit cannot use at all; str() is a one-line reason naming the file."""
+
+
+@dataclass(slots=True)
+class Row:
+    """One LLM request of a recording: its metrics record and what the recording says happened."""
+
+    record: Record
+    source: int  # index of the input file
+    failure: str | None = None  # a category above, when the answer was an error
+    limits_rule: str | None = None  # the reference rule for limit crossings, and its limits
+    max_images: int | None = None
+    max_body_bytes: int | None = None
+    after: str | None = None  # where the after figures come from: WHAT_IF, PROXY, or None (the same as before)
+
+
+@dataclass
+class InputTally:
+    """What one input held."""
+
+    path: str
+    kind: str
+    flows: int = 0  # flows, or lines of a JSONL file
+    llm_requests: int = 0
+    skipped: int = 0  # not LLM requests (other hosts and paths, GETs, TCP/DNS flows)
+    unreadable: Counter[str] = field(default_factory=Counter)  # LLM requests that could not be measured, by reason
+    truncated: str | None = None  # why reading stopped before the end of the file
+    proxy_records: int = 0  # flows carrying the addon's own record (recorded through trimflow)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path, "kind": self.kind, "flows": self.flows, "llm_requests": self.llm_requests,
+            "skipped": self.skipped, "unreadable": dict(self.unreadable), "truncated": self.truncated,
+            "proxy_records": self.proxy_records,
+        }
+
+
+def classify_failure(status: int | None, text: bytes | None) -> str | None:
+    """A fixed category for an error answer (None for success or no answer)."""
+    if status is None or status < 400:
+        return None
+    if status == 413:
+        return BODY_TOO_LARGE
+    if text:
+        lowered = text[:_FAILURE_SCAN].decode("utf-8", "replace").lower()
+        for category, pattern in _FAILURE_TEXTS:
+            if pattern.search(lowered):
+                return category
+    return f"http {status}"
+
+
+def detect_kind(path: Path) -> str:
+    """mitm, har or jsonl, from the name, else from the first bytes."""
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".ndjson"):
+        return "jsonl"
+    if suffix == ".har":
+        return "har"
+    if suffix in (".mitm", ".flows", ".dump"):
+        return "mitm"
+    with open(path, "rb") as f:
+        first = f.readline(1 << 20).lstrip(b"\xef\xbb\xbf \t\r\n")
+    if not first.startswith(b"{"):
+        return "mitm"
+    try:
+        parsed = orjson.loads(first)
+    except orjson.JSONDecodeError:
+        return "har"  # a HAR file is one JSON document over many lines
+    return "jsonl" if isinstance(parsed, dict) and "body_bytes_before" in parsed else "har"
+
+
+def record_from_dict(data: Any) -> Record:
+    """A Record from a metrics line (the addon's JSONL, or a flow's metadata). ValueError if it is not one."""
+    if not isinstance(data, dict) or not isinstance(data.get("format"), str) or "body_bytes_before" not in data:
+        raise ValueError("not a trimflow metrics record")
+    values: dict[str, Any] = {}
+    for name in Record.__dataclass_fields__:
+        if name not in data:
+            continue
+        value = data[name]
+        if name in _INT_FIELDS:
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ValueError(f"field {name} is not a whole number")
+        elif name in _STR_FIELDS:
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"field {name} is not text")
+        elif name in ("over_budget", "server_side_history"):
+            value = bool(value)
+        elif name == "overhead_ms":
+            value = float(value) if isinstance(value, (int, float)) else 0.0
+        values[name] = value
+    record = Record(
+        values.pop("ts", None) or "", values.pop("conversation", None), values.pop("turn", None),
+        values.pop("host", None) or "", values.pop("path", None) or "/", values.pop("format"),
+        values.pop("model", None), values.pop("rule", None), values.pop("mode", None) or OBSERVE,
+    )
+    for name, value in values.items():
+        if value is not None or name in ("status", "usage_input_tokens", "reason"):
+            setattr(record, name, value)
+    record.path = record.path.partition("?")[0]  # a query string may hold a key
+    return record
+
+
+class Reader:
+    """Reads the inputs into rows, numbering each conversation's turns in input order as the proxy does.
+
+    `rules` is what the engine runs with: the built-in endpoints (no limits) for the recording as it
+    is, or a rules file for a what-if. `limits` gives the reference limits of each request for the
+    crossing report.
+    """
+
+    def __init__(self, rules: Rules, limits: Rules, *, what_if: bool) -> None:
+        self.rules = rules
+        self.limits = limits
+        self.what_if = what_if
+        self.turns = TurnCounter(capacity=1 << 20)  # an audit sees every conversation of the recording
+        self.tallies: list[InputTally] = []
+
+    def check(self, paths: list[str]) -> list[tuple[Path, str]]:
+        """Each input with its kind; InputError for one that is missing or not a file."""
+        checked = []
+        for name in paths:
+            path = Path(name)
+            if not path.exists():
+                raise InputError(f"{name}: no such file")
+            if not path.is_file():
+                raise InputError(f"{name}: not a file")
+            try:
+                checked.append((path, detect_kind(path)))
+            except OSError as exc:
+                raise InputError(f"{name}: cannot read ({exc.strerror or type(exc).__name__})") from None
+        return checked
+
+    def rows(self, inputs: list[tuple[Path, str]]) -> Iterator[Row]:
+        for index, (path, kind) in enumerate(inputs):
+            tally = InputTally(str(path), kind)
+            self.tallies.append(tally)
+            try:
+                with open(path, "rb") as f:
+                    if kind == "jsonl":
+                        yield from self._jsonl_rows(f, index, tally)
+                    else:
+                        yield from self._flow_file_rows(f, index, tally)
+            except OSError as exc:
+                raise InputError(f"{path}: cannot read ({exc.strerror or type(exc).__name__})") from None
+
+    # --- mitmproxy dumps and HAR
+
+    def _flow_file_rows(self, f: Any, index: int, tally: InputTally) -> Iterator[Row]:
+        flows = iter(mitm_io.FlowReader(f).stream())
+        while True:
+            try:
+                flow = next(flows)
+            except StopIteration:
+                return
+            except Exception:  # noqa: BLE001 - FlowReadException, or a malformed flow state
+                # A fixed reason: mitmproxy's own message may quote the file's content.
+                what, reason = ("a HAR file", "not valid HAR JSON") if tally.kind == "har" else ("a mitmproxy dump", "invalid data")
+                if tally.flows == 0:
+                    raise InputError(f"{tally.path}: not {what} ({reason})") from None
+                tally.truncated = f"unreadable after flow {tally.flows} ({reason}); the rest of the file was skipped"
+                return
+            tally.flows += 1
+            try:
+                rows = self._flow_rows(flow, index, tally)
+            except Exception as exc:  # noqa: BLE001 - one odd flow must not end the audit
+                tally.unreadable[f"internal error {type(exc).__name__}"] += 1
+                continue
+            yield from rows
+
+    def _flow_rows(self, flow: Any, index: int, tally: InputTally) -> list[Row]:
+        if not isinstance(flow, http.HTTPFlow):
+            tally.skipped += 1
+            return []
+        if flow.websocket is not None:
+            return self._websocket_rows(flow, index, tally)
+        request = flow.request
+        path = request.path.partition("?")[0]
+        proxy = flow.metadata.get(PROXY_META)
+        proxy_record = None
+        if isinstance(proxy, dict):
+            try:
+                proxy_record = record_from_dict(proxy)
+            except ValueError:
+                proxy_record = None
+        looks_json = self.rules.detect_by_shape and "json" in request.headers.get("content-type", "")
+        if proxy_record is None and (
+            request.method != "POST" or (self.rules.format_for(request.pretty_host, path) is None and not looks_json)
+        ):
+            tally.skipped += 1
+            return []
+        if proxy_record is not None and not self.what_if:
+            record, after = proxy_record, PROXY  # as trimflow recorded it: before, after and all it did
+        else:
+            body = self._body(request, tally)
+            if body is None:
+                return []
+            outcome = prune_request(request.url, request.headers, body, self.rules, OBSERVE)
+            if outcome.record is not None:
+                record, after = outcome.record, WHAT_IF if self.what_if else None
+                if proxy_record is not None:
+                    self._what_if_after_proxy(record, proxy_record)
+            elif proxy_record is not None:
+                record, after = proxy_record, PROXY
+            else:
+                tally.skipped += 1
+                return []
+        tally.llm_requests += 1
+        tally.proxy_records += proxy_record is not None
+        record.ts = _utc(request.timestamp_start)
+        status, failure, usage = None, None, None
+        if flow.response is not None:
+            status = flow.response.status_code
+            content = flow.response.get_content(strict=False)
+            if content:
+                usage = input_tokens_of(content)
+            failure = classify_failure(status, content)
+        elif flow.error is not None:
+            failure = NO_RESPONSE
+        if usage is None and proxy_record is not None:
+            usage = proxy_record.usage_input_tokens
+        record.status = status
+        record.usage_input_tokens = usage
+        return [self._row(record, index, failure, after)]
+
+    @staticmethod
+    def _body(request: http.Request, tally: InputTally) -> bytes | None:
+        """The decoded request body; None (counted with the reason) when there is none to measure."""
+        if request.raw_content is None:
+            tally.unreadable["request body not recorded (streamed by mitmproxy)"] += 1
+            return None
+        try:
+            return request.get_content(strict=True) or b""
+        except ValueError:
+            encoding = request.headers.get("content-encoding", "")
+            shown = encoding if _ENCODING_NAME.fullmatch(encoding) else "?"
+            tally.unreadable[f"cannot decode content-encoding {shown!r}"] += 1
+            return None
+
+    @staticmethod
+    def _what_if_after_proxy(record: Record, proxy: Record) -> None:
+        """A what-if over a flow recorded through trimflow: the flow holds the body the proxy forwarded,
+        the addon's record what the client sent. Its conversation key is kept too: pruning the first
+        turn's image changes the head the engine would hash."""
+        for name in BEFORE_FIELDS:
+            setattr(record, name, getattr(proxy, name))
+        if proxy.conversation is not None:
+            record.conversation = proxy.conversation
+        if proxy.mode == ENFORCE and proxy.pruned:
+            # The what-if can only prune further what the proxy already pruned.
+            record.reason = record.reason or "pruned by the proxy when recorded: the what-if starts from the forwarded body"
+
+    def _websocket_rows(self, flow: http.HTTPFlow, index: int, tally: InputTally) -> list[Row]:
+        """Codex's Responses requests over WebSocket: one row per `response.create` message, as the addon prunes them."""
+        assert flow.websocket is not None
+        rows = []
+        for message in flow.websocket.messages:
+            if not message.from_client or b"response.create" not in message.content[:256]:
+                continue
+            outcome = prune_request(flow.request.url, flow.request.headers, message.content, self.rules, OBSERVE, openai_responses.NAME)
+            if outcome.record is None:
+                continue
+            outcome.record.ts = _utc(message.timestamp)
+            rows.append(self._row(outcome.record, index, None, WHAT_IF if self.what_if else None))
+        if rows:
+            tally.llm_requests += len(rows)
+        else:
+            tally.skipped += 1
+        return rows
+
+    # --- trimflow's JSONL
+
+    def _jsonl_rows(self, f: Any, index: int, tally: InputTally) -> Iterator[Row]:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            tally.flows += 1
+            try:
+                data = orjson.loads(line)
+                record = record_from_dict(data)
+            except (orjson.JSONDecodeError, ValueError, TypeError):
+                if tally.llm_requests == 0 and tally.flows == 1:
+                    raise InputError(f"{tally.path}: not trimflow metrics JSONL (line 1 is not a metrics record)") from None
+                tally.unreadable["line is not a metrics record"] += 1
+                continue
+            tally.llm_requests += 1
+            failure = classify_failure(record.status, None)
+            if record.status is None and data.get("error"):
+                failure = NO_RESPONSE
+            # The record's after figures are what the proxy did: without the body there is nothing to re-run.
+            yield self._row(record, index, failure, PROXY, keep_turn=True)
+
+    # --- shared
+
+    def _row(self, record: Record, index: int, failure: str | None, after: str | None, *, keep_turn: bool = False) -> Row:
+        if record.conversation is not None and not (keep_turn and record.turn is not None):
+            record.turn = self.turns.next(record.conversation)
+        limits = self.limits.limits_for(record.host, record.path, record.model)
+        return Row(record, index, failure, limits.rule, limits.max_images, limits.max_body_bytes, after)
+
+
+def _utc(timestamp: float | None) -> str:
+    if not timestamp:
+        return ""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(timestamp)) + f".{int(timestamp % 1 * 1000):03d}Z"

@@ -1,0 +1,279 @@
+"""The audit's reports as text (a terminal table), JSON and Markdown (for a CI step summary).
+
+Every figure comes from the metrics records: names, counts and sizes, never a body, a header or a
+URL's query string.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from ._audit_gate import Gate
+from ._audit_read import Row
+from ._audit_summary import Conversation, Crossing, Summary, Totals
+from ._sizes import format_size
+
+
+# --- shared wording
+
+
+def tokens(n: int | None) -> str:
+    return "-" if n is None else f"{n:,}"
+
+
+def pair(before: Any, after: Any, show: Callable[[Any], str], arrow: str = "->") -> str:
+    return show(before) if before == after else f"{show(before)}{arrow}{show(after)}"
+
+
+def percent(part: int, whole: int) -> str:
+    return f"{part * 100 / whole:.0f}%" if whole else "0%"
+
+
+# What the engine did beyond dropping images (Record fields; getattr: older records lack them).
+_ALSO_DONE = (("shrunk", "shrunk"), ("thinned", "thinned"), ("deduplicated", "repeats"))
+_PRUNE_CAUSES = (("pruned_for_count", "count"), ("pruned_for_body", "body"), ("pruned_for_tokens", "tokens"),
+                 ("pruned_for_image_limit", "image limit"))
+
+
+def pruned_cell(row: Row) -> str:
+    r = row.record
+    parts = []
+    if r.pruned:
+        why = "+".join(label for name, label in _PRUNE_CAUSES if getattr(r, name, 0))
+        parts.append(f"{r.pruned} ({why})" if why else str(r.pruned))
+    parts += [f"{getattr(r, name, 0)} {label}" for name, label in _ALSO_DONE if getattr(r, name, 0)]
+    if r.over_budget:
+        parts.append("OVER BUDGET")
+    return ", ".join(parts) or "-"
+
+
+def growth_text(conversation: Conversation) -> str:
+    g = conversation.growth
+    if g.get("body_bytes") is None:
+        return "growth per turn: -" + (" (one turn)" if conversation.first_turn is not None else " (no turn numbers)")
+
+    def body(v: float | None) -> str:
+        return "-" if v is None else ("+" if v >= 0 else "-") + format_size(abs(round(v)))
+
+    def images(v: float | None) -> str:
+        return "-" if v is None else f"{v:+.2f}"
+
+    text = f"growth per turn: body {body(g['body_bytes'])}, images {images(g['images'])}"
+    if conversation.has_after:
+        text += f" (after pruning: body {body(g['after.body_bytes'])}, images {images(g['after.images'])})"
+    return text
+
+
+def limit_value(crossing: Crossing) -> str:
+    return format_size(crossing.value) if crossing.limit == "max_body_bytes" else str(crossing.value)
+
+
+def crossing_text(crossing: Crossing, *, with_after: bool) -> str:
+    head = f"{crossing.limit} {limit_value(crossing)} ({crossing.source}): "
+    if crossing.crossed_at is None:
+        head += "not crossed, not growing towards it"
+    elif crossing.projected:
+        head += f"would be crossed at turn {crossing.crossed_at:,} (projected from the growth)"
+    else:
+        head += f"crossed at turn {crossing.crossed_at}"
+    if with_after and crossing.crossed_at is not None and not crossing.projected:
+        after = crossing.after_crossed_at
+        head += f"; after pruning: {'never' if after is None else f'still crossed at turn {after}'}"
+    return head
+
+
+def failure_text(conversation: Conversation) -> str:
+    return "; ".join(
+        f"turn {f.turn if f.turn is not None else '-'}: {f.status if f.status is not None else '-'} {f.category}"
+        for f in conversation.failures
+    )
+
+
+def conversation_title(conversation: Conversation) -> str:
+    r = conversation.last.record
+    turns = (f"turns {conversation.first_turn}-{conversation.last_turn}" if conversation.first_turn is not None
+             else f"{conversation.turns} request{'s' if conversation.turns != 1 else ''}")
+    return f"{r.format} · {', '.join(conversation.models())} · {r.host}{r.path} · {turns}"
+
+
+def inputs_text(summary: Summary) -> str:
+    parts = [f"{t.path} ({t.kind}, {t.flows:,} {'lines' if t.kind == 'jsonl' else 'flows'})" for t in summary.inputs]
+    return ", ".join(parts)
+
+
+def counts_text(summary: Summary) -> str:
+    n = len(summary.conversations)
+    unreadable = summary.unreadable()
+    text = (f"{summary.flows:,} flows: {summary.totals.requests:,} LLM requests in {n} conversation{'s' if n != 1 else ''}, "
+            f"{summary.skipped:,} skipped (not LLM), {sum(unreadable.values()):,} unreadable")
+    if unreadable:
+        text += " (" + "; ".join(f"{n} {reason}" for reason, n in unreadable.items()) + ")"
+    return text
+
+
+def mode_text(summary: Summary) -> str:
+    if summary.what_if:
+        return f"what-if: {summary.rules_source} applied offline to every recorded request; limits from the same file"
+    if any(t.proxy_records for t in summary.inputs):
+        return (f"as recorded through trimflow: before is what the client sent, after what trimflow forwarded "
+                f"(or would have, in observe mode), from its record in each flow; limits for crossings from {summary.limits_source}")
+    return f"as recorded (no pruning applied); limits for crossings from {summary.limits_source}"
+
+
+def totals_text(t: Totals, arrow: str = "->") -> str:
+    if (t.body_bytes_before, t.est_tokens_before, t.images_before) == (t.body_bytes_after, t.est_tokens_after, t.images_after):
+        return (f"{t.requests:,} requests · body {format_size(t.body_bytes_before)} · ~tokens {tokens(t.est_tokens_before)} · "
+                f"images {t.images_before:,} (nothing pruned)")
+    return (f"{t.requests:,} requests · body {format_size(t.body_bytes_before)}{arrow}{format_size(t.body_bytes_after)} "
+            f"(saved {format_size(t.body_bytes_saved)}, {percent(t.body_bytes_saved, t.body_bytes_before)}) · "
+            f"~tokens {tokens(t.est_tokens_before)}{arrow}{tokens(t.est_tokens_after)} (saved {tokens(t.est_tokens_saved)}) · "
+            f"images {t.images_before:,}{arrow}{t.images_after:,}")
+
+
+def warnings(summary: Summary) -> list[str]:
+    out = [f"{t.path}: {t.truncated}" for t in summary.inputs if t.truncated]
+    if not summary.totals.requests:
+        out.append("no LLM requests found in the inputs")
+    return out
+
+
+def notes(conversation: Conversation) -> list[str]:
+    """Why requests were left as they came (engine reasons: fixed texts, no content)."""
+    seen: dict[str, list[str]] = {}
+    for row in conversation.rows:
+        if row.record.reason:
+            turn = row.record.turn
+            seen.setdefault(row.record.reason, []).append(str(turn) if turn is not None else "-")
+    return [f"turn{'s' if len(turns) > 1 else ''} {_ranges(turns)}: {reason}" for reason, turns in seen.items()]
+
+
+def _ranges(turns: list[str]) -> str:
+    return ", ".join(turns) if len(turns) <= 6 else f"{', '.join(turns[:5])} and {len(turns) - 5} more"
+
+
+TURN_COLUMNS = ("turn", "model", "images", "media", "body", "~tokens", "status", "in tokens", "pruned", "failure")
+
+
+def turn_cells(row: Row, arrow: str = "->") -> list[str]:
+    r = row.record
+    return [
+        str(r.turn) if r.turn is not None else "-",
+        r.model or "-",
+        pair(r.images_before, r.images_after, str, arrow),
+        pair(r.media_bytes_before, r.media_bytes_after, format_size, arrow),
+        pair(r.body_bytes_before, r.body_bytes_after, format_size, arrow),
+        pair(r.est_tokens_before, r.est_tokens_after, tokens, arrow),
+        str(r.status) if r.status is not None else "-",
+        tokens(r.usage_input_tokens),
+        pruned_cell(row),
+        row.failure or "",
+    ]
+
+
+# --- text
+
+
+def text(summary: Summary, gate: Gate | None) -> str:
+    lines = ["trimflow audit", f"inputs: {inputs_text(summary)}", counts_text(summary), mode_text(summary)]
+    lines += [f"warning: {w}" for w in warnings(summary)]
+    for conversation in summary.conversations:
+        lines += ["", f"conversation {conversation.id} · {conversation_title(conversation)}"]
+        lines += ["  " + line for line in _table([list(TURN_COLUMNS)] + [turn_cells(r) for r in conversation.rows])]
+        lines.append("  " + growth_text(conversation))
+        lines += [f"  {crossing_text(c, with_after=conversation.has_after)}" for c in conversation.crossings]
+        if conversation.failures:
+            lines.append(f"  failures: {failure_text(conversation)}")
+        lines += [f"  note: {n}" for n in notes(conversation)]
+    lines += ["", f"totals: {totals_text(summary.totals)}"]
+    if gate is not None:
+        lines.append("")
+        lines += gate_lines(gate)
+    return "\n".join(lines) + "\n"
+
+
+def gate_lines(gate: Gate) -> list[str]:
+    broken = {b.expression for b in gate.breaches}
+    lines = [f"gate: {'ok' if gate.ok else 'FAIL'} ({len(broken)} of {len(gate.expressions)} --fail-on broken)"]
+    for expr in gate.expressions:
+        hits = gate.broken(expr)
+        if not hits:
+            lines.append(f"  ok    {expr.text}")
+        for b in hits:
+            lines.append(f"  FAIL  {b.line()}")
+    return lines
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    numeric = {0, 2, 3, 4, 5, 6, 7}  # right-aligned columns
+    out = []
+    for row in rows:
+        cells = [cell.rjust(widths[i]) if i in numeric else cell.ljust(widths[i]) for i, cell in enumerate(row)]
+        out.append("  ".join(cells).rstrip())
+    return out
+
+
+# --- JSON
+
+
+def records(summary: Summary) -> list[dict[str, Any]]:
+    out = []
+    for row in summary.rows():
+        record = row.record.to_dict()
+        record["failure"] = row.failure
+        out.append(record)
+    return out
+
+
+def json(summary: Summary, gate: Gate | None) -> str:
+    body = summary.to_dict()
+    body["gate"] = gate.to_dict() if gate is not None else None
+    return orjson.dumps({"records": records(summary), "summary": body}, option=orjson.OPT_INDENT_2).decode() + "\n"
+
+
+# --- Markdown
+
+
+def _md(text: str) -> str:
+    """Text safe in a Markdown table cell or line: no pipes, no HTML."""
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;").replace("\n", " ")
+
+
+def markdown(summary: Summary, gate: Gate | None) -> str:
+    arrow = " → "
+    t = summary.totals
+    lines = ["## trimflow audit", "", f"{_md(counts_text(summary))}.  ", f"Inputs: {_md(inputs_text(summary))}.  ",
+             f"{_md(mode_text(summary))}.", ""]
+    lines += [f"> **Warning:** {_md(w)}" for w in warnings(summary)]
+    if gate is not None:
+        lines += [f"### Gate: {'✅ passed' if gate.ok else '❌ failed'}", ""]
+        for expr in gate.expressions:
+            hits = gate.broken(expr)
+            if not hits:
+                lines.append(f"- ✅ `{expr.text}`")
+            for b in hits:
+                lines.append(f"- ❌ `{b.expression}`: {_md(b.line().split(': ', 1)[1])}")
+        lines.append("")
+    lines += [
+        "| | before | after | saved |", "|---|---:|---:|---:|",
+        f"| body | {format_size(t.body_bytes_before)} | {format_size(t.body_bytes_after)} | "
+        f"{format_size(t.body_bytes_saved)} ({percent(t.body_bytes_saved, t.body_bytes_before)}) |",
+        f"| ~tokens | {tokens(t.est_tokens_before)} | {tokens(t.est_tokens_after)} | {tokens(t.est_tokens_saved)} |",
+        f"| images | {t.images_before:,} | {t.images_after:,} | {t.images_before - t.images_after:,} |",
+        "",
+    ]
+    for conversation in summary.conversations:
+        lines += [f"### Conversation `{conversation.id}`", "", _md(conversation_title(conversation)), ""]
+        lines.append(f"- {_md(growth_text(conversation))}")
+        lines += [f"- {_md(crossing_text(c, with_after=conversation.has_after))}" for c in conversation.crossings]
+        if conversation.failures:
+            lines.append(f"- failures: {_md(failure_text(conversation))}")
+        lines += [f"- note: {_md(n)}" for n in notes(conversation)]
+        lines += ["", "<details><summary>Turns</summary>", "", "| " + " | ".join(TURN_COLUMNS) + " |",
+                  "|" + "|".join("---:" if i in (0, 2, 3, 4, 5, 6, 7) else "---" for i in range(len(TURN_COLUMNS))) + "|"]
+        lines += ["| " + " | ".join(_md(c) for c in turn_cells(row, arrow)) + " |" for row in conversation.rows]
+        lines += ["", "</details>", ""]
+    return "\n".join(lines) + "\n"

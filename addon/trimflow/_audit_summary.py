@@ -1,0 +1,271 @@
+"""The audit's summary: per conversation, growth per turn, the turn each limit is (or would be) crossed,
+and the failures the recording holds; totals over all requests.
+
+Growth is the least-squares slope of a figure over the conversation's turn numbers: a whole-history
+session grows by about one screenshot per turn, and the slope reads through the odd turn where
+pruning (or a retry) breaks the line, where (last - first) / (turns - 1) would follow the endpoints.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._audit_read import InputTally, Row
+
+GROWTH_METHOD = "least-squares slope over the conversation's turns"
+UNKNOWN_CONVERSATION = "-"  # requests the engine could not read (not JSON): no conversation key
+
+
+@dataclass(frozen=True, slots=True)
+class Crossing:
+    """When a conversation crosses one limit: the first turn over it, as recorded or after pruning.
+
+    `projected` means the recording stops before the crossing and `crossed_at` extends its growth.
+    """
+
+    limit: str  # max_images or max_body_bytes
+    value: int
+    source: str  # "rule NAME" (the rules file) or "profile NAME" (a limit profile)
+    crossed_at: int | None
+    projected: bool
+    after_crossed_at: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"limit": self.limit, "value": self.value, "source": self.source, "crossed_at": self.crossed_at,
+                "projected": self.projected, "after_crossed_at": self.after_crossed_at}
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    turn: int | None
+    status: int | None
+    category: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"turn": self.turn, "status": self.status, "category": self.category}
+
+
+@dataclass
+class Totals:
+    requests: int = 0
+    body_bytes_before: int = 0
+    body_bytes_after: int = 0
+    est_tokens_before: int = 0
+    est_tokens_after: int = 0
+    images_before: int = 0
+    images_after: int = 0
+    pruned: int = 0
+
+    def add(self, row: Row) -> None:
+        r = row.record
+        self.requests += 1
+        self.body_bytes_before += r.body_bytes_before
+        self.body_bytes_after += r.body_bytes_after
+        self.est_tokens_before += r.est_tokens_before
+        self.est_tokens_after += r.est_tokens_after
+        self.images_before += r.images_before
+        self.images_after += r.images_after
+        self.pruned += r.pruned
+
+    @property
+    def body_bytes_saved(self) -> int:
+        return self.body_bytes_before - self.body_bytes_after
+
+    @property
+    def est_tokens_saved(self) -> int:
+        return self.est_tokens_before - self.est_tokens_after
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "requests": self.requests,
+            "body_bytes_before": self.body_bytes_before, "body_bytes_after": self.body_bytes_after,
+            "body_bytes_saved": self.body_bytes_saved,
+            "est_tokens_before": self.est_tokens_before, "est_tokens_after": self.est_tokens_after,
+            "est_tokens_saved": self.est_tokens_saved,
+            "images_before": self.images_before, "images_after": self.images_after, "pruned": self.pruned,
+        }
+
+
+@dataclass
+class Conversation:
+    id: str
+    rows: list[Row]  # in turn order
+    totals: Totals = field(default_factory=Totals)
+    growth: dict[str, float | None] = field(default_factory=dict)  # body_bytes, images, after.body_bytes, after.images per turn
+    crossings: list[Crossing] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
+
+    @property
+    def has_after(self) -> bool:
+        """Whether any request has after figures of its own (a what-if, or trimflow's record)."""
+        return any(row.after is not None for row in self.rows)
+
+    @property
+    def turns(self) -> int:
+        return len(self.rows)
+
+    @property
+    def last(self) -> Row:
+        return self.rows[-1]
+
+    @property
+    def first_turn(self) -> int | None:
+        return self.rows[0].record.turn
+
+    @property
+    def last_turn(self) -> int | None:
+        return self.rows[-1].record.turn
+
+    def models(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for row in self.rows:
+            seen.setdefault(row.record.model or row.record.format, None)
+        return list(seen)
+
+    def to_dict(self) -> dict[str, Any]:
+        last = self.last
+        return {
+            "conversation": self.id,
+            "host": last.record.host,
+            "path": last.record.path,
+            "format": last.record.format,
+            "models": self.models(),
+            "turns": self.turns,
+            "first_turn": self.first_turn,
+            "last_turn": self.last_turn,
+            "limits_rule": last.limits_rule,
+            "growth_per_turn": self.growth,
+            "limits": [c.to_dict() for c in self.crossings],
+            "failures": [f.to_dict() for f in self.failures],
+            "totals": self.totals.to_dict(),
+        }
+
+
+@dataclass
+class Summary:
+    inputs: list[InputTally]
+    conversations: list[Conversation]
+    totals: Totals
+    rules_source: str | None  # the --rules file of a what-if, else None
+    limits_source: str  # where the reference limits come from
+    profiles: list[str] = field(default_factory=list)  # limit profiles whose crossings are reported too
+
+    @property
+    def what_if(self) -> bool:
+        return self.rules_source is not None
+
+    @property
+    def flows(self) -> int:
+        return sum(t.flows for t in self.inputs)
+
+    @property
+    def skipped(self) -> int:
+        return sum(t.skipped for t in self.inputs)
+
+    def unreadable(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for tally in self.inputs:
+            for reason, n in tally.unreadable.items():
+                out[reason] = out.get(reason, 0) + n
+        return out
+
+    def rows(self) -> Iterable[Row]:
+        for conversation in self.conversations:
+            yield from conversation.rows
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "inputs": [t.to_dict() for t in self.inputs],
+            "flows": self.flows,
+            "llm_requests": self.totals.requests,
+            "skipped_not_llm": self.skipped,
+            "unreadable": self.unreadable(),
+            "what_if_rules": self.rules_source,
+            "limits_source": self.limits_source,
+            "profiles": self.profiles,
+            "growth_method": GROWTH_METHOD,
+            "totals": self.totals.to_dict(),
+            "conversations": [c.to_dict() for c in self.conversations],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileLimits:
+    """The limits of a limit profile (trimflow._profiles) that the crossing report follows."""
+
+    name: str
+    max_images: int | None
+    max_body_bytes: int | None
+
+
+def summarize(rows: Iterable[Row], inputs: list[InputTally], rules_source: str | None, limits_source: str,
+              profiles: Iterable[ProfileLimits] = ()) -> Summary:
+    profiles = list(profiles)
+    groups: dict[str, list[Row]] = {}
+    totals = Totals()
+    for row in rows:
+        groups.setdefault(row.record.conversation or UNKNOWN_CONVERSATION, []).append(row)
+        totals.add(row)
+    conversations = [_conversation(cid, group, profiles) for cid, group in groups.items()]
+    return Summary(inputs, conversations, totals, rules_source, limits_source, [p.name for p in profiles])
+
+
+def _conversation(cid: str, rows: list[Row], profiles: list[ProfileLimits]) -> Conversation:
+    rows.sort(key=lambda row: row.record.turn or 0)  # stable: JSONL lines come in finishing order
+    conversation = Conversation(cid, rows)
+    for row in rows:
+        conversation.totals.add(row)
+    turns = [float(row.record.turn) for row in rows if row.record.turn is not None]
+    numbered = [row for row in rows if row.record.turn is not None]
+    series: dict[str, Callable[[Row], float]] = {
+        "body_bytes": lambda row: row.record.body_bytes_before,
+        "images": lambda row: row.record.images_before,
+        "after.body_bytes": lambda row: row.record.body_bytes_after,
+        "after.images": lambda row: row.record.images_after,
+    }
+    for name, value in series.items():
+        conversation.growth[name] = slope(turns, [value(row) for row in numbered])
+    last = rows[-1]
+    sources = [(f"rule {last.limits_rule}", last)] + [(f"profile {p.name}", p) for p in profiles]
+    for source, limits in sources:
+        for limit, before, after in (
+            ("max_images", lambda row: row.record.images_before, lambda row: row.record.images_after),
+            ("max_body_bytes", lambda row: row.record.body_bytes_before, lambda row: row.record.body_bytes_after),
+        ):
+            value = getattr(limits, limit)
+            if value is not None and numbered:
+                conversation.crossings.append(_crossing(limit, value, source, numbered, turns, before, after))
+    conversation.failures = [Failure(row.record.turn, row.record.status, row.failure) for row in rows if row.failure]
+    return conversation
+
+
+def slope(xs: list[float], ys: list[float]) -> float | None:
+    """Least-squares slope of ys over xs; None with fewer than two distinct xs."""
+    n = len(xs)
+    if n < 2:
+        return None
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx == 0:
+        return None
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+
+
+def _crossing(limit: str, value: int, source: str, rows: list[Row], turns: list[float], before: Callable[[Row], int],
+              after: Callable[[Row], int]) -> Crossing:
+    recorded = next((row.record.turn for row in rows if before(row) > value), None)
+    after_at = next((row.record.turn for row in rows if after(row) > value), None)
+    if recorded is not None:
+        return Crossing(limit, value, source, recorded, False, after_at)
+    # Not crossed yet: extend the fitted line to the first whole turn above the limit.
+    ys = [float(before(row)) for row in rows]
+    b = slope(turns, ys)
+    if b is None or b <= 0:
+        return Crossing(limit, value, source, None, False, after_at)
+    a = sum(ys) / len(ys) - b * sum(turns) / len(turns)
+    projected = math.floor((value - a) / b) + 1
+    last_turn = int(turns[-1])
+    return Crossing(limit, value, source, max(projected, last_turn + 1), True, after_at)

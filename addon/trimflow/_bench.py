@@ -1,0 +1,788 @@
+"""`scripts/bench [--quick] [--json]`: does trimflow cost less than it saves?
+
+Every target is a ratio measured side by side in one run (the machines are shared and noisy):
+the engine against the JSON parse and write it cannot avoid, and a real mitmdump with the addon
+against a plain mitmdump with the same options, their runs interleaved (A B A B ...) so machine noise
+hits both alike. Figures are medians of several runs.
+
+The upstream is a minimal HTTP server in its own process (see `serve_upstream`), not FakeProvider: it
+reads and discards the body, so the only saving credited to the addon is bytes that no longer cross
+the proxy and the socket; FakeProvider parses every body and scans its base64, a per-byte cost a real
+provider's would be counted against the plain proxy, and it would share a GIL with the clients.
+
+Everything listens on 127.0.0.1; the processes started here are stopped on exit, Ctrl-C and SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import http.client
+import io
+import importlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from socketserver import TCPServer
+from typing import Any
+
+import orjson
+from PIL import Image
+
+from ._engine import prune_request
+from ._mitmdump import Mitmdump
+from ._rules import builtin_rules
+from ._synthetic import MIME, PATHS, data_url, image, screenshot, session_body
+
+FORMAT = "openai-chat"
+PATH = PATHS[FORMAT]
+URL = f"https://api.openai.com{PATH}"
+HEADERS = {"content-type": "application/json", "authorization": "Bearer sk-bench"}
+MB = 2**20
+# The limits of rules/default.yaml, which the proxied runs use: 8 images, 16 MiB.
+RULES = builtin_rules().with_limits(max_images=8, max_body_bytes=16 * MB)
+
+# Upstream protocol: a request with these headers is answered with a timed SSE stream.
+EVENTS_HEADER = "X-Bench-Events"
+INTERVAL_HEADER = "X-Bench-Interval-Ms"
+RECEIVED_HEADER = "X-Bench-Received"  # the body bytes the upstream read
+SHRINK_MODULE = "trimflow._shrink_bench"
+
+
+# --- figures ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Figure:
+    name: str
+    label: str
+    value: float | None
+    unit: str
+    limit: float | None = None  # the target; None: a figure reported for context
+    at_most: bool = True  # target direction: value <= limit, else value >= limit
+    note: str = ""
+
+    @property
+    def target(self) -> str | None:
+        if self.limit is None:
+            return None
+        return f"{'<=' if self.at_most else '>='} {self.limit:g}{_unit_suffix(self.unit)}"
+
+    @property
+    def ok(self) -> bool | None:
+        if self.limit is None or self.value is None:
+            return None
+        return self.value <= self.limit if self.at_most else self.value >= self.limit
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"label": self.label, "value": self.value, "unit": self.unit, "target": self.target, "ok": self.ok}
+        if self.note:
+            out["note"] = self.note
+        return out
+
+
+def _unit_suffix(unit: str) -> str:
+    return "x" if unit == "x" else f" {unit}"
+
+
+def _fmt_value(figure: Figure) -> str:
+    if figure.value is None:
+        return "n/a"
+    v = figure.value
+    text = f"{v:.2f}" if figure.unit == "x" else (f"{v:.1f}" if abs(v) >= 10 else f"{v:.2f}")
+    return f"{text}{_unit_suffix(figure.unit)}"
+
+
+def render_table(figures: list[Figure]) -> str:
+    rows = [("figure", "value", "target", "result")]
+    for f in figures:
+        result = "" if f.ok is None else ("pass" if f.ok else "MISS")
+        if f.value is None:
+            result = "n/a"
+        rows.append((f.label, _fmt_value(f), f.target or "-", result))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = []
+    for n, row in enumerate(rows):
+        lines.append("  ".join(cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row)).rstrip())
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    notes = [f"  {f.label}: {f.note}" for f in figures if f.note]
+    return "\n".join(lines + (["", "notes:", *notes] if notes else []))
+
+
+# --- settings ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Settings:
+    engine_reps: int
+    scaling_reps: int
+    scaling_mb: tuple[int, ...]
+    latency_reps: int  # per proxy and body
+    throughput_runs: int  # per proxy
+    throughput_requests: int
+    memory_rounds: int  # per proxy, each on a fresh mitmdump
+    stream_runs: int  # per proxy
+    stream_events: int
+    stream_interval_ms: float
+
+
+QUICK = Settings(
+    engine_reps=7, scaling_reps=3, scaling_mb=(1, 2, 4, 8, 16, 32, 64), latency_reps=5, throughput_runs=2,
+    throughput_requests=48, memory_rounds=1, stream_runs=2, stream_events=40, stream_interval_ms=20,
+)
+FULL = Settings(
+    engine_reps=21, scaling_reps=7, scaling_mb=(1, 2, 4, 8, 16, 32, 64), latency_reps=15, throughput_runs=4,
+    throughput_requests=96, memory_rounds=3, stream_runs=4, stream_events=100, stream_interval_ms=20,
+)
+
+
+# --- request bodies -----------------------------------------------------------------------------------------
+
+
+def distinct_session(turns: int, shots: list[bytes], mime: str) -> bytes:
+    """The whole-history OpenAI chat body of turn `turns`, screenshot shots[i] in turn i+1: distinct images,
+    as a real session has (one placeholder image is built, then each turn's is swapped in)."""
+    body = session_body(FORMAT, turns, shots[0], mime)
+    user_turns = [m for m in body["messages"] if m["role"] == "user"]
+    for message, shot in zip(user_turns, shots, strict=True):
+        for part in message["content"]:
+            if part["type"] == "image_url":
+                part["image_url"]["url"] = data_url(shot, mime)
+    return orjson.dumps(body)
+
+
+def text_session(turns: int) -> bytes:
+    """A text-only chat turn (no images): what most agent turns between screenshots look like."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a desktop assistant."}]
+    for turn in range(1, turns + 1):
+        messages.append({"role": "user", "content": f"Turn {turn}: the build failed again; here is the log tail. " + "error: x " * 40})
+        if turn < turns:
+            messages.append({"role": "assistant", "content": f"On turn {turn} the log shows a missing import; add it and rerun. " * 3})
+    return orjson.dumps({"model": "gpt-4o", "messages": messages, "max_tokens": 512})
+
+
+def scaled_shots(turns: int, kilobytes: int, fmt: str = "JPEG") -> list[bytes]:
+    """`turns` distinct images of about `kilobytes` KB: the canvas is sized once, then each seed drawn on it."""
+    first = screenshot(kilobytes, fmt, seed=0)
+    width, height = Image.open(io.BytesIO(first)).size
+    return [first] + [image(width, height, fmt, seed=seed) for seed in range(1, turns)]
+
+
+@dataclass
+class Bodies:
+    pruned_16mb: bytes  # 24 turns, 24 distinct ~500 KB WEBP screenshots: 16 images to prune
+    nochange_4mb: bytes  # the first 6 turns of the same session: under every limit
+    text: bytes  # a text-only turn
+    scaling: dict[int, bytes] = field(default_factory=dict)  # MB -> body of 24 turns of larger images
+
+
+def build_bodies(settings: Settings, say: Callable[[str], None]) -> Bodies:
+    say("building request bodies (real images, distinct per turn)")
+    shots = [screenshot(500, "WEBP", seed=turn) for turn in range(24)]
+    bodies = Bodies(distinct_session(24, shots, MIME["WEBP"]), distinct_session(6, shots[:6], MIME["WEBP"]), text_session(20))
+    for mb in settings.scaling_mb:
+        # 24 turns as in the 16 MB session; the images grow with the body. JPEG: WEBP would take minutes to encode.
+        kb = max(4, int(mb * 1024 * 3 / 4 / 24))
+        bodies.scaling[mb] = distinct_session(24, scaled_shots(24, kb), MIME["JPEG"])
+    return bodies
+
+
+# --- in-process engine figures ------------------------------------------------------------------------------
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    gc.collect()
+    started = time.perf_counter()
+    fn()
+    return (time.perf_counter() - started) * 1000
+
+
+def _engine(body: bytes) -> Callable[[], Any]:
+    def run() -> Any:
+        return prune_request(URL, HEADERS, body, RULES)
+
+    return run
+
+
+def _floor(body: bytes) -> Callable[[], Any]:
+    def run() -> Any:
+        return orjson.dumps(json.loads(body))
+
+    return run
+
+
+def _loads(body: bytes) -> Callable[[], Any]:
+    def run() -> Any:
+        return json.loads(body)
+
+    return run
+
+
+def interleaved_ms(reps: int, *runs: Callable[[], Any]) -> list[float]:
+    """Median milliseconds of each run, the runs taking turns (one warm-up round first)."""
+    for run in runs:
+        run()
+    times: list[list[float]] = [[] for _ in runs]
+    for _ in range(reps):
+        for i, run in enumerate(runs):
+            times[i].append(_timed(run))
+    return [statistics.median(t) for t in times]
+
+
+def engine_figures(bodies: Bodies, settings: Settings) -> list[Figure]:
+    outcome = prune_request(URL, HEADERS, bodies.pruned_16mb, RULES)
+    assert outcome.record is not None and outcome.record.pruned == 16, "the 16 MB session must prune 16 images"
+    assert not prune_request(URL, HEADERS, bodies.nochange_4mb, RULES).changed, "the 4 MB session must need nothing"
+    size16, size4 = len(bodies.pruned_16mb) / MB, len(bodies.nochange_4mb) / MB
+    engine16, floor16 = interleaved_ms(settings.engine_reps, _engine(bodies.pruned_16mb), _floor(bodies.pruned_16mb))
+    engine4, loads4 = interleaved_ms(settings.engine_reps, _engine(bodies.nochange_4mb), _loads(bodies.nochange_4mb))
+    return [
+        Figure("engine_prune_ms", f"engine, {size16:.1f} MB body, 16 of 24 images pruned", engine16, "ms"),
+        Figure("floor_prune_ms", f"floor json.loads + orjson.dumps, same {size16:.1f} MB body", floor16, "ms"),
+        Figure("engine_prune_vs_floor", "engine / floor (pruning body)", engine16 / floor16, "x", 1.5),
+        Figure("engine_nochange_ms", f"engine, {size4:.1f} MB body needing no change", engine4, "ms"),
+        Figure("loads_nochange_ms", f"json.loads alone, same {size4:.1f} MB body", loads4, "ms"),
+        Figure("engine_nochange_vs_loads", "engine / json.loads (body needing no change)", engine4 / loads4, "x", 1.0),
+    ]
+
+
+def scaling_figures(bodies: Bodies, settings: Settings) -> list[Figure]:
+    sizes = sorted(bodies.scaling)
+    runs = [_engine(bodies.scaling[mb]) for mb in sizes]
+    medians = interleaved_ms(settings.scaling_reps, *runs)
+    figures = []
+    for mb, ms in zip(sizes, medians, strict=True):
+        record = prune_request(URL, HEADERS, bodies.scaling[mb], RULES).record
+        pruned = record.pruned if record else 0
+        figures.append(Figure(f"scaling_{mb}mb_ms", f"engine, {mb} MB body (24 turns, {pruned} pruned)", ms, "ms"))
+    for (small, t_small), (big, t_big) in zip(zip(sizes, medians), list(zip(sizes, medians))[1:]):
+        steps = (big // small).bit_length() - 1  # doublings between the two sizes
+        per_doubling = (t_big / t_small) ** (1 / steps)
+        figures.append(Figure(f"scaling_{small}_to_{big}mb", f"time ratio per doubling, {small} -> {big} MB", per_doubling, "x", 2.2))
+    return figures
+
+
+# --- the upstream ------------------------------------------------------------------------------------------
+
+
+class _UpstreamServer(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 128
+
+    def server_bind(self) -> None:
+        TCPServer.server_bind(self)  # skip HTTPServer's reverse DNS lookup: offline, loopback only
+        self.server_name, self.server_port = str(self.server_address[0]), int(self.server_address[1])
+
+
+class _UpstreamHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    REPLY = orjson.dumps(
+        {
+            "id": "chatcmpl-bench",
+            "object": "chat.completion",
+            "model": "gpt-4o",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        }
+    )
+
+    def setup(self) -> None:
+        super().setup()
+        # Small SSE writes must leave at once; the same for both proxies.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _discard_body(self) -> int:
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            total = 0
+            while True:
+                size = int(self.rfile.readline(65537).split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline(65537) not in (b"\r\n", b"\n", b""):
+                        pass
+                    return total
+                total += self._read(size)
+                self.rfile.readline()
+        return self._read(int(self.headers.get("Content-Length") or 0))
+
+    def _read(self, length: int) -> int:
+        done = 0
+        while done < length:
+            chunk = self.rfile.read(min(length - done, MB))
+            if not chunk:
+                break
+            done += len(chunk)
+        return done
+
+    def do_POST(self) -> None:
+        received = self._discard_body()
+        events = int(self.headers.get(EVENTS_HEADER) or 0)
+        if events:
+            self._stream(received, events, float(self.headers.get(INTERVAL_HEADER) or 20) / 1000)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(self.REPLY)))
+        self.send_header(RECEIVED_HEADER, str(received))
+        self.end_headers()
+        self.wfile.write(self.REPLY)
+
+    def _stream(self, received: int, events: int, interval: float) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header(RECEIVED_HEADER, str(received))
+        self.end_headers()
+        start = time.monotonic()
+        for i in range(events):
+            pause = start + i * interval - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+            # CLOCK_MONOTONIC is system-wide on Linux: the client compares it with its own reading.
+            event = b'data: {"sent_ns":%d,"choices":[{"index":0,"delta":{"content":"x"}}]}\n\n' % time.monotonic_ns()
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+        done = b"data: [DONE]\n\n"
+        self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
+
+
+def serve_upstream() -> None:
+    """The bench upstream (a child process): prints its port, serves until terminated."""
+    server = _UpstreamServer(("127.0.0.1", 0), _UpstreamHandler)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    print(server.server_port, flush=True)
+    with contextlib.suppress(KeyboardInterrupt):
+        server.serve_forever(poll_interval=0.2)
+
+
+class Upstream:
+    """The upstream child process."""
+
+    def __init__(self) -> None:
+        self.process: subprocess.Popen[bytes] | None = None
+        self.port = 0
+
+    def start(self) -> Upstream:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "trimflow._bench", "--serve-upstream"],
+            stdout=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+        )
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if not line.strip().isdigit():
+            self.stop()
+            raise RuntimeError("the bench upstream did not start")
+        self.port = int(line)
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+
+
+# --- clients ------------------------------------------------------------------------------------------------
+
+
+class Client:
+    """One persistent HTTP/1.1 connection to a proxy."""
+
+    def __init__(self, port: int, timeout: float = 120.0) -> None:
+        self.port, self.timeout = port, timeout
+        self.conn: http.client.HTTPConnection | None = None
+
+    def post(self, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, int, bytes]:
+        """Send one request; (status, bytes the upstream received, response body)."""
+        for attempt in (1, 2):
+            if self.conn is None:
+                self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=self.timeout)
+            try:
+                self.conn.request("POST", PATH, body=body, headers={**HEADERS, "content-length": str(len(body)), **(headers or {})})
+                response = self.conn.getresponse()
+                data = response.read()
+                return response.status, int(response.headers.get(RECEIVED_HEADER) or -1), data
+            except (ConnectionError, http.client.RemoteDisconnected, http.client.CannotSendRequest):
+                self.close()  # a kept-alive connection the proxy closed: reconnect once
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+
+@dataclass
+class Proxy:
+    name: str
+    mitmdump: Mitmdump
+
+    @property
+    def pid(self) -> int:
+        assert self.mitmdump.process is not None
+        return self.mitmdump.process.pid
+
+    def peak_rss_mb(self) -> float:
+        return _status_kb(self.pid, "VmHWM") / 1024
+
+
+def _status_kb(pid: int, key: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    raise KeyError(key)
+
+
+# --- proxied figures ---------------------------------------------------------------------------------------
+
+
+def latency_figures(addon: Proxy, plain: Proxy, bodies: Bodies, settings: Settings) -> list[Figure]:
+    figures = []
+    for key, body, limit, what in (
+        ("prune", bodies.pruned_16mb, 1.0, "16 images pruned"),
+        ("nochange", bodies.nochange_4mb, 1.10, "needing no change"),
+    ):
+        clients = {p.name: Client(p.mitmdump.port) for p in (addon, plain)}
+        received: dict[str, int] = {}
+        times: dict[str, list[float]] = {addon.name: [], plain.name: []}
+        try:
+            for proxy in (addon, plain):  # warm-up: connections, the addon's first-use imports
+                clients[proxy.name].post(body)
+            for _ in range(settings.latency_reps):
+                for proxy in (addon, plain):
+                    client = clients[proxy.name]
+                    gc.collect()
+                    started = time.perf_counter()
+                    status, got, _ = client.post(body)
+                    times[proxy.name].append((time.perf_counter() - started) * 1000)
+                    if status != 200:
+                        raise RuntimeError(f"{proxy.name} mitmdump answered {status}")
+                    received[proxy.name] = got
+        finally:
+            for client in clients.values():
+                client.close()
+        size = len(body) / MB
+        a, p = statistics.median(times[addon.name]), statistics.median(times[plain.name])
+        note = ""
+        if key == "prune":
+            note = f"upstream received {received[addon.name] / MB:.1f} MB through the addon, {received[plain.name] / MB:.1f} MB through plain"
+        figures += [
+            Figure(f"latency_{key}_addon_ms", f"latency with addon, {size:.1f} MB body {what}", a, "ms", note=note),
+            Figure(f"latency_{key}_plain_ms", f"latency plain mitmdump, same body", p, "ms"),
+            Figure(f"latency_{key}_ratio", f"latency addon / plain ({what})", a / p, "x", limit),
+        ]
+    return figures
+
+
+def _throughput_run(port: int, requests: list[bytes], clients: int) -> tuple[float, int]:
+    """Requests per second of `clients` threads with persistent connections sharing a fixed list."""
+    lock = threading.Lock()
+    pending = list(reversed(requests))
+    errors: list[BaseException] = []
+    start = threading.Barrier(clients + 1)
+
+    def worker() -> None:
+        client = Client(port)
+        try:
+            start.wait()
+            while True:
+                with lock:
+                    if not pending or errors:
+                        return
+                    body = pending.pop()
+                status, _, _ = client.post(body)
+                if status != 200:
+                    raise RuntimeError(f"status {status}")
+        except BaseException as exc:  # noqa: BLE001 - reported by the caller
+            errors.append(exc)
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    start.wait()
+    began = time.perf_counter()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - began
+    if errors:
+        raise RuntimeError(f"throughput client failed: {type(errors[0]).__name__}: {errors[0]}")
+    return len(requests) / elapsed, len(requests)
+
+
+def throughput_figures(addon: Proxy, plain: Proxy, bodies: Bodies, settings: Settings) -> list[Figure]:
+    # 3 text turns for each screenshot turn, in a fixed order; the screenshot turns need pruning.
+    pattern = [bodies.text, bodies.text, bodies.pruned_16mb, bodies.text]
+    requests = [pattern[i % len(pattern)] for i in range(settings.throughput_requests)]
+    rates: dict[str, list[float]] = {addon.name: [], plain.name: []}
+    for _ in range(settings.throughput_runs):
+        for proxy in (addon, plain):
+            gc.collect()
+            rate, _ = _throughput_run(proxy.mitmdump.port, requests, 16)
+            rates[proxy.name].append(rate)
+    a, p = statistics.median(rates[addon.name]), statistics.median(rates[plain.name])
+    large = sum(1 for r in requests if r is bodies.pruned_16mb)
+    what = f"16 clients, {len(requests)} requests: {len(requests) - large} text, {large} of {len(bodies.pruned_16mb) / MB:.1f} MB"
+    return [
+        Figure("throughput_addon_rps", f"throughput with addon ({what})", a, "req/s"),
+        Figure("throughput_plain_rps", "throughput plain mitmdump, same requests", p, "req/s"),
+        Figure("throughput_ratio", "throughput addon / plain", a / p, "x", 0.85, at_most=False),
+    ]
+
+
+def _burst(port: int, body: bytes, clients: int) -> None:
+    errors: list[BaseException] = []
+    start = threading.Barrier(clients)
+
+    def worker() -> None:
+        client = Client(port)
+        try:
+            start.wait()
+            status, _, _ = client.post(body)
+            if status != 200:
+                raise RuntimeError(f"status {status}")
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise RuntimeError(f"memory client failed: {type(errors[0]).__name__}: {errors[0]}")
+
+
+def memory_figures(workdir: Path, upstream: Upstream, bodies: Bodies, settings: Settings) -> list[Figure]:
+    peaks: dict[str, list[float]] = {"addon": [], "plain": []}
+    baselines: dict[str, list[float]] = {"addon": [], "plain": []}
+    body = bodies.pruned_16mb
+    for round_ in range(settings.memory_rounds):
+        for name in ("addon", "plain"):  # a fresh process each time: VmHWM is the peak of its whole life
+            proxy = start_proxy(workdir / f"memory-{name}-{round_}", name, upstream, addon=name == "addon")
+            try:
+                Client(proxy.mitmdump.port).post(bodies.text)  # first flow: lazy imports and connection setup
+                baselines[name].append(_status_kb(proxy.pid, "VmRSS") / 1024)
+                _burst(proxy.mitmdump.port, body, 8)
+                peaks[name].append(proxy.peak_rss_mb())
+            finally:
+                proxy.mitmdump.stop()
+    a, p = statistics.median(peaks["addon"]), statistics.median(peaks["plain"])
+    ba, bp = statistics.median(baselines["addon"]), statistics.median(baselines["plain"])
+    note = f"RSS before the burst: addon {ba:.0f} MB, plain {bp:.0f} MB; growth addon {a - ba:.0f} MB, plain {p - bp:.0f} MB"
+    return [
+        Figure("memory_addon_mb", f"peak RSS with addon, 8 clients x {len(body) / MB:.1f} MB at once", a, "MB", note=note),
+        Figure("memory_plain_mb", "peak RSS plain mitmdump, same burst", p, "MB"),
+        Figure("memory_ratio", "peak RSS addon / plain", a / p, "x", 1.5),
+    ]
+
+
+def _stream_delays(port: int, events: int, interval_ms: float) -> list[float]:
+    """Per event: ms from the upstream's send to the client's receipt."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    body = orjson.dumps({"model": "gpt-4o", "stream": True, "messages": [{"role": "user", "content": "Count to a hundred."}]})
+    try:
+        conn.request("POST", PATH, body=body, headers={**HEADERS, EVENTS_HEADER: str(events), INTERVAL_HEADER: str(interval_ms)})
+        response = conn.getresponse()
+        if response.status != 200:
+            raise RuntimeError(f"stream answered {response.status}")
+        delays, buffer = [], b""
+        while True:
+            chunk = response.read1(65536)
+            now = time.monotonic_ns()
+            if not chunk:
+                break
+            buffer += chunk
+            *complete, buffer = buffer.split(b"\n\n")
+            for event in complete:
+                if event.startswith(b"data: {"):
+                    sent = orjson.loads(event[6:])["sent_ns"]
+                    delays.append((now - sent) / 1e6)
+        if len(delays) != events:
+            raise RuntimeError(f"stream delivered {len(delays)} of {events} events")
+        return delays
+    finally:
+        conn.close()
+
+
+def streaming_figures(addon: Proxy, plain_stream: Proxy, settings: Settings) -> list[Figure]:
+    delays: dict[str, list[float]] = {addon.name: [], plain_stream.name: []}
+    for proxy in (addon, plain_stream):
+        _stream_delays(proxy.mitmdump.port, 3, 1)  # warm-up
+    for _ in range(settings.stream_runs):
+        for proxy in (addon, plain_stream):
+            delays[proxy.name] += _stream_delays(proxy.mitmdump.port, settings.stream_events, settings.stream_interval_ms)
+    a, p = statistics.median(delays[addon.name]), statistics.median(delays[plain_stream.name])
+    what = f"{settings.stream_runs} x {settings.stream_events} events, every {settings.stream_interval_ms:g} ms"
+    return [
+        Figure("stream_addon_ms", f"SSE event delay with addon ({what})", a, "ms", note="addon mitmdump on its defaults: trimflow streams LLM responses itself"),
+        Figure("stream_plain_ms", "SSE event delay plain mitmdump, stream_large_bodies=1", p, "ms"),
+        Figure("stream_added_ms", "SSE delay added by the addon (median)", a - p, "ms", 5.0),
+    ]
+
+
+# --- shrink (issue 6) --------------------------------------------------------------------------------------
+
+
+def shrink_figures() -> list[Figure]:
+    """trimflow._shrink_bench's figures when that module exists (image shrinking, built separately)."""
+    if importlib.util.find_spec(SHRINK_MODULE) is None:
+        return [Figure("shrink", "shrink: not available", None, "", note=f"{SHRINK_MODULE} does not exist yet")]
+    module = importlib.import_module(SHRINK_MODULE)
+    run = getattr(module, "bench", None) or getattr(module, "run", None)
+    if run is None:
+        return [Figure("shrink", "shrink: not available", None, "", note=f"{SHRINK_MODULE} has no bench() or run()")]
+    figures = []
+    for name, entry in run().items():
+        entry = entry if isinstance(entry, dict) else {"value": entry}
+        limit = entry.get("limit")
+        figures.append(
+            Figure(
+                f"shrink_{name}",
+                entry.get("label", f"shrink: {name}"),
+                entry.get("value"),
+                entry.get("unit", ""),
+                limit,
+                entry.get("at_most", True),
+            )
+        )
+    return figures
+
+
+# --- the run -------------------------------------------------------------------------------------------------
+
+
+def start_proxy(workdir: Path, name: str, upstream: Upstream, *, addon: bool, options: dict[str, str] | None = None) -> Proxy:
+    return Proxy(name, Mitmdump(workdir, "--mode", f"reverse:{upstream.url}", addon=addon, options=options).start())
+
+
+def machine() -> dict[str, Any]:
+    info: dict[str, Any] = {"nproc": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()}
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+                break
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                info["memory_gib"] = round(int(line.split()[1]) / 2**20, 1)
+    info["python"] = platform.python_version()
+    for package in ("mitmproxy", "orjson"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            info[package] = importlib.metadata.version(package)
+    with contextlib.suppress(OSError):
+        info["load_average_at_start"] = [round(x, 2) for x in os.getloadavg()]
+    return info
+
+
+def run(settings: Settings, say: Callable[[str], None]) -> tuple[list[Figure], dict[str, Any]]:
+    info = machine()
+    figures: list[Figure] = []
+    bodies = build_bodies(settings, say)
+    say("engine, in process")
+    figures += engine_figures(bodies, settings)
+    say("engine scaling")
+    figures += scaling_figures(bodies, settings)
+    with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory(prefix="trimflow-bench-") as tmp:
+        workdir = Path(tmp)
+        upstream = Upstream().start()
+        stack.callback(upstream.stop)
+        say("starting mitmdump: with the addon, plain, plain streaming")
+        addon = start_proxy(workdir / "addon", "addon", upstream, addon=True)
+        stack.callback(addon.mitmdump.stop)
+        plain = start_proxy(workdir / "plain", "plain", upstream, addon=False)
+        stack.callback(plain.mitmdump.stop)
+        plain_stream = start_proxy(workdir / "plain-stream", "plain-stream", upstream, addon=False, options={"stream_large_bodies": "1"})
+        stack.callback(plain_stream.mitmdump.stop)
+        say("latency through the proxy")
+        figures += latency_figures(addon, plain, bodies, settings)
+        say("throughput, 16 clients")
+        figures += throughput_figures(addon, plain, bodies, settings)
+        say("streaming")
+        figures += streaming_figures(addon, plain_stream, settings)
+        for proxy in (addon, plain, plain_stream):
+            proxy.mitmdump.stop()
+        say("memory, 8 clients x 16 MB at once (fresh processes)")
+        figures += memory_figures(workdir, upstream, bodies, settings)
+    say("shrink")
+    figures += shrink_figures()
+    with contextlib.suppress(OSError):
+        info["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    return figures, info
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="bench",
+        description="Benchmark trimflow: the engine in process and a real mitmdump with the addon against a plain one, "
+        "all on 127.0.0.1. Prints a table of figures, targets and pass/miss; every target is a ratio from the same run.",
+    )
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions (under 2 minutes); every figure is still measured")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON instead of the table")
+    parser.add_argument("--serve-upstream", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve_upstream:
+        serve_upstream()
+        return 0
+
+    def say(message: str) -> None:
+        print(f"bench: {message}", file=sys.stderr, flush=True)
+
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    started = time.monotonic()
+    try:
+        figures, info = run(QUICK if args.quick else FULL, say)
+    except KeyboardInterrupt:
+        say("interrupted; processes stopped")
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    seconds = round(time.monotonic() - started, 1)
+    if args.json:
+        out = {"mode": "quick" if args.quick else "full", "seconds": seconds, "machine": info, "figures": {f.name: f.to_dict() for f in figures}}
+        print(json.dumps(out, indent=2))
+    else:
+        print(render_table(figures))
+        print(f"\n{'quick' if args.quick else 'full'} run, {seconds:.0f} s; machine: {json.dumps(info)}")
+    return 0  # a missed target is a finding in the table, not a failure of the run
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""replace_data: every wire format swaps an image's bytes in place and declares the new type."""
+
+from __future__ import annotations
+
+import copy
+
+import orjson
+import pytest
+
+from trimflow._imageinfo import sniff_base64
+from trimflow._synthetic import b64, image
+from trimflow.formats import FORMATS
+
+from .test_formats import CASES
+
+NEW = b64(image(20, 10, "WEBP", seed=9))
+# How each format declares the type of the new bytes (Ollama declares none).
+DECLARED = {
+    "openai-chat": "image/webp",
+    "openai-responses": "image/webp",
+    "anthropic": "image/webp",
+    "gemini": "image/webp",
+    "bedrock-converse": "image/webp",
+    "ollama": None,
+}
+
+
+def inline_images(fmt: str, body: dict) -> list:
+    return [m for m in FORMATS[fmt].find_media(body) if m.kind == "image" and not m.remote]
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_each_inline_image_gets_the_new_bytes_and_type(fmt: str) -> None:
+    body, _ = CASES[fmt]
+    pristine = copy.deepcopy(body)
+    module = FORMATS[fmt]
+    before = module.find_media(body)
+    targets = inline_images(fmt, body)
+    assert targets, "each case has an inline image"
+    out = module.replace_data(body, {m.path: (NEW, "image/webp") for m in targets})
+    assert body == pristine  # the input is untouched
+    after = module.find_media(out)
+    # The same media at the same places, in the same order: only the bytes moved.
+    assert [(m.kind, m.path) for m in after] == [(m.kind, m.path) for m in before]
+    for old, new in zip(before, after, strict=True):
+        if old.path in {t.path for t in targets}:
+            assert new.data[new.data_offset :] == NEW
+            assert new.declared_mime == DECLARED[fmt]
+            assert sniff_base64(new.data[new.data_offset :]).mime == "image/webp"
+            assert new.detail == old.detail  # OpenAI's detail (a token cost input) is kept
+        else:
+            assert new.data == old.data and new.declared_mime == old.declared_mime
+    orjson.dumps(out)  # still plain JSON
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_one_image_replaced_leaves_its_neighbours_alone(fmt: str) -> None:
+    body, _ = CASES[fmt]
+    module = FORMATS[fmt]
+    first = inline_images(fmt, body)[0]
+    out = module.replace_data(body, {first.path: (NEW, "image/jpeg")})
+    changed = [m for m in module.find_media(out) if m.data != next(o for o in module.find_media(body) if o.path == m.path).data]
+    assert [m.path for m in changed] == [first.path]
+    # Placeholders still work on a body whose bytes were swapped (the engine does both).
+    dropped = module.replace_media(out, {first.path: "[gone]"})
+    assert first.path not in {m.path for m in module.find_media(dropped)} or fmt == "ollama"
+    assert b"[gone]" in orjson.dumps(dropped)
+
+
+def test_wire_details_per_format() -> None:
+    """The exact fields each provider reads the type from, and the ones that must survive."""
+    anth = {"messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}, "cache_control": {"type": "ephemeral"}},
+    ]}]}
+    out = FORMATS["anthropic"].replace_data(anth, {("messages", 0, "content", 0): (NEW, "image/jpeg")})
+    assert out["messages"][0]["content"][0] == {
+        "type": "image", "source": {"type": "base64", "media_type": "image/jpeg", "data": NEW}, "cache_control": {"type": "ephemeral"},
+    }
+    gem = {"contents": [{"parts": [{"inlineData": {"mimeType": "image/png", "data": "AAAA"}}, {"inline_data": {"mime_type": "image/png", "data": "AAAA"}}]}]}
+    out = FORMATS["gemini"].replace_data(gem, {("contents", 0, "parts", 0): (NEW, "image/jpeg"), ("contents", 0, "parts", 1): (NEW, "image/jpeg")})
+    assert out["contents"][0]["parts"] == [
+        {"inlineData": {"mimeType": "image/jpeg", "data": NEW}}, {"inline_data": {"mime_type": "image/jpeg", "data": NEW}},
+    ]
+    bed = {"messages": [{"role": "user", "content": [{"image": {"format": "png", "source": {"bytes": "AAAA"}}}]}]}
+    out = FORMATS["bedrock-converse"].replace_data(bed, {("messages", 0, "content", 0): (NEW, "image/jpeg")})
+    assert out["messages"][0]["content"][0] == {"image": {"format": "jpeg", "source": {"bytes": NEW}}}
+    chat = {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;name=a.png;base64,AAAA", "detail": "high"}},
+        {"type": "image_url", "image_url": "data:image/png;base64,AAAA"},
+    ]}]}
+    paths = {("messages", 0, "content", 0): (NEW, "image/jpeg"), ("messages", 0, "content", 1): (NEW, "image/jpeg")}
+    out = FORMATS["openai-chat"].replace_data(chat, paths)
+    assert out["messages"][0]["content"] == [
+        {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64," + NEW, "detail": "high"}},
+        {"type": "image_url", "image_url": "data:image/jpeg;base64," + NEW},
+    ]
+    resp = {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:image/png;base64,AAAA", "detail": "low"}]}]}
+    out = FORMATS["openai-responses"].replace_data(resp, {("input", 0, "content", 0): (NEW, "image/jpeg")})
+    assert out["input"][0]["content"][0] == {"type": "input_image", "image_url": "data:image/jpeg;base64," + NEW, "detail": "low"}
+    oll = {"messages": [{"role": "user", "content": "hi", "images": ["AAAA", "BBBB"]}]}
+    out = FORMATS["ollama"].replace_data(oll, {("messages", 0, "images", 1): (NEW, "image/jpeg")})
+    assert out["messages"][0] == {"role": "user", "content": "hi", "images": ["AAAA", NEW]}

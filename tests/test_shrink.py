@@ -1,0 +1,260 @@
+"""_shrink on real Pillow images: limits met (checked by decoding), format rules, determinism, cache, safety."""
+
+from __future__ import annotations
+
+import base64
+import io
+import struct
+import threading
+import zlib
+
+import pytest
+from PIL import Image
+
+from trimflow import _shrink
+from trimflow._shrink import MAX_PIXELS, ShrinkCache, Shrunk, shrink
+from trimflow._synthetic import b64, image
+
+MiB = 2**20
+FIVE_MB = 5 * MiB
+
+
+@pytest.fixture(scope="module")
+def noisy_png() -> str:
+    """A noisy PNG whose base64 is over Anthropic's 5 MB: incompressible, so only JPEG gets it under."""
+    data = b64(image(1600, 1000, "PNG", seed=11, noise=1.0))
+    assert len(data) > FIVE_MB
+    return data
+
+
+@pytest.fixture(scope="module")
+def small_noisy_png() -> str:
+    """Noisy enough that every step of the ladder has work to do, small enough to be quick."""
+    return b64(image(480, 300, "PNG", seed=13, noise=0.6))
+
+
+@pytest.fixture(scope="module")
+def wide_png() -> str:
+    return b64(image(9000, 300, "PNG", seed=12, noise=0.0))
+
+
+def decode(data: str) -> Image.Image:
+    im = Image.open(io.BytesIO(base64.b64decode(data)))
+    im.load()
+    return im
+
+
+def check(result: Shrunk, *, max_side: int | None = None, max_bytes: int | None = None) -> Image.Image:
+    """The result meets its limits, and what it declares is what the bytes are."""
+    assert result.data is not None and result.reason is None
+    im = decode(result.data)
+    assert _shrink._MIME[im.format] == result.mime
+    assert im.size == (result.width, result.height)
+    if max_side is not None:
+        assert max(im.size) <= max_side
+    if max_bytes is not None:
+        assert len(result.data) <= max_bytes
+    assert not (set(im.info) & {"exif", "icc_profile", "xmp", "comment"}), im.info
+    return im
+
+
+def test_the_bomb_limit_is_set_for_pillow_too() -> None:
+    assert Image.MAX_IMAGE_PIXELS == MAX_PIXELS == 100_000_000
+
+
+def test_noisy_png_over_5mb_becomes_jpeg_under_it_at_full_size(noisy_png: str) -> None:
+    result = shrink(noisy_png, max_side=None, max_bytes=FIVE_MB, cache=ShrinkCache())
+    im = check(result, max_bytes=FIVE_MB)
+    assert im.format == "JPEG" and im.size == (1600, 1000)  # quality 85 sufficed: no downscale
+
+
+def test_a_tight_byte_limit_walks_down_the_size_ladder(small_noisy_png: str) -> None:
+    result = shrink(small_noisy_png, max_side=None, max_bytes=30_000, cache=ShrinkCache())
+    im = check(result, max_bytes=30_000)
+    assert im.format in ("JPEG", "PNG") and max(im.size) < 480
+    # Aspect ratio kept (to a pixel of rounding).
+    assert abs(im.size[0] / im.size[1] - 1.6) < 0.03
+
+
+def test_a_side_over_8000_px_is_scaled_and_stays_png(wide_png: str) -> None:
+    result = shrink(wide_png, max_side=8000, max_bytes=FIVE_MB, cache=ShrinkCache())
+    im = check(result, max_side=8000, max_bytes=FIVE_MB)
+    assert im.format == "PNG" and im.size == (8000, 267)
+
+
+def test_a_thumbnail_has_the_exact_long_side() -> None:
+    tall = b64(image(300, 2000, "JPEG", seed=3, noise=0.1))
+    im = check(shrink(tall, max_side=512, max_bytes=None, cache=ShrinkCache()), max_side=512)
+    assert im.format == "JPEG" and im.size == (77, 512)
+
+
+@pytest.mark.parametrize(
+    ("fmt", "out"),
+    [("PNG", "PNG"), ("JPEG", "JPEG"), ("WEBP", "WEBP"), ("GIF", "PNG"), ("BMP", "PNG")],
+)
+def test_the_format_is_kept_where_providers_take_it(fmt: str, out: str) -> None:
+    data = b64(image(240, 160, fmt, seed=4, noise=0.2))
+    im = check(shrink(data, max_side=120, max_bytes=None, cache=ShrinkCache()), max_side=120)
+    assert im.format == out and im.size == (120, 80)
+
+
+def test_an_animated_gif_sends_its_first_frame() -> None:
+    frames = [Image.new("RGB", (200, 100), color) for color in ((255, 0, 0), (0, 0, 255))]
+    buf = io.BytesIO()
+    frames[0].save(buf, "GIF", save_all=True, append_images=frames[1:], duration=100, loop=0)
+    im = check(shrink(b64(buf.getvalue()), max_side=50, max_bytes=None, cache=ShrinkCache()), max_side=50)
+    assert im.format == "PNG" and im.convert("RGB").getpixel((10, 10))[0] > 200  # red: frame 1
+
+
+def test_transparency_kept_as_png_and_flattened_on_white_for_jpeg() -> None:
+    rgba = Image.open(io.BytesIO(image(400, 400, "PNG", seed=8, noise=0.8))).convert("RGBA")
+    rgba.paste((0, 0, 0, 0), (0, 0, 200, 200))  # a transparent top-left quarter
+    buf = io.BytesIO()
+    rgba.save(buf, "PNG")
+    data = b64(buf.getvalue())
+    png = check(shrink(data, max_side=200, max_bytes=None, cache=ShrinkCache()), max_side=200)
+    assert png.mode == "RGBA" and png.getpixel((0, 0))[3] == 0 and png.getpixel((150, 150))[3] == 255
+    # Noise is too big as PNG at this limit, so it becomes JPEG: transparent pixels turn white.
+    limit = len(data) // 3
+    jpeg = check(shrink(data, max_side=None, max_bytes=limit, cache=ShrinkCache()), max_bytes=limit)
+    assert jpeg.format == "JPEG" and all(v > 245 for v in jpeg.convert("RGB").getpixel((20, 20)))
+
+
+def test_exif_is_stripped_after_its_orientation_is_applied() -> None:
+    src = Image.new("RGB", (400, 200), (200, 30, 30))
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90 degrees clockwise to display
+    exif[0x010F] = "CameraMaker"
+    buf = io.BytesIO()
+    src.save(buf, "JPEG", exif=exif.tobytes(), quality=90)
+    im = check(shrink(b64(buf.getvalue()), max_side=100, max_bytes=None, cache=ShrinkCache()), max_side=100)
+    assert im.size == (50, 100)  # upright: the long side is now the height
+    assert "exif" not in im.info and not im.getexif()
+
+
+def test_an_image_within_its_limits_is_left_alone(wide_png: str) -> None:
+    assert shrink(wide_png, max_side=9000, max_bytes=FIVE_MB, cache=ShrinkCache()) == Shrunk()
+
+
+def test_a_result_is_within_the_limits_that_made_it(small_noisy_png: str) -> None:
+    """So the engine never shrinks its own output again (idempotence)."""
+    for max_side, max_bytes in ((None, 100_000), (400, 60_000), (256, None)):
+        result = shrink(small_noisy_png, max_side=max_side, max_bytes=max_bytes, cache=ShrinkCache())
+        check(result, max_side=max_side, max_bytes=max_bytes)
+        assert shrink(result.data, max_side=max_side, max_bytes=max_bytes, cache=ShrinkCache()) == Shrunk()
+
+
+def test_same_input_same_bytes_without_the_cache(small_noisy_png: str, wide_png: str) -> None:
+    for data, max_side, max_bytes in ((small_noisy_png, 400, 40_000), (wide_png, 8000, None), (small_noisy_png, 256, None)):
+        first = shrink(data, max_side=max_side, max_bytes=max_bytes, cache=ShrinkCache())
+        second = shrink(data, max_side=max_side, max_bytes=max_bytes, cache=ShrinkCache())
+        assert first == second and first.data is not None
+
+
+def test_the_cache_answers_the_second_time_without_encoding(small_noisy_png: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    encodes = []
+    real = _shrink._encode
+    monkeypatch.setattr(_shrink, "_encode", lambda *a: encodes.append(a[1:]) or real(*a))
+    cache = ShrinkCache()
+    first = shrink(small_noisy_png, max_side=240, max_bytes=None, cache=cache)
+    assert len(encodes) == 1 and (cache.hits, cache.misses) == (0, 1)
+    assert shrink(small_noisy_png, max_side=240, max_bytes=None, cache=cache) is first
+    assert len(encodes) == 1 and (cache.hits, cache.misses) == (1, 1)
+    # The limits are part of the key: other limits are another entry.
+    shrink(small_noisy_png, max_side=120, max_bytes=None, cache=cache)
+    assert len(encodes) == 2 and len(cache) == 2
+
+
+def test_the_cache_is_bounded_by_bytes_and_evicts_the_least_recently_used() -> None:
+    cache = ShrinkCache(max_bytes=3000)
+    entry = lambda n: Shrunk("A" * n, "image/png", 1, 1)  # noqa: E731
+    cache.put(b"a", entry(1000))
+    cache.put(b"b", entry(1000))
+    assert cache.get(b"a") is not None  # a is now the most recently used
+    cache.put(b"c", entry(1000))
+    assert cache.bytes <= 3000
+    assert cache.get(b"b") is None and cache.get(b"a") is not None and cache.get(b"c") is not None
+    cache.put(b"huge", entry(10_000))  # larger than the whole cache: not stored, nothing evicted
+    assert cache.get(b"huge") is None and len(cache) == 2
+    cache.put(b"a", entry(2000))  # replacing an entry re-counts its size
+    assert cache.bytes <= 3000 and cache.get(b"a").data == "A" * 2000
+
+
+def test_threads_share_one_cache_and_agree() -> None:
+    data = b64(image(400, 300, "JPEG", seed=5, noise=0.3))
+    cache = ShrinkCache()
+    results: list[Shrunk] = []
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            for side in (300, 200, 100, 300, 200, 100):
+                results.append(shrink(data, max_side=side, max_bytes=None, cache=cache))
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    by_side = {r.width: r for r in results}
+    assert sorted(by_side) == [100, 200, 300]
+    assert all(r == by_side[r.width] for r in results)  # every thread got the same bytes
+    assert len(cache) == 3 and cache.hits + cache.misses == 24
+
+
+def png_header(width: int, height: int) -> bytes:
+    """A PNG that claims a size in IHDR and holds one tiny row: a decompression bomb's header."""
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+
+    def chunk(kind: bytes, payload: bytes) -> bytes:
+        return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
+
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+
+
+def test_a_header_over_100_megapixels_is_refused_before_anything_decodes(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_open(*args: object, **kwargs: object) -> None:
+        raise AssertionError("Pillow must not open a bomb")
+
+    monkeypatch.setattr(_shrink.Image, "open", no_open)
+    result = shrink(b64(png_header(20_000, 20_000)), max_side=8000, max_bytes=None, cache=ShrinkCache())
+    assert result.data is None and "20000x20000" in result.reason and "100-megapixel" in result.reason
+
+
+def test_just_under_the_pixel_limit_is_not_refused_for_size() -> None:
+    # 10,000 x 10,000 = exactly 100 MP: allowed by the header check (the data is truncated, so it
+    # then fails to decode - which proves it got past the size check).
+    result = shrink(b64(png_header(10_000, 10_000)), max_side=8000, max_bytes=None, cache=ShrinkCache())
+    assert result.reason == "could not be decoded"
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        ("not base64 at all!", "not valid base64"),
+        ("QUJD" * 100, "could not be decoded"),  # valid base64 of text
+        (b64(b"%PDF-1.7 not an image"), "could not be decoded"),
+        (b64(image(64, 64, "PNG", seed=1)[:200]), "could not be decoded"),  # truncated
+    ],
+)
+def test_undecodable_input_gives_a_reason_and_never_raises(payload: str, reason: str) -> None:
+    result = shrink(payload, max_side=10, max_bytes=None, cache=ShrinkCache())
+    assert result.data is None and result.reason == reason
+
+
+def test_a_limit_too_small_for_any_image_says_so() -> None:
+    data = b64(image(400, 300, "JPEG", seed=6, noise=0.5))
+    result = shrink(data, max_side=None, max_bytes=200, cache=ShrinkCache())
+    assert result.data is None and result.reason == "could not be shrunk under 200B"
+
+
+def test_wrapped_and_urlsafe_base64_decode() -> None:
+    raw = image(300, 200, "PNG", seed=7, noise=0.3)
+    plain = b64(raw)
+    wrapped = "\r\n".join(plain[i : i + 76] for i in range(0, len(plain), 76))
+    urlsafe = base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    results = [shrink(text, max_side=100, max_bytes=None, cache=ShrinkCache()) for text in (plain, wrapped, urlsafe)]
+    assert results[0].data is not None and results[0] == results[1] == results[2]
