@@ -35,7 +35,7 @@ MIME = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp", "GIF": "
 
 @pytest.fixture(scope="module")
 def png_over_5mb() -> str:
-    data = b64(image(1600, 1000, "PNG", seed=21, noise=1.0))
+    data = b64(image(1600, 1000, "PNG", seed=11, noise=1.0))  # the same as test_shrink: made once
     assert len(data) > FIVE_MB
     return data
 
@@ -178,7 +178,7 @@ def test_every_format_carries_the_shrunk_bytes_with_their_new_type(wire_format: 
 
 
 def test_a_side_over_8000_px_is_scaled_to_8000_and_stays_png() -> None:
-    wide = b64(image(9000, 300, "PNG", seed=23, noise=0.0))
+    wide = b64(image(9000, 300, "PNG", seed=12, noise=0.0))
     outcome = run("anthropic", anthropic((wide, "image/png")), max_image_side=8000)
     [media] = sent("anthropic", outcome.body)
     im = check_image("anthropic", media, max_side=8000)
@@ -485,3 +485,14 @@ def test_summary_shows_the_estimate_over_the_provider_count() -> None:
     observed = Record("t", "c", 1, "h", "/", "anthropic", None, None, "observe", est_tokens_before=3000, est_tokens_after=10, usage_input_tokens=2000)
     assert "est/in=1.50" in observed.summary()  # observe sends the original: its estimate counts
     assert "est/in" not in Record("t", None, None, "h", "/", "anthropic", None, None, "enforce").summary()
+
+
+def test_a_smaller_image_costs_fewer_estimated_tokens_by_the_providers_formula() -> None:
+    big = data_url(image(1600, 1600, "PNG", seed=3, noise=0.0), "image/png")
+    outcome = run("openai-chat", chat(big), max_image_side=512)
+    [media] = sent("openai-chat", outcome.body)
+    assert check_image("openai-chat", media, max_side=512).size == (512, 512)
+    record = outcome.record
+    # gpt-4o tiles: 1600x1600 -> 768x768 -> 4 tiles = 765; 512x512 -> 1 tile = 255. Text unchanged.
+    assert record.est_tokens_before - record.est_tokens_after == 765 - 255
+    assert record.shrunk == 1 and record.thinned == 0

@@ -30,7 +30,7 @@ limits = st.fixed_dictionaries(
         "prune_batch": st.integers(1, 4),
     }
 )
-unknown = st.dictionaries(st.sampled_from(["x_extra", "metadata_x", "z"]), st.one_of(st.integers(-(2**60), 2**60), st.floats(allow_nan=False), text), max_size=2)
+unknown = st.dictionaries(st.sampled_from(["x_extra", "metadata_x", "z"]), st.one_of(st.integers(-(2**60), 2**60), st.floats(allow_nan=False, allow_infinity=False), text), max_size=2)
 
 
 def render(fmt: str, conv: list, extra: dict) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from trimflow import prune_request
@@ -286,7 +286,7 @@ def _has_non_finite(value: Any) -> bool:
 
 
 @pytest.mark.xfail(strict=True, reason="needs: _jsoncodec.loads to take integers beyond 64 bits exactly (orjson 3.13 reads them as floats)")
-@fuzz(20)
+@settings(max_examples=10, deadline=None, suppress_health_check=_HEALTH, phases=[Phase.generate])  # no shrinking while it fails
 @given(fmt=st.sampled_from(sorted(FORMATS)), conv=conversation, big=st.integers(2**64, 2**100) | st.integers(-(2**100), -(2**63) - 1))
 def test_every_number_survives_pruning_exactly(fmt: str, conv: list, big: int) -> None:
     body = render_rich(fmt, [*conv, ("user", False, [("image", 0, {}), ("image", 1, {}), ("image", 2, {})], {})], {"seed": big})

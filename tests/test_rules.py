@@ -611,7 +611,8 @@ def test_shipped_default():
     assert r.limits_for("openrouter.ai", "/api/v1/chat/completions", "google/gemini-2.5-pro").max_images == 10
     assert r.limits_for("api.githubcopilot.com", "/chat/completions", "gemini-3.1-pro-preview").max_images == 10
     claude = r.limits_for("api.anthropic.com", "/v1/messages", "claude-sonnet-4")
-    assert claude == Limits("defaults", 8, 16 * MiB, 1, 1, DEFAULT_PLACEHOLDER)
+    assert claude == Limits("claude", 8, 16 * MiB, 1, 1, DEFAULT_PLACEHOLDER, max_image_bytes=5 * MiB,
+                            max_image_side=8000, many_images_threshold=20, many_images_max_side=2000)
     assert gemini.max_body_bytes == 16 * MiB
     assert r.limits_for("h", "/", None).max_images == 8
 

@@ -46,7 +46,7 @@ from PIL import Image
 
 from ._engine import prune_request
 from ._mitmdump import Mitmdump
-from ._rules import builtin_rules
+from ._rules import DEFAULT_RULES_PATH, load_rules
 from ._synthetic import MIME, PATHS, data_url, image, screenshot, session_body
 
 FORMAT = "openai-chat"
@@ -54,8 +54,8 @@ PATH = PATHS[FORMAT]
 URL = f"https://api.openai.com{PATH}"
 HEADERS = {"content-type": "application/json", "authorization": "Bearer sk-bench"}
 MB = 2**20
-# The limits of rules/default.yaml, which the proxied runs use: 8 images, 16 MiB.
-RULES = builtin_rules().with_limits(max_images=8, max_body_bytes=16 * MB)
+# The shipped rules, as the proxied runs use them (for this model: 8 images, 16 MiB).
+RULES = load_rules(DEFAULT_RULES_PATH)
 
 # Upstream protocol: a request with these headers is answered with a timed SSE stream.
 EVENTS_HEADER = "X-Bench-Events"
@@ -140,15 +140,20 @@ class Settings:
     stream_runs: int  # per proxy
     stream_events: int
     stream_interval_ms: float
+    shrink_scale: float  # sides of the shrink cases; ms per megapixel is comparable across scales
+    shrink_repeats: int
+    shrink_turns: int
 
 
 QUICK = Settings(
     engine_reps=7, scaling_reps=3, scaling_mb=(1, 2, 4, 8, 16, 32, 64), latency_reps=5, throughput_runs=2,
     throughput_requests=48, memory_rounds=1, stream_runs=2, stream_events=40, stream_interval_ms=20,
+    shrink_scale=0.5, shrink_repeats=1, shrink_turns=30,
 )
 FULL = Settings(
     engine_reps=21, scaling_reps=7, scaling_mb=(1, 2, 4, 8, 16, 32, 64), latency_reps=15, throughput_runs=4,
     throughput_requests=96, memory_rounds=3, stream_runs=4, stream_events=100, stream_interval_ms=20,
+    shrink_scale=1.0, shrink_repeats=2, shrink_turns=30,
 )
 
 
@@ -264,17 +269,26 @@ def engine_figures(bodies: Bodies, settings: Settings) -> list[Figure]:
 
 def scaling_figures(bodies: Bodies, settings: Settings) -> list[Figure]:
     sizes = sorted(bodies.scaling)
-    runs = [_engine(bodies.scaling[mb]) for mb in sizes]
+    runs = []
+    for mb in sizes:  # the floor beside the engine: it shows what the machine itself does per doubling
+        runs += [_engine(bodies.scaling[mb]), _floor(bodies.scaling[mb])]
     medians = interleaved_ms(settings.scaling_reps, *runs)
+    engine, floor = medians[0::2], medians[1::2]
     figures = []
-    for mb, ms in zip(sizes, medians, strict=True):
+    for mb, ms, floor_ms in zip(sizes, engine, floor, strict=True):
         record = prune_request(URL, HEADERS, bodies.scaling[mb], RULES).record
         pruned = record.pruned if record else 0
-        figures.append(Figure(f"scaling_{mb}mb_ms", f"engine, {mb} MB body (24 turns, {pruned} pruned)", ms, "ms"))
-    for (small, t_small), (big, t_big) in zip(zip(sizes, medians), list(zip(sizes, medians))[1:]):
+        figures.append(
+            Figure(f"scaling_{mb}mb_ms", f"engine, {mb} MB body (24 turns, {pruned} pruned)", ms, "ms", note=f"floor {floor_ms:.1f} ms ({ms / floor_ms:.2f}x)")
+        )
+    for n in range(1, len(sizes)):
+        small, big = sizes[n - 1], sizes[n]
         steps = (big // small).bit_length() - 1  # doublings between the two sizes
-        per_doubling = (t_big / t_small) ** (1 / steps)
-        figures.append(Figure(f"scaling_{small}_to_{big}mb", f"time ratio per doubling, {small} -> {big} MB", per_doubling, "x", 2.2))
+        per_doubling = (engine[n] / engine[n - 1]) ** (1 / steps)
+        floor_doubling = (floor[n] / floor[n - 1]) ** (1 / steps)
+        figures.append(
+            Figure(f"scaling_{small}_to_{big}mb", f"engine time per doubling, {small} -> {big} MB", per_doubling, "x", 2.2, note=f"floor {floor_doubling:.2f}x")
+        )
     return figures
 
 
@@ -492,14 +506,27 @@ def latency_figures(addon: Proxy, plain: Proxy, bodies: Bodies, settings: Settin
                 client.close()
         size = len(body) / MB
         a, p = statistics.median(times[addon.name]), statistics.median(times[plain.name])
-        note = ""
-        if key == "prune":
-            note = f"upstream received {received[addon.name] / MB:.1f} MB through the addon, {received[plain.name] / MB:.1f} MB through plain"
         figures += [
-            Figure(f"latency_{key}_addon_ms", f"latency with addon, {size:.1f} MB body {what}", a, "ms", note=note),
-            Figure(f"latency_{key}_plain_ms", f"latency plain mitmdump, same body", p, "ms"),
+            Figure(f"latency_{key}_addon_ms", f"latency with addon, {size:.1f} MB body {what}", a, "ms"),
+            Figure("latency_{}_plain_ms".format(key), "latency plain mitmdump, same body", p, "ms"),
             Figure(f"latency_{key}_ratio", f"latency addon / plain ({what})", a / p, "x", limit),
         ]
+        if key == "prune":
+            saved_mb = (received[plain.name] - received[addon.name]) / MB
+            if saved_mb <= 0:
+                raise RuntimeError("the addon did not prune the 16 MB session: check the rules")
+            per_mb = (a - p) / saved_mb
+            # On a real uplink each MB not sent saves 8/(Mbit/s) seconds: the addon wins below this rate.
+            breakeven = f"the addon wins on any uplink slower than {8000 / per_mb:.0f} Mbit/s" if per_mb > 0 else "the addon is faster even on loopback"
+            figures.append(
+                Figure(
+                    "latency_prune_ms_per_mb_saved",
+                    "addon's extra latency per MB not uploaded",
+                    per_mb,
+                    "ms/MB",
+                    note=f"upstream received {received[addon.name] / MB:.1f} MB through the addon, {received[plain.name] / MB:.1f} MB plain; {breakeven}",
+                )
+            )
     return figures
 
 
@@ -656,29 +683,36 @@ def streaming_figures(addon: Proxy, plain_stream: Proxy, settings: Settings) -> 
 # --- shrink (issue 6) --------------------------------------------------------------------------------------
 
 
-def shrink_figures() -> list[Figure]:
-    """trimflow._shrink_bench's figures when that module exists (image shrinking, built separately)."""
+def shrink_figures(settings: Settings) -> list[Figure]:
+    """trimflow._shrink_bench's figures (issue 6, built separately), or a row saying they are not available."""
     if importlib.util.find_spec(SHRINK_MODULE) is None:
-        return [Figure("shrink", "shrink: not available", None, "", note=f"{SHRINK_MODULE} does not exist yet")]
-    module = importlib.import_module(SHRINK_MODULE)
-    run = getattr(module, "bench", None) or getattr(module, "run", None)
-    if run is None:
-        return [Figure("shrink", "shrink: not available", None, "", note=f"{SHRINK_MODULE} has no bench() or run()")]
-    figures = []
-    for name, entry in run().items():
-        entry = entry if isinstance(entry, dict) else {"value": entry}
-        limit = entry.get("limit")
-        figures.append(
-            Figure(
-                f"shrink_{name}",
-                entry.get("label", f"shrink: {name}"),
-                entry.get("value"),
-                entry.get("unit", ""),
-                limit,
-                entry.get("at_most", True),
-            )
-        )
+        return [Figure("shrink", "shrink: not available", None, "", note=f"{SHRINK_MODULE} does not exist in this checkout")]
+    try:
+        module = importlib.import_module(SHRINK_MODULE)
+        cases = module.CASES
+        if settings.shrink_scale != 1:
+            cases = {name: _scaled_case(case, settings.shrink_scale) for name, case in cases.items()}
+        speed = module.shrink_speed(cases, repeats=settings.shrink_repeats)
+        session = module.session_cache(settings.shrink_turns)
+    except Exception as exc:  # noqa: BLE001 - the module is new: report it, keep the other figures
+        return [Figure("shrink", f"shrink: failed ({type(exc).__name__})", None, "", note=str(exc)[:200])]
+    figures = [
+        Figure(f"shrink_{name}_ms_per_mp", f"shrink {name}", entry["ms_per_megapixel"], "ms/MP", note=f"{entry['megapixels']} MP -> {entry['result']}")
+        for name, entry in speed.items()
+    ]
+    turns = session["turns"]
+    figures += [
+        Figure("shrink_session_hit_rate", f"shrink cache hit rate, {turns}-turn session", session["hit_rate"], "", note=f"{session['hits']} hits, {session['misses']} misses"),
+        Figure("shrink_session_overhead_ms", f"engine overhead per turn, {turns}-turn session (median)", session["overhead_ms_median"], "ms", note=f"max {session['overhead_ms_max']} ms"),
+    ]
     return figures
+
+
+def _scaled_case(case: tuple[Any, ...], scale: float) -> tuple[Any, ...]:
+    """A shrink case with sides (and the byte limit) scaled: ms per megapixel stays comparable."""
+    fmt, noise, width, height, max_side, max_bytes = case
+    side = lambda v: None if v is None else max(16, int(v * scale))  # noqa: E731
+    return (fmt, noise, side(width), side(height), side(max_side), None if max_bytes is None else int(max_bytes * scale * scale))
 
 
 # --- the run -------------------------------------------------------------------------------------------------
@@ -737,8 +771,8 @@ def run(settings: Settings, say: Callable[[str], None]) -> tuple[list[Figure], d
             proxy.mitmdump.stop()
         say("memory, 8 clients x 16 MB at once (fresh processes)")
         figures += memory_figures(workdir, upstream, bodies, settings)
-    say("shrink")
-    figures += shrink_figures()
+    say("shrink (trimflow._shrink_bench)")
+    figures += shrink_figures(settings)
     with contextlib.suppress(OSError):
         info["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     return figures, info
@@ -762,8 +796,10 @@ def main(argv: list[str] | None = None) -> int:
         serve_upstream()
         return 0
 
+    began = time.monotonic()
+
     def say(message: str) -> None:
-        print(f"bench: {message}", file=sys.stderr, flush=True)
+        print(f"bench: {time.monotonic() - began:5.0f}s {message}", file=sys.stderr, flush=True)
 
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     started = time.monotonic()

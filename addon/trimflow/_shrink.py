@@ -8,17 +8,18 @@ The ladder, for a long side limit `max_side` and a base64 length limit `max_byte
   DCT scale first when that is still at least the target size (much faster, same result size).
 - At that size try the source's own format, then the lossy steps: JPEG and WebP at quality 85, 70,
   55; PNG (and GIF/BMP, which become PNG: GIF's first frame, since Gemini takes no GIF and BMP no
-  provider) as PNG, then as JPEG at 85, 70, 55. (A PNG over the byte limit at its own size skips
-  the PNG step: lossless again at the same size rarely gains much and is the slowest encode.) JPEG, not WebP, is the fallback for PNG because
+  provider) as PNG, then as JPEG at 85, 70, 55. JPEG, not WebP, is the fallback for PNG because
   every provider and local runtime (Ollama, llama.cpp) decodes it; transparency is flattened onto
-  white. Quality steps stop early when the first is more than twice the limit.
+  white. A PNG over the byte limit at its own size skips the PNG step (lossless again at the same
+  size rarely gains much, and it is the slowest encode). Quality steps stop early when the first
+  is more than twice the limit.
 - Still too big: step the long side down by 0.75 per rung, skipping as many rungs as the byte
   count says are needed (bytes ~ pixels), down to a 16 px long side; then give up with a reason.
 
 Determinism: fixed encoder settings (PNG's zlib level is picked from the input alone, see
-PNG_LEVEL) and no metadata at all (EXIF, ICC, text chunks and
-timestamps are dropped; EXIF orientation is applied to the pixels first), so the same input bytes
-and limits give the same output bytes every time with a given Pillow build. That keeps a
+PNG_LEVEL) and no metadata at all (EXIF, ICC, text chunks and timestamps are dropped; EXIF
+orientation is applied to the pixels first), so the same input bytes and limits give the same
+output bytes every time with a given Pillow build. That keeps a
 provider's prompt cache valid across turns; the cache below makes it cheap.
 """
 
@@ -51,8 +52,8 @@ SCALE_STEP = 0.75
 MIN_SIDE = 16
 DEFAULT_CACHE_BYTES = 256 * 2**20
 # zlib level for PNG output. 6 (zlib's default) suits screenshots: text and flat areas shrink well
-# and it is as fast as level 1 there. Photo-like or noisy sources (over 1 byte per pixel as they
-# came) gain ~15% from it at up to 10x the time, so those get level 1: a proxy must not stall.
+# and it is as fast as level 1 there. Photo-like or noisy PNG sources (over 1 byte per pixel as
+# they came) gain ~15% from it at up to 10x the time, so those get level 1: a proxy must not stall.
 PNG_LEVEL, PNG_LEVEL_DENSE, DENSE_BYTES_PER_PIXEL = 6, 1, 1.0
 
 # Only these decoders are ever used: no EPS (which runs Ghostscript), TIFF, PSD or the like.
@@ -207,7 +208,8 @@ def _shrink(payload: str, max_side: int | None, max_bytes: int | None) -> Shrunk
     if im.getexif().get(_ORIENTATION, 1) in _QUARTER_TURNS:
         width, height = height, width  # the pixels are turned upright below
     pixels = _normalize(im)
-    png_level = PNG_LEVEL_DENSE if len(raw) > DENSE_BYTES_PER_PIXEL * width * height else PNG_LEVEL
+    dense = source == "PNG" and len(raw) > DENSE_BYTES_PER_PIXEL * width * height  # (BMP is never compressed)
+    png_level = PNG_LEVEL_DENSE if dense else PNG_LEVEL
     return _ladder(pixels, source, width, height, long_side, max_bytes, png_level)
 
 

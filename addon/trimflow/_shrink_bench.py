@@ -25,7 +25,7 @@ from .formats import FORMATS
 
 # name -> (content, format, width, height, max_side, max_bytes): jobs the engine gives _shrink.
 # "screen" is screenshot-like (flat areas, a busy window); "photo" is dense noise, the slow case.
-Case = tuple[str, str, int, int, "int | None", "int | None"]
+Case = tuple[str, str, int, int, int | None, int | None]
 CASES: dict[str, Case] = {
     # Thinning a full-HD screenshot to a thumbnail.
     "thumbnail-screen-png-1920x1080-to-512": ("screen", "PNG", 1920, 1080, 512, None),
@@ -92,19 +92,23 @@ def screens(count: int, width: int = 1920, height: int = 1080, first: int = 0) -
     return shots
 
 
-def session_cache(turns: int = 30, wire_format: str = "anthropic", limits: Limits | None = None) -> dict[str, Any]:
+def session_cache(
+    turns: int = 30, wire_format: str = "anthropic", limits: Limits | None = None, size: tuple[int, int] = (1920, 1080)
+) -> dict[str, Any]:
     """A screenshot session through the engine with thinning on: one new screenshot per turn.
 
     Every turn re-sends the whole history, so each older screenshot is thinned on every turn
     after it became old: the first time an encode, later turns cache hits. Returns the cache's
-    hits, misses and hit rate over the session, and the per-turn engine overhead.
+    hits, misses and hit rate over the session (at best every screenshot but the last is encoded
+    once: `misses_minimum`), and the per-turn engine overhead. Swaps in a cold cache of its own
+    for the run, so it is not meant to run beside live traffic.
     """
     limits = limits or Limits(max_images=20, keep_recent=1, thumbnail_side=512, max_image_bytes=5 * 2**20, max_image_side=8000)
     rules = dataclasses.replace(builtin_rules(), defaults=limits)
-    shots = screens(turns)
+    shots = screens(turns, *size)
     url = f"https://api.example.test{PATHS[wire_format]}"
     saved_cache = _shrink.CACHE
-    cache = _shrink.CACHE = _shrink.ShrinkCache()  # a cold cache of its own, for exact counts
+    cache = _shrink.CACHE = _shrink.ShrinkCache()
     overheads, thinned, saved = [], 0, 0
     try:
         for turn in range(1, turns + 1):
@@ -122,6 +126,7 @@ def session_cache(turns: int = 30, wire_format: str = "anthropic", limits: Limit
         "turns": turns,
         "hits": cache.hits,
         "misses": cache.misses,
+        "misses_minimum": turns - 1,
         "hit_rate": round(cache.hits / lookups, 3) if lookups else None,
         "thinned_images": thinned,
         "thinned_bytes_saved": saved,

@@ -4,7 +4,6 @@ mitmdump intercepts TLS, prunes, and connects to an HTTPS upstream whose self-si
 
 from __future__ import annotations
 
-import http.client
 import ssl
 import time
 from collections.abc import Iterator

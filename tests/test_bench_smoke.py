@@ -1,0 +1,106 @@
+"""scripts/bench --quick --json produces every figure, each a number with its unit and target.
+
+No timing is asserted (the machines are shared and noisy): whether a target passes is the benchmark's
+finding, not the test's. This only checks that the benchmark runs end to end and reports everything.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# The figures issue 7 asks for; a figure with a target must also say whether it was met.
+TARGETED = [
+    "engine_prune_vs_floor",
+    "engine_nochange_vs_loads",
+    "scaling_1_to_2mb",
+    "scaling_2_to_4mb",
+    "scaling_4_to_8mb",
+    "scaling_8_to_16mb",
+    "scaling_16_to_32mb",
+    "scaling_32_to_64mb",
+    "latency_prune_ratio",
+    "latency_nochange_ratio",
+    "throughput_ratio",
+    "memory_ratio",
+    "stream_added_ms",
+]
+CONTEXT = [
+    "engine_prune_ms",
+    "floor_prune_ms",
+    "engine_nochange_ms",
+    "loads_nochange_ms",
+    *(f"scaling_{mb}mb_ms" for mb in (1, 2, 4, 8, 16, 32, 64)),
+    "latency_prune_addon_ms",
+    "latency_prune_plain_ms",
+    "latency_prune_ms_per_mb_saved",
+    "latency_nochange_addon_ms",
+    "latency_nochange_plain_ms",
+    "throughput_addon_rps",
+    "throughput_plain_rps",
+    "memory_addon_mb",
+    "memory_plain_mb",
+    "stream_addon_ms",
+    "stream_plain_ms",
+]
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@pytest.fixture(scope="module")
+def report() -> dict:
+    done = subprocess.run([str(ROOT / "scripts" / "bench"), "--quick", "--json"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+@pytest.mark.e2e
+def test_every_figure_is_a_number_with_a_unit(report: dict) -> None:
+    figures = report["figures"]
+    missing = [name for name in TARGETED + CONTEXT if name not in figures]
+    assert not missing, f"figures missing: {missing}"
+    for name in TARGETED + CONTEXT:
+        figure = figures[name]
+        assert _number(figure["value"]), f"{name}: {figure['value']!r} is not a number"
+        assert figure["unit"], f"{name} has no unit"
+
+
+@pytest.mark.e2e
+def test_targeted_figures_say_whether_they_pass(report: dict) -> None:
+    for name in TARGETED:
+        figure = report["figures"][name]
+        assert figure["target"] and figure["target"][:2] in ("<=", ">="), f"{name}: target {figure['target']!r}"
+        assert isinstance(figure["ok"], bool), f"{name}: ok is {figure['ok']!r}"
+    for name in CONTEXT:
+        assert report["figures"][name]["target"] is None and report["figures"][name]["ok"] is None
+
+
+@pytest.mark.e2e
+def test_shrink_figures_or_a_not_available_row(report: dict) -> None:
+    figures = report["figures"]
+    shrink = {name: f for name, f in figures.items() if name.startswith("shrink")}
+    if importlib.util.find_spec("trimflow._shrink_bench") is None:
+        assert list(shrink) == ["shrink"] and shrink["shrink"]["label"] == "shrink: not available"
+        return
+    assert "shrink" not in shrink, f"the shrink benchmark failed: {shrink.get('shrink')}"
+    assert _number(figures["shrink_session_hit_rate"]["value"])
+    assert 0 <= figures["shrink_session_hit_rate"]["value"] <= 1
+    speeds = [f for name, f in shrink.items() if name.endswith("_ms_per_mp")]
+    assert speeds and all(_number(f["value"]) and f["unit"] == "ms/MP" for f in speeds)
+
+
+@pytest.mark.e2e
+def test_report_names_the_machine_and_the_mode(report: dict) -> None:
+    assert report["mode"] == "quick"
+    machine = report["machine"]
+    assert machine["nproc"] >= 1 and machine["python"] and machine["mitmproxy"]
+    assert _number(report["seconds"])
