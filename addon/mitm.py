@@ -20,14 +20,17 @@ _HERE = str(Path(__file__).resolve().parent)
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
-from trimflow import ENFORCE, MODES, OBSERVE, prune_request  # noqa: E402
+from trimflow import ENFORCE, MODES, prune_request  # noqa: E402
 from trimflow._conversation import TurnCounter  # noqa: E402
+from trimflow._decode import DEFAULT_MAX_DECODED_BYTES, DecodeError, decode_body  # noqa: E402
+from trimflow._decode import OPTION as DECODE_OPTION  # noqa: E402
 from trimflow._metrics import MetricsFile  # noqa: E402
 from trimflow._profiles import DEFAULT_PROFILES_PATH, OFF, Profile, check_request, select_profile  # noqa: E402
 from trimflow._record import Record  # noqa: E402
 from trimflow._rules import DEFAULT_RULES_PATH, RulesError, RulesFile  # noqa: E402
+from trimflow._sizes import format_size, parse_size  # noqa: E402
 from trimflow._usage import UsageScanner, input_tokens_of  # noqa: E402
-from trimflow.formats import openai_responses  # noqa: E402
+from trimflow.formats import gemini, openai_responses  # noqa: E402
 
 log = logging.getLogger("trimflow")
 
@@ -41,6 +44,7 @@ class Trimflow:
         self.rules: RulesFile | None = None
         self.metrics: MetricsFile | None = None
         self.turns = TurnCounter()
+        self.max_decoded_bytes: int | None = None
         self.simulated: Profile | None = None  # trimflow_simulate's profile; None when off
         self._warned_streamed: set[str] = set()
 
@@ -58,6 +62,11 @@ class Trimflow:
             "trimflow_mode", str, ENFORCE,
             "enforce: prune and forward. observe: measure and log what enforce would do, forward untouched.",
             choices=MODES,
+        )
+        loader.add_option(
+            DECODE_OPTION, str, format_size(DEFAULT_MAX_DECODED_BYTES),
+            "Largest decoded size of a compressed LLM request body; a body that would inflate further "
+            "(a gzip bomb) is forwarded untouched and never inflated in memory. Bytes or k/m/g (binary).",
         )
         loader.add_option(
             "trimflow_simulate", str, OFF,
@@ -79,6 +88,13 @@ class Trimflow:
             except RulesError as exc:
                 raise exceptions.OptionsError(f"trimflow: {exc}") from None
             log.info("trimflow: rules from %s", self.rules.path)
+        if DECODE_OPTION in updated or self.max_decoded_bytes is None:
+            try:
+                self.max_decoded_bytes = parse_size(getattr(ctx.options, DECODE_OPTION))
+            except ValueError as exc:
+                raise exceptions.OptionsError(f"trimflow: {DECODE_OPTION}: {exc}") from None
+            if self.max_decoded_bytes is None:
+                raise exceptions.OptionsError(f"trimflow: {DECODE_OPTION} needs a size: a compressed body must have a bound")
         if "trimflow_simulate" in updated or "trimflow_profiles" in updated:
             try:
                 self.simulated = select_profile(ctx.options.trimflow_simulate, ctx.options.trimflow_profiles)
@@ -86,6 +102,14 @@ class Trimflow:
                 raise exceptions.OptionsError(f"trimflow: {exc}") from None
             if self.simulated is not None:
                 log.info("trimflow: simulating limit profile %s from %s", self.simulated.name, ctx.options.trimflow_profiles)
+        if "stream_large_bodies" in updated and ctx.options.stream_large_bodies:
+            # mitmproxy re-checks the buffered size on every chunk and streams the rest of a larger body
+            # on its own; no per-flow setting keeps it whole, so such a request cannot be pruned.
+            log.warning(
+                "trimflow: stream_large_bodies=%s: LLM requests larger than that are streamed by mitmproxy and go "
+                "upstream unpruned; leave it unset or set it above your largest LLM request",
+                ctx.options.stream_large_bodies,
+            )
         if "trimflow_metrics" in updated:
             if self.metrics is not None:
                 self.metrics.close()
@@ -101,10 +125,8 @@ class Trimflow:
         return self.rules.current().format_for(flow.request.pretty_host, flow.request.path.split("?", 1)[0])
 
     def requestheaders(self, flow: http.HTTPFlow) -> None:
-        # mitmproxy streams bodies over stream_large_bodies before this hook; an LLM request must
-        # stay whole to be pruned.
-        if flow.request.stream and self._format_for(flow) is not None:
-            flow.request.stream = False
+        if self._format_for(flow) == gemini.NAME:
+            _move_query_key_to_header(flow.request)
 
     async def request(self, flow: http.HTTPFlow) -> None:
         if flow.response is not None or flow.request.method != "POST":
@@ -128,12 +150,10 @@ class Trimflow:
         if self._format_for(flow) is None and not (rules.detect_by_shape and "json" in request.headers.get("content-type", "")):
             return None
         try:
-            body = request.get_content(strict=True)
-        except ValueError:
-            encoding = request.headers.get("content-encoding", "?")
-            log.warning("trimflow: %s%s forwarded untouched: cannot decode content-encoding %r", request.pretty_host, _path(flow), encoding[:40])
-            return None
-        if body is None:
+            # Bounded: a compressed body is never inflated past the limit (mitmproxy's decoder would).
+            body = decode_body(request.raw_content or b"", request.headers.get("content-encoding"), self.max_decoded_bytes)
+        except DecodeError as exc:
+            log.warning("trimflow: %s%s forwarded untouched: %s", request.pretty_host, _path(flow), exc)
             return None
         outcome = prune_request(request.url, request.headers, body, rules, ctx.options.trimflow_mode)
         if outcome.record is None:
@@ -161,9 +181,9 @@ class Trimflow:
         if self._format_for(flow) is not None and host not in self._warned_streamed:
             self._warned_streamed.add(host)
             log.warning(
-                "trimflow: an LLM request to %s was streamed by stream_large_bodies before it could be pruned "
-                "(chunked upload); raise stream_large_bodies above your largest request to let trimflow edit it",
-                host,
+                "trimflow: an LLM request to %s was streamed by mitmproxy (stream_large_bodies=%s) and went upstream "
+                "unpruned; set stream_large_bodies above your largest LLM request",
+                host, ctx.options.stream_large_bodies,
             )
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
@@ -216,6 +236,15 @@ class Trimflow:
         if record.conversation is not None:
             record.turn = self.turns.next(record.conversation)
         self._finish(record.to_dict())
+
+
+def _move_query_key_to_header(request: http.Request) -> None:
+    """Gemini's `?key=` would show in mitmproxy's own flow log. The API takes the same key as the
+    `x-goog-api-key` header, which is how Google's own SDK always sends it, so gateways accept it too."""
+    key = request.query.get("key")
+    if key and "x-goog-api-key" not in request.headers:
+        request.headers["x-goog-api-key"] = key
+        del request.query["key"]
 
 
 def _path(flow: http.HTTPFlow) -> str:

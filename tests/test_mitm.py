@@ -152,15 +152,23 @@ async def test_an_internal_error_fails_open(addon, caplog, monkeypatch) -> None:
     assert any("RuntimeError" in m for m in messages) and not any("secret" in m for m in messages)
 
 
-def test_llm_requests_stay_editable_under_stream_large_bodies(addon) -> None:
-    flow = llm_flow()
-    flow.request.stream = True
+def test_stream_large_bodies_gets_one_clear_warning(addon, caplog) -> None:
+    # Declared by mitmproxy's proxyserver addon, which taddons does not load.
+    addon.tctx.options.add_option("stream_large_bodies", str | None, None, "as mitmproxy declares it")
+    with caplog.at_level(logging.WARNING, logger="trimflow"):
+        addon.tctx.configure(addon, stream_large_bodies="1m")
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert "stream_large_bodies=1m" in warning and "unpruned" in warning
+
+
+def test_gemini_query_key_moves_to_its_header(addon) -> None:
+    flow = llm_flow("gemini", host="generativelanguage.googleapis.com", path=PATHS["gemini"] + "?alt=sse&key=AIzaSECRET")
     addon.requestheaders(flow)
-    assert flow.request.stream is False
-    other = llm_flow(path="/upload")
-    other.request.stream = True
+    assert flow.request.headers["x-goog-api-key"] == "AIzaSECRET"
+    assert "key" not in flow.request.query and flow.request.query["alt"] == "sse"
+    other = llm_flow(path="/v1/chat/completions?key=kept")
     addon.requestheaders(other)
-    assert other.request.stream is True
+    assert other.request.query["key"] == "kept"
 
 
 async def test_sse_responses_stream_through_and_usage_is_read(addon, tmp_path) -> None:

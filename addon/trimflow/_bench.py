@@ -146,12 +146,12 @@ class Settings:
 
 
 QUICK = Settings(
-    engine_reps=7, scaling_reps=3, scaling_mb=(1, 2, 4, 8, 16, 32, 64), latency_reps=5, throughput_runs=2,
+    engine_reps=7, scaling_reps=5, scaling_mb=(1, 2, 4, 8, 16, 32, 64), latency_reps=5, throughput_runs=2,
     throughput_requests=48, memory_rounds=1, stream_runs=2, stream_events=40, stream_interval_ms=20,
     shrink_scale=0.5, shrink_repeats=1, shrink_turns=30,
 )
 FULL = Settings(
-    engine_reps=21, scaling_reps=7, scaling_mb=(1, 2, 4, 8, 16, 32, 64), latency_reps=15, throughput_runs=4,
+    engine_reps=21, scaling_reps=9, scaling_mb=(1, 2, 4, 8, 16, 32, 64), latency_reps=15, throughput_runs=4,
     throughput_requests=96, memory_rounds=3, stream_runs=4, stream_events=100, stream_interval_ms=20,
     shrink_scale=1.0, shrink_repeats=2, shrink_turns=30,
 )
@@ -211,11 +211,19 @@ def build_bodies(settings: Settings, say: Callable[[str], None]) -> Bodies:
 # --- in-process engine figures ------------------------------------------------------------------------------
 
 
-def _timed(fn: Callable[[], Any]) -> float:
+def _timed(fn: Callable[[], Any], loops: int = 1) -> float:
+    """Milliseconds per call of `fn`, over `loops` calls."""
     gc.collect()
     started = time.perf_counter()
-    fn()
-    return (time.perf_counter() - started) * 1000
+    for _ in range(loops):
+        fn()
+    return (time.perf_counter() - started) * 1000 / loops
+
+
+def _loops_for(body: bytes) -> int:
+    """Calls per sample: a sample of a small body spans about as much work as one of 16 MB, so timer and
+    scheduler noise weigh alike on every size."""
+    return max(1, round(16 * MB / len(body)))
 
 
 def _engine(body: bytes) -> Callable[[], Any]:
@@ -239,14 +247,15 @@ def _loads(body: bytes) -> Callable[[], Any]:
     return run
 
 
-def interleaved_ms(reps: int, *runs: Callable[[], Any]) -> list[float]:
-    """Median milliseconds of each run, the runs taking turns (one warm-up round first)."""
+def interleaved_ms(reps: int, *runs: Callable[[], Any], loops: list[int] | None = None) -> list[float]:
+    """Median milliseconds per call of each run, the runs taking turns (one warm-up round first)."""
+    loops = loops or [1] * len(runs)
     for run in runs:
         run()
     times: list[list[float]] = [[] for _ in runs]
     for _ in range(reps):
         for i, run in enumerate(runs):
-            times[i].append(_timed(run))
+            times[i].append(_timed(run, loops[i]))
     return [statistics.median(t) for t in times]
 
 
@@ -256,7 +265,8 @@ def engine_figures(bodies: Bodies, settings: Settings) -> list[Figure]:
     assert not prune_request(URL, HEADERS, bodies.nochange_4mb, RULES).changed, "the 4 MB session must need nothing"
     size16, size4 = len(bodies.pruned_16mb) / MB, len(bodies.nochange_4mb) / MB
     engine16, floor16 = interleaved_ms(settings.engine_reps, _engine(bodies.pruned_16mb), _floor(bodies.pruned_16mb))
-    engine4, loads4 = interleaved_ms(settings.engine_reps, _engine(bodies.nochange_4mb), _loads(bodies.nochange_4mb))
+    loops4 = _loops_for(bodies.nochange_4mb)
+    engine4, loads4 = interleaved_ms(settings.engine_reps, _engine(bodies.nochange_4mb), _loads(bodies.nochange_4mb), loops=[loops4, loops4])
     return [
         Figure("engine_prune_ms", f"engine, {size16:.1f} MB body, 16 of 24 images pruned", engine16, "ms"),
         Figure("floor_prune_ms", f"floor json.loads + orjson.dumps, same {size16:.1f} MB body", floor16, "ms"),
@@ -269,10 +279,11 @@ def engine_figures(bodies: Bodies, settings: Settings) -> list[Figure]:
 
 def scaling_figures(bodies: Bodies, settings: Settings) -> list[Figure]:
     sizes = sorted(bodies.scaling)
-    runs = []
+    runs, loops = [], []
     for mb in sizes:  # the floor beside the engine: it shows what the machine itself does per doubling
         runs += [_engine(bodies.scaling[mb]), _floor(bodies.scaling[mb])]
-    medians = interleaved_ms(settings.scaling_reps, *runs)
+        loops += [_loops_for(bodies.scaling[mb])] * 2
+    medians = interleaved_ms(settings.scaling_reps, *runs, loops=loops)
     engine, floor = medians[0::2], medians[1::2]
     figures = []
     for mb, ms, floor_ms in zip(sizes, engine, floor, strict=True):

@@ -7,6 +7,7 @@ are still valid for many servers, so they fall back to `json` instead of failing
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import orjson
@@ -27,11 +28,25 @@ def loads(body: bytes) -> tuple[Any, bool]:
     except UnicodeDecodeError as exc:
         raise BodyError(f"body is not UTF-8 (invalid byte at offset {exc.start})") from None
     try:
-        return json.loads(text), True
+        return json.loads(text, parse_float=_finite_float), True
+    except _Overflow:
+        raise BodyError("body has a number too large for a double; a rewrite could not keep it") from None
     except RecursionError:
         raise BodyError("body is JSON nested too deeply to parse") from None
     except json.JSONDecodeError as exc:
         raise BodyError(f"body is not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+
+
+class _Overflow(Exception):
+    pass
+
+
+def _finite_float(text: str) -> float:
+    # 1e400 would read as inf and be written back as Infinity, which is not JSON.
+    value = float(text)
+    if math.isinf(value):
+        raise _Overflow
+    return value
 
 
 def dumps(value: Any, fallback: bool) -> bytes:

@@ -21,7 +21,7 @@ import orjson
 import pytest
 
 from trimflow import FORMATS
-from trimflow._fake_provider import FakeProvider
+from trimflow._fake_provider import FakeProvider, Received
 from trimflow._mitmdump import Mitmdump
 from trimflow._synthetic import b64, image, session_body
 
@@ -79,7 +79,7 @@ def image_payloads(wire_format: str, body: dict[str, Any]) -> list[bytes]:
     return out
 
 
-def assert_pruned_upstream(provider: FakeProvider, wire_format: str, images: list[bytes], kept: int):
+def assert_pruned_upstream(provider: FakeProvider, wire_format: str, images: list[bytes], kept: int) -> Received:
     """The one request the provider got carries only the newest `kept` images, placeholders for the rest."""
     assert len(provider.received) == 1, [r.path for r in provider.received]
     received = provider.received[0]

@@ -143,17 +143,17 @@ def test_anthropic_messages(proxy: Proxy, fresh: FakeProvider, anthropic_client:
 
 
 def test_google_genai_stream(proxy: Proxy, fresh: FakeProvider, upstream: FakeProvider, trust_mitmproxy: ssl.SSLContext) -> None:
-    # google-genai passes client_args to its httpx2 client. (Its images are not pruned yet: see the
-    # xfail in test_proxy_reverse.py; this checks the reply, the stream and the record.)
+    # google-genai passes client_args to its httpx2 client.
     options = types.HttpOptions(base_url=upstream.url, timeout=30_000, client_args={"proxy": proxy.url, "verify": trust_mitmproxy})
     with genai.Client(api_key=GOOGLE_KEY, http_options=options) as client:
-        contents = [types.Content(role="user", parts=[types.Part.from_text(text="What is on my screen?"),
-                                                      types.Part.from_bytes(data=shots(1, seed=24)[0], mime_type="image/png")])]
+        screens = [types.Part.from_bytes(data=shot, mime_type="image/png") for shot in shots(MAX_IMAGES + 1, seed=24)]
+        contents = [types.Content(role="user", parts=[types.Part.from_text(text="What is on my screen?"), *screens])]
         with proxy.expect_records(1) as new:
             chunks = list(client.models.generate_content_stream(model="gemini-2.5-flash", contents=contents))
     assert "".join(c.text or "" for c in chunks) == REPLY_TEXT
     assert len(fresh.received) == 1 and fresh.received[0].headers["x-goog-api-key"] == GOOGLE_KEY
     assert (new[0]["format"], new[0]["status"]) == ("gemini", 200)
+    assert (new[0]["images_before"], new[0]["images_after"]) == (MAX_IMAGES + 1, MAX_IMAGES)
     assert new[0]["usage_input_tokens"] == chunks[-1].usage_metadata.prompt_token_count
 
 

@@ -305,3 +305,18 @@ def test_websocket_response_create_is_read_at_top_level_or_nested() -> None:
     assert [m.path for m in module.find_media(nested)] == [("response", "input", 0, "content", 0)]
     out = module.replace_media(nested, {("response", "input", 0, "content", 0): "[gone]"})
     assert out["response"]["input"][0]["content"][0]["type"] == "input_text"
+
+
+def test_gemini_mixed_spellings_from_google_genai() -> None:
+    # google-genai sends inlineData with a snake_case mime_type; a rewrite keeps what it found.
+    body = {"contents": [{"role": "user", "parts": [{"inlineData": {"data": b64(PNG), "mime_type": "image/png"}},
+                                                    {"file_data": {"mimeType": "image/jpeg", "file_uri": "gs://b/x"}}]}]}
+    found = FORMATS["gemini"].find_media(body)
+    assert [(m.kind, m.declared_mime) for m in found] == [("image", "image/png"), ("image", None)]
+    out = FORMATS["gemini"].replace_data(body, {("contents", 0, "parts", 0): (b64(JPEG), "image/jpeg")})
+    assert out["contents"][0]["parts"][0] == {"inlineData": {"data": b64(JPEG), "mime_type": "image/jpeg"}}
+
+
+def test_embeddings_and_moderations_are_not_taken_for_responses() -> None:
+    for body in ({"model": "text-embedding-3-small", "input": "hello"}, {"model": "omni-moderation-latest", "input": ["a", "b"]}):
+        assert detect_shape(body) is None

@@ -1,7 +1,7 @@
 """Gemini and Vertex generateContent / streamGenerateContent.
 
 Media are parts of `contents[].parts[]` and of `functionResponse.parts[]` (Gemini 3 tool results),
-spelled `inline_data{mime_type,data}` or `inlineData{mimeType,data}`; `file_data`/`fileData` point
+spelled `inline_data{mime_type,data}` or `inlineData{mimeType,data}` (and mixes of the two); `file_data`/`fileData` point
 at stored files. The model is named in the URL path only.
 """
 
@@ -29,20 +29,43 @@ def find_media(body: dict[str, Any]) -> list[Media]:
     return found
 
 
+# Clients mix the spellings: google-genai sends inlineData with mime_type, for one.
+_INLINE = ("inline_data", "inlineData")
+_STORED = ("file_data", "fileData")
+_MIME_KEYS = ("mime_type", "mimeType")
+
+
+def _container(part: dict[str, Any], keys: tuple[str, str]) -> tuple[str, dict[str, Any]] | None:
+    for key in keys:
+        value = part.get(key)
+        if isinstance(value, dict):
+            return key, value
+    return None
+
+
+def _mime_key(container: dict[str, Any], key: str) -> str:
+    """The mime key the client used in this container, else the one of the container's spelling."""
+    for mime_key in _MIME_KEYS:
+        if mime_key in container:
+            return mime_key
+    return "mime_type" if "_" in key else "mimeType"
+
+
+def _mime(container: dict[str, Any], key: str) -> str | None:
+    mime = container.get(_mime_key(container, key))
+    return mime if isinstance(mime, str) else None
+
+
 def _add(found: list[Media], path: JsonPath, part: dict[str, Any]) -> None:
-    for key, mime_key in (("inline_data", "mime_type"), ("inlineData", "mimeType")):
-        inline = part.get(key)
-        if isinstance(inline, dict) and isinstance(inline.get("data"), str):
-            mime = inline.get(mime_key)
-            mime = mime if isinstance(mime, str) else None
-            found.append(Media(kind_of_mime(mime), path, inline["data"], 0, mime))
-            return
-    for key, mime_key in (("file_data", "mime_type"), ("fileData", "mimeType")):
-        stored = part.get(key)
-        if isinstance(stored, dict):
-            mime = stored.get(mime_key)
-            found.append(Media(kind_of_mime(mime if isinstance(mime, str) else None), path, None))
-            return
+    inline = _container(part, _INLINE)
+    if inline is not None and isinstance(inline[1].get("data"), str):
+        key, value = inline
+        mime = _mime(value, key)
+        found.append(Media(kind_of_mime(mime), path, value["data"], 0, mime))
+        return
+    stored = _container(part, _STORED)
+    if stored is not None:
+        found.append(Media(kind_of_mime(_mime(stored[1], stored[0])), path, None))
 
 
 def replace_media(body: dict[str, Any], texts: Mapping[JsonPath, str]) -> dict[str, Any]:
@@ -50,12 +73,12 @@ def replace_media(body: dict[str, Any], texts: Mapping[JsonPath, str]) -> dict[s
 
 
 def _with_image(part: Any, data: str, mime: str) -> dict[str, Any]:
-    # Keep the spelling the client used: inline_data{mime_type} or inlineData{mimeType}.
-    for key, mime_key in (("inline_data", "mime_type"), ("inlineData", "mimeType")):
-        inline = part.get(key)
-        if isinstance(inline, dict) and isinstance(inline.get("data"), str):
-            return {**part, key: {**inline, mime_key: mime, "data": data}}
-    raise ValueError("not an inline image part")
+    # Keep the spelling the client used for the container and for its mime key.
+    inline = _container(part, _INLINE)
+    if inline is None or not isinstance(inline[1].get("data"), str):
+        raise ValueError("not an inline image part")
+    key, value = inline
+    return {**part, key: {**value, _mime_key(value, key): mime, "data": data}}
 
 
 def replace_data(body: dict[str, Any], images: Mapping[JsonPath, tuple[str, str]]) -> dict[str, Any]:

@@ -72,8 +72,10 @@ def model(body: dict[str, Any], path: str) -> str | None:
 
 
 def matches_shape(body: dict[str, Any]) -> bool:
+    # Embeddings and moderations also send a model and an input, but never a list of items.
     request, _ = request_of(body)
-    return isinstance(request.get("input"), (list, str)) and isinstance(request.get("model"), str)
+    items = request.get("input")
+    return isinstance(request.get("model"), str) and isinstance(items, list) and any(isinstance(i, dict) for i in items)
 
 
 def server_side_history(body: dict[str, Any]) -> bool:
