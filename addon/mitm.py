@@ -26,7 +26,7 @@ from trimflow._decode import DEFAULT_MAX_DECODED_BYTES, DecodeError, decode_body
 from trimflow._decode import OPTION as DECODE_OPTION  # noqa: E402
 from trimflow._metrics import MetricsFile  # noqa: E402
 from trimflow._profiles import DEFAULT_PROFILES_PATH, OFF, Profile, check_request, select_profile  # noqa: E402
-from trimflow._record import Record  # noqa: E402
+from trimflow._record import Record, utc_timestamp  # noqa: E402
 from trimflow._rules import DEFAULT_RULES_PATH, RulesError, RulesFile  # noqa: E402
 from trimflow._sizes import format_size, parse_size  # noqa: E402
 from trimflow._usage import UsageScanner, input_tokens_of  # noqa: E402
@@ -154,7 +154,7 @@ class Trimflow:
             body = decode_body(request.raw_content or b"", request.headers.get("content-encoding"), self.max_decoded_bytes)
         except DecodeError as exc:
             log.warning("trimflow: %s%s forwarded untouched: %s", request.pretty_host, _path(flow), exc)
-            return None
+            return self._undecodable(flow, str(exc))
         outcome = prune_request(request.url, request.headers, body, rules, ctx.options.trimflow_mode)
         if outcome.record is None:
             return None
@@ -169,6 +169,16 @@ class Trimflow:
                 flow.response = http.Response.make(violation.status, violation.body, {"content-type": violation.content_type})
                 outcome.record.simulated, outcome.record.status = violation.profile, violation.status
         return outcome.record
+
+    def _undecodable(self, flow: http.HTTPFlow, reason: str) -> Record | None:
+        """The record of an LLM request whose body cannot be decoded: in the metrics like any untouched one."""
+        fmt = self._format_for(flow)
+        if fmt is None:  # only the body's shape could have told
+            return None
+        request = flow.request
+        record = Record(utc_timestamp(), None, None, request.pretty_host, _path(flow), fmt, None, None, ctx.options.trimflow_mode, reason=reason)
+        record.body_bytes_before = record.body_bytes_after = len(request.raw_content or b"")
+        return record
 
     def _annotate(self, flow: http.HTTPFlow, record: Record) -> None:
         if record.conversation is not None:
@@ -203,7 +213,11 @@ class Trimflow:
         if isinstance(scanner, UsageScanner):
             record["usage_input_tokens"] = scanner.input_tokens
         elif flow.response.raw_content is not None:
-            record["usage_input_tokens"] = input_tokens_of(flow.response.get_content(strict=False) or b"")
+            try:  # bounded like requests: an upstream's compressed answer is not inflated past the limit
+                content = decode_body(flow.response.raw_content, flow.response.headers.get("content-encoding"), self.max_decoded_bytes)
+            except DecodeError:
+                content = b""  # usage unknown; the client gets the answer as it came
+            record["usage_input_tokens"] = input_tokens_of(content)
         self._finish(record)
 
     def error(self, flow: http.HTTPFlow) -> None:
@@ -240,10 +254,15 @@ class Trimflow:
 
 def _move_query_key_to_header(request: http.Request) -> None:
     """Gemini's `?key=` would show in mitmproxy's own flow log. The API takes the same key as the
-    `x-goog-api-key` header, which is how Google's own SDK always sends it, so gateways accept it too."""
+    `x-goog-api-key` header, which is how Google's own SDK always sends it, so gateways accept it too.
+    A query key beside a different header key is left alone: which one the provider uses is unknown."""
     key = request.query.get("key")
-    if key and "x-goog-api-key" not in request.headers:
+    if not key:
+        return
+    header = request.headers.get("x-goog-api-key")
+    if header is None:
         request.headers["x-goog-api-key"] = key
+    if header is None or header == key:
         del request.query["key"]
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.e2e  # starts real mitmdump processes
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # The figures issue 7 asks for; a figure with a target must also say whether it was met.
@@ -63,7 +65,6 @@ def report() -> dict:
     return json.loads(done.stdout)
 
 
-@pytest.mark.e2e
 def test_every_figure_is_a_number_with_a_unit(report: dict) -> None:
     figures = report["figures"]
     missing = [name for name in TARGETED + CONTEXT if name not in figures]
@@ -74,7 +75,6 @@ def test_every_figure_is_a_number_with_a_unit(report: dict) -> None:
         assert figure["unit"], f"{name} has no unit"
 
 
-@pytest.mark.e2e
 def test_targeted_figures_say_whether_they_pass(report: dict) -> None:
     for name in TARGETED:
         figure = report["figures"][name]
@@ -84,7 +84,6 @@ def test_targeted_figures_say_whether_they_pass(report: dict) -> None:
         assert report["figures"][name]["target"] is None and report["figures"][name]["ok"] is None
 
 
-@pytest.mark.e2e
 def test_shrink_figures_or_a_not_available_row(report: dict) -> None:
     figures = report["figures"]
     shrink = {name: f for name, f in figures.items() if name.startswith("shrink")}
@@ -98,7 +97,6 @@ def test_shrink_figures_or_a_not_available_row(report: dict) -> None:
     assert speeds and all(_number(f["value"]) and f["unit"] == "ms/MP" for f in speeds)
 
 
-@pytest.mark.e2e
 def test_report_names_the_machine_and_the_mode(report: dict) -> None:
     assert report["mode"] == "quick"
     machine = report["machine"]

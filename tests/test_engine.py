@@ -276,7 +276,7 @@ def test_values_orjson_refuses_fall_back_and_survive() -> None:
     ("raw", "reason"),
     [
         (b'{"model": "gpt-4o", "messages": [', "not JSON"),
-        (b"[1, 2, 3]", "JSON list"),
+        (b"[1, 2, 3]", "JSON array"),
         (b"\xff\xfe{}", "not UTF-8"),
         (b"", "not JSON"),
         (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),

@@ -166,6 +166,12 @@ def test_gemini_query_key_moves_to_its_header(addon) -> None:
     addon.requestheaders(flow)
     assert flow.request.headers["x-goog-api-key"] == "AIzaSECRET"
     assert "key" not in flow.request.query and flow.request.query["alt"] == "sse"
+    same = llm_flow("gemini", path=PATHS["gemini"] + "?key=K", headers={"x-goog-api-key": "K"})
+    addon.requestheaders(same)
+    assert "key" not in same.request.query and same.request.headers["x-goog-api-key"] == "K"
+    different = llm_flow("gemini", path=PATHS["gemini"] + "?key=Q", headers={"x-goog-api-key": "H"})
+    addon.requestheaders(different)  # which key the provider would use is unknown: both stay
+    assert different.request.query["key"] == "Q" and different.request.headers["x-goog-api-key"] == "H"
     other = llm_flow(path="/v1/chat/completions?key=kept")
     addon.requestheaders(other)
     assert other.request.query["key"] == "kept"

@@ -5,12 +5,13 @@ the engine against the JSON parse and write it cannot avoid, and a real mitmdump
 against a plain mitmdump with the same options, their runs interleaved (A B A B ...) so machine noise
 hits both alike. Figures are medians of several runs.
 
-The upstream is a minimal HTTP server in its own process (see `serve_upstream`), not FakeProvider: it
-reads and discards the body, so the only saving credited to the addon is bytes that no longer cross
-the proxy and the socket; FakeProvider parses every body and scans its base64, a per-byte cost a real
-provider's would be counted against the plain proxy, and it would share a GIL with the clients.
+The upstream is a minimal HTTP server in its own process (`serve_upstream`), not FakeProvider: it
+reads and discards the body, so the only saving credited to the addon is the bytes that no longer
+cross the proxy and the socket. FakeProvider parses every body and scans its base64; that per-byte
+work would count as a saving of the addon, and in this process it would share a GIL with the clients.
 
 Everything listens on 127.0.0.1; the processes started here are stopped on exit, Ctrl-C and SIGTERM.
+Linux only: peak memory is read from /proc/<pid>/status (VmHWM).
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ import argparse
 import contextlib
 import gc
 import http.client
-import io
 import importlib
 import importlib.metadata
 import importlib.util
+import io
 import json
 import os
 import platform
@@ -34,7 +35,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -151,7 +152,7 @@ QUICK = Settings(
     shrink_scale=0.5, shrink_repeats=1, shrink_turns=30,
 )
 FULL = Settings(
-    engine_reps=21, scaling_reps=9, scaling_mb=(1, 2, 4, 8, 16, 32, 64), latency_reps=15, throughput_runs=4,
+    engine_reps=31, scaling_reps=11, scaling_mb=(1, 2, 4, 8, 16, 32, 64), latency_reps=25, throughput_runs=6,
     throughput_requests=96, memory_rounds=3, stream_runs=4, stream_events=100, stream_interval_ms=20,
     shrink_scale=1.0, shrink_repeats=2, shrink_turns=30,
 )

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from . import _jsoncodec, _shrink
+from . import _document, _jsoncodec, _shrink
 from ._conversation import conversation_key
 from ._imageinfo import sniff_base64
 from ._placeholder import MediaFacts, render
@@ -87,21 +87,25 @@ def prune_request(
     if fmt is None and not rules.detect_by_shape:
         return Outcome(body, None)
     try:
-        parsed, fallback = _jsoncodec.loads(body)
+        doc = _document.parse(body)
     except _jsoncodec.BodyError as exc:
         if fmt is None:
             return Outcome(body, None)
         return _untouched(body, host, path, fmt, mode, str(exc), started)
+    parsed = doc.parsed
     if fmt is None:
         fmt = detect_shape(parsed)
         if fmt is None:
             return Outcome(body, None)
     if not isinstance(parsed, dict):
-        return _untouched(body, host, path, fmt, mode, f"body is a JSON {type(parsed).__name__}, not an object", started)
+        return _untouched(body, host, path, fmt, mode, f"body is a JSON {_JSON_TYPES.get(type(parsed), 'value')}, not an object", started)
     try:
-        return _prune(parsed, fallback, body, host, path, lowered, fmt, rules, mode, started)
+        return _prune(doc, host, path, lowered, fmt, rules, mode, started)
     except Exception as exc:  # noqa: BLE001 - the request must go through whatever the body holds
         return _untouched(body, host, path, fmt, mode, f"internal error: {type(exc).__name__}", started)
+
+
+_JSON_TYPES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
 
 
 def _untouched(body: bytes, host: str, path: str, fmt: str, mode: str, reason: str, started: float) -> Outcome:
@@ -116,9 +120,7 @@ def _elapsed_ms(started: float) -> float:
 
 
 def _prune(
-    parsed: dict[str, Any],
-    fallback: bool,
-    body: bytes,
+    doc: _document.Document,
     host: str,
     path: str,
     headers: Mapping[str, str],
@@ -127,10 +129,11 @@ def _prune(
     mode: str,
     started: float,
 ) -> Outcome:
+    parsed, body = doc.parsed, doc.body
     module = FORMATS[fmt]
     model = module.model(parsed, path)
     limits = rules.limits_for(host, path, model)
-    media = module.find_media(parsed)
+    media = [doc.resolve(m) for m in module.find_media(parsed)]
     images = _facts([m for m in media if m.kind == IMAGE])
     record = Record(
         utc_timestamp(),
@@ -148,7 +151,7 @@ def _prune(
         record.mode, reason = OBSERVE, "SigV4-signed body: any change would break its signature"
     plan = _Plan(images, limits, fmt, model)
     candidates = plan.reduce()
-    out = plan.apply_budgets(candidates, module, parsed, fallback, body, sum(m.wire_bytes for m in media))
+    out = plan.apply_budgets(candidates, module, doc, sum(m.wire_bytes for m in media))
     plan.fill(record, media, body, out)
     record.reason = reason
     if fmt == openai_responses.NAME:
@@ -249,9 +252,10 @@ class _Plan:
 
     # -- step 5 and the rewrite
 
-    def apply_budgets(self, candidates: list[int], module: WireFormat, parsed: Any, fallback: bool, body: bytes, media_bytes: int) -> bytes:
+    def apply_budgets(self, candidates: list[int], module: WireFormat, doc: _document.Document, media_bytes: int) -> bytes:
         """Prune the oldest candidates while a budget is over; returns the body to send."""
         images, limits = self.images, self.limits
+        parsed, body = doc.parsed, doc.body
         staged = parsed
         if self.new:
             staged = module.replace_data(parsed, {images[i].media.path: (s.data, s.mime) for i, s in self.new.items()})  # type: ignore[misc]
@@ -263,15 +267,15 @@ class _Plan:
             texts = dict(fixed)
             for i in candidates[:k]:
                 texts[images[i].media.path] = self.dropped[i][1]
-            return _jsoncodec.dumps(module.replace_media(staged, texts), fallback)
+            return doc.dumps(module.replace_media(staged, texts))
 
         out = rewrite(0)
         if limits.max_body_bytes is None and limits.max_est_tokens is None:
             return out
         prunable = max(0, len(candidates) - limits.keep_recent)
         # Pruning k >= 1 writes a compact body: measure from the compact size of this one.
-        compact = (lambda: len(_jsoncodec.dumps(parsed, fallback))) if out is body else (lambda: len(out))
-        sizer = _BodySizer(module, staged, fallback, len(out), compact, [images[i].media.path for i in candidates], self._budget_text(candidates))
+        compact = (lambda: doc.size(parsed)) if out is body else (lambda: len(out))
+        sizer = _BodySizer(module, staged, doc, len(out), compact, [images[i].media.path for i in candidates], self._budget_text(candidates))
         # Media bytes and image tokens as sent, with the oldest k candidates pruned.
         media_base = media_bytes - sum(images[i].media.wire_bytes for i in self.dropped) - sum(images[i].media.wire_bytes - self.wire_bytes(i) for i in self.new)
         wire_prefix = [0]
@@ -414,13 +418,13 @@ class _BodySizer:
         self,
         module: WireFormat,
         staged: Any,
-        fallback: bool,
+        doc: _document.Document,
         size: int,
         compact_size: Callable[[], int],
         paths: list[tuple[str | int, ...]],
         text: Callable[[int], str],
     ) -> None:
-        self._module, self._staged, self._fallback = module, staged, fallback
+        self._module, self._staged, self._doc = module, staged, doc
         self._size, self._compact_size, self._compact = size, compact_size, None
         self._paths, self._text = paths, text
         self._saved_total = [0]  # bytes saved by pruning the oldest k, for k = 0, 1, ...
@@ -435,8 +439,8 @@ class _BodySizer:
             path = self._paths[n]
             replaced = self._module.replace_media(self._staged, {path: self._text(n)})
             unit = _changed_unit(self._staged, replaced, path)
-            dumps = _jsoncodec.dumps
-            saved = len(dumps(_value_at(self._staged, unit), self._fallback)) - len(dumps(_value_at(replaced, unit), self._fallback))
+            size = self._doc.size
+            saved = size(_value_at(self._staged, unit)) - size(_value_at(replaced, unit))
             self._saved_total.append(self._saved_total[-1] + saved)
         return self._compact - self._saved_total[k]
 

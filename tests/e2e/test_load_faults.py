@@ -443,14 +443,17 @@ def test_gzip_bombs_are_forwarded_untouched_never_inflated(tmp_path: Path, raw_u
     rules.write_text(RULES_TEXT)
     proxy = start_proxy(tmp_path, "--mode", f"reverse:{raw_upstream.url}", rules=rules, trimflow_max_decoded_bytes="1MiB")
     try:
+        def refusals() -> int:
+            return sum("forwarded untouched" in line and "decodes to more than 1.0MB" in line for line in proxy.log().splitlines())
+
         # 64 MiB first: even an unbounded decoder survives it, and the log line shows whether the bound holds.
         for inflated in (64 * MiB, 8 * GiB):
             if inflated > 64 * MiB:
-                assert proxy.log().count("decodes to more than 1.0MB") == 1, "unbounded: not sending gigabytes"
+                assert refusals() == 1, "unbounded: not sending gigabytes"
             bomb = gzip_bomb(inflated)
             status, _ = send(proxy.port, PATHS["openai-chat"], bomb, {"content-type": "application/json", "content-encoding": "gzip"})
             assert status == 200 and raw_upstream.got[-1].body == bomb
-        assert proxy.log().count("decodes to more than 1.0MB") == 2
+        assert refusals() == 2
         assert_still_serving(proxy, raw_upstream)
     finally:
         proxy.mitm.stop()

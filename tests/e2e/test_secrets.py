@@ -23,6 +23,7 @@ import pytest
 from mitmproxy import io as mitmproxy_io
 
 from trimflow._fake_provider import FakeProvider, Received
+from trimflow._mitmdump import mitmdump_binary
 from trimflow._synthetic import PATHS, b64
 
 from .conftest import ROOT, PROMPT_TEXTS, Proxy, post, session, shots, start_proxy, write_rules
@@ -39,11 +40,7 @@ AWS_ACCESS_KEY = "AKIAPLANTED0AWS0ACCESS"
 AWS_SESSION_TOKEN = "PLANTED0aws0session0token0IQoJb3JpZ2lu"
 KEYS = (OPENAI_KEY, ANTHROPIC_KEY, GOOGLE_HEADER_KEY, GOOGLE_QUERY_KEY, AZURE_KEY, BODY_KEY, AWS_ACCESS_KEY, AWS_SESSION_TOKEN)
 LONG_BASE64 = re.compile(r"[A-Za-z0-9+/]{100,}")
-ECHO = "x-test-echo-key"
-UNDECODABLE_RECORD = (
-    "needs: addon/mitm.py _prune_flow to give a request whose content-encoding cannot be decoded a record "
-    "(reason = the decode error) instead of none, so the metrics show it like any other untouched request"
-)  # asks the provider to answer 401 quoting the key, as OpenAI's errors do
+ECHO = "x-test-echo-key"  # asks the provider to answer 401 quoting the key, as OpenAI's errors do
 
 
 def leaks(text: str, keys: tuple[str, ...] = KEYS) -> list[str]:
@@ -82,14 +79,15 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     images = shots(4, seed=71)
     with FakeProvider(check=echo_key) as provider:
         proxy = start_proxy(workdir, "--mode", f"reverse:{provider.url}", "-w", str(recording), rules=write_rules(workdir / "rules.yaml", 2),
-                            termlog_verbosity="debug", hardump=str(har))
+                            termlog_verbosity="debug")
         try:
             port = proxy.port
             chat, anthropic, gemini = (session(f, images) for f in ("openai-chat", "anthropic", "gemini"))
             sent = [
                 post(port, PATHS["openai-chat"], with_body_keys(chat), {"Authorization": f"Bearer {OPENAI_KEY}"}),
                 post(port, PATHS["anthropic"], with_body_keys(anthropic), {"x-api-key": ANTHROPIC_KEY}),
-                post(port, f"{PATHS['gemini']}?key={GOOGLE_QUERY_KEY}", with_body_keys(gemini), {"x-goog-api-key": GOOGLE_HEADER_KEY}),
+                post(port, f"{PATHS['gemini']}?key={GOOGLE_QUERY_KEY}", with_body_keys(gemini)),
+                post(port, f"{PATHS['gemini']}?alt=sse&key={GOOGLE_HEADER_KEY}", with_body_keys(gemini), {"x-goog-api-key": GOOGLE_HEADER_KEY}),
                 post(port, "/openai/deployments/gpt-4o/chat/completions?api-version=2024-06-01", with_body_keys(chat), {"api-key": AZURE_KEY}),
                 post(port, PATHS["bedrock-converse"], with_body_keys(session("bedrock-converse", images)), {
                     "Authorization": f"AWS4-HMAC-SHA256 Credential={AWS_ACCESS_KEY}/20250101/us-east-1/bedrock/aws4_request, "
@@ -104,52 +102,58 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
                 post(port, PATHS["openai-chat"], with_body_keys(chat), {"Authorization": f"Bearer {OPENAI_KEY}", ECHO: "1"}),
                 post(port, PATHS["anthropic"], with_body_keys(anthropic), {"x-api-key": ANTHROPIC_KEY, ECHO: "1"}),
             ]
-            assert [status for status, _ in sent] == [200, 200, 200, 200, 200, 400, 400, 400, 400, 401, 401]
+            assert [status for status, _ in sent] == [200, 200, 200, 200, 200, 200, 400, 400, 400, 400, 401, 401]
             assert OPENAI_KEY in sent[-2][1].decode()  # the client does get the provider's answer, key and all
-            proxy.records_seen = len(proxy.records())  # type: ignore[attr-defined]
         finally:
             proxy.mitm.stop()
         # The keys went through to the provider untouched.
         got = provider.received
         assert got[0].headers["authorization"] == f"Bearer {OPENAI_KEY}" and got[1].headers["x-api-key"] == ANTHROPIC_KEY
-        assert got[2].query == f"key={GOOGLE_QUERY_KEY}" and got[2].headers["x-goog-api-key"] == GOOGLE_HEADER_KEY
-        assert got[3].headers["api-key"] == AZURE_KEY and got[4].headers["x-amz-security-token"] == AWS_SESSION_TOKEN
+        # Gemini's query key travels as its header instead, so mitmdump's own flow line never shows it.
+        assert got[2].query == "" and got[2].headers["x-goog-api-key"] == GOOGLE_QUERY_KEY
+        assert got[3].query == "alt=sse" and got[3].headers["x-goog-api-key"] == GOOGLE_HEADER_KEY
+        assert got[4].headers["api-key"] == AZURE_KEY and got[5].headers["x-amz-security-token"] == AWS_SESSION_TOKEN
         assert all(BODY_KEY.encode() in r.body for r in got if r.body.startswith(b"{"))
+        # mitmdump's HAR export of the recording, offline (mitmproxy 11 writes no HAR on SIGTERM), without the
+        # two flows whose gzip label is a lie: mitmproxy 11's HAR export stops at a body it cannot decode.
+        decodable = workdir / "decodable.mitm"
+        with open(recording, "rb") as f, open(decodable, "wb") as out:
+            writer = mitmproxy_io.FlowWriter(out)
+            for flow in mitmproxy_io.FlowReader(f).stream():
+                if "content-encoding" not in flow.request.headers:
+                    writer.add(flow)
+        done = subprocess.run([mitmdump_binary(), "-n", "-q", "-r", str(decodable), "--set", f"hardump={har}"], capture_output=True, timeout=60)
+        assert done.returncode == 0 and har.exists(), done.stdout + done.stderr
         yield Run(proxy, recording, har, provider, proxy.log())
 
 
 def test_mitmdump_output_holds_no_key(run: Run) -> None:
     assert "trimflow: " in run.log and "forwarded untouched" in run.log  # the addon did log, at debug verbosity
-    # mitmdump's own flow line prints the request URL, Gemini's ?key= included: see the next test.
-    assert leaks(run.log, tuple(k for k in KEYS if k != GOOGLE_QUERY_KEY)) == []
+    assert leaks(run.log, KEYS) == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "needs: mitmdump's own flow line (flow_detail 1, the default) prints the full URL with Gemini's ?key=; fix: scripts/run "
-    "passes --set flow_detail=0 (trimflow logs its own line per LLM request), or the addon moves ?key= into x-goog-api-key"))
 def test_mitmdump_output_holds_no_query_key(run: Run) -> None:
     assert leaks(run.log, (GOOGLE_QUERY_KEY,)) == []
 
 
 def test_metrics_hold_no_key(run: Run) -> None:
     text = run.proxy.metrics.read_text()
-    assert len(text.splitlines()) >= 9  # one per flow the addon could read, the failed ones included
+    assert len(text.splitlines()) >= 10  # one per flow the addon could read, the failed ones included
     assert leaks(text) == []
     assert "?" not in "".join(r["path"] for r in run.proxy.records())  # paths without their query
 
 
-@pytest.mark.xfail(strict=True, reason=UNDECODABLE_RECORD)
 def test_every_llm_flow_has_a_metrics_line_undecodable_bodies_included(run: Run) -> None:
     records = run.proxy.records()
-    assert len(records) == 11
+    assert len(records) == 12
     assert sum(1 for r in records if r["reason"] and "gzip" in r["reason"]) == 2
 
 
 def test_flow_comments_and_metadata_hold_no_key(run: Run) -> None:
     with open(run.recording, "rb") as f:
         flows = list(mitmproxy_io.FlowReader(f).stream())
-    assert len(flows) == 11
-    assert sum("trimflow" in flow.metadata for flow in flows) >= 9
+    assert len(flows) == 12
+    assert sum("trimflow" in flow.metadata for flow in flows) >= 10
     for flow in flows:
         assert leaks(flow.comment + orjson.dumps(flow.metadata, default=str).decode()) == []
     # The recording is the traffic: its requests hold the keys, as any mitmproxy recording does.
