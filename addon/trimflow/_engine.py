@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 
 from . import _document, _jsoncodec, _shrink
 from ._conversation import conversation_key
-from ._imageinfo import sniff_base64
+from ._imageinfo import ImageInfo, sniff_base64
 from ._placeholder import MediaFacts, render
 from ._policy import Limits, count_pruned, prune_to_budgets
 from ._record import Record, utc_timestamp
@@ -51,6 +51,7 @@ MODES = (ENFORCE, OBSERVE)
 
 # Enough base64 to reach a JPEG's frame header past a large EXIF block, without copying a whole image.
 _SNIFF_CHARS = 256 * 1024
+_SNIFF_FIRST = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,10 +163,16 @@ def _prune(
 
 
 def _facts(images: list[Media]) -> list[MediaFacts]:
-    return [
-        MediaFacts(m, ordinal, None if m.remote else sniff_base64(m.base64_prefix(_SNIFF_CHARS)))
-        for ordinal, m in enumerate(images, start=1)
-    ]
+    return [MediaFacts(m, ordinal, None if m.remote else _sniff(m)) for ordinal, m in enumerate(images, start=1)]
+
+
+def _sniff(media: Media) -> ImageInfo | None:
+    # PNG, GIF and WebP say their size in the first bytes; a JPEG's frame header may sit past a large
+    # EXIF block: only then is the longer prefix copied.
+    info = sniff_base64(media.base64_prefix(_SNIFF_FIRST))
+    if info is not None and info.width is None and media.wire_bytes - media.data_offset > _SNIFF_FIRST:
+        info = sniff_base64(media.base64_prefix(_SNIFF_CHARS)) or info
+    return info
 
 
 # Why an image became a placeholder: the record's counter and the placeholder's {reason}.
