@@ -180,9 +180,12 @@ class Trimflow:
         record.body_bytes_before = record.body_bytes_after = len(request.raw_content or b"")
         return record
 
-    def _annotate(self, flow: http.HTTPFlow, record: Record) -> None:
+    def _number_turn(self, record: Record) -> None:
         if record.conversation is not None:
             record.turn = self.turns.next(record.conversation)
+
+    def _annotate(self, flow: http.HTTPFlow, record: Record) -> None:
+        self._number_turn(record)
         flow.metadata[META] = record.to_dict()
         flow.comment = f"trimflow: images {record.images_before}->{record.images_after}, body {record.body_bytes_before}->{record.body_bytes_after} bytes"
 
@@ -246,10 +249,8 @@ class Trimflow:
             return
         if outcome.changed:
             message.content = outcome.body
-        record = outcome.record
-        if record.conversation is not None:
-            record.turn = self.turns.next(record.conversation)
-        self._finish(record.to_dict())
+        self._number_turn(outcome.record)
+        self._finish(outcome.record.to_dict())
 
 
 def _move_query_key_to_header(request: http.Request) -> None:
