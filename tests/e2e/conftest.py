@@ -101,6 +101,40 @@ def assert_record(record: dict[str, Any], wire_format: str, before: int, after: 
 # --- rules --------------------------------------------------------------------------------------------------
 
 
+# --- one turn through each SDK: (reply text, prompt tokens the SDK saw) -------------------------------------
+
+
+def openai_chat_turn(client: Any, body: dict[str, Any], stream: bool) -> tuple[str, int]:
+    if stream:
+        chunks = list(client.chat.completions.create(
+            model=body["model"], messages=body["messages"], stream=True, stream_options={"include_usage": True}))
+        return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), chunks[-1].usage.prompt_tokens
+    reply = client.chat.completions.create(model=body["model"], messages=body["messages"])
+    return reply.choices[0].message.content, reply.usage.prompt_tokens
+
+
+def openai_responses_turn(client: Any, body: dict[str, Any], stream: bool) -> tuple[str, int]:
+    args = {"model": body["model"], "instructions": body["instructions"], "input": body["input"]}
+    if stream:
+        events = list(client.responses.create(**args, stream=True))
+        assert events[-1].type == "response.completed"
+        text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+        assert text == events[-1].response.output_text
+        return text, events[-1].response.usage.input_tokens
+    reply = client.responses.create(**args)
+    return reply.output_text, reply.usage.input_tokens
+
+
+def anthropic_turn(client: Any, body: dict[str, Any], stream: bool) -> tuple[str, int]:
+    args = {"model": body["model"], "max_tokens": body["max_tokens"], "system": body["system"], "messages": body["messages"]}
+    if stream:
+        with client.messages.stream(**args) as events:
+            text = "".join(events.text_stream)
+            return text, events.get_final_message().usage.input_tokens
+    reply = client.messages.create(**args)
+    return reply.content[0].text, reply.usage.input_tokens
+
+
 def write_rules(path: Path, max_images: int | str = 2) -> Path:
     """Small limits, so pruning shows with a few small images."""
     return replace_text(path, f"defaults:\n  max_images: {max_images}\n  keep_recent: 1\n  max_body_bytes: 16MiB\n")

@@ -20,6 +20,9 @@ from trimflow._fake_provider import REPLY_TEXT, FakeProvider
 
 from ..certs import make_server_cert
 from .conftest import (
+    anthropic_turn,
+    openai_chat_turn,
+    openai_responses_turn,
     ANTHROPIC_KEY,
     GOOGLE_KEY,
     OPENAI_KEY,
@@ -98,14 +101,7 @@ def test_openai_chat_completions(proxy: Proxy, fresh: FakeProvider, openai_clien
     images = shots(5, seed=21)
     body = session("openai-chat", images)
     with proxy.expect_records(1) as new:
-        if stream:
-            chunks = list(openai_client.chat.completions.create(
-                model=body["model"], messages=body["messages"], stream=True, stream_options={"include_usage": True}))
-            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-            prompt_tokens = chunks[-1].usage.prompt_tokens
-        else:
-            reply = openai_client.chat.completions.create(model=body["model"], messages=body["messages"])
-            text, prompt_tokens = reply.choices[0].message.content, reply.usage.prompt_tokens
+        text, prompt_tokens = openai_chat_turn(openai_client, body, stream)
     assert text == REPLY_TEXT
     received = assert_pruned_upstream(fresh, "openai-chat", images, MAX_IMAGES)
     assert received.headers["authorization"] == f"Bearer {OPENAI_KEY}"
@@ -117,26 +113,18 @@ def test_openai_responses_stream(proxy: Proxy, fresh: FakeProvider, openai_clien
     images = shots(5, seed=22)
     body = session("openai-responses", images)
     with proxy.expect_records(1) as new:
-        events = list(openai_client.responses.create(
-            model=body["model"], instructions=body["instructions"], input=body["input"], stream=True))
-    assert events[-1].type == "response.completed" and events[-1].response.output_text == REPLY_TEXT
+        text, input_tokens = openai_responses_turn(openai_client, body, stream=True)
+    assert text == REPLY_TEXT
     assert_pruned_upstream(fresh, "openai-responses", images, MAX_IMAGES)
-    assert_record(new[0], "openai-responses", 5, MAX_IMAGES, events[-1].response.usage.input_tokens)
+    assert_record(new[0], "openai-responses", 5, MAX_IMAGES, input_tokens)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
 def test_anthropic_messages(proxy: Proxy, fresh: FakeProvider, anthropic_client: anthropic.Anthropic, stream: bool) -> None:
     images = shots(5, seed=23)
     body = session("anthropic", images, model=CLAUDE)
-    args = {"model": CLAUDE, "max_tokens": body["max_tokens"], "system": body["system"], "messages": body["messages"]}
     with proxy.expect_records(1) as new:
-        if stream:
-            with anthropic_client.messages.stream(**args) as events:
-                text = "".join(events.text_stream)
-                input_tokens = events.get_final_message().usage.input_tokens
-        else:
-            reply = anthropic_client.messages.create(**args)
-            text, input_tokens = reply.content[0].text, reply.usage.input_tokens
+        text, input_tokens = anthropic_turn(anthropic_client, body, stream)
     assert text == REPLY_TEXT
     assert_pruned_upstream(fresh, "anthropic", images, MAX_IMAGES)
     assert_record(new[0], "anthropic", 5, MAX_IMAGES, input_tokens)

@@ -24,6 +24,9 @@ from trimflow._mitmdump import Mitmdump
 from trimflow._synthetic import PATHS, b64
 
 from .conftest import (
+    anthropic_turn,
+    openai_chat_turn,
+    openai_responses_turn,
     ANTHROPIC_KEY,
     GOOGLE_KEY,
     GOOGLE_QUERY_KEY,
@@ -134,14 +137,7 @@ def test_openai_chat_completions(proxy: Proxy, fresh: FakeProvider, openai_clien
     images = shots(5, seed=1)
     body = session("openai-chat", images)
     with proxy.expect_records(1) as new:
-        if stream:
-            chunks = list(openai_client.chat.completions.create(
-                model=body["model"], messages=body["messages"], stream=True, stream_options={"include_usage": True}))
-            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-            prompt_tokens = chunks[-1].usage.prompt_tokens
-        else:
-            reply = openai_client.chat.completions.create(model=body["model"], messages=body["messages"])
-            text, prompt_tokens = reply.choices[0].message.content, reply.usage.prompt_tokens
+        text, prompt_tokens = openai_chat_turn(openai_client, body, stream)
     assert text == REPLY_TEXT
     received = assert_pruned_upstream(fresh, "openai-chat", images, MAX_IMAGES)
     assert received.headers["authorization"] == f"Bearer {OPENAI_KEY}"
@@ -154,15 +150,7 @@ def test_openai_responses(proxy: Proxy, fresh: FakeProvider, openai_client: open
     images = shots(5, seed=2)
     body = session("openai-responses", images)
     with proxy.expect_records(1) as new:
-        if stream:
-            events = list(openai_client.responses.create(
-                model=body["model"], instructions=body["instructions"], input=body["input"], stream=True))
-            assert events[-1].type == "response.completed"
-            text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
-            input_tokens = events[-1].response.usage.input_tokens
-        else:
-            reply = openai_client.responses.create(model=body["model"], instructions=body["instructions"], input=body["input"])
-            text, input_tokens = reply.output_text, reply.usage.input_tokens
+        text, input_tokens = openai_responses_turn(openai_client, body, stream)
     assert text == REPLY_TEXT
     assert_pruned_upstream(fresh, "openai-responses", images, MAX_IMAGES)
     assert_record(new[0], "openai-responses", 5, MAX_IMAGES, input_tokens)
@@ -172,15 +160,8 @@ def test_openai_responses(proxy: Proxy, fresh: FakeProvider, openai_client: open
 def test_anthropic_messages(proxy: Proxy, fresh: FakeProvider, anthropic_client: anthropic.Anthropic, stream: bool) -> None:
     images = shots(5, seed=3)
     body = session("anthropic", images, model=CLAUDE)
-    args = {"model": body["model"], "max_tokens": body["max_tokens"], "system": body["system"], "messages": body["messages"]}
     with proxy.expect_records(1) as new:
-        if stream:
-            with anthropic_client.messages.stream(**args) as events:
-                text = "".join(events.text_stream)
-                input_tokens = events.get_final_message().usage.input_tokens
-        else:
-            reply = anthropic_client.messages.create(**args)
-            text, input_tokens = reply.content[0].text, reply.usage.input_tokens
+        text, input_tokens = anthropic_turn(anthropic_client, body, stream)
     assert text == REPLY_TEXT
     received = assert_pruned_upstream(fresh, "anthropic", images, MAX_IMAGES)
     assert anthropic_key_of(received.headers) == ANTHROPIC_KEY
