@@ -20,7 +20,7 @@ _HERE = str(Path(__file__).resolve().parent)
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
-from trimflow import ENFORCE, MODES, prune_request  # noqa: E402
+from trimflow import ENFORCE, MODES, NeedsWorker, Outcome, prune_request  # noqa: E402
 from trimflow._conversation import TurnCounter  # noqa: E402
 from trimflow._decode import DEFAULT_MAX_DECODED_BYTES, DecodeError, decode_body  # noqa: E402
 from trimflow._decode import OPTION as DECODE_OPTION  # noqa: E402
@@ -47,6 +47,7 @@ class Trimflow:
         self.max_decoded_bytes: int | None = None
         self.simulated: Profile | None = None  # trimflow_simulate's profile; None when off
         self._warned_streamed: set[str] = set()
+        self._unfinished: list[dict] = []  # records of finished flows not yet logged (see _finish)
 
     def load(self, loader) -> None:
         loader.add_option(
@@ -111,12 +112,14 @@ class Trimflow:
                 ctx.options.stream_large_bodies,
             )
         if "trimflow_metrics" in updated:
+            self._flush()  # into the file they were meant for
             if self.metrics is not None:
                 self.metrics.close()
             path = ctx.options.trimflow_metrics
             self.metrics = MetricsFile(path) if path else None
 
     def done(self) -> None:
+        self._flush()
         if self.metrics is not None:
             self.metrics.close()
 
@@ -135,31 +138,39 @@ class Trimflow:
             self._warn_streamed(flow)
             return
         try:
-            record = await asyncio.to_thread(self._prune_flow, flow)
+            try:
+                record, outcome = self._prune_flow(flow, inline=True)
+            except NeedsWorker:
+                record, outcome = await asyncio.to_thread(self._prune_flow, flow, inline=False)
+            if outcome is not None and outcome.changed:
+                # Here, not in the worker: the new body is joined in this thread (see trimflow._document.Written).
+                flow.request.content = outcome.body  # re-encodes with the request's content-encoding, fixes content-length
         except Exception as exc:  # noqa: BLE001 - fail open: the request goes as it came
             log.warning("trimflow: %s%s forwarded untouched: internal error %s", flow.request.pretty_host, _path(flow), type(exc).__name__)
             return
         if record is not None:
             self._annotate(flow, record)
 
-    def _prune_flow(self, flow: http.HTTPFlow) -> Record | None:
-        """Runs in a worker thread: decoding, pruning and re-encoding a 16 MB body would stall the event loop."""
+    def _prune_flow(self, flow: http.HTTPFlow, inline: bool) -> tuple[Record | None, Outcome | None]:
+        """The record, and the outcome whose body the caller forwards. With `inline` (on the event loop)
+        raises NeedsWorker before slow work: inflating a body, simulating a provider, or what the
+        engine finds slow (trimflow._engine); the caller then runs it again in a worker thread."""
         assert self.rules is not None
         rules = self.rules.current()
         request = flow.request
         if self._format_for(flow) is None and not (rules.detect_by_shape and "json" in request.headers.get("content-type", "")):
-            return None
+            return None, None
+        if inline and (request.headers.get("content-encoding", "identity").strip().lower() not in ("", "identity") or self.simulated):
+            raise NeedsWorker("a compressed body or a simulated provider")
         try:
             # Bounded: a compressed body is never inflated past the limit (mitmproxy's decoder would).
             body = decode_body(request.raw_content or b"", request.headers.get("content-encoding"), self.max_decoded_bytes)
         except DecodeError as exc:
             log.warning("trimflow: %s%s forwarded untouched: %s", request.pretty_host, _path(flow), exc)
-            return self._undecodable(flow, str(exc))
-        outcome = prune_request(request.url, request.headers, body, rules, ctx.options.trimflow_mode)
+            return self._undecodable(flow, str(exc)), None
+        outcome = prune_request(request.url, request.headers, body, rules, ctx.options.trimflow_mode, inline=inline)
         if outcome.record is None:
-            return None
-        if outcome.changed:
-            request.content = outcome.body  # re-encodes with the request's content-encoding, fixes content-length
+            return None, None
         if outcome.record.reason:
             log.warning("trimflow: %s%s forwarded untouched: %s", request.pretty_host, _path(flow), outcome.record.reason)
         if self.simulated is not None:
@@ -168,7 +179,7 @@ class Trimflow:
             if violation is not None:
                 flow.response = http.Response.make(violation.status, violation.body, {"content-type": violation.content_type})
                 outcome.record.simulated, outcome.record.status = violation.profile, violation.status
-        return outcome.record
+        return outcome.record, outcome
 
     def _undecodable(self, flow: http.HTTPFlow, reason: str) -> Record | None:
         """The record of an LLM request whose body cannot be decoded: in the metrics like any untouched one."""
@@ -230,18 +241,35 @@ class Trimflow:
             self._finish(record)
 
     def _finish(self, record: dict) -> None:
-        log.info("trimflow: %s", Record(**{k: v for k, v in record.items() if k in Record.__dataclass_fields__}).summary())
-        if self.metrics is not None:
-            self.metrics.write(record)
+        """Logs the flow's line and writes its record once the answer is on its way: mitmproxy sends
+        it as soon as this hook returns, and one line through mitmproxy's log handlers takes ~0.3 ms."""
+        self._unfinished.append(record)
+        if len(self._unfinished) > 1:
+            return  # a flush is already scheduled
+        try:
+            asyncio.get_running_loop().call_soon(self._flush)
+        except RuntimeError:  # no event loop (a direct call): now
+            self._flush()
 
-    def websocket_message(self, flow: http.HTTPFlow) -> None:
+    def _flush(self) -> None:
+        records, self._unfinished = self._unfinished, []
+        for record in records:
+            log.info("trimflow: %s", Record(**{k: v for k, v in record.items() if k in Record.__dataclass_fields__}).summary())
+            if self.metrics is not None:
+                self.metrics.write(record)
+
+    async def websocket_message(self, flow: http.HTTPFlow) -> None:
         """Codex sends Responses requests as WebSocket `response.create` messages: prune them the same way."""
         assert flow.websocket is not None and self.rules is not None
         message = flow.websocket.messages[-1]
         if not message.from_client or b"response.create" not in message.content[:256]:
             return
+        args = (flow.request.url, flow.request.headers, message.content, self.rules.current(), ctx.options.trimflow_mode, openai_responses.NAME)
         try:
-            outcome = prune_request(flow.request.url, flow.request.headers, message.content, self.rules.current(), ctx.options.trimflow_mode, openai_responses.NAME)
+            try:
+                outcome = prune_request(*args, inline=True)
+            except NeedsWorker:
+                outcome = await asyncio.to_thread(prune_request, *args)
         except Exception as exc:  # noqa: BLE001 - fail open
             log.warning("trimflow: websocket message forwarded untouched: internal error %s", type(exc).__name__)
             return

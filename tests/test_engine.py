@@ -326,3 +326,42 @@ def test_path_in_the_record_has_no_query_string() -> None:
     outcome = prune_request("https://generativelanguage.googleapis.com/v1beta/models/gemini-2.5-pro:generateContent?key=AIzaSECRET", {}, raw, rules_with())
     assert outcome.record.path == "/v1beta/models/gemini-2.5-pro:generateContent"
     assert b"AIza" not in outcome.record.to_json()
+
+
+# --- inline: what may run on the proxy's event loop ---------------------------------------------------------
+
+
+def _comparable(outcome) -> tuple:
+    record = outcome.record.to_dict()
+    for volatile in ("ts", "overhead_ms"):
+        record.pop(volatile)
+    return outcome.body, record
+
+
+def test_inline_gives_what_a_worker_run_gives() -> None:
+    raw = orjson.dumps(session_body("openai-chat", 12, screenshot(40, "PNG", seed=1), "image/png"))
+    for limits in ({"max_images": 8}, {"max_images": 20}, {"max_images": 20, "max_body_bytes": len(raw) // 2}):
+        inline = prune_request(url_for("openai-chat"), {}, raw, rules_with(**limits), inline=True)
+        assert _comparable(inline) == _comparable(run(raw, **limits))
+
+
+def test_inline_stops_before_slow_work_and_says_which(monkeypatch) -> None:
+    from trimflow import NeedsWorker, _engine
+
+    def inline(raw: bytes, **limits):
+        return prune_request(url_for("openai-chat"), {}, raw, rules_with(**limits), inline=True)
+
+    raw = orjson.dumps(session_body("openai-chat", 3, screenshot(40, "PNG", seed=2), "image/png"))
+    with pytest.raises(NeedsWorker, match="image to re-encode"):
+        inline(raw, max_image_side=64)  # a shrink: Pillow, 25-250 ms per megapixel
+    monkeypatch.setattr(_engine, "INLINE_MAX_BODY", len(raw) - 1)
+    with pytest.raises(NeedsWorker, match="a body over"):
+        inline(raw)
+    monkeypatch.setattr(_engine, "INLINE_MAX_BODY", len(raw))
+    assert inline(raw).record.images_before == 3  # at the limit: inline
+    text_heavy = orjson.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": f"line {i}"} for i in range(3000)]})
+    monkeypatch.setattr(_engine, "INLINE_MAX_BODY", len(text_heavy))
+    monkeypatch.setattr(_engine, "INLINE_MAX_WHOLE", len(text_heavy) - 1)
+    with pytest.raises(NeedsWorker, match="full parse"):
+        inline(text_heavy)  # no skeleton for a body of many short strings
+    assert run(text_heavy).record.images_before == 0  # the worker's run parses it whole

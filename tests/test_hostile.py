@@ -8,6 +8,7 @@ real mitmdump in tests/e2e/test_load_faults.py.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import gzip
 import hashlib
@@ -354,10 +355,11 @@ def trimflow_lines(caplog) -> list[logging.LogRecord]:
 
 
 async def answer(addon, flow: http.HTTPFlow) -> None:
-    """The provider's answer, through the response hooks."""
+    """The provider's answer, through the response hooks, and the loop turn after it that logs the flow."""
     flow.response = tutils.tresp(content=b'{"usage":{"prompt_tokens":7}}', headers=http.Headers(content_type="application/json"))
     addon.responseheaders(flow)
     addon.response(flow)
+    await asyncio.sleep(0)
 
 
 @pytest.mark.parametrize("case", params(HOSTILE))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import importlib.util
 import logging
@@ -48,6 +49,11 @@ def llm_flow(wire_format: str = "openai-chat", turns: int = 5, *, host: str = "a
 
 def images_in(flow: http.HTTPFlow) -> int:
     return flow.request.get_content().count(b"base64,") or flow.request.get_content().count(b'"data":"')
+
+
+async def answer_sent() -> None:
+    """One turn of the event loop: the addon logs and writes a record once the answer is on its way."""
+    await asyncio.sleep(0)
 
 
 @pytest.fixture
@@ -128,6 +134,29 @@ async def test_gzip_bodies_are_decoded_pruned_and_reencoded(addon) -> None:
     assert int(flow.request.headers["content-length"]) == len(flow.request.raw_content)
 
 
+async def test_light_work_runs_on_the_loop_and_slow_work_in_a_worker(addon, tmp_path, monkeypatch) -> None:
+    offloaded: list[str] = []
+    to_thread = mitm.asyncio.to_thread
+
+    async def counting(fn, *args, **kwargs):
+        offloaded.append(getattr(fn, "__name__", "?"))
+        return await to_thread(fn, *args, **kwargs)
+
+    monkeypatch.setattr(mitm.asyncio, "to_thread", counting)
+    plain = llm_flow(turns=4)
+    await addon.request(plain)
+    assert images_in(plain) == 2 and offloaded == []  # skeleton pass and placeholders: inline
+    compressed = llm_flow(turns=4)
+    compressed.request.headers["content-encoding"] = "gzip"
+    compressed.request.raw_content = gzip.compress(compressed.request.raw_content)
+    await addon.request(compressed)
+    assert images_in(compressed) == 2 and offloaded == ["_prune_flow"]  # inflating: a worker
+    addon.tctx.configure(addon, trimflow_rules=str(write_rules(tmp_path / "shrink.yaml", 8, "  max_image_side: 60\n")))
+    shrink = llm_flow(turns=2)
+    await addon.request(shrink)
+    assert shrink.metadata["trimflow"]["shrunk"] == 2 and offloaded == ["_prune_flow", "_prune_flow"]  # Pillow: a worker
+
+
 async def test_an_undecodable_body_is_forwarded_with_one_log_line(addon, caplog) -> None:
     flow = llm_flow(turns=4)
     flow.request.headers["content-encoding"] = "gzip"  # but the body is not gzip
@@ -189,6 +218,7 @@ async def test_sse_responses_stream_through_and_usage_is_read(addon, tmp_path) -
               b'event: message_delta\ndata: {"type":"message_delta","usage":{"output_tokens":9}}\n\n']
     assert [scanner(e) for e in events] == events  # bytes pass through unchanged
     addon.response(flow)
+    await answer_sent()
     (line,) = (tmp_path / "m.jsonl").read_bytes().splitlines()
     record = orjson.loads(line)
     assert record["usage_input_tokens"] == 1500 and record["status"] == 200
@@ -202,6 +232,7 @@ async def test_json_responses_give_usage_too(addon, tmp_path) -> None:
     addon.responseheaders(flow)
     assert not callable(flow.response.stream)
     addon.response(flow)
+    await answer_sent()
     assert orjson.loads((tmp_path / "m.jsonl").read_bytes())["usage_input_tokens"] == 321
 
 
@@ -211,8 +242,31 @@ async def test_a_failed_flow_still_gets_its_record(addon, tmp_path) -> None:
     await addon.request(flow)
     flow.error = tflow.terr("connection reset")
     addon.error(flow)
+    await answer_sent()
     record = orjson.loads((tmp_path / "m.jsonl").read_bytes())
     assert record["status"] is None and record["error"] == "connection reset"
+
+
+async def test_the_line_and_record_come_after_the_hook_and_none_is_lost_at_exit(addon, tmp_path, caplog) -> None:
+    metrics = tmp_path / "m.jsonl"
+    addon.tctx.configure(addon, trimflow_metrics=str(metrics))
+
+    async def answered(turns: int) -> None:
+        flow = llm_flow(turns=turns)
+        await addon.request(flow)
+        flow.response = tutils.tresp(content=b"{}", headers=http.Headers(content_type="application/json"))
+        addon.response(flow)
+
+    with caplog.at_level(logging.INFO, logger="trimflow"):
+        await answered(3)
+        await answered(4)
+        assert not metrics.exists() or metrics.read_bytes() == b""  # mitmproxy sends the answer first
+        await answer_sent()
+        assert len(metrics.read_bytes().splitlines()) == 2
+        await answered(5)
+        addon.done()  # mitmproxy stops before the loop turns again: what is pending is written now
+    assert [orjson.loads(line)["turn"] for line in metrics.read_bytes().splitlines()] == [1, 2, 3]
+    assert sum("trimflow: conv" in r.getMessage() for r in caplog.records) == 3
 
 
 async def test_turns_are_numbered_per_conversation(addon) -> None:
@@ -246,13 +300,13 @@ async def test_an_edited_rules_file_is_reloaded_and_a_bad_edit_keeps_the_last_go
     assert len(errors) == 1 and "rules.yaml:2" in errors[0]
 
 
-def test_websocket_response_create_is_pruned(addon) -> None:
+async def test_websocket_response_create_is_pruned(addon) -> None:
     flow = tflow.twebsocketflow(messages=False)
     flow.request.path = "/backend-api/codex/responses"
     body = session_body("openai-responses", 4, SHOT, "image/png")
     message = orjson.dumps({"type": "response.create", **body})
     flow.websocket.messages.append(WebSocketMessage(Opcode.TEXT, True, message))
-    addon.websocket_message(flow)
+    await addon.websocket_message(flow)
     assert flow.websocket.messages[-1].content.count(b"base64,") == 2
 
 
@@ -266,6 +320,7 @@ async def test_no_key_reaches_logs_or_metrics(addon, tmp_path, caplog) -> None:
         flow.response = tutils.tresp(content=b'{"usageMetadata":{"promptTokenCount":77}}')
         addon.responseheaders(flow)
         addon.response(flow)
+        await answer_sent()
     logged = "\n".join(r.getMessage() for r in caplog.records) + (tmp_path / "m.jsonl").read_text() + flow.comment
     assert "TOPSECRET" not in logged and "AIza" not in logged
     assert "gemini-2.5-flash" in logged

@@ -3,7 +3,7 @@
 The engine is pure Python; `addon/mitm.py` is the mitmproxy addon that runs it on live traffic.
 """
 
-from ._engine import ENFORCE, MODES, OBSERVE, Outcome, is_sigv4, prune_request
+from ._engine import ENFORCE, MODES, OBSERVE, NeedsWorker, Outcome, is_sigv4, prune_request
 from ._policy import DEFAULT_PLACEHOLDER, Decision, Limits, count_pruned, decide
 from ._record import Record
 from .formats import FORMATS, Media, detect_shape
@@ -16,6 +16,7 @@ __all__ = [
     "Limits",
     "MODES",
     "Media",
+    "NeedsWorker",
     "OBSERVE",
     "Outcome",
     "Record",

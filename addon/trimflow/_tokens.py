@@ -7,6 +7,7 @@ Sources are named per function; see also ../shared/reference/providers.md ("Imag
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 
@@ -154,6 +155,7 @@ def _openai_tokens(model: str, width: int, height: int, detail: str | None) -> i
     return openai_tile_tokens(width, height, detail)  # gpt-4o, gpt-4.1, gpt-4.5, unknown: 85/170
 
 
+@functools.lru_cache(maxsize=1024)  # a pure function of a few values; a session repeats the same sizes
 def image_tokens(
     fmt: str, model: str | None, width: int | None, height: int | None, detail: str | None = None
 ) -> int:
