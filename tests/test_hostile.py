@@ -8,11 +8,9 @@ real mitmdump in tests/e2e/test_load_faults.py.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import gzip
 import hashlib
-import importlib.util
 import json
 import logging
 import os
@@ -35,9 +33,9 @@ from trimflow._rules import RulesFile, parse_rules
 from trimflow._synthetic import PATHS, b64, data_url, image, session_body
 from trimflow.formats import FORMATS
 
+from .helpers import answer_sent, mitm, requested
 from .test_decode import MiB, gzip_bomb
 
-ROOT = Path(__file__).resolve().parents[1]
 HOST = "api.example.test"
 MAX_IMAGES = 2
 RULES_TEXT = f"defaults:\n  max_images: {MAX_IMAGES}\n  keep_recent: 1\n  max_body_bytes: 16MiB\n"
@@ -313,14 +311,6 @@ def test_engine_prunes_or_returns_the_same_bytes_with_a_reason(case: Hostile) ->
 # --- the addon ----------------------------------------------------------------------------------------------
 
 
-def _load_mitm():
-    spec = importlib.util.spec_from_file_location("trimflow_mitm_hostile", ROOT / "addon" / "mitm.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-mitm = _load_mitm()
 
 
 def make_flow(path: str, wire: bytes, headers: dict[str, str]) -> http.HTTPFlow:
@@ -355,11 +345,11 @@ def trimflow_lines(caplog) -> list[logging.LogRecord]:
 
 
 async def answer(addon, flow: http.HTTPFlow) -> None:
-    """The provider's answer, through the response hooks, and the loop turn after it that logs the flow."""
+    """The provider's answer, through the response hooks, and the addon's flush after it (FLUSH_DELAY)."""
     flow.response = tutils.tresp(content=b'{"usage":{"prompt_tokens":7}}', headers=http.Headers(content_type="application/json"))
     addon.responseheaders(flow)
     addon.response(flow)
-    await asyncio.sleep(0)
+    await answer_sent()
 
 
 @pytest.mark.parametrize("case", params(HOSTILE))
@@ -368,7 +358,7 @@ async def test_addon_prunes_or_forwards_byte_identical_with_one_line_why(addon, 
     wire = case.wire(plain)
     flow = make_flow(case.path, wire, case.request_headers(wire))
     with caplog.at_level(logging.INFO, logger="trimflow"):
-        await addon.request(flow)
+        await requested(addon, flow)
         await answer(addon, flow)
     lines = trimflow_lines(caplog)
     warnings = [r.getMessage() for r in lines if r.levelno >= logging.WARNING]
@@ -396,7 +386,7 @@ async def test_addon_prunes_or_forwards_byte_identical_with_one_line_why(addon, 
         assert record["reason"] is None if case.outcome != UNTOUCHED else case.why in record["reason"]
     # The next request is served as usual.
     after = normal_flow()
-    await addon.request(after)
+    await requested(addon, after)
     assert image_count(CHAT, after.request.get_content()) == MAX_IMAGES
 
 
@@ -407,12 +397,12 @@ async def test_a_gzip_bomb_of_gigabytes_is_never_inflated_by_the_addon(addon, ca
         addon.tctx.configure(addon, trimflow_max_decoded_bytes="1MiB")
         small = gzip_bomb(32 * MiB)
         flow = make_flow(PATHS[CHAT], small, {"content-type": "application/json", "content-encoding": "gzip"})
-        await addon.request(flow)
+        await requested(addon, flow)
         assert "decodes to more than 1.0MB" in caplog.text
         addon.tctx.configure(addon, trimflow_max_decoded_bytes=addon.tctx.options._options["trimflow_max_decoded_bytes"].default)
         bomb = gzip_bomb(8 * 1024 * MiB)
         flow = make_flow(PATHS[CHAT], bomb, {"content-type": "application/json", "content-encoding": "gzip"})
-        await addon.request(flow)
+        await requested(addon, flow)
     assert flow.request.raw_content is bomb
     assert "decodes to more than 256MB" in caplog.text
 
@@ -422,7 +412,7 @@ async def test_a_gzip_bomb_of_gigabytes_is_never_inflated_by_the_addon(addon, ca
 async def test_a_compressed_answer_past_the_limit_is_not_inflated_for_its_usage(addon) -> None:
     """Valid JSON with its usage up front, then 64 MiB of spaces: bounded at 16MiB, the usage stays unknown."""
     flow = normal_flow()
-    await addon.request(flow)
+    await requested(addon, flow)
     answer = gzip.compress(b'{"usage":{"prompt_tokens":5}}' + b" " * (64 * MiB), compresslevel=1)
     flow.response = tutils.tresp(content=b"", headers=http.Headers(content_type="application/json", content_encoding="gzip"))
     flow.response.raw_content = answer
@@ -446,13 +436,13 @@ async def test_rules_file_deleted_while_running_keeps_the_last_good_rules(addon,
         path.unlink()
         for _ in range(3):
             flow = normal_flow()
-            await addon.request(flow)
+            await requested(addon, flow)
             assert image_count(CHAT, flow.request.get_content()) == MAX_IMAGES
         errors = [r.getMessage() for r in trimflow_lines(caplog) if r.levelno >= logging.ERROR]
         assert len(errors) == 1 and str(path) in errors[0] and "keeping the last good rules" in errors[0]
         path.write_text(RULES_TEXT.replace("max_images: 2", "max_images: 3"))  # back, edited
         flow = normal_flow()
-        await addon.request(flow)
+        await requested(addon, flow)
     assert image_count(CHAT, flow.request.get_content()) == 3
     assert f"reloaded rules from {path}" in caplog.text
 
@@ -476,7 +466,7 @@ async def test_rules_file_made_invalid_while_running_keeps_the_last_good_rules(a
             _touch_later(path, 5)
         for _ in range(3):
             flow = normal_flow()
-            await addon.request(flow)
+            await requested(addon, flow)
             assert image_count(CHAT, flow.request.get_content()) == MAX_IMAGES
     errors = [r.getMessage() for r in trimflow_lines(caplog) if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and str(path) in errors[0], errors
@@ -498,7 +488,7 @@ async def test_unwritable_metrics_never_stop_forwarding_and_say_so_once(addon, c
         addon.tctx.configure(addon, trimflow_metrics=str(path))
         for _ in range(3):
             flow = normal_flow()
-            await addon.request(flow)
+            await requested(addon, flow)
             await answer(addon, flow)
             assert image_count(CHAT, flow.request.get_content()) == MAX_IMAGES
             assert flow.metadata["trimflow"]["status"] == 200
@@ -538,5 +528,5 @@ async def test_a_request_with_a_10000_char_path_and_model_under_catastrophic_rul
     addon.tctx.configure(addon, trimflow_rules=str(path))
     body = session_json(CHAT, "long").replace(b'"model":"gpt-4o"', b'"model":"' + b"a" * 10_000 + b'"')
     flow = make_flow("/" + "a" * 10_000 + "/chat/completions", body, {"content-type": "application/json"})
-    await addon.request(flow)
+    await requested(addon, flow)
     assert image_count(CHAT, flow.request.get_content()) == MAX_IMAGES

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import gzip
-import importlib.util
 import logging
 import os
 import time
@@ -19,18 +18,11 @@ from wsproto.frame_protocol import Opcode
 
 from trimflow._synthetic import PATHS, image, session_body
 
-ROOT = Path(__file__).resolve().parents[1]
+from .helpers import ROOT, answer_sent, mitm, requested
+
 SHOT = image(120, 80, "PNG", seed=5)
 
 
-def _load_mitm():
-    spec = importlib.util.spec_from_file_location("trimflow_mitm_under_test", ROOT / "addon" / "mitm.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-mitm = _load_mitm()
 
 
 def write_rules(path: Path, max_images: int, extra: str = "") -> Path:
@@ -49,11 +41,6 @@ def llm_flow(wire_format: str = "openai-chat", turns: int = 5, *, host: str = "a
 
 def images_in(flow: http.HTTPFlow) -> int:
     return flow.request.get_content().count(b"base64,") or flow.request.get_content().count(b'"data":"')
-
-
-async def answer_sent() -> None:
-    """One turn of the event loop: the addon logs and writes a record once the answer is on its way."""
-    await asyncio.sleep(0)
 
 
 @pytest.fixture
@@ -98,7 +85,7 @@ def test_a_bad_rules_file_is_refused_at_start_with_file_and_line(tmp_path) -> No
 async def test_enforce_prunes_and_annotates_the_flow(addon) -> None:
     flow = llm_flow(turns=5)
     before = len(flow.request.content)
-    await addon.request(flow)
+    await requested(addon, flow)
     assert images_in(flow) == 2
     assert int(flow.request.headers["content-length"]) == len(flow.request.raw_content) < before
     record = flow.metadata["trimflow"]
@@ -110,7 +97,7 @@ async def test_observe_forwards_untouched_but_records_what_enforce_would_do(addo
     addon.tctx.configure(addon, trimflow_mode="observe")
     flow = llm_flow(turns=5)
     original = flow.request.raw_content
-    await addon.request(flow)
+    await requested(addon, flow)
     assert flow.request.raw_content == original
     assert flow.metadata["trimflow"]["images_after"] == 2 and flow.metadata["trimflow"]["mode"] == "observe"
 
@@ -119,7 +106,7 @@ async def test_non_llm_traffic_is_never_touched(addon) -> None:
     flow = llm_flow(path="/upload")
     flow.request.headers["content-type"] = "image/png"
     original = flow.request.raw_content
-    await addon.request(flow)
+    await requested(addon, flow)
     assert flow.request.raw_content == original and "trimflow" not in flow.metadata
 
 
@@ -127,7 +114,7 @@ async def test_gzip_bodies_are_decoded_pruned_and_reencoded(addon) -> None:
     flow = llm_flow(turns=4)
     flow.request.headers["content-encoding"] = "gzip"
     flow.request.raw_content = gzip.compress(flow.request.raw_content)
-    await addon.request(flow)
+    await requested(addon, flow)
     assert flow.request.headers["content-encoding"] == "gzip"
     assert orjson.loads(gzip.decompress(flow.request.raw_content))
     assert images_in(flow) == 2
@@ -144,17 +131,36 @@ async def test_light_work_runs_on_the_loop_and_slow_work_in_a_worker(addon, tmp_
 
     monkeypatch.setattr(mitm.asyncio, "to_thread", counting)
     plain = llm_flow(turns=4)
-    await addon.request(plain)
+    await requested(addon, plain)
     assert images_in(plain) == 2 and offloaded == []  # skeleton pass and placeholders: inline
     compressed = llm_flow(turns=4)
     compressed.request.headers["content-encoding"] = "gzip"
     compressed.request.raw_content = gzip.compress(compressed.request.raw_content)
-    await addon.request(compressed)
+    await requested(addon, compressed)
     assert images_in(compressed) == 2 and offloaded == ["_prune_flow"]  # inflating: a worker
     addon.tctx.configure(addon, trimflow_rules=str(write_rules(tmp_path / "shrink.yaml", 8, "  max_image_side: 60\n")))
     shrink = llm_flow(turns=2)
-    await addon.request(shrink)
+    await requested(addon, shrink)
     assert shrink.metadata["trimflow"]["shrunk"] == 2 and offloaded == ["_prune_flow", "_prune_flow"]  # Pillow: a worker
+
+
+async def test_a_request_needing_nothing_goes_first_and_gets_its_record_on_the_next_loop_turn(addon) -> None:
+    flow = llm_flow(turns=2)  # within the 2 images of the test rules
+    original = flow.request.raw_content
+    await addon.request(flow)
+    assert flow.request.raw_content is original and "trimflow" not in flow.metadata  # mitmproxy forwards it now
+    await asyncio.sleep(0)
+    record = flow.metadata["trimflow"]
+    assert record["images_before"] == record["images_after"] == 2 and record["pruned"] == 0 and record["turn"] == 1
+    assert record["est_tokens_before"] > 0  # the sniffed sizes and token estimates are all there
+
+    fast = llm_flow(turns=2)
+    await addon.request(fast)
+    fast.response = tutils.tresp(content=b"{}", headers=http.Headers(content_type="application/json"))
+    addon.responseheaders(fast)  # an answer before the loop turned: the record is worked out then
+    assert fast.metadata["trimflow"]["turn"] == 2
+    await asyncio.sleep(0)
+    assert fast.metadata["trimflow"]["turn"] == 2  # once
 
 
 async def test_an_undecodable_body_is_forwarded_with_one_log_line(addon, caplog) -> None:
@@ -162,7 +168,7 @@ async def test_an_undecodable_body_is_forwarded_with_one_log_line(addon, caplog)
     flow.request.headers["content-encoding"] = "gzip"  # but the body is not gzip
     original = flow.request.raw_content
     with caplog.at_level(logging.WARNING, logger="trimflow"):
-        await addon.request(flow)
+        await requested(addon, flow)
     assert flow.request.raw_content == original
     assert len([r for r in caplog.records if "forwarded untouched" in r.getMessage()]) == 1
 
@@ -175,7 +181,7 @@ async def test_an_internal_error_fails_open(addon, caplog, monkeypatch) -> None:
     flow = llm_flow(turns=4)
     original = flow.request.raw_content
     with caplog.at_level(logging.WARNING, logger="trimflow"):
-        await addon.request(flow)
+        await requested(addon, flow)
     assert flow.request.raw_content == original
     messages = [r.getMessage() for r in caplog.records]
     assert any("RuntimeError" in m for m in messages) and not any("secret" in m for m in messages)
@@ -209,7 +215,7 @@ def test_gemini_query_key_moves_to_its_header(addon) -> None:
 async def test_sse_responses_stream_through_and_usage_is_read(addon, tmp_path) -> None:
     addon.tctx.configure(addon, trimflow_metrics=str(tmp_path / "m.jsonl"))
     flow = llm_flow("anthropic", host="api.anthropic.com")
-    await addon.request(flow)
+    await requested(addon, flow)
     flow.response = tutils.tresp(content=None, headers=http.Headers(content_type="text/event-stream"))
     addon.responseheaders(flow)
     scanner = flow.response.stream
@@ -227,7 +233,7 @@ async def test_sse_responses_stream_through_and_usage_is_read(addon, tmp_path) -
 async def test_json_responses_give_usage_too(addon, tmp_path) -> None:
     addon.tctx.configure(addon, trimflow_metrics=str(tmp_path / "m.jsonl"))
     flow = llm_flow()
-    await addon.request(flow)
+    await requested(addon, flow)
     flow.response = tutils.tresp(content=b'{"usage":{"prompt_tokens":321,"completion_tokens":5}}', headers=http.Headers(content_type="application/json"))
     addon.responseheaders(flow)
     assert not callable(flow.response.stream)
@@ -239,7 +245,7 @@ async def test_json_responses_give_usage_too(addon, tmp_path) -> None:
 async def test_a_failed_flow_still_gets_its_record(addon, tmp_path) -> None:
     addon.tctx.configure(addon, trimflow_metrics=str(tmp_path / "m.jsonl"))
     flow = llm_flow()
-    await addon.request(flow)
+    await requested(addon, flow)
     flow.error = tflow.terr("connection reset")
     addon.error(flow)
     await answer_sent()
@@ -253,7 +259,7 @@ async def test_the_line_and_record_come_after_the_hook_and_none_is_lost_at_exit(
 
     async def answered(turns: int) -> None:
         flow = llm_flow(turns=turns)
-        await addon.request(flow)
+        await requested(addon, flow)
         flow.response = tutils.tresp(content=b"{}", headers=http.Headers(content_type="application/json"))
         addon.response(flow)
 
@@ -273,10 +279,10 @@ async def test_turns_are_numbered_per_conversation(addon) -> None:
     turns = []
     for n in (3, 4, 5):
         flow = llm_flow(turns=n)
-        await addon.request(flow)
+        await requested(addon, flow)
         turns.append((flow.metadata["trimflow"]["conversation"], flow.metadata["trimflow"]["turn"]))
     other = llm_flow("anthropic", host="api.anthropic.com")
-    await addon.request(other)
+    await requested(addon, other)
     assert [t for _, t in turns] == [1, 2, 3] and len({c for c, _ in turns}) == 1
     assert other.metadata["trimflow"]["conversation"] != turns[0][0]
 
@@ -287,14 +293,14 @@ async def test_an_edited_rules_file_is_reloaded_and_a_bad_edit_keeps_the_last_go
     write_rules(path, 1)
     os.utime(path, (time.time() + 5, time.time() + 5))
     flow = llm_flow(turns=4)
-    await addon.request(flow)
+    await requested(addon, flow)
     assert images_in(flow) == 1
     path.write_text("defaults:\n  max_images: -1\n")
     os.utime(path, (time.time() + 10, time.time() + 10))
     with caplog.at_level(logging.ERROR, logger="trimflow"):
         for _ in range(2):
             flow = llm_flow(turns=4)
-            await addon.request(flow)
+            await requested(addon, flow)
             assert images_in(flow) == 1
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and "rules.yaml:2" in errors[0]
@@ -316,7 +322,7 @@ async def test_no_key_reaches_logs_or_metrics(addon, tmp_path, caplog) -> None:
     flow = llm_flow("gemini", host="generativelanguage.googleapis.com",
                     path=PATHS["gemini"] + "?key=AIzaTOPSECRET", headers={"x-api-key": secret, "authorization": f"Bearer {secret}"})
     with caplog.at_level(logging.DEBUG):
-        await addon.request(flow)
+        await requested(addon, flow)
         flow.response = tutils.tresp(content=b'{"usageMetadata":{"promptTokenCount":77}}')
         addon.responseheaders(flow)
         addon.response(flow)

@@ -3,7 +3,6 @@ file errors with file:line, and the addon's trimflow_simulate / trimflow_profile
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import orjson
@@ -26,7 +25,8 @@ from trimflow._profiles import (
 from trimflow._synthetic import PATHS, b64, image, session_body
 from trimflow.formats import anthropic
 
-ROOT = Path(__file__).resolve().parents[1]
+from .helpers import ROOT, mitm, requested
+
 PROFILES = load_profiles()
 PNG = image(16, 16, "PNG", seed=1)  # a real, tiny image
 
@@ -338,14 +338,6 @@ def test_an_unknown_profile_lists_the_known_names() -> None:
 # --- the addon's options -----------------------------------------------------------------------
 
 
-def _load_mitm():
-    spec = importlib.util.spec_from_file_location("trimflow_mitm_profiles_test", ROOT / "addon" / "mitm.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-mitm = _load_mitm()
 
 
 def test_simulate_is_off_by_default_and_validated(tmp_path) -> None:
@@ -376,7 +368,7 @@ async def test_the_addon_answers_for_the_provider_when_the_forwarded_request_bre
                               path=PATHS["openai-chat"].encode(), content=images("openai-chat", 9),
                               headers=http.Headers(content_type="application/json"))
         flow = tflow.tflow(req=request)
-        await addon.request(flow)
+        await requested(addon, flow)
         record = flow.metadata[mitm.META]
         if answered:  # observe forwards 9 images: the gateway's cap of 8 refuses them
             assert flow.response.status_code == 400

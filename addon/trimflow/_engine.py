@@ -22,7 +22,10 @@ A declared type that differs from the bytes' real type is only counted (`mime_mi
 Where it runs: `inline=True` is for a caller on an event loop (the proxy). Work at memchr speed over
 a body of up to INLINE_MAX_BODY runs there; a larger body, one that needs a full JSON parse over
 INLINE_MAX_WHOLE, or an image to re-encode raises NeedsWorker before that work starts, and the
-caller runs the request again in a worker thread (without `inline`).
+caller runs the request again in a worker thread (without `inline`). An inline run that can tell
+from the image count and body size alone that nothing changes stops there: the body goes as it
+came, and the record (header sniffing, token estimates) is worked out on first use of
+`Outcome.record`, which the proxy does once the request is on its way.
 
 Fidelity: when nothing changes the output is the input bytes object itself; the input is never
 mutated; running on its own output changes nothing (shrunk images and thumbnails are within the
@@ -70,12 +73,26 @@ _SNIFF_FIRST = 4096
 
 
 class Outcome:
-    """What to forward, and the record (None when the request is not an LLM request)."""
+    """What to forward, and the record (None when the request is not an LLM request).
 
-    __slots__ = ("_body", "record")
+    An inline run that finds nothing to change leaves the record to be worked out on first use
+    (`record_pending`): the proxy forwards the request first and accounts for it while the provider works.
+    """
 
-    def __init__(self, body: bytes | _document.Written, record: Record | None) -> None:
-        self._body, self.record = body, record
+    __slots__ = ("_body", "_record", "_account")
+
+    def __init__(self, body: bytes | _document.Written, record: Record | None, account: Callable[[], Record | None] | None = None) -> None:
+        self._body, self._record, self._account = body, record, account
+
+    @property
+    def record(self) -> Record | None:
+        if self._account is not None:
+            self._record, self._account = self._account(), None
+        return self._record
+
+    @property
+    def record_pending(self) -> bool:
+        return self._account is not None
 
     @property
     def body(self) -> bytes:
@@ -87,7 +104,9 @@ class Outcome:
 
     @property
     def changed(self) -> bool:
-        record = self.record
+        if self._account is not None:
+            return False  # only a run that changes nothing leaves its record for later
+        record = self._record
         return record is not None and record.mode == ENFORCE and (record.pruned > 0 or record.shrunk > 0 or record.thinned > 0)
 
 
@@ -134,12 +153,17 @@ def prune_request(
     if not isinstance(parsed, dict):
         return _untouched(body, host, path, fmt, mode, f"body is a JSON {_JSON_TYPES.get(type(parsed), 'value')}, not an object", started)
     lowered = {name.lower(): value for name, value in headers.items()}
-    try:
-        return _prune(doc, host, path, lowered, fmt, rules, mode, started, inline)
-    except NeedsWorker:
-        raise
-    except Exception as exc:  # noqa: BLE001 - the request must go through whatever the body holds
-        return _untouched(body, host, path, fmt, mode, f"internal error: {type(exc).__name__}", started)
+
+    def run(inline: bool, started: float) -> Outcome:
+        try:
+            later = (lambda: run(False, time.perf_counter()).record) if inline else None
+            return _prune(doc, host, path, lowered, fmt, rules, mode, started, inline, later)
+        except NeedsWorker:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the request must go through whatever the body holds
+            return _untouched(body, host, path, fmt, mode, f"internal error: {type(exc).__name__}", started)
+
+    return run(inline, started)
 
 
 _JSON_TYPES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
@@ -166,12 +190,15 @@ def _prune(
     mode: str,
     started: float,
     inline: bool,
+    later: Callable[[], Record | None] | None = None,
 ) -> Outcome:
     parsed, body = doc.parsed, doc.body
     module = FORMATS[fmt]
     model = module.model(parsed, path)
     limits = rules.limits_for(host, path, model)
     media = [doc.resolve(m) for m in module.find_media(parsed)]
+    if later is not None and _nothing_to_change([m for m in media if m.kind == IMAGE], limits, len(body)):
+        return Outcome(body, None, later)
     images = _facts([m for m in media if m.kind == IMAGE])
     record = Record(
         utc_timestamp(),
@@ -197,6 +224,19 @@ def _prune(
     record.overhead_ms = _elapsed_ms(started)
     forward = out if record.mode == ENFORCE else body
     return Outcome(forward, record)
+
+
+def _nothing_to_change(images: list[Media], limits: Limits, body_bytes: int) -> bool:
+    """Whether no rule can change this request, known without sniffing an image: within the image
+    count and body size, and no rule that needs the images' sizes, tokens or repeats."""
+    if limits.dedupe or limits.thumbnail_side is not None or limits.max_est_tokens is not None:
+        return False
+    if limits.image_side_limit(len(images)) is not None or count_pruned(len(images), limits):
+        return False
+    if limits.max_body_bytes is not None and body_bytes > limits.max_body_bytes:
+        return False
+    max_bytes = limits.max_image_bytes
+    return max_bytes is None or all(m.wire_bytes - m.data_offset <= max_bytes for m in images)
 
 
 def _facts(images: list[Media]) -> list[MediaFacts]:

@@ -6,7 +6,7 @@ No field ever holds a credential, prompt text or base64 data: only names, counts
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import orjson
@@ -57,7 +57,8 @@ class Record:
     simulated: str | None = None  # the limit profile (trimflow_simulate) that answered instead of the provider
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        # Every field is a scalar: a shallow copy is what dataclasses.asdict gives, at a tenth of its cost.
+        return {name: getattr(self, name) for name in _FIELDS}
 
     def to_json(self) -> bytes:
         return orjson.dumps(self)
@@ -106,6 +107,9 @@ class Record:
             return None
         sent = self.est_tokens_after if self.mode == "enforce" else self.est_tokens_before
         return sent / self.usage_input_tokens if sent else None
+
+
+_FIELDS = tuple(f.name for f in fields(Record))
 
 
 def _thousands(n: int) -> str:
