@@ -183,6 +183,17 @@ class Proxy:
             return []
         return [orjson.loads(line) for line in lines if line.strip()]
 
+    def settled_records(self, quiet: float = 0.1) -> list[dict[str, Any]]:
+        """The records once none has come for `quiet` seconds: the addon writes a flow's record just
+        after its answer (FLUSH_DELAY), so a count taken at once may miss the last request's."""
+        records = self.records()
+        while True:
+            time.sleep(quiet)
+            now = self.records()
+            if len(now) == len(records):
+                return now
+            records = now
+
     def records_after(self, before: int, count: int, timeout: float = 5.0) -> list[dict[str, Any]]:
         """The records past the first `before`, once there are `count` of them; exactly `count`.
 
@@ -199,7 +210,7 @@ class Proxy:
     @contextmanager
     def expect_records(self, count: int = 1) -> Iterator[list[dict[str, Any]]]:
         """The records written by the requests made inside the block: exactly `count` of them."""
-        before = len(self.records())
+        before = len(self.settled_records())
         new: list[dict[str, Any]] = []
         yield new
         new.extend(self.records_after(before, count))
