@@ -184,17 +184,19 @@ class Trimflow:
         assert self.rules is not None
         rules = self.rules.current()
         request = flow.request
-        if self._format_for(flow) is None and not (rules.detect_by_shape and "json" in request.headers.get("content-type", "")):
+        headers = _plain_headers(request)
+        if self._format_for(flow) is None and not (rules.detect_by_shape and "json" in headers.get("content-type", "")):
             return None, None
-        if inline and (request.headers.get("content-encoding", "identity").strip().lower() not in ("", "identity") or self.simulated):
+        encoding = headers.get("content-encoding")
+        if inline and ((encoding or "identity").strip().lower() not in ("", "identity") or self.simulated):
             raise NeedsWorker("a compressed body or a simulated provider")
         try:
             # Bounded: a compressed body is never inflated past the limit (mitmproxy's decoder would).
-            body = decode_body(request.raw_content or b"", request.headers.get("content-encoding"), self.max_decoded_bytes)
+            body = decode_body(request.raw_content or b"", encoding, self.max_decoded_bytes)
         except DecodeError as exc:
             log.warning("trimflow: %s%s forwarded untouched: %s", request.pretty_host, _path(flow), exc)
             return self._undecodable(flow, str(exc)), None
-        outcome = prune_request(request.url, request.headers, body, rules, ctx.options.trimflow_mode, inline=inline)
+        outcome = prune_request(request.url, headers, body, rules, ctx.options.trimflow_mode, inline=inline)
         if outcome.record_pending:
             return None, outcome
         if outcome.record is None:
@@ -297,7 +299,7 @@ class Trimflow:
         message = flow.websocket.messages[-1]
         if not message.from_client or b"response.create" not in message.content[:256]:
             return
-        args = (flow.request.url, flow.request.headers, message.content, self.rules.current(), ctx.options.trimflow_mode, openai_responses.NAME)
+        args = (flow.request.url, _plain_headers(flow.request), message.content, self.rules.current(), ctx.options.trimflow_mode, openai_responses.NAME)
         try:
             try:
                 outcome = prune_request(*args, inline=True)
@@ -326,6 +328,17 @@ def _move_query_key_to_header(request: http.Request) -> None:
         request.headers["x-goog-api-key"] = key
     if header is None or header == key:
         del request.query["key"]
+
+
+def _plain_headers(message: http.Message) -> dict[str, str]:
+    """The headers as a dict with lower-case names (a repeated one joined as mitmproxy joins it): a
+    lookup in mitmproxy's Headers scans every field, and the engine makes several per request."""
+    headers: dict[str, str] = {}
+    for raw_name, raw_value in message.headers.fields:
+        # Decoded as mitmproxy decodes them, so session header values hash alike here and in recordings.
+        name, value = raw_name.decode("utf-8", "surrogateescape").lower(), raw_value.decode("utf-8", "surrogateescape")
+        headers[name] = f"{headers[name]}, {value}" if name in headers else value
+    return headers
 
 
 def _path(flow: http.HTTPFlow) -> str:

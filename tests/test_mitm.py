@@ -330,3 +330,11 @@ async def test_no_key_reaches_logs_or_metrics(addon, tmp_path, caplog) -> None:
     logged = "\n".join(r.getMessage() for r in caplog.records) + (tmp_path / "m.jsonl").read_text() + flow.comment
     assert "TOPSECRET" not in logged and "AIza" not in logged
     assert "gemini-2.5-flash" in logged
+
+
+def test_plain_headers_read_as_mitmproxy_reads_them() -> None:
+    headers = http.Headers([(b"Content-Type", b"application/json"), (b"X-Session-Id", "caf\u00e9".encode()), (b"Accept", b"a"), (b"accept", b"b")])
+    request = tutils.treq(headers=headers)
+    plain = mitm._plain_headers(request)
+    names = ("content-type", "x-session-id", "accept")
+    assert [plain[name] for name in names] == [request.headers[name.title()] for name in names]  # any case, joined alike

@@ -154,16 +154,24 @@ def prune_request(
         return _untouched(body, host, path, fmt, mode, f"body is a JSON {_JSON_TYPES.get(type(parsed), 'value')}, not an object", started)
     lowered = {name.lower(): value for name, value in headers.items()}
 
-    def run(inline: bool, started: float) -> Outcome:
-        try:
-            later = (lambda: run(False, time.perf_counter()).record) if inline else None
-            return _prune(doc, host, path, lowered, fmt, rules, mode, started, inline, later)
-        except NeedsWorker:
-            raise
-        except Exception as exc:  # noqa: BLE001 - the request must go through whatever the body holds
-            return _untouched(body, host, path, fmt, mode, f"internal error: {type(exc).__name__}", started)
+    def failed(exc: Exception) -> Outcome:
+        return _untouched(body, host, path, fmt, mode, f"internal error: {type(exc).__name__}", started)
 
-    return run(inline, started)
+    def guard(compute: Callable[[], Record]) -> Callable[[], Record | None]:
+        def guarded() -> Record | None:
+            try:
+                return compute()
+            except Exception as exc:  # noqa: BLE001 - as below: the record says what went wrong
+                return failed(exc).record
+
+        return guarded
+
+    try:
+        return _prune(doc, host, path, lowered, fmt, rules, mode, started, inline, guard if inline else None)
+    except NeedsWorker:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the request must go through whatever the body holds
+        return failed(exc)
 
 
 _JSON_TYPES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
@@ -190,38 +198,43 @@ def _prune(
     mode: str,
     started: float,
     inline: bool,
-    later: Callable[[], Record | None] | None = None,
+    guard: Callable[[Callable[[], Record]], Callable[[], Record | None]] | None = None,
 ) -> Outcome:
+    """`guard`, given when inline: wraps the deferred record's computation so it fails as this would."""
     parsed, body = doc.parsed, doc.body
     module = FORMATS[fmt]
     model = module.model(parsed, path)
     limits = rules.limits_for(host, path, model)
     media = [doc.resolve(m) for m in module.find_media(parsed)]
-    if later is not None and _nothing_to_change([m for m in media if m.kind == IMAGE], limits, len(body)):
-        return Outcome(body, None, later)
-    images = _facts([m for m in media if m.kind == IMAGE])
-    record = Record(
-        utc_timestamp(),
-        conversation_key(host, headers, parsed, module.conversation_anchor(parsed)),
-        None,
-        host,
-        path,
-        fmt,
-        model,
-        limits.rule,
-        mode,
-    )
-    reason = None
-    if is_sigv4(headers):
-        record.mode, reason = OBSERVE, "SigV4-signed body: any change would break its signature"
-    plan = _Plan(images, limits, fmt, model, inline)
+    images = [m for m in media if m.kind == IMAGE]
+
+    def record_of(plan: _Plan, out: bytes | _document.Written, started: float) -> Record:
+        record = Record(
+            utc_timestamp(),
+            conversation_key(host, headers, parsed, module.conversation_anchor(parsed)),
+            None,
+            host,
+            path,
+            fmt,
+            model,
+            limits.rule,
+            mode,
+        )
+        plan.fill(record, media, body, out)
+        if is_sigv4(headers):
+            record.mode, record.reason = OBSERVE, "SigV4-signed body: any change would break its signature"
+        if fmt == openai_responses.NAME:
+            record.server_side_history = openai_responses.server_side_history(parsed)
+        record.overhead_ms = _elapsed_ms(started)
+        return record
+
+    if guard is not None and _nothing_to_change(images, limits, len(body)):
+        # The plan of a request nothing changes is empty: only the record's facts are left to work out.
+        return Outcome(body, None, guard(lambda: record_of(_Plan(_facts(images), limits, fmt, model), body, time.perf_counter())))
+    plan = _Plan(_facts(images), limits, fmt, model, inline)
     candidates = plan.reduce()
     out = plan.apply_budgets(candidates, module, doc, sum(m.wire_bytes for m in media))
-    plan.fill(record, media, body, out)
-    record.reason = reason
-    if fmt == openai_responses.NAME:
-        record.server_side_history = openai_responses.server_side_history(parsed)
-    record.overhead_ms = _elapsed_ms(started)
+    record = record_of(plan, out, started)
     forward = out if record.mode == ENFORCE else body
     return Outcome(forward, record)
 
