@@ -33,6 +33,7 @@ TARGETED = [
     "throughput_ratio",
     "memory_ratio",
     "stream_added_ms",
+    "stream_loaded_added_ms",
 ]
 CONTEXT = [
     "engine_prune_ms",
@@ -51,6 +52,8 @@ CONTEXT = [
     "memory_plain_mb",
     "stream_addon_ms",
     "stream_plain_ms",
+    "stream_loaded_addon_ms",
+    "stream_loaded_plain_ms",
 ]
 
 

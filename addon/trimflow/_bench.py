@@ -676,19 +676,78 @@ def _stream_delays(port: int, events: int, interval_ms: float) -> list[float]:
         conn.close()
 
 
-def streaming_figures(addon: Proxy, plain_stream: Proxy, settings: Settings) -> list[Figure]:
+def _stream_delays_under_load(port: int, settings: Settings, body: bytes) -> tuple[list[float], int]:
+    """SSE event delays while another client sends `body` to the same proxy back to back, and how many it sent."""
+    stop = threading.Event()
+    sent = [0]
+    errors: list[BaseException] = []
+
+    def upload() -> None:
+        client = Client(port)
+        try:
+            while not stop.is_set():
+                client.post(body)
+                sent[0] += 1
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            client.close()
+
+    uploader = threading.Thread(target=upload, daemon=True)
+    uploader.start()
+    try:
+        delays = _stream_delays(port, settings.stream_events, settings.stream_interval_ms)
+    finally:
+        stop.set()
+        uploader.join()
+    if errors:
+        raise RuntimeError(f"the upload beside the stream failed: {errors[0]!r}")
+    return delays, sent[0]
+
+
+def _p95(values: list[float]) -> float:
+    return statistics.quantiles(values, n=20)[-1]
+
+
+def streaming_figures(addon: Proxy, plain_stream: Proxy, bodies: Bodies, settings: Settings) -> list[Figure]:
     delays: dict[str, list[float]] = {addon.name: [], plain_stream.name: []}
+    loaded: dict[str, list[float]] = {addon.name: [], plain_stream.name: []}
+    uploads = {addon.name: 0, plain_stream.name: 0}
     for proxy in (addon, plain_stream):
         _stream_delays(proxy.mitmdump.port, 3, 1)  # warm-up
     for _ in range(settings.stream_runs):
         for proxy in (addon, plain_stream):
             delays[proxy.name] += _stream_delays(proxy.mitmdump.port, settings.stream_events, settings.stream_interval_ms)
+    # The engine runs on mitmproxy's event loop (up to 16 MiB): what does pruning a 15.7 MB turn beside a
+    # stream do to it? The plain mitmdump streams that upload through instead of buffering it.
+    for _ in range(settings.stream_runs):
+        for proxy in (addon, plain_stream):
+            got, sent = _stream_delays_under_load(proxy.mitmdump.port, settings, bodies.pruned_16mb)
+            loaded[proxy.name] += got
+            uploads[proxy.name] += sent
     a, p = statistics.median(delays[addon.name]), statistics.median(delays[plain_stream.name])
+    la, lp = statistics.median(loaded[addon.name]), statistics.median(loaded[plain_stream.name])
     what = f"{settings.stream_runs} x {settings.stream_events} events, every {settings.stream_interval_ms:g} ms"
+    mb = len(bodies.pruned_16mb) / MB
     return [
         Figure("stream_addon_ms", f"SSE event delay with addon ({what})", a, "ms", note="addon mitmdump on its defaults: trimflow streams LLM responses itself"),
         Figure("stream_plain_ms", "SSE event delay plain mitmdump, stream_large_bodies=1", p, "ms"),
         Figure("stream_added_ms", "SSE delay added by the addon (median)", a - p, "ms", 5.0),
+        Figure(
+            "stream_loaded_addon_ms",
+            f"SSE event delay with addon, {mb:.1f} MB turns uploaded alongside",
+            la,
+            "ms",
+            note=f"p95 {_p95(loaded[addon.name]):.2f} ms; {uploads[addon.name]} turns pruned during the streams",
+        ),
+        Figure(
+            "stream_loaded_plain_ms",
+            "SSE event delay plain mitmdump, same uploads alongside",
+            lp,
+            "ms",
+            note=f"p95 {_p95(loaded[plain_stream.name]):.2f} ms; {uploads[plain_stream.name]} turns streamed through",
+        ),
+        Figure("stream_loaded_added_ms", "SSE delay added by the addon with uploads alongside (median)", la - lp, "ms", 5.0),
     ]
 
 
@@ -778,7 +837,7 @@ def run(settings: Settings, say: Callable[[str], None]) -> tuple[list[Figure], d
         say("throughput, 16 clients")
         figures += throughput_figures(addon, plain, bodies, settings)
         say("streaming")
-        figures += streaming_figures(addon, plain_stream, settings)
+        figures += streaming_figures(addon, plain_stream, bodies, settings)
         for proxy in (addon, plain, plain_stream):
             proxy.mitmdump.stop()
         say("memory, 8 clients x 16 MB at once (fresh processes)")
