@@ -146,7 +146,7 @@ class Trimflow:
             try:
                 record, outcome = self._prune_flow(flow, inline=True)
             except NeedsWorker:
-                record, outcome = await asyncio.to_thread(self._prune_flow, flow, inline=False)
+                record, outcome = await asyncio.to_thread(self._prune_in_worker, flow)
             if outcome is not None and outcome.record_pending:
                 # Nothing to change: mitmproxy forwards the request as soon as this hook returns, and the
                 # record is worked out on the next turn of the loop, while the provider answers.
@@ -177,6 +177,14 @@ class Trimflow:
             self._log_reason(flow, record)
             self._annotate(flow, record)
 
+    def _prune_in_worker(self, flow: http.HTTPFlow) -> tuple[Record | None, Outcome | None]:
+        record, outcome = self._prune_flow(flow, inline=False)
+        if outcome is not None and outcome.changed and _content_encoding(flow.request.headers.get("content-encoding")):
+            # Compressing the new body is slow: done here, and nothing is left for the loop to forward.
+            flow.request.content = outcome.body
+            outcome = None
+        return record, outcome
+
     def _prune_flow(self, flow: http.HTTPFlow, inline: bool) -> tuple[Record | None, Outcome | None]:
         """The record, and the outcome whose body the caller forwards. With `inline` (on the event loop)
         raises NeedsWorker before slow work: inflating a body, simulating a provider, or what the
@@ -188,7 +196,7 @@ class Trimflow:
         if self._format_for(flow) is None and not (rules.detect_by_shape and "json" in headers.get("content-type", "")):
             return None, None
         encoding = headers.get("content-encoding")
-        if inline and ((encoding or "identity").strip().lower() not in ("", "identity") or self.simulated):
+        if inline and (_content_encoding(encoding) or self.simulated):
             raise NeedsWorker("a compressed body or a simulated provider")
         try:
             # Bounded: a compressed body is never inflated past the limit (mitmproxy's decoder would).
@@ -328,6 +336,12 @@ def _move_query_key_to_header(request: http.Request) -> None:
         request.headers["x-goog-api-key"] = key
     if header is None or header == key:
         del request.query["key"]
+
+
+def _content_encoding(header: str | None) -> str | None:
+    """The coding a Content-Encoding header names, None for none or identity."""
+    coding = (header or "").strip().lower()
+    return None if coding in ("", "identity") else coding
 
 
 def _plain_headers(message: http.Message) -> dict[str, str]:

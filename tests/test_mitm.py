@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import threading
 import logging
 import os
 import time
@@ -130,18 +131,27 @@ async def test_light_work_runs_on_the_loop_and_slow_work_in_a_worker(addon, tmp_
         return await to_thread(fn, *args, **kwargs)
 
     monkeypatch.setattr(mitm.asyncio, "to_thread", counting)
+    set_in: list[str] = []  # the thread each new body is set (and, for gzip, compressed) in
+    content = http.Request.content
+
+    def setter(request, value) -> None:
+        set_in.append("loop" if threading.current_thread() is threading.main_thread() else "worker")
+        content.fset(request, value)
+
+    monkeypatch.setattr(http.Request, "content", property(content.fget, setter))
     plain = llm_flow(turns=4)
     await requested(addon, plain)
-    assert images_in(plain) == 2 and offloaded == []  # skeleton pass and placeholders: inline
+    assert images_in(plain) == 2 and offloaded == [] and set_in == ["loop"]  # skeleton pass and placeholders: inline
     compressed = llm_flow(turns=4)
     compressed.request.headers["content-encoding"] = "gzip"
     compressed.request.raw_content = gzip.compress(compressed.request.raw_content)
     await requested(addon, compressed)
-    assert images_in(compressed) == 2 and offloaded == ["_prune_flow"]  # inflating: a worker
+    assert images_in(compressed) == 2 and offloaded == ["_prune_in_worker"]  # inflating and compressing: a worker
+    assert set_in == ["loop", "worker"]
     addon.tctx.configure(addon, trimflow_rules=str(write_rules(tmp_path / "shrink.yaml", 8, "  max_image_side: 60\n")))
     shrink = llm_flow(turns=2)
     await requested(addon, shrink)
-    assert shrink.metadata["trimflow"]["shrunk"] == 2 and offloaded == ["_prune_flow", "_prune_flow"]  # Pillow: a worker
+    assert shrink.metadata["trimflow"]["shrunk"] == 2 and offloaded == ["_prune_in_worker"] * 2  # Pillow: a worker
 
 
 async def test_a_request_needing_nothing_goes_first_and_gets_its_record_on_the_next_loop_turn(addon) -> None:
