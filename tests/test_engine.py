@@ -365,3 +365,13 @@ def test_inline_stops_before_slow_work_and_says_which(monkeypatch) -> None:
     with pytest.raises(NeedsWorker, match="full parse"):
         inline(text_heavy)  # no skeleton for a body of many short strings
     assert run(text_heavy).record.images_before == 0  # the worker's run parses it whole
+
+
+def test_a_bad_escape_inside_an_image_that_is_read_forwards_the_body_with_the_reason() -> None:
+    # The skeleton never parses a payload; a read that meets an escape decodes it, and a bad one says so.
+    encoded = b64(screenshot(20, "PNG", seed=4))
+    bad = encoded[:1000] + "\\q" + encoded[1000:]
+    raw = b'{"model":"gpt-4o","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,' + bad.encode() + b'"}}]}]}'
+    outcome = prune_request(url_for("openai-chat"), {}, raw, rules_with(max_images=8), inline=True)
+    assert outcome.body is raw and not outcome.changed
+    assert "not JSON" in outcome.record.reason

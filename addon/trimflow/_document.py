@@ -100,9 +100,9 @@ class Written:
     """A body written from a Document: its pieces (kept payloads are views of the original bytes)
     and its length, joined into bytes on the first `bytes()`.
 
-    The engine runs in a worker thread, and a large buffer allocated there comes from that thread's
-    malloc arena: measured in mitmdump, that slowed the proxy's reading of the next request bodies
-    by a third. Leaving the one large copy to the caller's thread avoids it.
+    The engine may run in a worker thread (a slow request), and a large buffer allocated there comes
+    from that thread's malloc arena: measured in mitmdump, that slowed the proxy's reading of the next
+    request bodies by a third. Leaving the one large copy to the caller's thread avoids it.
     """
 
     __slots__ = ("_pieces", "_size", "_joined")

@@ -56,8 +56,8 @@ ENFORCE = "enforce"
 OBSERVE = "observe"
 MODES = (ENFORCE, OBSERVE)
 
-# Inline limits. The skeleton pass costs ~0.3 ms per MB in the proxy (bench: engine in the proxy), so
-# a 16 MiB body holds the loop ~5 ms, a fraction of what mitmproxy itself spends reading that body.
+# Inline limits. The skeleton pass costs ~0.3 ms per MB timed inside mitmdump, so a 16 MiB body holds
+# the loop ~5 ms, a fraction of what mitmproxy itself spends reading that body.
 # A full parse runs ~10x slower per byte; image re-encoding takes 25-250 ms per megapixel.
 INLINE_MAX_BODY = 16 * 2**20
 INLINE_MAX_WHOLE = 2**20
@@ -155,7 +155,9 @@ def prune_request(
     lowered = {name.lower(): value for name, value in headers.items()}
 
     def failed(exc: Exception) -> Outcome:
-        return _untouched(body, host, path, fmt, mode, f"internal error: {type(exc).__name__}", started)
+        # A payload is decoded only when read (_document.Payload): that is where a bad escape in one shows.
+        reason = str(exc) if isinstance(exc, _jsoncodec.BodyError) else f"internal error: {type(exc).__name__}"
+        return _untouched(body, host, path, fmt, mode, reason, started)
 
     def guard(compute: Callable[[], Record]) -> Callable[[], Record | None]:
         def guarded() -> Record | None:
