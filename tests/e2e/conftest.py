@@ -183,15 +183,17 @@ class Proxy:
             return []
         return [orjson.loads(line) for line in lines if line.strip()]
 
-    def settled_records(self, quiet: float = 0.1) -> list[dict[str, Any]]:
+    def settled_records(self, quiet: float = 0.1, timeout: float = 10.0) -> list[dict[str, Any]]:
         """The records once none has come for `quiet` seconds: the addon writes a flow's record just
         after its answer (FLUSH_DELAY), so a count taken at once may miss the last request's."""
+        deadline = time.monotonic() + timeout
         records = self.records()
         while True:
             time.sleep(quiet)
             now = self.records()
             if len(now) == len(records):
                 return now
+            assert time.monotonic() < deadline, f"records still coming after {timeout} s"
             records = now
 
     def records_after(self, before: int, count: int, timeout: float = 5.0) -> list[dict[str, Any]]:
