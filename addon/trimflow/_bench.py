@@ -35,7 +35,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -542,40 +542,61 @@ def latency_figures(addon: Proxy, plain: Proxy, bodies: Bodies, settings: Settin
     return figures
 
 
+def _post_ok(client: Client, body: bytes) -> None:
+    status, _, _ = client.post(body)
+    if status != 200:
+        raise RuntimeError(f"status {status}")
+
+
+@contextlib.contextmanager
+def _clients(port: int, count: int, work: Callable[[Client, threading.Event], None], what: str) -> Iterator[threading.Event]:
+    """`count` threads, each with its own persistent connection to `port`, running `work(client, stop)`
+    while the block runs. `stop` is set when one fails (and may be set by the block); leaving the block
+    waits for every thread and raises the first failure."""
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        client = Client(port)
+        try:
+            work(client, stop)
+        except BaseException as exc:  # noqa: BLE001 - raised when the block is left
+            errors.append(exc)
+            stop.set()
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=run, daemon=True) for _ in range(count)]
+    for t in threads:
+        t.start()
+    try:
+        yield stop
+    finally:
+        for t in threads:
+            t.join()
+    if errors:
+        raise RuntimeError(f"{what} client failed: {type(errors[0]).__name__}: {errors[0]}")
+
+
 def _throughput_run(port: int, requests: list[bytes], clients: int) -> tuple[float, int]:
     """Requests per second of `clients` threads with persistent connections sharing a fixed list."""
     lock = threading.Lock()
     pending = list(reversed(requests))
-    errors: list[BaseException] = []
     start = threading.Barrier(clients + 1)
 
-    def worker() -> None:
-        client = Client(port)
-        try:
-            start.wait()
-            while True:
-                with lock:
-                    if not pending or errors:
-                        return
-                    body = pending.pop()
-                status, _, _ = client.post(body)
-                if status != 200:
-                    raise RuntimeError(f"status {status}")
-        except BaseException as exc:  # noqa: BLE001 - reported by the caller
-            errors.append(exc)
-        finally:
-            client.close()
+    def work(client: Client, stop: threading.Event) -> None:
+        start.wait()
+        while not stop.is_set():
+            with lock:
+                if not pending:
+                    return
+                body = pending.pop()
+            _post_ok(client, body)
 
-    threads = [threading.Thread(target=worker, daemon=True) for _ in range(clients)]
-    for t in threads:
-        t.start()
-    start.wait()
-    began = time.perf_counter()
-    for t in threads:
-        t.join()
+    with _clients(port, clients, work, "throughput"):
+        start.wait()
+        began = time.perf_counter()
     elapsed = time.perf_counter() - began
-    if errors:
-        raise RuntimeError(f"throughput client failed: {type(errors[0]).__name__}: {errors[0]}")
     return len(requests) / elapsed, len(requests)
 
 
@@ -600,28 +621,14 @@ def throughput_figures(addon: Proxy, plain: Proxy, bodies: Bodies, settings: Set
 
 
 def _burst(port: int, body: bytes, clients: int) -> None:
-    errors: list[BaseException] = []
     start = threading.Barrier(clients)
 
-    def worker() -> None:
-        client = Client(port)
-        try:
-            start.wait()
-            status, _, _ = client.post(body)
-            if status != 200:
-                raise RuntimeError(f"status {status}")
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-        finally:
-            client.close()
+    def work(client: Client, stop: threading.Event) -> None:
+        start.wait()
+        _post_ok(client, body)
 
-    threads = [threading.Thread(target=worker, daemon=True) for _ in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise RuntimeError(f"memory client failed: {type(errors[0]).__name__}: {errors[0]}")
+    with _clients(port, clients, work, "memory"):
+        pass  # each client sends once, all released together; leaving waits for them
 
 
 def memory_figures(workdir: Path, upstream: Upstream, bodies: Bodies, settings: Settings) -> list[Figure]:
@@ -678,30 +685,18 @@ def _stream_delays(port: int, events: int, interval_ms: float) -> list[float]:
 
 def _stream_delays_under_load(port: int, settings: Settings, body: bytes) -> tuple[list[float], int]:
     """SSE event delays while another client sends `body` to the same proxy back to back, and how many it sent."""
-    stop = threading.Event()
     sent = [0]
-    errors: list[BaseException] = []
 
-    def upload() -> None:
-        client = Client(port)
+    def work(client: Client, stop: threading.Event) -> None:
+        while not stop.is_set():
+            _post_ok(client, body)
+            sent[0] += 1
+
+    with _clients(port, 1, work, "upload beside the stream") as stop:
         try:
-            while not stop.is_set():
-                client.post(body)
-                sent[0] += 1
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
+            delays = _stream_delays(port, settings.stream_events, settings.stream_interval_ms)
         finally:
-            client.close()
-
-    uploader = threading.Thread(target=upload, daemon=True)
-    uploader.start()
-    try:
-        delays = _stream_delays(port, settings.stream_events, settings.stream_interval_ms)
-    finally:
-        stop.set()
-        uploader.join()
-    if errors:
-        raise RuntimeError(f"the upload beside the stream failed: {errors[0]!r}")
+            stop.set()
     return delays, sent[0]
 
 
