@@ -147,7 +147,8 @@ def media_of(fmt: str, body: Any) -> tuple[list[bytes], list[bytes]]:
         node = body
         for key in m.path:
             node = node[key]
-        identity = orjson.dumps(node, option=orjson.OPT_SORT_KEYS) if fmt != "ollama" else node.encode()
+        # The standard library: orjson refuses integers over 64 bits, which a corrupted part may hold.
+        identity = json.dumps(node, sort_keys=True).encode() if fmt != "ollama" else node.encode()
         (images if m.kind == "image" else others).append(identity)
     return images, others
 
