@@ -24,6 +24,7 @@ from trimflow import ENFORCE, MODES, NeedsWorker, Outcome, prune_request  # noqa
 from trimflow._conversation import TurnCounter  # noqa: E402
 from trimflow._decode import DEFAULT_MAX_DECODED_BYTES, DecodeError, decode_body  # noqa: E402
 from trimflow._decode import OPTION as DECODE_OPTION  # noqa: E402
+from trimflow._malloc import TRIM_THRESHOLD, keep_freed_memory  # noqa: E402
 from trimflow._metrics import MetricsFile  # noqa: E402
 from trimflow._profiles import DEFAULT_PROFILES_PATH, OFF, Profile, check_request, select_profile  # noqa: E402
 from trimflow._record import Record, utc_timestamp  # noqa: E402
@@ -53,6 +54,7 @@ class Trimflow:
         self._warned_streamed: set[str] = set()
         self._unfinished: list[dict] = []  # records of finished flows not yet logged (see _finish)
         self._pending: dict[str, Outcome] = {}  # flow id -> forwarded as it came, record not yet worked out
+        self._kept_memory = False  # trimflow_keep_memory took effect (it cannot be undone)
 
     def load(self, loader) -> None:
         loader.add_option(
@@ -78,6 +80,12 @@ class Trimflow:
             "trimflow_simulate", str, OFF,
             "Name of a limit profile (see trimflow_profiles) to play the provider: a request that would be forwarded "
             "breaking it gets that provider's error answer instead, and its record says simulated. off: forward all.",
+        )
+        loader.add_option(
+            "trimflow_keep_memory", bool, True,
+            f"On Linux with glibc, keep up to {format_size(TRIM_THRESHOLD)} of freed memory in this process instead of "
+            "returning it after each request: a pruned body otherwise makes glibc give the heap back and fault it in "
+            "again while the next body is read (~2 ms per 16 MB request). Affects the whole process; turning it off takes a restart.",
         )
         loader.add_option(
             "trimflow_profiles", str, str(DEFAULT_PROFILES_PATH),
@@ -116,6 +124,11 @@ class Trimflow:
                 "upstream unpruned; leave it unset or set it above your largest LLM request",
                 ctx.options.stream_large_bodies,
             )
+        if "trimflow_keep_memory" in updated and ctx.options.trimflow_keep_memory and not self._kept_memory:
+            why_not = keep_freed_memory()
+            self._kept_memory = why_not is None
+            if why_not is not None:
+                log.info("trimflow: trimflow_keep_memory has no effect here: %s", why_not)
         if "trimflow_metrics" in updated:
             self._flush()  # into the file they were meant for
             if self.metrics is not None:

@@ -59,7 +59,8 @@ def test_options_have_defaults_and_help() -> None:
         options = tctx.options
         assert Path(options.trimflow_rules) == ROOT / "rules" / "default.yaml"
         assert options.trimflow_metrics == "" and options.trimflow_mode == "enforce"
-        for name in ("trimflow_rules", "trimflow_metrics", "trimflow_mode"):
+        assert options.trimflow_keep_memory is True
+        for name in ("trimflow_rules", "trimflow_metrics", "trimflow_mode", "trimflow_keep_memory"):
             assert options._options[name].help
         with pytest.raises(exceptions.OptionsError):
             tctx.configure(instance, trimflow_mode="bogus")
@@ -195,6 +196,31 @@ async def test_an_internal_error_fails_open(addon, caplog, monkeypatch) -> None:
     assert flow.request.raw_content == original
     messages = [r.getMessage() for r in caplog.records]
     assert any("RuntimeError" in m for m in messages) and not any("secret" in m for m in messages)
+
+
+async def test_keep_memory_is_set_once_at_start_unless_turned_off(monkeypatch, caplog) -> None:
+    calls: list[str] = []
+    monkeypatch.setattr(mitm, "keep_freed_memory", lambda: calls.append("set"))  # the real one: tests/test_malloc.py
+    instance = mitm.Trimflow()
+    with taddons.context(instance) as tctx:
+        instance.configure(set(tctx.options.keys()))  # as mitmdump configures a script it has loaded
+        assert calls == ["set"]
+        tctx.configure(instance, trimflow_keep_memory=False)
+        tctx.configure(instance, trimflow_keep_memory=True)
+        assert calls == ["set"]  # process-wide and for good: set once
+    off = mitm.Trimflow()
+    with taddons.context(off) as tctx:
+        tctx.options.trimflow_keep_memory = False  # --set trimflow_keep_memory=false
+        off.configure(set(tctx.options.keys()))
+        assert calls == ["set"]
+
+    monkeypatch.setattr(mitm, "keep_freed_memory", lambda: "not glibc")
+    elsewhere = mitm.Trimflow()
+    with taddons.context(elsewhere) as tctx, caplog.at_level(logging.INFO, logger="trimflow"):
+        elsewhere.configure(set(tctx.options.keys()))
+    assert [r.getMessage() for r in caplog.records if "keep_memory" in r.getMessage()] == [
+        "trimflow: trimflow_keep_memory has no effect here: not glibc"
+    ]
 
 
 def test_stream_large_bodies_gets_one_clear_warning(addon, caplog) -> None:
