@@ -128,6 +128,12 @@ def render_table(figures: list[Figure]) -> str:
 
 # --- settings ---------------------------------------------------------------------------------------------
 
+LATENCY_WARMUP = 3  # requests per proxy and body before the timed ones
+# Idle time (seconds) before each timed request, so that what a proxy does after its answer (the
+# addon's log line, FLUSH_DELAY after it) is done before the other proxy's request: on two cores it
+# would otherwise slow that request, which favours the addon.
+LATENCY_GAP = 0.02
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -501,12 +507,16 @@ def latency_figures(addon: Proxy, plain: Proxy, bodies: Bodies, settings: Settin
         received: dict[str, int] = {}
         times: dict[str, list[float]] = {addon.name: [], plain.name: []}
         try:
-            for proxy in (addon, plain):  # warm-up: connections, the addon's first-use imports
-                clients[proxy.name].post(body)
+            for proxy in (addon, plain):
+                # Warm-up: connections, the addon's first-use imports, and the heap, which the previous
+                # body size left in another shape (glibc faults pages in for a few requests).
+                for _ in range(LATENCY_WARMUP):
+                    clients[proxy.name].post(body)
             for _ in range(settings.latency_reps):
                 for proxy in (addon, plain):
                     client = clients[proxy.name]
                     gc.collect()
+                    time.sleep(LATENCY_GAP)
                     started = time.perf_counter()
                     status, got, _ = client.post(body)
                     times[proxy.name].append((time.perf_counter() - started) * 1000)
