@@ -46,6 +46,7 @@ import orjson
 from PIL import Image
 
 from ._engine import prune_request
+from ._malloc import MMAP_THRESHOLD, TRIM_THRESHOLD
 from ._mitmdump import Mitmdump
 from ._rules import DEFAULT_RULES_PATH, load_rules
 from ._synthetic import MIME, PATHS, data_url, image, screenshot, session_body
@@ -128,7 +129,11 @@ def render_table(figures: list[Figure]) -> str:
 
 # --- settings ---------------------------------------------------------------------------------------------
 
-LATENCY_WARMUP = 3  # requests per proxy and body before the timed ones
+# glibc reads these at start: the thresholds trimflow_keep_memory sets in the addon's process.
+KEPT_MEMORY_ENV = {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD), "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD)}
+# Requests per proxy and body before the timed ones: connections, the addon's first imports, and the
+# heap of a fresh mitmdump, which glibc grows and trims for ~20 turns of 16 MB before it settles.
+LATENCY_WARMUP = 20
 # Idle time (seconds) before each timed request, so that what a proxy does after its answer (the
 # addon's log line, FLUSH_DELAY after it) is done before the other proxy's request: on two cores it
 # would otherwise slow that request, which favours the addon.
@@ -158,7 +163,7 @@ QUICK = Settings(
     shrink_scale=0.5, shrink_repeats=1, shrink_turns=30,
 )
 FULL = Settings(
-    engine_reps=31, scaling_reps=11, scaling_mb=(1, 2, 4, 8, 16, 32, 64), latency_reps=25, throughput_runs=6,
+    engine_reps=31, scaling_reps=11, scaling_mb=(1, 2, 4, 8, 16, 32, 64), latency_reps=41, throughput_runs=6,
     throughput_requests=96, memory_rounds=3, stream_runs=4, stream_events=100, stream_interval_ms=20,
     shrink_scale=1.0, shrink_repeats=2, shrink_turns=30,
 )
@@ -497,23 +502,24 @@ def _status_kb(pid: int, key: str) -> int:
 # --- proxied figures ---------------------------------------------------------------------------------------
 
 
-def latency_figures(addon: Proxy, plain: Proxy, bodies: Bodies, settings: Settings) -> list[Figure]:
+def latency_figures(addon: Proxy, plain: Proxy, bodies: Bodies, settings: Settings, plain_kept: Proxy | None = None) -> list[Figure]:
+    """Addon against plain mitmdump; with `plain_kept` (plain, started with KEPT_MEMORY_ENV), also
+    against a plain mitmdump that keeps freed memory as the addon makes its process do."""
     figures = []
+    proxies = [addon, plain] + ([plain_kept] if plain_kept is not None else [])
     for key, body, limit, what in (
         ("prune", bodies.pruned_16mb, 1.0, "16 images pruned"),
         ("nochange", bodies.nochange_4mb, 1.10, "needing no change"),
     ):
-        clients = {p.name: Client(p.mitmdump.port) for p in (addon, plain)}
+        clients = {p.name: Client(p.mitmdump.port) for p in proxies}
         received: dict[str, int] = {}
-        times: dict[str, list[float]] = {addon.name: [], plain.name: []}
+        times: dict[str, list[float]] = {p.name: [] for p in proxies}
         try:
-            for proxy in (addon, plain):
-                # Warm-up: connections, the addon's first-use imports, and the heap, which the previous
-                # body size left in another shape (glibc faults pages in for a few requests).
-                for _ in range(LATENCY_WARMUP):
+            for _ in range(LATENCY_WARMUP):
+                for proxy in proxies:
                     clients[proxy.name].post(body)
             for _ in range(settings.latency_reps):
-                for proxy in (addon, plain):
+                for proxy in proxies:
                     client = clients[proxy.name]
                     gc.collect()
                     time.sleep(LATENCY_GAP)
@@ -533,6 +539,12 @@ def latency_figures(addon: Proxy, plain: Proxy, bodies: Bodies, settings: Settin
             Figure("latency_{}_plain_ms".format(key), "latency plain mitmdump, same body", p, "ms"),
             Figure(f"latency_{key}_ratio", f"latency addon / plain ({what})", a / p, "x", limit),
         ]
+        if plain_kept is not None:
+            k = statistics.median(times[plain_kept.name])
+            figures += [
+                Figure(f"latency_{key}_plain_kept_ms", "latency plain mitmdump keeping freed memory, same body", k, "ms"),
+                Figure(f"latency_{key}_ratio_kept", f"latency addon / plain keeping freed memory ({what})", a / k, "x"),
+            ]
         if key == "prune":
             saved_mb = (received[plain.name] - received[addon.name]) / MB
             if saved_mb <= 0:
@@ -644,6 +656,7 @@ def _burst(port: int, body: bytes, clients: int) -> None:
 def memory_figures(workdir: Path, upstream: Upstream, bodies: Bodies, settings: Settings) -> list[Figure]:
     peaks: dict[str, list[float]] = {"addon": [], "plain": []}
     baselines: dict[str, list[float]] = {"addon": [], "plain": []}
+    afters: dict[str, list[float]] = {"addon": [], "plain": []}  # what the process keeps once idle (trimflow_keep_memory)
     body = bodies.pruned_16mb
     for round_ in range(settings.memory_rounds):
         for name in ("addon", "plain"):  # a fresh process each time: VmHWM is the peak of its whole life
@@ -653,11 +666,17 @@ def memory_figures(workdir: Path, upstream: Upstream, bodies: Bodies, settings: 
                 baselines[name].append(_status_kb(proxy.pid, "VmRSS") / 1024)
                 _burst(proxy.mitmdump.port, body, 8)
                 peaks[name].append(proxy.peak_rss_mb())
+                time.sleep(0.5)
+                afters[name].append(_status_kb(proxy.pid, "VmRSS") / 1024)
             finally:
                 proxy.mitmdump.stop()
     a, p = statistics.median(peaks["addon"]), statistics.median(peaks["plain"])
     ba, bp = statistics.median(baselines["addon"]), statistics.median(baselines["plain"])
-    note = f"RSS before the burst: addon {ba:.0f} MB, plain {bp:.0f} MB; growth addon {a - ba:.0f} MB, plain {p - bp:.0f} MB"
+    aa, ap = statistics.median(afters["addon"]), statistics.median(afters["plain"])
+    note = (
+        f"RSS before the burst: addon {ba:.0f} MB, plain {bp:.0f} MB; growth addon {a - ba:.0f} MB, plain {p - bp:.0f} MB; "
+        f"0.5 s after it: addon {aa:.0f} MB, plain {ap:.0f} MB"
+    )
     return [
         Figure("memory_addon_mb", f"peak RSS with addon, 8 clients x {len(body) / MB:.1f} MB at once", a, "MB", note=note),
         Figure("memory_plain_mb", "peak RSS plain mitmdump, same burst", p, "MB"),
@@ -794,8 +813,10 @@ def _scaled_case(case: tuple[Any, ...], scale: float) -> tuple[Any, ...]:
 # --- the run -------------------------------------------------------------------------------------------------
 
 
-def start_proxy(workdir: Path, name: str, upstream: Upstream, *, addon: bool, options: dict[str, str] | None = None) -> Proxy:
-    return Proxy(name, Mitmdump(workdir, "--mode", f"reverse:{upstream.url}", addon=addon, options=options).start())
+def start_proxy(
+    workdir: Path, name: str, upstream: Upstream, *, addon: bool, options: dict[str, str] | None = None, env: dict[str, str] | None = None
+) -> Proxy:
+    return Proxy(name, Mitmdump(workdir, "--mode", f"reverse:{upstream.url}", addon=addon, options=options, env=env).start())
 
 
 def machine() -> dict[str, Any]:
@@ -830,15 +851,18 @@ def run(settings: Settings, say: Callable[[str], None]) -> tuple[list[Figure], d
         workdir = Path(tmp)
         upstream = Upstream().start()
         stack.callback(upstream.stop)
-        say("starting mitmdump: with the addon, plain, plain streaming")
+        say("starting mitmdump: with the addon, plain, plain with the addon's malloc thresholds, plain streaming")
         addon = start_proxy(workdir / "addon", "addon", upstream, addon=True)
         stack.callback(addon.mitmdump.stop)
         plain = start_proxy(workdir / "plain", "plain", upstream, addon=False)
         stack.callback(plain.mitmdump.stop)
+        plain_kept = start_proxy(workdir / "plain-kept", "plain-kept", upstream, addon=False, env=KEPT_MEMORY_ENV)
+        stack.callback(plain_kept.mitmdump.stop)
         plain_stream = start_proxy(workdir / "plain-stream", "plain-stream", upstream, addon=False, options={"stream_large_bodies": "1"})
         stack.callback(plain_stream.mitmdump.stop)
         say("latency through the proxy")
-        figures += latency_figures(addon, plain, bodies, settings)
+        figures += latency_figures(addon, plain, bodies, settings, plain_kept)
+        plain_kept.mitmdump.stop()
         say("throughput, 16 clients")
         figures += throughput_figures(addon, plain, bodies, settings)
         say("streaming")

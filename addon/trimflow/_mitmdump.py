@@ -35,7 +35,8 @@ def mitmdump_binary() -> str:
 
 
 class Mitmdump:
-    """A mitmdump process. `options` are `--set` values; `args` go to mitmdump as they are."""
+    """A mitmdump process. `options` are `--set` values; `args` go to mitmdump as they are; `env` is
+    added to this process's environment for it."""
 
     def __init__(
         self,
@@ -44,8 +45,10 @@ class Mitmdump:
         addon: bool = True,
         options: dict[str, str] | None = None,
         port: int | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.workdir = Path(workdir)
+        self.env = {**os.environ, **env} if env else None
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
         self.confdir = self.workdir / "confdir"
@@ -69,7 +72,7 @@ class Mitmdump:
 
     def start(self, timeout: float = 30.0) -> Mitmdump:
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child process
-        self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env)
         log.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
