@@ -14,10 +14,9 @@ threshold come from the heap, and up to the trim threshold of free memory stays 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 
-MMAP_THRESHOLD = 32 * 2**20  # glibc's largest allowed value on 64-bit: bodies up to this come from the heap
+MMAP_THRESHOLD = 32 * 2**20  # the upper limit mallopt(3) documents on 64-bit: bodies up to this come from the heap
 TRIM_THRESHOLD = 256 * 2**20  # measured: 64 MiB still trims after 16 MB turns, 256 MiB does not
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # from glibc's malloc.h
 
@@ -31,7 +30,7 @@ def keep_freed_memory(mmap_threshold: int = MMAP_THRESHOLD, trim_threshold: int 
     if not libc.startswith("glibc"):
         return "not glibc"
     try:
-        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+        mallopt = ctypes.CDLL(None).mallopt  # the process's own symbols, glibc's among them
     except (OSError, AttributeError) as exc:
         return f"no mallopt in the C library ({type(exc).__name__})"
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
