@@ -4,7 +4,7 @@ A pruned request swaps a 16 MB body for a 5 MB one. With glibc's default heurist
 leaves enough free memory at the top of the heap to cross its trim threshold, so the heap is given
 back to the kernel after a request and faulted in again, page by page, while mitmproxy reads the
 next body: measured in mitmdump on back-to-back 16 MB requests, ~1,000 more page faults and ~2 ms
-more per request than a plain mitmdump. A plain mitmdump gains from the same setting too, less
+more per request than a plain mitmdump. A plain mitmdump gains from the same setting too
 (scripts/bench: "plain keeping freed memory").
 
 Setting the thresholds fixes them (glibc stops adjusting them itself): allocations up to the mmap
