@@ -22,7 +22,7 @@ if _HERE not in sys.path:
 
 from trimflow import ENFORCE, MODES, NeedsWorker, Outcome, prune_request  # noqa: E402
 from trimflow._conversation import TurnCounter  # noqa: E402
-from trimflow._decode import DEFAULT_MAX_DECODED_BYTES, DecodeError, decode_body  # noqa: E402
+from trimflow._decode import DEFAULT_MAX_DECODED_BYTES, DecodeError, decode_body, is_identity  # noqa: E402
 from trimflow._decode import OPTION as DECODE_OPTION  # noqa: E402
 from trimflow._malloc import TRIM_THRESHOLD, keep_freed_memory  # noqa: E402
 from trimflow._metrics import MetricsFile  # noqa: E402
@@ -192,7 +192,7 @@ class Trimflow:
 
     def _prune_in_worker(self, flow: http.HTTPFlow) -> tuple[Record | None, Outcome | None]:
         record, outcome = self._prune_flow(flow, inline=False)
-        if outcome is not None and outcome.changed and _content_encoding(flow.request.headers.get("content-encoding")):
+        if outcome is not None and outcome.changed and not is_identity(flow.request.headers.get("content-encoding")):
             # Compressing the new body is slow: done here, and nothing is left for the loop to forward.
             flow.request.content = outcome.body
             outcome = None
@@ -209,7 +209,7 @@ class Trimflow:
         if self._format_for(flow) is None and not (rules.detect_by_shape and "json" in headers.get("content-type", "")):
             return None, None
         encoding = headers.get("content-encoding")
-        if inline and (_content_encoding(encoding) or self.simulated):
+        if inline and (not is_identity(encoding) or self.simulated):
             raise NeedsWorker("a compressed body or a simulated provider")
         try:
             # Bounded: a compressed body is never inflated past the limit (mitmproxy's decoder would).
@@ -349,12 +349,6 @@ def _move_query_key_to_header(request: http.Request) -> None:
         request.headers["x-goog-api-key"] = key
     if header is None or header == key:
         del request.query["key"]
-
-
-def _content_encoding(header: str | None) -> str | None:
-    """The coding a Content-Encoding header names, None for none or identity."""
-    coding = (header or "").strip().lower()
-    return None if coding in ("", "identity") else coding
 
 
 def _plain_headers(message: http.Message) -> dict[str, str]:

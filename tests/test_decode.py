@@ -26,6 +26,7 @@ from trimflow._decode import (
     DecodeError,
     UnsupportedEncoding,
     decode_body,
+    is_identity,
 )
 
 GiB = 1024**3
@@ -250,3 +251,13 @@ def test_brotli_without_a_bounded_decoder_is_refused_never_inflated() -> None:
     else:  # brotli 1.1 (mitmproxy 11) inflates a whole call at once: a bomb would inflate in full
         with pytest.raises(UnsupportedEncoding, match="needs brotli 1.2"):
             decode_body(wire, "br", 10 * MiB)
+
+
+@pytest.mark.parametrize("header", [None, "", "identity", " Identity ", "none", "identity, none"])
+def test_identity_names_no_coding(header) -> None:
+    assert is_identity(header)
+
+
+@pytest.mark.parametrize("header", ["gzip", "identity, gzip", "x-custom"])
+def test_any_other_coding_is_not_identity(header) -> None:
+    assert not is_identity(header)

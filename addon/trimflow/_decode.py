@@ -96,6 +96,11 @@ def decode_body(raw: bytes, content_encoding: str | None, limit: int = DEFAULT_M
     return sink.result()
 
 
+def is_identity(content_encoding: str | None) -> bool:
+    """Whether a Content-Encoding header names no coding at all (absent, identity, none)."""
+    return all(c.strip().lower() in _IDENTITY for c in (content_encoding or "").split(","))
+
+
 def _single_coding(content_encoding: str | None) -> str:
     codings = [c.strip().lower() for c in (content_encoding or "").split(",")]
     codings = [c for c in codings if c not in _IDENTITY]
