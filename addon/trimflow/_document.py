@@ -145,11 +145,8 @@ class Document:
         return Written(self._splice(out))
 
     def size(self, value: Any) -> int:
-        """len(self.dumps(value)), without building the spliced bytes."""
-        out = _jsoncodec.dumps(value, self.fallback)
-        if not self._spans or _MARK_BYTES not in out:
-            return len(out)
-        return sum(len(piece) for piece in self._splice(out))
+        """len(self.dumps(value)), without joining the spliced bytes."""
+        return len(self.write(value))
 
     def _splice(self, out: bytes) -> list[memoryview | bytes]:
         """`out` with each stub's text replaced by the original string's bytes."""
