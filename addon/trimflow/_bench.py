@@ -502,11 +502,11 @@ def _status_kb(pid: int, key: str) -> int:
 # --- proxied figures ---------------------------------------------------------------------------------------
 
 
-def latency_figures(addon: Proxy, plain: Proxy, bodies: Bodies, settings: Settings, plain_kept: Proxy | None = None) -> list[Figure]:
-    """Addon against plain mitmdump; with `plain_kept` (plain, started with KEPT_MEMORY_ENV), also
-    against a plain mitmdump that keeps freed memory as the addon makes its process do."""
+def latency_figures(addon: Proxy, plain: Proxy, plain_kept: Proxy, bodies: Bodies, settings: Settings) -> list[Figure]:
+    """Addon against plain mitmdump, and against `plain_kept`: plain mitmdump started with
+    KEPT_MEMORY_ENV, which keeps freed memory as the addon makes its process do."""
     figures = []
-    proxies = [addon, plain] + ([plain_kept] if plain_kept is not None else [])
+    proxies = [addon, plain, plain_kept]
     for key, body, limit, what in (
         ("prune", bodies.pruned_16mb, 1.0, "16 images pruned"),
         ("nochange", bodies.nochange_4mb, 1.10, "needing no change"),
@@ -539,12 +539,11 @@ def latency_figures(addon: Proxy, plain: Proxy, bodies: Bodies, settings: Settin
             Figure("latency_{}_plain_ms".format(key), "latency plain mitmdump, same body", p, "ms"),
             Figure(f"latency_{key}_ratio", f"latency addon / plain ({what})", a / p, "x", limit),
         ]
-        if plain_kept is not None:
-            k = statistics.median(times[plain_kept.name])
-            figures += [
-                Figure(f"latency_{key}_plain_kept_ms", "latency plain mitmdump keeping freed memory, same body", k, "ms"),
-                Figure(f"latency_{key}_ratio_kept", f"latency addon / plain keeping freed memory ({what})", a / k, "x"),
-            ]
+        k = statistics.median(times[plain_kept.name])
+        figures += [
+            Figure(f"latency_{key}_plain_kept_ms", "latency plain mitmdump keeping freed memory, same body", k, "ms"),
+            Figure(f"latency_{key}_ratio_kept", f"latency addon / plain keeping freed memory ({what})", a / k, "x"),
+        ]
         if key == "prune":
             saved_mb = (received[plain.name] - received[addon.name]) / MB
             if saved_mb <= 0:
@@ -861,7 +860,7 @@ def run(settings: Settings, say: Callable[[str], None]) -> tuple[list[Figure], d
         plain_stream = start_proxy(workdir / "plain-stream", "plain-stream", upstream, addon=False, options={"stream_large_bodies": "1"})
         stack.callback(plain_stream.mitmdump.stop)
         say("latency through the proxy")
-        figures += latency_figures(addon, plain, bodies, settings, plain_kept)
+        figures += latency_figures(addon, plain, plain_kept, bodies, settings)
         plain_kept.mitmdump.stop()
         say("throughput, 16 clients")
         figures += throughput_figures(addon, plain, bodies, settings)
