@@ -24,8 +24,6 @@ from .helpers import ROOT, answer_sent, mitm, requested
 SHOT = image(120, 80, "PNG", seed=5)
 
 
-
-
 def write_rules(path: Path, max_images: int, extra: str = "") -> Path:
     path.write_text(f"defaults:\n  max_images: {max_images}\n  max_body_bytes: 16MiB\n  keep_recent: 1\n{extra}")
     return path

@@ -98,9 +98,6 @@ def assert_record(record: dict[str, Any], wire_format: str, before: int, after: 
     assert usage is not None and record["usage_input_tokens"] == usage
 
 
-# --- rules --------------------------------------------------------------------------------------------------
-
-
 # --- one turn through each SDK: (reply text, prompt tokens the SDK saw) -------------------------------------
 
 
@@ -133,6 +130,9 @@ def anthropic_turn(client: Any, body: dict[str, Any], stream: bool) -> tuple[str
             return text, events.get_final_message().usage.input_tokens
     reply = client.messages.create(**args)
     return reply.content[0].text, reply.usage.input_tokens
+
+
+# --- rules --------------------------------------------------------------------------------------------------
 
 
 def write_rules(path: Path, max_images: int | str = 2) -> Path:
