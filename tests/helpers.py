@@ -12,7 +12,8 @@ import orjson
 
 from trimflow import Limits
 from trimflow._rules import Rules, builtin_rules
-from trimflow._synthetic import PATHS
+from trimflow.proxy import _addon as proxy_addon
+from trimflow.testing import PATHS
 
 
 def rules_with(**limits: Any) -> Rules:
@@ -40,7 +41,7 @@ def load_addon_module():
     return module
 
 
-mitm = load_addon_module()
+mitm = proxy_addon
 
 
 async def requested(addon, flow) -> None:

@@ -19,12 +19,12 @@ from mitmproxy.websocket import WebSocketMessage
 from wsproto.frame_protocol import Opcode
 
 from trimflow import ENFORCE, prune_request
-from trimflow._audit import main
-from trimflow._audit_gate import ExpressionError, parse
-from trimflow._audit_read import classify_failure, record_from_dict
-from trimflow._audit_summary import slope
+from trimflow.audit import main
+from trimflow.audit._gate import ExpressionError, parse
+from trimflow.audit._read import classify_failure, record_from_dict
+from trimflow.audit._summary import slope
 from trimflow._sizes import parse_size
-from trimflow._synthetic import PATHS, image, session_body
+from trimflow.testing import PATHS, image, session_body
 
 from .helpers import rules_with
 
@@ -600,11 +600,11 @@ def test_scripts_audit_runs_the_module(tmp_path) -> None:
 
     dump = write_dump(tmp_path / "run.mitm", session(2))
     root = Path(__file__).resolve().parents[1]
-    done = subprocess.run([sys.executable, "-m", "trimflow._audit", str(dump), "--fail-on", "images>1"],
+    done = subprocess.run([sys.executable, "-m", "trimflow", "audit", str(dump), "--fail-on", "images>1"],
                           capture_output=True, text=True, cwd=root, timeout=60)
     assert done.returncode == 1 and "FAIL images>1" in done.stderr
     assert (root / "scripts" / "audit").stat().st_mode & 0o111
-    assert "trimflow._audit" in (root / "scripts" / "audit").read_text()
+    assert "-m trimflow audit" in (root / "scripts" / "audit").read_text()
 
 
 def test_record_fields_are_dataclass_fields() -> None:

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from trimflow._document import MIN_PAYLOAD, Payload, parse
 from trimflow._jsoncodec import BodyError
-from trimflow._synthetic import b64, image, session_body
+from trimflow.testing import b64, image, session_body
 from trimflow.formats import FORMATS
 
 SHOT = image(200, 150, "PNG", seed=9)  # ~90 KB of noise: far over MIN_PAYLOAD as base64

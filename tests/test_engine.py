@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from trimflow import prune_request
-from trimflow._synthetic import b64, data_url, image, session_body, screenshot
+from trimflow.testing import b64, data_url, image, session_body, screenshot
 from trimflow.formats import FORMATS
 
 from .helpers import encode, rules_with, url_for

@@ -18,7 +18,7 @@ from PIL import Image
 from trimflow import _shrink, prune_request
 from trimflow._policy import Limits, decide
 from trimflow._record import Record
-from trimflow._synthetic import b64, data_url, image, session_body
+from trimflow.testing import b64, data_url, image, session_body
 from trimflow._tokens import anthropic_image_tokens, image_tokens, text_tokens
 from trimflow.formats import FORMATS
 

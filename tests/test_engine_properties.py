@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from trimflow import prune_request
-from trimflow._synthetic import b64, data_url, image
+from trimflow.testing import b64, data_url, image
 from trimflow.formats import FORMATS
 
 from .helpers import rules_with, url_for

@@ -28,15 +28,8 @@ from google import genai
 from google.genai import types
 from PIL import Image
 
-from trimflow._fake_provider import (
-    REPLY_TEXT,
-    FakeProvider,
-    Received,
-    count_images,
-    estimate_usage,
-    main,
-    route,
-)
+from trimflow.testing import REPLY_TEXT, FakeProvider, Received, count_images, estimate_usage
+from trimflow.testing._fake_provider import main, route
 
 from .certs import make_server_cert
 
@@ -438,7 +431,7 @@ def test_refuses_non_loopback() -> None:
 
 def test_cli_logs_sizes_but_no_secrets() -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "trimflow._fake_provider", "--port", "0"],
+        [sys.executable, "-m", "trimflow", "fake-provider", "--port", "0"],
         stderr=subprocess.PIPE,
         text=True,
     )

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from trimflow import prune_request
-from trimflow._synthetic import b64, data_url
+from trimflow.testing import b64, data_url
 from trimflow.formats import FORMATS
 
 from .helpers import rules_with, url_for

@@ -30,7 +30,7 @@ from mitmproxy.test import taddons, tflow, tutils
 
 from trimflow import prune_request
 from trimflow._rules import RulesFile, parse_rules
-from trimflow._synthetic import PATHS, b64, data_url, image, session_body
+from trimflow.testing import PATHS, b64, data_url, image, session_body
 from trimflow.formats import FORMATS
 
 from .helpers import answer_sent, mitm, requested

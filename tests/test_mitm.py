@@ -17,7 +17,7 @@ from mitmproxy.test import taddons, tflow, tutils
 from mitmproxy.websocket import WebSocketMessage
 from wsproto.frame_protocol import Opcode
 
-from trimflow._synthetic import PATHS, image, session_body
+from trimflow.testing import PATHS, image, session_body
 
 from .helpers import ROOT, answer_sent, mitm, requested
 

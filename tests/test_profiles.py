@@ -22,7 +22,7 @@ from trimflow._profiles import (
     provider_check,
     select_profile,
 )
-from trimflow._synthetic import PATHS, b64, image, session_body
+from trimflow.testing import PATHS, b64, image, session_body
 from trimflow.formats import anthropic
 
 from .helpers import ROOT, mitm, requested

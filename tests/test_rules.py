@@ -632,7 +632,7 @@ def test_the_example_files_are_there():
     names = {p.name for p in SHIPPED}
     assert names >= {
         "default.yaml",
-        "seed000-screenshot-backend.yaml",
+        "screenshot-backend-2mb.yaml",
         "anthropic-max.yaml",
         "bedrock.yaml",
         "azure-openai.yaml",
@@ -648,7 +648,7 @@ def test_every_shipped_file_loads(path):
 
 def test_examples_give_their_limits():
     ex = REPO / "rules" / "examples"
-    seed = load_rules(ex / "seed000-screenshot-backend.yaml").limits_for("backend", "/v2/chat/completions", "m")
+    seed = load_rules(ex / "screenshot-backend-2mb.yaml").limits_for("backend", "/v2/chat/completions", "m")
     assert (seed.max_images, seed.keep_recent) == (1, 1)
     assert 1_900_000 <= seed.max_body_bytes < 2 * MiB
     anth = load_rules(ex / "anthropic-max.yaml").limits_for("api.anthropic.com", "/v1/messages", "claude-x")

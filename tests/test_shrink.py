@@ -13,7 +13,7 @@ from PIL import Image
 
 from trimflow import _shrink
 from trimflow._shrink import MAX_PIXELS, ShrinkCache, Shrunk, shrink
-from trimflow._synthetic import b64, image
+from trimflow.testing import b64, image
 
 MiB = 2**20
 FIVE_MB = 5 * MiB
@@ -261,7 +261,7 @@ def test_wrapped_and_urlsafe_base64_decode() -> None:
 
 
 def test_the_benchmark_functions_return_their_figures() -> None:
-    from trimflow import _shrink_bench
+    from tests import shrink_bench as _shrink_bench
 
     speed = _shrink_bench.shrink_speed({"tiny": ("screen", "PNG", 800, 450, 200, None)}, repeats=1)
     assert speed["tiny"]["result"] == "image/png 200x112" and speed["tiny"]["ms_per_megapixel"] > 0

@@ -21,9 +21,9 @@ import orjson
 import pytest
 
 from trimflow import FORMATS
-from trimflow._fake_provider import FakeProvider, Received
-from trimflow._mitmdump import Mitmdump
-from trimflow._synthetic import b64, image, session_body
+from trimflow.testing import FakeProvider, Received
+from tests.mitmdump import Mitmdump
+from trimflow.testing import b64, image, session_body
 
 ROOT = Path(__file__).resolve().parents[2]
 

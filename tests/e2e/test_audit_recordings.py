@@ -20,10 +20,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from trimflow._audit import main
-from trimflow._fake_provider import FakeProvider, Received, count_images, estimate_usage
-from trimflow._mitmdump import Mitmdump, mitmdump_binary
-from trimflow._synthetic import PATHS, image, session_body
+from trimflow.audit import main
+from trimflow.testing import FakeProvider, Received, count_images, estimate_usage
+from tests.mitmdump import Mitmdump, mitmdump_binary
+from trimflow.testing import PATHS, image, session_body
 
 pytestmark = pytest.mark.e2e
 

@@ -12,9 +12,9 @@ import orjson
 import pytest
 from PIL import Image
 
-from trimflow._fake_provider import FakeProvider
-from trimflow._mitmdump import Mitmdump
-from trimflow._synthetic import b64, image
+from trimflow.testing import FakeProvider
+from tests.mitmdump import Mitmdump
+from trimflow.testing import b64, image
 
 pytestmark = pytest.mark.e2e
 

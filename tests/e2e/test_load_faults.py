@@ -34,9 +34,9 @@ import pytest
 
 from trimflow import prune_request
 from trimflow._decode import decode_body
-from trimflow._fake_provider import REPLY_TEXT, FakeProvider, Received
+from trimflow.testing import REPLY_TEXT, FakeProvider, Received
 from trimflow._rules import parse_rules
-from trimflow._synthetic import PATHS, image
+from trimflow.testing import PATHS, image
 
 from ..test_decode import GiB, MiB, gzip_bomb
 from ..test_hostile import HOSTILE, PRUNED, RULES_TEXT, UNTOUCHED, Hostile, check_pruned, expected_body, marker, params, session_json

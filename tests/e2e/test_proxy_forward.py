@@ -16,7 +16,7 @@ import pytest
 from google import genai
 from google.genai import types
 
-from trimflow._fake_provider import REPLY_TEXT, FakeProvider
+from trimflow.testing import REPLY_TEXT, FakeProvider
 
 from ..certs import make_server_cert
 from .conftest import (

@@ -19,9 +19,9 @@ import pytest
 from google import genai
 from google.genai import types
 
-from trimflow._fake_provider import REPLY_TEXT, FakeProvider, Received
-from trimflow._mitmdump import Mitmdump
-from trimflow._synthetic import PATHS, b64
+from trimflow.testing import REPLY_TEXT, FakeProvider, Received
+from tests.mitmdump import Mitmdump
+from trimflow.testing import PATHS, b64
 
 from .conftest import (
     anthropic_turn,

@@ -17,10 +17,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from trimflow._fake_provider import FakeProvider
-from trimflow._mitmdump import free_port
+from trimflow.testing import FakeProvider
+from tests.mitmdump import free_port
 from trimflow._profiles import load_profiles, provider_check
-from trimflow._replay import Row, Session, replay
+from trimflow.testing import Row, Session, replay
 
 from .conftest import ROOT, start_proxy
 
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.e2e
 PROFILES = load_profiles()
 AXUM_LIMIT = 2 * 1024 * 1024  # axum's default body limit, 2,097,152 bytes
 AXUM_TEXT = "Failed to buffer the request body: length limit exceeded"
-SEED000_RULES = ROOT / "rules" / "examples" / "seed000-screenshot-backend.yaml"
+SEED000_RULES = ROOT / "rules" / "examples" / "screenshot-backend-2mb.yaml"
 V2 = "/v2/chat/completions"  # seed 000's backend path, which the example rules match
 
 # Seed 000's screenshot: ~500 KB of WebP, ~669 KB (~687,000 bytes) of base64. Three of them weigh about
@@ -168,7 +168,7 @@ def test_the_scripts_reproduce_a_failure_from_the_command_line() -> None:
 
 
 def test_fake_provider_refuses_an_unknown_profile_with_the_known_names() -> None:
-    done = subprocess.run([sys.executable, "-m", "trimflow._fake_provider", "--port", "0", "--profile", "axum-2mib"],
+    done = subprocess.run([sys.executable, "-m", "trimflow", "fake-provider", "--port", "0", "--profile", "axum-2mib"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert "unknown profile 'axum-2mib'" in done.stderr and "did you mean 'axum-2mb'?" in done.stderr

@@ -14,8 +14,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from trimflow._fake_provider import FakeProvider
-from trimflow._mitmdump import free_port
+from trimflow.testing import FakeProvider
+from tests.mitmdump import free_port
 
 from .conftest import ROOT, assert_pruned_upstream, image_payloads, post, session, shots, write_rules
 

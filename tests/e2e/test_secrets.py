@@ -22,9 +22,9 @@ import orjson
 import pytest
 from mitmproxy import io as mitmproxy_io
 
-from trimflow._fake_provider import FakeProvider, Received
-from trimflow._mitmdump import mitmdump_binary
-from trimflow._synthetic import PATHS, b64
+from trimflow.testing import FakeProvider, Received
+from tests.mitmdump import mitmdump_binary
+from trimflow.testing import PATHS, b64
 
 from .conftest import ROOT, PROMPT_TEXTS, Proxy, post, session, shots, start_proxy, write_rules
 

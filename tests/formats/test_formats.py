@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from trimflow._synthetic import b64, data_url, image
+from trimflow.testing import b64, data_url, image
 from trimflow.formats import FORMATS, detect_shape
 
 PNG = image(64, 48, "PNG", seed=1)

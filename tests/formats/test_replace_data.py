@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from trimflow._imageinfo import sniff_base64
-from trimflow._synthetic import b64, image
+from trimflow.testing import b64, image
 from trimflow.formats import FORMATS
 
 from .test_formats import CASES

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._audit_read import InputTally, Row
+from ._read import InputTally, Row
 
 GROWTH_METHOD = "least-squares slope over the conversation's turns"
 UNKNOWN_CONVERSATION = "-"  # requests the engine could not read (not JSON): no conversation key

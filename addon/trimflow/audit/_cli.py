@@ -16,18 +16,18 @@ import os
 import sys
 from pathlib import Path
 
-from . import _audit_gate, _audit_html, _audit_report
-from ._audit_gate import Gate
-from ._audit_read import InputError, Reader
-from ._audit_summary import ProfileLimits, summarize
-from ._profiles import DEFAULT_PROFILES_PATH, UnknownProfile, load_profiles
-from ._rules import DEFAULT_RULES_PATH, RulesError, builtin_rules, load_rules
+from . import _gate, _html, _report
+from ._gate import Gate
+from ._read import InputError, Reader
+from ._summary import ProfileLimits, summarize
+from .._profiles import DEFAULT_PROFILES_PATH, UnknownProfile, load_profiles
+from .._rules import DEFAULT_RULES_PATH, RulesError, builtin_rules, load_rules
 
 FORMATS = {
-    "text": _audit_report.text,
-    "json": _audit_report.json,
-    "markdown": _audit_report.markdown,
-    "html": _audit_html.html,
+    "text": _report.text,
+    "json": _report.json,
+    "markdown": _report.markdown,
+    "html": _html.html,
 }
 
 EXIT_OK, EXIT_GATE, EXIT_UNUSABLE = 0, 1, 2
@@ -42,7 +42,7 @@ class _Parser(argparse.ArgumentParser):
 
 def parser() -> _Parser:
     p = _Parser(prog="scripts/audit", description=__doc__.split("\n\n")[0],
-                epilog=_audit_gate.__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+                epilog=_gate.__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("files", nargs="+", metavar="FILE", help=".mitm dump (mitmproxy 11 or 12), .har, or trimflow metrics .jsonl")
     p.add_argument("--rules", metavar="FILE",
                    help="what-if: apply this rules file offline to every recorded request and report before and after "
@@ -65,8 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # --help (0) or a usage error (2): a code to return, like every other outcome
         return exc.code if isinstance(exc.code, int) else EXIT_UNUSABLE
     try:
-        expressions = [_audit_gate.parse(text) for text in args.fail_on]
-    except _audit_gate.ExpressionError as exc:
+        expressions = [_gate.parse(text) for text in args.fail_on]
+    except _gate.ExpressionError as exc:
         return _fail(str(exc))
     try:
         if args.rules:
@@ -84,13 +84,13 @@ def main(argv: list[str] | None = None) -> int:
         summary = summarize(reader.rows(inputs), reader.tallies, args.rules, limits_source, profiles)
     except InputError as exc:
         return _fail(str(exc))
-    gate = Gate(expressions, _audit_gate.evaluate(expressions, summary)) if expressions else None
+    gate = Gate(expressions, _gate.evaluate(expressions, summary)) if expressions else None
     report = FORMATS[args.format](summary, gate)
     try:
         _write(report, args.out)
     except OSError as exc:
         return _fail(f"cannot write {args.out}: {exc.strerror or type(exc).__name__}")
-    for warning in _audit_report.warnings(summary):
+    for warning in _report.warnings(summary):
         print(f"trimflow audit: warning: {warning}", file=sys.stderr)
     if gate is not None and not gate.ok:
         for breach in gate.breaches:

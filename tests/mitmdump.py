@@ -1,20 +1,21 @@
 """Start and stop a real mitmdump process on loopback, with or without the trimflow addon.
 
-Used by the end-to-end tests, `scripts/replay`, `scripts/audit`'s tests and `scripts/bench`, so they
-all run the proxy the way a user does.
+Used by the end-to-end tests, the audit's tests and `scripts/bench`, so they all run the proxy the
+way a user does.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-ADDON = Path(__file__).resolve().parents[1] / "mitm.py"
+from trimflow import _run as trimflow_run
+
+ADDON = Path(__file__).resolve().parents[1] / "addon" / "mitm.py"
 
 
 def free_port() -> int:
@@ -25,10 +26,7 @@ def free_port() -> int:
 
 def mitmdump_binary() -> str:
     """The mitmdump of this interpreter's environment, else the one on PATH."""
-    beside = Path(sys.executable).parent / "mitmdump"
-    if beside.exists():
-        return str(beside)
-    found = shutil.which("mitmdump")
+    found = trimflow_run.mitmdump_binary()
     if found is None:
         raise FileNotFoundError("mitmdump not found: run scripts/setup")
     return found

@@ -60,7 +60,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import orjson
 
-from ._profiles import DEFAULT_PROFILES_PATH, load_profiles, provider_check
+from .._profiles import DEFAULT_PROFILES_PATH, load_profiles, provider_check
 
 REPLY_TEXT = "ok from fake-provider"
 # The reply streamed as a few deltas; joined they give REPLY_TEXT.

@@ -45,11 +45,11 @@ from typing import Any
 import orjson
 from PIL import Image
 
-from ._engine import prune_request
-from ._malloc import MMAP_THRESHOLD, TRIM_THRESHOLD
-from ._mitmdump import Mitmdump
-from ._rules import DEFAULT_RULES_PATH, load_rules
-from ._synthetic import MIME, PATHS, data_url, image, screenshot, session_body
+from trimflow._engine import prune_request
+from trimflow._malloc import MMAP_THRESHOLD, TRIM_THRESHOLD
+from tests.mitmdump import Mitmdump
+from trimflow._rules import DEFAULT_RULES_PATH, load_rules
+from trimflow.testing import MIME, PATHS, data_url, image, screenshot, session_body
 
 FORMAT = "openai-chat"
 PATH = PATHS[FORMAT]
@@ -63,7 +63,7 @@ RULES = load_rules(DEFAULT_RULES_PATH)
 EVENTS_HEADER = "X-Bench-Events"
 INTERVAL_HEADER = "X-Bench-Interval-Ms"
 RECEIVED_HEADER = "X-Bench-Received"  # the body bytes the upstream read
-SHRINK_MODULE = "trimflow._shrink_bench"
+SHRINK_MODULE = "tests.shrink_bench"
 
 
 # --- figures ------------------------------------------------------------------------------------------------
@@ -419,7 +419,7 @@ class Upstream:
 
     def start(self) -> Upstream:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "trimflow._bench", "--serve-upstream"],
+            [sys.executable, "-m", "tests.bench", "--serve-upstream"],
             stdout=subprocess.PIPE,
             stdin=subprocess.DEVNULL,
             env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
@@ -778,7 +778,7 @@ def streaming_figures(addon: Proxy, plain_stream: Proxy, bodies: Bodies, setting
 
 
 def shrink_figures(settings: Settings) -> list[Figure]:
-    """trimflow._shrink_bench's figures (issue 6, built separately), or a row saying they are not available."""
+    """tests.shrink_bench's figures (issue 6, built separately), or a row saying they are not available."""
     if importlib.util.find_spec(SHRINK_MODULE) is None:
         return [Figure("shrink", "shrink: not available", None, "", note=f"{SHRINK_MODULE} does not exist in this checkout")]
     try:
@@ -870,7 +870,7 @@ def run(settings: Settings, say: Callable[[str], None]) -> tuple[list[Figure], d
             proxy.mitmdump.stop()
         say("memory, 8 clients x 16 MB at once (fresh processes)")
         figures += memory_figures(workdir, upstream, bodies, settings)
-    say("shrink (trimflow._shrink_bench)")
+    say("shrink (tests.shrink_bench)")
     figures += shrink_figures(settings)
     with contextlib.suppress(OSError):
         info["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]

@@ -23,12 +23,12 @@ import orjson
 from mitmproxy import http
 from mitmproxy import io as mitm_io
 
-from ._conversation import TurnCounter
-from ._engine import ENFORCE, OBSERVE, prune_request
-from ._record import Record
-from ._rules import Rules
-from ._usage import input_tokens_of
-from .formats import openai_responses
+from .._conversation import TurnCounter
+from .._engine import ENFORCE, OBSERVE, prune_request
+from .._record import Record
+from .._rules import Rules
+from .._usage import input_tokens_of
+from ..formats import openai_responses
 
 PROXY_META = "trimflow"  # the flow.metadata key where the addon keeps its record (addon/mitm.py's META)
 

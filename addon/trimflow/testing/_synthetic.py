@@ -13,7 +13,7 @@ from typing import Any
 
 from PIL import Image
 
-from .formats import anthropic, bedrock, gemini, ollama, openai_chat, openai_responses
+from ..formats import anthropic, bedrock, gemini, ollama, openai_chat, openai_responses
 
 MIME = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp", "GIF": "image/gif"}
 

@@ -21,9 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._audit_read import Row
-from ._audit_summary import Conversation, Summary
-from ._sizes import format_size, parse_size
+from ._read import Row
+from ._summary import Conversation, Summary
+from .._sizes import format_size, parse_size
 
 _OPS: dict[str, Callable[[Any, Any], bool]] = {
     ">=": operator.ge, "<=": operator.le, "!=": operator.ne, "==": operator.eq,

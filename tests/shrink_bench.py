@@ -16,12 +16,12 @@ from typing import Any
 import orjson
 from PIL import Image
 
-from . import _shrink
-from ._engine import prune_request
-from ._policy import Limits
-from ._rules import builtin_rules
-from ._synthetic import PATHS, b64, image, session_body
-from .formats import FORMATS
+from trimflow import _shrink
+from trimflow._engine import prune_request
+from trimflow._policy import Limits
+from trimflow._rules import builtin_rules
+from trimflow.testing import PATHS, b64, image, session_body
+from trimflow.formats import FORMATS
 
 # name -> (content, format, width, height, max_side, max_bytes): jobs the engine gives _shrink.
 # "screen" is screenshot-like (flat areas, a busy window); "photo" is dense noise, the slow case.

@@ -9,14 +9,14 @@ import math
 from collections.abc import Callable
 from html import escape
 
-from ._audit_gate import Gate
-from ._audit_read import Row
-from ._audit_report import (
+from ._gate import Gate
+from ._read import Row
+from ._report import (
     TURN_COLUMNS, conversation_title, counts_text, crossing_text, failure_text, growth_text, inputs_text,
     mode_text, notes, percent, tokens, turn_cells, warnings,
 )
-from ._audit_summary import Conversation, Summary
-from ._sizes import format_size
+from ._summary import Conversation, Summary
+from .._sizes import format_size
 
 WIDTH, HEIGHT = 560, 250
 LEFT, RIGHT, TOP, BOTTOM = 62, 18, 44, 34

@@ -25,7 +25,7 @@ import orjson
 
 from ._fake_provider import RECEIVED_BYTES_HEADER
 from ._synthetic import MIME, PATHS, b64, screenshot, session_body
-from .formats import bedrock, gemini
+from ..formats import bedrock, gemini
 
 # Built into the body in place of each screenshot, then swapped for that turn's own image: the
 # synthetic session builders take one image for every turn, an agent sends a new one each turn.

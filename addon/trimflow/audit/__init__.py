@@ -1,0 +1,36 @@
+"""Audit recorded LLM traffic: growth per turn, the turn that crosses each limit, what a rules file would
+change, and a CI gate over all of it.
+
+Inputs are mitmproxy dumps (`mitmdump -w`), HAR files and trimflow's metrics JSONL.
+`python -m trimflow audit` (and `scripts/audit`) is the command line; from Python:
+
+    reader = Reader(rules, limits, what_if=False)
+    summary = summarize(reader.rows(reader.check(paths)), reader.tallies, None, "rules/default.yaml", [])
+    expressions = [parse_expression("images>8")]
+    gate = Gate(expressions, evaluate(expressions, summary))
+"""
+
+from ._cli import main
+from ._gate import Breach, Expression, ExpressionError, Gate, evaluate
+from ._gate import parse as parse_expression
+from ._read import InputError, InputTally, Reader, Row
+from ._summary import Conversation, Crossing, ProfileLimits, Summary, summarize
+
+__all__ = [
+    "Breach",
+    "Conversation",
+    "Crossing",
+    "Expression",
+    "ExpressionError",
+    "Gate",
+    "InputError",
+    "InputTally",
+    "ProfileLimits",
+    "Reader",
+    "Row",
+    "Summary",
+    "evaluate",
+    "main",
+    "parse_expression",
+    "summarize",
+]
