@@ -8,7 +8,7 @@ import json
 import orjson
 import pytest
 
-from trimflow import prune_request
+from trimflow import prune, prune_request
 from trimflow.testing import b64, data_url, image, session_body, screenshot
 from trimflow.formats import FORMATS
 
@@ -338,10 +338,15 @@ def _comparable(outcome) -> tuple:
     return outcome.body, record
 
 
+def prune_inline(raw: bytes, rules):
+    """As the proxy runs the engine: on the event loop, for a target it resolved."""
+    return prune(rules.target_for_url(url_for("openai-chat")), {}, raw, rules, inline=True)
+
+
 def test_inline_gives_what_a_worker_run_gives() -> None:
     raw = orjson.dumps(session_body("openai-chat", 12, screenshot(40, "PNG", seed=1), "image/png"))
     for limits in ({"max_images": 8}, {"max_images": 20}, {"max_images": 20, "max_body_bytes": len(raw) // 2}):
-        inline = prune_request(url_for("openai-chat"), {}, raw, rules_with(**limits), inline=True)
+        inline = prune_inline(raw, rules_with(**limits))
         assert _comparable(inline) == _comparable(run(raw, **limits))
 
 
@@ -349,7 +354,7 @@ def test_inline_stops_before_slow_work_and_says_which(monkeypatch) -> None:
     from trimflow import NeedsWorker, _engine
 
     def inline(raw: bytes, **limits):
-        return prune_request(url_for("openai-chat"), {}, raw, rules_with(**limits), inline=True)
+        return prune_inline(raw, rules_with(**limits))
 
     raw = orjson.dumps(session_body("openai-chat", 3, screenshot(40, "PNG", seed=2), "image/png"))
     with pytest.raises(NeedsWorker, match="image to re-encode"):
@@ -372,6 +377,6 @@ def test_a_bad_escape_inside_an_image_that_is_read_forwards_the_body_with_the_re
     encoded = b64(screenshot(20, "PNG", seed=4))
     bad = encoded[:1000] + "\\q" + encoded[1000:]
     raw = b'{"model":"gpt-4o","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,' + bad.encode() + b'"}}]}]}'
-    outcome = prune_request(url_for("openai-chat"), {}, raw, rules_with(max_images=8), inline=True)
+    outcome = prune_inline(raw, rules_with(max_images=8))
     assert outcome.body is raw and not outcome.changed
     assert "not JSON" in outcome.record.reason

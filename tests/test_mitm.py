@@ -51,6 +51,21 @@ def addon(tmp_path):
         yield instance
 
 
+async def test_transparent_mode_matches_rules_on_the_host_the_client_addressed(tmp_path) -> None:
+    # In transparent mode the request's host is the address connected to; the Host header names the API.
+    rules = write_rules(tmp_path / "rules.yaml", 8, "rules:\n  - name: openai\n    match: {host: api.openai.com}\n    max_images: 2\n")
+    instance = mitm.Trimflow()
+    with taddons.context(instance) as tctx:
+        tctx.configure(instance, trimflow_rules=str(rules))
+        flow = llm_flow(host="203.0.113.5", headers={"host": "api.openai.com"})
+        assert flow.request.host == "203.0.113.5" and flow.request.pretty_host == "api.openai.com"
+        instance.requestheaders(flow)
+        await requested(instance, flow)
+        record = flow.metadata[mitm.META]
+        assert (record["rule"], record["host"], record["images_before"], record["images_after"]) == ("openai", "api.openai.com", 5, 2)
+        assert images_in(flow) == 2
+
+
 def test_options_have_defaults_and_help() -> None:
     instance = mitm.Trimflow()
     with taddons.context(instance) as tctx:
@@ -186,7 +201,7 @@ async def test_an_internal_error_fails_open(addon, caplog, monkeypatch) -> None:
     def broken(*args, **kwargs):
         raise RuntimeError("boom with secret body text")
 
-    monkeypatch.setattr(mitm, "prune_request", broken)
+    monkeypatch.setattr(mitm, "prune", broken)
     flow = llm_flow(turns=4)
     original = flow.request.raw_content
     with caplog.at_level(logging.WARNING, logger="trimflow"):

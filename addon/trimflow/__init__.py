@@ -3,7 +3,7 @@
 The engine is pure Python; `addon/mitm.py` is the mitmproxy addon that runs it on live traffic.
 """
 
-from ._engine import ENFORCE, MODES, OBSERVE, NeedsWorker, Outcome, is_sigv4, prune_request
+from ._engine import ENFORCE, MODES, OBSERVE, NeedsWorker, Outcome, is_sigv4, prune, prune_request
 from ._policy import DEFAULT_PLACEHOLDER, Decision, Limits, count_pruned, decide
 from ._record import Record
 from .formats import FORMATS, Media, detect_shape
@@ -24,5 +24,6 @@ __all__ = [
     "decide",
     "detect_shape",
     "is_sigv4",
+    "prune",
     "prune_request",
 ]

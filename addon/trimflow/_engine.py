@@ -38,7 +38,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
-from urllib.parse import urlsplit
 
 from . import _document, _jsoncodec, _shrink
 from ._conversation import conversation_key
@@ -47,7 +46,7 @@ from ._placeholder import MediaFacts, render
 from ._policy import Limits, count_pruned, prune_to_budgets
 from ._record import Record, utc_timestamp
 from ._sizes import format_size
-from ._rules import Rules
+from ._rules import Rules, Target
 from ._tokens import image_tokens, text_tokens
 from .formats import FORMATS, IMAGE, Media, WireFormat, detect_shape
 from .formats import openai_responses
@@ -123,18 +122,27 @@ def prune_request(
     rules: Rules,
     mode: str = ENFORCE,
     wire_format: str | None = None,
+) -> Outcome:
+    """Apply the rules to one request given by its URL (a Host header in `headers` names the host, as
+    for the proxy). `wire_format` forces a format (a Responses WebSocket message)."""
+    target = rules.target_for_url(url, headers, wire_format)
+    return Outcome(body, None) if target is None else prune(target, headers, body, rules, mode)
+
+
+def prune(
+    target: Target,
+    headers: Mapping[str, str],
+    body: bytes,
+    rules: Rules,
+    mode: str = ENFORCE,
     inline: bool = False,
 ) -> Outcome:
-    """Apply the rules to one request. `wire_format` forces a format (WebSocket messages).
+    """Apply the rules to one request whose Target the caller resolved (Rules.target).
 
     With `inline`, raises NeedsWorker instead of starting slow work (see the module's docstring).
     """
     started = time.perf_counter()
-    parts = urlsplit(url)
-    host, path = parts.hostname or "", parts.path or "/"
-    fmt = wire_format or rules.format_for(host, path)
-    if fmt is None and not rules.detect_by_shape:
-        return Outcome(body, None)
+    host, path, fmt = target.host, target.path, target.format
     if inline and len(body) > INLINE_MAX_BODY:
         raise NeedsWorker(f"a body over {format_size(INLINE_MAX_BODY)}")
     try:

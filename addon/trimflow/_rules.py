@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
@@ -109,6 +110,16 @@ def _bare_host(host: str) -> str:
     elif host.count(":") == 1:  # more than one colon is a bare IPv6 address, not host:port
         host = host.partition(":")[0]
     return host.rstrip(".")
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where an LLM request goes, resolved once per request: the host the client addressed (bare),
+    the URL path without its query, and the wire format its endpoint names (None: the body's shape tells)."""
+
+    host: str
+    path: str
+    format: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +215,30 @@ class Rules:
             if ep._hit(host, path):
                 return ep.format
         return None
+
+    def target(
+        self, host: str, path: str, *, method: str = "POST", content_type: str | None = None, wire_format: str | None = None
+    ) -> Target | None:
+        """The request's Target when it is (or may be) an LLM request, else None: the one test the proxy,
+        the audit and the tools share. A POST to an endpoint is one; any other POST may be, by its
+        body's shape, when detect_by_shape is on and its content type (when known) is JSON.
+        `wire_format` forces the format (a Responses WebSocket message, whatever its method)."""
+        host, path = _bare_host(host), path.partition("?")[0]
+        if wire_format is not None:
+            return Target(host, path, wire_format)
+        if method != "POST":
+            return None
+        fmt = self.format_for(host, path)
+        if fmt is None and not (self.detect_by_shape and (content_type is None or "json" in content_type.lower())):
+            return None
+        return Target(host, path, fmt)
+
+    def target_for_url(self, url: str, headers: Mapping[str, str] | None = None, wire_format: str | None = None) -> Target | None:
+        """`target` for a POST to `url`; a Host header, when given, names the host as it does for the proxy."""
+        parts = urlsplit(url)
+        lowered = {k.lower(): v for k, v in (headers or {}).items()}
+        host = lowered.get("host") or parts.hostname or ""
+        return self.target(host, parts.path or "/", content_type=lowered.get("content-type"), wire_format=wire_format)
 
     def with_limits(self, **fields: Any) -> Rules:
         """These rules with `fields` forced on the defaults and on every rule (command-line overrides)."""

@@ -24,7 +24,7 @@ from mitmproxy import http
 from mitmproxy import io as mitm_io
 
 from .._conversation import TurnCounter
-from .._engine import ENFORCE, OBSERVE, prune_request
+from .._engine import ENFORCE, OBSERVE, prune
 from .._record import Record
 from .._rules import Rules
 from .._usage import input_tokens_of
@@ -250,10 +250,9 @@ class Reader:
                 proxy_record = record_from_dict(proxy)
             except ValueError:
                 proxy_record = None
-        looks_json = self.rules.detect_by_shape and "json" in request.headers.get("content-type", "")
-        if proxy_record is None and (
-            request.method != "POST" or (self.rules.format_for(request.pretty_host, path) is None and not looks_json)
-        ):
+        target = self.rules.target(request.pretty_host, path, method=request.method,
+                                   content_type=request.headers.get("content-type", ""))
+        if proxy_record is None and target is None:
             tally.skipped += 1
             return []
         if proxy_record is not None and not self.what_if:
@@ -262,8 +261,8 @@ class Reader:
             body = self._body(request, tally)
             if body is None:
                 return []
-            outcome = prune_request(request.url, request.headers, body, self.rules, OBSERVE)
-            if outcome.record is not None:
+            outcome = prune(target, request.headers, body, self.rules, OBSERVE) if target is not None else None
+            if outcome is not None and outcome.record is not None:
                 record, after = outcome.record, WHAT_IF if self.what_if else None
                 if proxy_record is not None:
                     self._what_if_after_proxy(record, proxy_record)
@@ -324,7 +323,9 @@ class Reader:
         for message in flow.websocket.messages:
             if not message.from_client or b"response.create" not in message.content[:256]:
                 continue
-            outcome = prune_request(flow.request.url, flow.request.headers, message.content, self.rules, OBSERVE, openai_responses.NAME)
+            target = self.rules.target(flow.request.pretty_host, flow.request.path, wire_format=openai_responses.NAME)
+            assert target is not None  # a forced format always resolves
+            outcome = prune(target, flow.request.headers, message.content, self.rules, OBSERVE)
             if outcome.record is None:
                 continue
             outcome.record.ts = _utc(message.timestamp)

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 
 from mitmproxy import ctx, exceptions, http
 
-from .. import ENFORCE, MODES, NeedsWorker, Outcome, prune_request
+from .. import ENFORCE, MODES, NeedsWorker, Outcome, prune
 from .._conversation import TurnCounter
 from .._decode import DEFAULT_MAX_DECODED_BYTES, DecodeError, decode_body, is_identity
 from .._decode import OPTION as DECODE_OPTION
@@ -20,7 +21,7 @@ from .._malloc import TRIM_THRESHOLD, keep_freed_memory
 from .._metrics import MetricsFile
 from .._profiles import DEFAULT_PROFILES_PATH, OFF, Profile, check_request, select_profile
 from .._record import Record, utc_timestamp
-from .._rules import DEFAULT_RULES_PATH, RulesError, RulesFile
+from .._rules import DEFAULT_RULES_PATH, RulesError, RulesFile, Target
 from .._sizes import format_size, parse_size
 from .._usage import UsageScanner, input_tokens_of
 from ..formats import gemini, openai_responses
@@ -46,6 +47,8 @@ class Trimflow:
         self._warned_streamed: set[str] = set()
         self._unfinished: list[dict] = []  # records of finished flows not yet logged (see _finish)
         self._pending: dict[str, Outcome] = {}  # flow id -> forwarded as it came, record not yet worked out
+        # Per flow, not in flow.metadata: metadata goes into recordings (-w), and a Target is not serializable.
+        self._targets: weakref.WeakKeyDictionary[http.HTTPFlow, Target | None] = weakref.WeakKeyDictionary()
         self._kept_memory = False  # trimflow_keep_memory took effect (it cannot be undone)
 
     def load(self, loader) -> None:
@@ -133,9 +136,20 @@ class Trimflow:
         if self.metrics is not None:
             self.metrics.close()
 
+    def _target(self, flow: http.HTTPFlow) -> Target | None:
+        """The flow's Target, resolved once from the host the client addressed (pretty_host: the Host
+        header in transparent mode, where request.host is an address)."""
+        if flow not in self._targets:
+            assert self.rules is not None
+            request = flow.request
+            self._targets[flow] = self.rules.current().target(
+                request.pretty_host, request.path, method=request.method, content_type=request.headers.get("content-type", "")
+            )
+        return self._targets[flow]
+
     def _format_for(self, flow: http.HTTPFlow) -> str | None:
-        assert self.rules is not None
-        return self.rules.current().format_for(flow.request.pretty_host, flow.request.path.split("?", 1)[0])
+        target = self._target(flow)
+        return target.format if target is not None else None
 
     def requestheaders(self, flow: http.HTTPFlow) -> None:
         if "key=" in flow.request.path and self._format_for(flow) == gemini.NAME:
@@ -197,9 +211,10 @@ class Trimflow:
         assert self.rules is not None
         rules = self.rules.current()
         request = flow.request
-        headers = _plain_headers(request)
-        if self._format_for(flow) is None and not (rules.detect_by_shape and "json" in headers.get("content-type", "")):
+        target = self._target(flow)
+        if target is None:
             return None, None
+        headers = _plain_headers(request)
         encoding = headers.get("content-encoding")
         if inline and (not is_identity(encoding) or self.simulated):
             raise NeedsWorker("a compressed body or a simulated provider")
@@ -209,7 +224,7 @@ class Trimflow:
         except DecodeError as exc:
             log.warning("trimflow: %s%s forwarded untouched: %s", request.pretty_host, _path(flow), exc)
             return self._undecodable(flow, str(exc)), None
-        outcome = prune_request(request.url, headers, body, rules, ctx.options.trimflow_mode, inline=inline)
+        outcome = prune(target, headers, body, rules, ctx.options.trimflow_mode, inline=inline)
         if outcome.record_pending:
             return None, outcome
         if outcome.record is None:
@@ -312,12 +327,15 @@ class Trimflow:
         message = flow.websocket.messages[-1]
         if not message.from_client or b"response.create" not in message.content[:256]:
             return
-        args = (flow.request.url, _plain_headers(flow.request), message.content, self.rules.current(), ctx.options.trimflow_mode, openai_responses.NAME)
+        rules = self.rules.current()
+        target = rules.target(flow.request.pretty_host, flow.request.path, wire_format=openai_responses.NAME)
+        assert target is not None  # a forced format always resolves
+        args = (target, _plain_headers(flow.request), message.content, rules, ctx.options.trimflow_mode)
         try:
             try:
-                outcome = prune_request(*args, inline=True)
+                outcome = prune(*args, inline=True)
             except NeedsWorker:
-                outcome = await asyncio.to_thread(prune_request, *args)
+                outcome = await asyncio.to_thread(prune, *args)
         except Exception as exc:  # noqa: BLE001 - fail open
             log.warning("trimflow: websocket message forwarded untouched: internal error %s", type(exc).__name__)
             return
