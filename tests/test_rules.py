@@ -4,6 +4,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from trimflow._policy import DEFAULT_PLACEHOLDER, Limits
 from trimflow._rules import (
@@ -589,8 +590,11 @@ def test_builtin_rules_have_no_limits():
 def test_format_names_match_the_format_modules():
     from trimflow.formats import FORMATS
 
-    assert set(FORMAT_NAMES) == set(FORMATS)
+    assert FORMAT_NAMES == tuple(FORMATS)
     assert {e.format for e in BUILTIN_ENDPOINTS} == set(FORMAT_NAMES)
+    assert [(e.path, e.format) for e in BUILTIN_ENDPOINTS] == [
+        (glob, name) for name, module in FORMATS.items() for glob in module.ENDPOINTS
+    ]
 
 
 # --- the shipped files --------------------------------------------------------------------------
@@ -622,6 +626,23 @@ def test_shipped_default_spells_out_the_builtin_endpoints():
     assert r.endpoints == BUILTIN_ENDPOINTS
     assert r.detect_by_shape is True
     assert "endpoints:" in DEFAULT_RULES_PATH.read_text()
+
+
+def test_shipped_default_yaml_lists_the_builtin_endpoints_in_order():
+    # Read with plain PyYAML, not the rules parser, so a parser that fell back to the built-in list would not pass.
+    listed = yaml.safe_load(DEFAULT_RULES_PATH.read_text(encoding="utf-8"))["endpoints"]
+    assert [(e["path"], e["format"]) for e in listed] == [(e.path, e.format) for e in BUILTIN_ENDPOINTS]
+    assert all(set(e) == {"path", "format"} for e in listed)
+
+
+def test_no_path_matches_two_builtin_endpoints():
+    # Each built-in glob ends in a literal text; when no such ending is the ending of another,
+    # no path matches two globs and the order of the list changes no answer.
+    endings = [e.path.rpartition("*")[2] for e in BUILTIN_ENDPOINTS]
+    assert all(endings)
+    for i, a in enumerate(endings):
+        for j, b in enumerate(endings):
+            assert i == j or not a.endswith(b), (a, b)
 
 
 # Rules files; rules/profiles.yaml holds limit profiles (another format, tested in test_profiles.py).

@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from .formats import ENDPOINTS, FORMATS
 from ._placeholder import PLACEHOLDER_FIELDS, REPEAT_FIELDS
 from ._policy import Limits
 from ._sizes import parse_size
@@ -34,15 +35,8 @@ log = logging.getLogger("trimflow")
 
 DEFAULT_RULES_PATH: Path = Path(__file__).resolve().parents[2] / "rules" / "default.yaml"
 
-# Wire format names; the same as the keys of trimflow.formats.FORMATS (a test checks).
-FORMAT_NAMES: tuple[str, ...] = (
-    "openai-chat",
-    "openai-responses",
-    "anthropic",
-    "gemini",
-    "bedrock-converse",
-    "ollama",
-)
+# Wire format names, in the formats package's order.
+FORMAT_NAMES: tuple[str, ...] = tuple(FORMATS)
 
 # Sample values for checking a placeholder template at load time, in the types _placeholder.render
 # passes: numbers are ints so a format spec such as {bytes:,} is checked as it will be used, and
@@ -254,24 +248,9 @@ class Rules:
         return self.defaults
 
 
-# Wire formats by URL path. First match wins, so specific patterns come before general ones.
-# fnmatch's "*" also matches "/", so "*/chat/completions" covers any prefix (/v1/, /v2/, Azure's
-# /openai/deployments/{d}/, OpenRouter's /api/v1/, Ollama's /v1/). Mirrored in rules/default.yaml.
-BUILTIN_ENDPOINTS: tuple[Endpoint, ...] = (
-    Endpoint("*/chat/completions", "openai-chat"),
-    Endpoint("*/responses/compact", "openai-responses"),
-    Endpoint("*/responses", "openai-responses"),
-    Endpoint("*/publishers/anthropic/models/*:rawPredict", "anthropic"),
-    Endpoint("*/publishers/anthropic/models/*:streamRawPredict", "anthropic"),
-    Endpoint("*:generateContent", "gemini"),
-    Endpoint("*:streamGenerateContent", "gemini"),
-    Endpoint("*/model/*/converse", "bedrock-converse"),
-    Endpoint("*/model/*/converse-stream", "bedrock-converse"),
-    Endpoint("*/model/*/invoke", "anthropic"),
-    Endpoint("*/model/*/invoke-with-response-stream", "anthropic"),
-    Endpoint("*/v1/messages", "anthropic"),
-    Endpoint("*/api/chat", "ollama"),
-)
+# Wire formats by URL path, first match wins: each format module owns its path globs (formats.ENDPOINTS).
+# rules/default.yaml spells the same list out (a test checks).
+BUILTIN_ENDPOINTS: tuple[Endpoint, ...] = tuple(Endpoint(glob, fmt) for glob, fmt in ENDPOINTS)
 
 
 @functools.cache

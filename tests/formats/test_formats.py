@@ -7,7 +7,7 @@ import copy
 import pytest
 
 from trimflow.testing import b64, data_url, image
-from trimflow.formats import FORMATS, detect_shape
+from trimflow.formats import FORMATS, detect_shape, streamed_path
 
 PNG = image(64, 48, "PNG", seed=1)
 JPEG = image(80, 60, "JPEG", seed=2)
@@ -283,6 +283,33 @@ def test_model_from_path_when_the_body_has_none() -> None:
     vertex = "/v1/projects/p/locations/us-east5/publishers/anthropic/models/claude-sonnet-4@20250514:streamRawPredict"
     assert FORMATS["anthropic"].model({"anthropic_version": "vertex-2023-10-16", "messages": []}, vertex) == "claude-sonnet-4@20250514"
     assert FORMATS["anthropic"].model({"messages": []}, "/model/us.anthropic.claude-3-7-sonnet-20250219-v1%3A0/invoke") == "us.anthropic.claude-3-7-sonnet-20250219-v1:0"
+
+
+@pytest.mark.parametrize(
+    ("path", "streamed"),
+    [
+        ("/v1beta/models/gemini-2.5-pro:streamGenerateContent?alt=sse", True),
+        ("/v1beta/models/gemini-2.5-pro:generateContent", False),
+        ("/v1/projects/p/locations/us-east5/publishers/anthropic/models/claude-sonnet-4@20250514:streamRawPredict", True),
+        ("/v1/projects/p/locations/us-east5/publishers/anthropic/models/claude-sonnet-4@20250514:rawPredict", False),
+        ("/model/anthropic.claude-3-5-sonnet-20240620-v1%3A0/converse-stream", True),
+        ("/model/anthropic.claude-3-5-sonnet-20240620-v1%3A0/converse", False),
+        ("/model/us.anthropic.claude-sonnet-4-20250514-v1%3A0/invoke-with-response-stream", True),
+        ("/model/x/invoke", False),
+        ("/v1/chat/completions", False),  # OpenAI, Anthropic's own API and Ollama ask in the body
+        ("/v1/messages", False),
+        ("/api/chat", False),
+        ("/v1/chat/completions?x=:streamGenerateContent", False),  # the query is not the path
+    ],
+)
+def test_streamed_path(path: str, streamed: bool) -> None:
+    assert streamed_path(path) is streamed
+
+
+def test_each_stream_suffix_ends_one_of_its_formats_endpoints() -> None:
+    for module in FORMATS.values():
+        for suffix in module.STREAM_SUFFIXES:
+            assert any(glob.endswith(suffix) for glob in module.ENDPOINTS), (module.NAME, suffix)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

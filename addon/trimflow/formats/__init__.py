@@ -12,6 +12,18 @@ FORMATS: dict[str, WireFormat] = {
     for module in (openai_chat, openai_responses, anthropic, gemini, bedrock, ollama)
 }
 
+# Every format's endpoint path globs, as (glob, format name), in first-match order. No built-in glob's literal
+# ending is the ending of another's (a test checks), so no path matches two and the order changes no answer.
+ENDPOINTS: tuple[tuple[str, str], ...] = tuple((glob, name) for name, module in FORMATS.items() for glob in module.ENDPOINTS)
+
+_STREAM_SUFFIXES: tuple[str, ...] = tuple(suffix for module in FORMATS.values() for suffix in module.STREAM_SUFFIXES)
+
+
+def streamed_path(path: str) -> bool:
+    """Whether the URL path (query ignored) asks for a streamed answer, whatever the body says."""
+    return path.partition("?")[0].endswith(_STREAM_SUFFIXES)
+
+
 # Shape detection order: the most distinctive shapes first, OpenAI chat (the most generic) last.
 _SHAPE_ORDER = (gemini, openai_responses, ollama, bedrock, anthropic, openai_chat)
 
@@ -26,4 +38,6 @@ def detect_shape(body: Any) -> str | None:
     return None
 
 
-__all__ = ["DOCUMENT", "FORMATS", "IMAGE", "JsonPath", "Media", "WireFormat", "detect_shape", "split_data_url"]
+__all__ = [
+    "DOCUMENT", "ENDPOINTS", "FORMATS", "IMAGE", "JsonPath", "Media", "WireFormat", "detect_shape", "split_data_url", "streamed_path",
+]

@@ -42,6 +42,8 @@ class WireFormat(Protocol):
     """What every format module provides. All functions are pure over parsed JSON."""
 
     NAME: str
+    ENDPOINTS: tuple[str, ...]  # URL path globs of its endpoints, most specific first
+    STREAM_SUFFIXES: tuple[str, ...]  # path endings that ask for a streamed answer
 
     def find_media(self, body: dict[str, Any]) -> list[Media]:
         """Every image and document in document order."""

@@ -14,6 +14,19 @@ from ._base import DOCUMENT, IMAGE, JsonPath, Media, dicts, first_items, kind_of
 
 NAME = "anthropic"
 
+# URL path globs of this format's endpoints (fnmatch, whole path, query excluded).
+# Vertex AI (the body has anthropic_version and no model), Bedrock InvokeModel with a Claude body, then the
+# direct API. /v1/messages/count_tokens and /v1/messages/batches are not matched: a glob matches the whole path.
+ENDPOINTS: tuple[str, ...] = (
+    "*/publishers/anthropic/models/*:rawPredict",
+    "*/publishers/anthropic/models/*:streamRawPredict",
+    "*/model/*/invoke",
+    "*/model/*/invoke-with-response-stream",
+    "*/v1/messages",
+)
+# Path endings that ask for a streamed answer whatever the body says.
+STREAM_SUFFIXES: tuple[str, ...] = (":streamRawPredict", "/invoke-with-response-stream")
+
 
 def find_media(body: dict[str, Any]) -> list[Media]:
     found: list[Media] = []

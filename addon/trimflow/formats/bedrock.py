@@ -14,6 +14,12 @@ from ._base import DOCUMENT, IMAGE, JsonPath, Media, dicts, first_items, replace
 
 NAME = "bedrock-converse"
 
+# URL path globs of this format's endpoints (fnmatch, whole path, query excluded).
+# The model id is URL-encoded in the path.
+ENDPOINTS: tuple[str, ...] = ("*/model/*/converse", "*/model/*/converse-stream")
+# Path endings that ask for a streamed answer whatever the body says.
+STREAM_SUFFIXES: tuple[str, ...] = ("/converse-stream",)
+
 _KINDS = {"image": IMAGE, "document": DOCUMENT, "video": "video"}
 
 

@@ -14,6 +14,12 @@ from ._base import JsonPath, Media, dicts, first_items, kind_of_mime, replace_im
 
 NAME = "gemini"
 
+# URL path globs of this format's endpoints (fnmatch, whole path, query excluded).
+# Gemini API and Vertex Gemini (.../publishers/google/models/{m}:generateContent).
+ENDPOINTS: tuple[str, ...] = ("*:generateContent", "*:streamGenerateContent")
+# Path endings that ask for a streamed answer whatever the body says.
+STREAM_SUFFIXES: tuple[str, ...] = (":streamGenerateContent",)
+
 
 def find_media(body: dict[str, Any]) -> list[Media]:
     found: list[Media] = []

@@ -13,6 +13,11 @@ from ._base import IMAGE, JsonPath, Media, dicts, first_items, rebuild
 
 NAME = "ollama"
 
+# URL path globs of this format's endpoints (fnmatch, whole path, query excluded).
+ENDPOINTS: tuple[str, ...] = ("*/api/chat",)
+# Ollama streams unless the body says "stream": false; the path never says.
+STREAM_SUFFIXES: tuple[str, ...] = ()
+
 
 def find_media(body: dict[str, Any]) -> list[Media]:
     found: list[Media] = []

@@ -14,6 +14,12 @@ from ._base import DOCUMENT, IMAGE, JsonPath, Media, data_url, dicts, first_item
 
 NAME = "openai-chat"
 
+# URL path globs of this format's endpoints (fnmatch, whole path, query excluded).
+# fnmatch's "*" also matches "/": any prefix (/v1/, /v2/, Azure's /openai/deployments/{d}/, OpenRouter's /api/v1/).
+ENDPOINTS: tuple[str, ...] = ("*/chat/completions",)
+# Streaming is asked in the body ("stream": true), never by the path.
+STREAM_SUFFIXES: tuple[str, ...] = ()
+
 
 def find_media(body: dict[str, Any]) -> list[Media]:
     found: list[Media] = []

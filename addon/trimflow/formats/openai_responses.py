@@ -14,6 +14,12 @@ from ._base import DOCUMENT, IMAGE, JsonPath, Media, data_url, dicts, replace_im
 
 NAME = "openai-responses"
 
+# URL path globs of this format's endpoints (fnmatch, whole path, query excluded).
+# /v1/responses, Codex's /backend-api/codex/responses and .../responses/compact.
+ENDPOINTS: tuple[str, ...] = ("*/responses/compact", "*/responses")
+# Streaming is asked in the body ("stream": true), never by the path.
+STREAM_SUFFIXES: tuple[str, ...] = ()
+
 
 def request_of(body: dict[str, Any]) -> tuple[dict[str, Any], JsonPath]:
     """The Responses request inside a body, and its path: a WebSocket `response.create` may nest it."""
