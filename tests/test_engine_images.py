@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 from trimflow import _shrink, prune_request
-from trimflow._policy import Limits, decide
+from trimflow._policy import Limits
 from trimflow._record import Record
 from trimflow.testing import b64, data_url, image, session_body
 from trimflow._tokens import anthropic_image_tokens, image_tokens, text_tokens
@@ -441,16 +441,6 @@ def test_body_and_token_budgets_each_take_their_share() -> None:
     est = by_body.record.est_tokens_after
     both = run("openai-chat", raw, keep_recent=0, max_body_bytes=len(raw) - 1, max_est_tokens=est - 200)
     assert (both.record.pruned_for_body, both.record.pruned_for_tokens) == (1, 1)
-
-
-def test_decide_generalises_over_both_budgets() -> None:
-    limits = Limits(max_images=8, keep_recent=1, max_body_bytes=1000, max_est_tokens=500)
-    body = lambda k: 1500 - 200 * k  # noqa: E731 - over until 3 pruned
-    tokens = lambda k: 900 - 100 * k  # noqa: E731 - over until 4 pruned
-    decision = decide(10, limits, body, tokens)
-    assert (decision.pruned, decision.by_count, decision.by_tokens, decision.over_budget) == (4, 2, 1, False)
-    assert decide(10, limits, body).by_tokens == 0  # no token function: that budget is not applied
-    assert decide(3, limits, body, tokens).over_budget  # only 2 prunable
 
 
 # --- bodies and records ---------------------------------------------------------------------------

@@ -4,13 +4,12 @@ The engine is pure Python; `addon/mitm.py` is the mitmproxy addon that runs it o
 """
 
 from ._engine import ENFORCE, MODES, OBSERVE, NeedsWorker, Outcome, is_sigv4, prune, prune_request
-from ._policy import DEFAULT_PLACEHOLDER, Decision, Limits, count_pruned, decide
+from ._policy import DEFAULT_PLACEHOLDER, Limits, count_pruned
 from ._record import Record
 from .formats import FORMATS, Media, detect_shape
 
 __all__ = [
     "DEFAULT_PLACEHOLDER",
-    "Decision",
     "ENFORCE",
     "FORMATS",
     "Limits",
@@ -21,7 +20,6 @@ __all__ = [
     "Outcome",
     "Record",
     "count_pruned",
-    "decide",
     "detect_shape",
     "is_sigv4",
     "prune",

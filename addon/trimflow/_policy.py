@@ -1,47 +1,87 @@
-"""Which images to keep: a pure decision over image sizes and the limits of one request."""
+"""The policy: which images of one request are sent, re-encoded or replaced by a placeholder.
+
+Pure decisions over what the engine found (each image's wire size and header facts) and the limits
+that apply. The policy never sees the format module or the parsed document: the engine hands it a
+`BodyWriter` that writes and measures the body with a set of placeholders.
+
+The steps, in order over the request's images in document order (each sees what the ones before it
+left, and every image ends as sent, re-encoded and sent, or a placeholder):
+1. Repeats (`dedupe`): an image whose base64 payload equals a later image's becomes
+   `repeat_placeholder`, pointing at the next later copy (so its text never changes on later turns).
+2. Count cap (`max_images`, `prune_batch`): the oldest survivors become placeholders; never the
+   newest `keep_recent`.
+3. Per-image limits: a survivor over `max_image_bytes` (its base64 length) or `max_image_side`, or
+   over `many_images_max_side` when more than `many_images_threshold` images survive step 2, is
+   shrunk; one that cannot be is dropped with a placeholder whose {reason} says why - even one of the
+   newest `keep_recent`, since the provider would refuse the whole request.
+4. Thinning (`thumbnail_side`): survivors older than the newest `keep_recent` go as thumbnails
+   (one encode that also meets step 3's limits), so the budgets below drop fewer images.
+5. Budgets (`max_body_bytes`, then `max_est_tokens`): the oldest survivors become placeholders
+   while the body or the token estimate is over; never the newest `keep_recent`.
+
+Each step also says, from the image count, the payload sizes and the body size alone, whether it
+might change the request (`might_change`); a request no step might change is forwarded without
+sniffing an image (`nothing_to_change`). A new limit is one step, or one step's two methods.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
+
+from . import _shrink
+from ._placeholder import MediaFacts, render
+from ._sizes import format_size
+from ._tokens import image_tokens, text_tokens
+from .formats import JsonPath, Media
 
 DEFAULT_PLACEHOLDER = "[trimflow: {kind} #{ordinal} omitted ({mime}, {dims}, {size})]"
 # Stands where an image was that the same request sends again later; {later} is that image's ordinal.
 DEFAULT_REPEAT_PLACEHOLDER = "[trimflow: image #{ordinal} repeated as image #{later}]"
 
-# A budget: its limit (None = none) and the size with the oldest k candidates pruned.
-Budget = tuple[int | None, Callable[[int], int] | None]
+# Kinds of limit, for the rules parser: what a value may be.
+COUNT, SIZE, SIDE, BOOL, TEMPLATE = "count", "size", "side", "bool", "template"
+MIN_IMAGE_BYTES = 1024  # a byte limit below this is a typo (5 instead of 5MiB), not a real limit
+MIN_SIDE = 16  # the smallest long side the shrink ladder goes down to
+
+
+def _limit(default: Any, kind: str, doc: str, *, minimum: int | None = None, nullable: bool = True, pair: str | None = None) -> Any:
+    """A Limits field with what the rules parser needs to check a value: its kind, smallest value,
+    whether null (no limit) is allowed, and the field it only means something together with."""
+    metadata = {"kind": kind, "doc": doc, "min": minimum, "nullable": nullable, "pair": pair}
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """The effective limits for one request, as resolved from the rules.
+    """The effective limits for one request, as resolved from the rules. None means no limit.
 
-    A limit is the largest allowed value; None means no limit.
+    Each field's metadata (kind, min, nullable, pair, doc) is what the rules parser validates
+    against; a new limit is one field here and one step below.
     """
 
-    rule: str = "defaults"
-    max_images: int | None = None
-    max_body_bytes: int | None = None
-    keep_recent: int = 1
-    # Drop old images in blocks of this many, so the cut point (and the cached prefix) moves
-    # every prune_batch turns instead of every turn.
-    prune_batch: int = 1
-    placeholder: str = DEFAULT_PLACEHOLDER
-    # Per image (see _engine for the order they apply in): the base64 length of one image's data,
-    # the long side in px, and the many-image rule (more than `many_images_threshold` images in
-    # the request: no side over `many_images_max_side`). Over a limit, an image is shrunk.
-    max_image_bytes: int | None = None
-    max_image_side: int | None = None
-    many_images_threshold: int | None = None
-    many_images_max_side: int | None = None
-    # Older images than the newest keep_recent are sent as thumbnails with this long side.
-    thumbnail_side: int | None = None
-    # A budget on the estimated prompt tokens, pruning like max_body_bytes.
-    max_est_tokens: int | None = None
-    # An image byte-identical to a later one in the request becomes repeat_placeholder.
-    dedupe: bool = False
-    repeat_placeholder: str = DEFAULT_REPEAT_PLACEHOLDER
+    rule: str = dataclasses.field(default="defaults", metadata={"kind": None})  # the rule's name, not a limit
+    max_images: int | None = _limit(None, COUNT, "most images a request may send", minimum=0)
+    max_body_bytes: int | None = _limit(None, SIZE, "body budget in bytes: the oldest images go while over", minimum=0)
+    keep_recent: int = _limit(1, COUNT, "the newest N images are never pruned by count or budget", minimum=0, nullable=False)
+    prune_batch: int = _limit(
+        1, COUNT, "drop old images in blocks of N, so the cut (and a cached prefix) moves every N turns", minimum=1, nullable=False
+    )
+    placeholder: str = _limit(DEFAULT_PLACEHOLDER, TEMPLATE, "the text that stands where an image was", nullable=False)
+    max_image_bytes: int | None = _limit(None, SIZE, "largest base64 length of one image; over it, shrunk", minimum=MIN_IMAGE_BYTES)
+    max_image_side: int | None = _limit(None, SIDE, "largest long side of one image in px; over it, shrunk", minimum=MIN_SIDE)
+    many_images_threshold: int | None = _limit(
+        None, COUNT, "with more images than this, many_images_max_side applies", minimum=0, pair="many_images_max_side"
+    )
+    many_images_max_side: int | None = _limit(
+        None, SIDE, "long side limit when many images are sent", minimum=MIN_SIDE, pair="many_images_threshold"
+    )
+    thumbnail_side: int | None = _limit(None, SIDE, "images older than the newest keep_recent go as thumbnails this big", minimum=MIN_SIDE)
+    max_est_tokens: int | None = _limit(None, COUNT, "budget on the estimated prompt tokens, pruning like max_body_bytes", minimum=0)
+    dedupe: bool = _limit(False, BOOL, "an image byte-identical to a later one becomes repeat_placeholder", nullable=False)
+    repeat_placeholder: str = _limit(DEFAULT_REPEAT_PLACEHOLDER, TEMPLATE, "the text that stands where a repeated image was", nullable=False)
 
     def image_side_limit(self, images: int) -> int | None:
         """The long side limit for a request that sends `images` images."""
@@ -52,18 +92,7 @@ class Limits:
         return min(present) if present else None
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """How many of the oldest images to prune, and why.
-
-    Every limit prunes oldest first and the newest `keep_recent` are never pruned, so a decision is
-    always a prefix of the images in document order.
-    """
-
-    pruned: int  # the oldest `pruned` images become placeholders
-    by_count: int  # of those, how many the image count required; the rest the budgets
-    over_budget: bool  # a budget could not be met even after pruning all it may
-    by_tokens: int = 0  # of the budget's share, how many the token budget required (the rest: body)
+LIMIT_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Limits) if f.metadata.get("kind"))
 
 
 def count_pruned(images: int, limits: Limits) -> int:
@@ -77,34 +106,19 @@ def count_pruned(images: int, limits: Limits) -> int:
     return min(batches * limits.prune_batch, prunable)
 
 
-def decide(
-    images: int,
-    limits: Limits,
-    body_bytes_after: Callable[[int], int],
-    est_tokens_after: Callable[[int], int] | None = None,
-) -> Decision:
-    """Prune by count, then oldest survivors while the body or the token estimate is over budget.
-
-    `body_bytes_after(k)` is the size of the body with the oldest k images pruned, and
-    `est_tokens_after(k)` its estimated tokens (the token budget is ignored without it).
-    """
-    by_count = count_pruned(images, limits)
-    prunable = max(0, images - limits.keep_recent)
-    causes, over = prune_to_budgets(
-        prunable, [(limits.max_body_bytes, body_bytes_after), (limits.max_est_tokens, est_tokens_after)], by_count
-    )
-    return Decision(by_count + len(causes), by_count, over, causes.count(1))
+# A budget: its limit (None = none) and the size with the oldest k candidates pruned.
+Budget = tuple[int | None, Callable[[int], int] | None]
 
 
-def prune_to_budgets(prunable: int, budgets: Sequence[Budget], start: int = 0) -> tuple[list[int], bool]:
-    """Prune candidates oldest first, from `start` on, while any budget is over.
+def prune_to_budgets(prunable: int, budgets: Sequence[Budget]) -> tuple[list[int], bool]:
+    """Prune candidates oldest first while any budget is over.
 
-    Returns which budget pruned each further candidate (its index in `budgets`; the first budget
-    over wins) and whether a budget is still over once `prunable` candidates are gone.
+    Returns which budget pruned each candidate (its index in `budgets`; the first budget over wins)
+    and whether a budget is still over once `prunable` candidates are gone.
     """
     causes: list[int] = []
-    pruned = start
     while True:
+        pruned = len(causes)
         cause = next(
             (i for i, (limit, size) in enumerate(budgets) if limit is not None and size is not None and size(pruned) > limit),
             None,
@@ -114,4 +128,295 @@ def prune_to_budgets(prunable: int, budgets: Sequence[Budget], start: int = 0) -
         if pruned >= prunable:
             return causes, True
         causes.append(cause)
-        pruned += 1
+
+
+class NeedsWorker(Exception):
+    """Raised by an inline run (on an event loop) before work too slow for it; says which.
+
+    Control flow, not an error: the caller runs the request again in a worker thread.
+    """
+
+
+class BodyWriter(Protocol):
+    """What the policy needs of the request body; the engine implements it over the parsed document."""
+
+    size: int  # the body's length as received
+
+    def write(self, texts: Mapping[JsonPath, str], images: Mapping[JsonPath, tuple[str, str]]) -> bytes | Any:
+        """The body with each media at a path of `texts` replaced by that text and each image at a path
+        of `images` carrying new bytes (base64, mime); the received bytes when both are empty. The
+        result has a len() and becomes bytes() when sent."""
+        ...
+
+    def sizer(
+        self, images: Mapping[JsonPath, tuple[str, str]], written: Any, paths: list[JsonPath], text: Callable[[int], str]
+    ) -> Callable[[int], int]:
+        """size_after(k): the compact body's length with `images` re-encoded and the media at the first k
+        `paths` replaced by text(n), for n < k; size_after(0) is len(written), the body `write` gave
+        with none of them."""
+        ...
+
+
+# Why an image became a placeholder: the record's counter and the placeholder's {reason}.
+REPEAT, COUNT_CAP, IMAGE_LIMIT, BODY, TOKENS = "repeat", "count", "image_limit", "body", "tokens"
+_BUDGET_CAUSES = (BODY, TOKENS)  # in the order of the budgets handed to prune_to_budgets
+_REASONS = {COUNT_CAP: "too many images", BODY: "request too large", TOKENS: "too many tokens"}
+_CHUNK = 1 << 20  # chars compared at a time when two payloads sit behind different data URL headers
+
+
+def payload_bytes(media: Media) -> int:
+    """The base64 length of one image's data (what `max_image_bytes` limits)."""
+    return media.wire_bytes - media.data_offset
+
+
+class Plan:
+    """What happens to each image of one request: dropped (with a placeholder and a cause), re-encoded, or kept.
+
+    `inline`: raise NeedsWorker before re-encoding an image (the caller is on an event loop).
+    """
+
+    def __init__(self, images: list[MediaFacts], limits: Limits, fmt: str, model: str | None, inline: bool = False) -> None:
+        self.images, self.limits, self.fmt, self.model, self.inline = images, limits, fmt, model, inline
+        self.dropped: dict[int, tuple[str, str]] = {}  # image index -> (cause, placeholder text)
+        self.new: dict[int, _shrink.Shrunk] = {}  # image index -> its re-encoded bytes
+        self.thinned: set[int] = set()  # of `new`, the ones made thumbnails by age
+        self.over_budget = False
+
+    def run(self, body: BodyWriter, media_bytes: int) -> bytes | Any:
+        """Every step in order; returns the body to send. `media_bytes`: the wire bytes of all the
+        request's media (documents too), which the token estimate leaves out of the text."""
+        survivors = list(range(len(self.images)))
+        for step in STEPS[:-1]:
+            survivors = step.apply(self, survivors)
+        return _Budgets.write(self, survivors, body, media_bytes)
+
+    # -- helpers for the steps
+
+    def drop(self, i: int, cause: str, reason: str | None = None) -> None:
+        self.dropped[i] = (cause, render(self.limits.placeholder, self.images[i], reason or _REASONS[cause]))
+
+    def fit(self, i: int, side: int | None, thumb: int | None) -> None:
+        """Shrink image i under the per-image limits and, when `thumb` is set, to a thumbnail."""
+        facts, max_bytes = self.images[i], self.limits.max_image_bytes
+        m = facts.media
+        if m.data is None:
+            return  # nothing to shrink here: the provider fetches it
+        info = facts.info
+        long_side = max(info.width, info.height) if info is not None and info.width and info.height else None
+        over_bytes = max_bytes is not None and payload_bytes(m) > max_bytes
+        over_side = side is not None and long_side is not None and long_side > side
+        thinning = thumb is not None and long_side is not None and long_side > thumb
+        if not (over_bytes or over_side or thinning):
+            return  # within every limit by its header: never decoded
+        if self.inline:
+            raise NeedsWorker("an image to re-encode")
+        sides = [s for s in (side, thumb) if s is not None]
+        result = _shrink.shrink(m.data[m.data_offset :], max_side=min(sides) if sides else None, max_bytes=max_bytes)
+        if result.data is not None:
+            self.new[i] = result
+            if thinning:
+                self.thinned.add(i)
+        elif result.reason is not None and (over_bytes or over_side):
+            limit = f"over {format_size(max_bytes)}" if over_bytes and max_bytes is not None else f"over {side}px"
+            self.drop(i, IMAGE_LIMIT, f"{limit}, {result.reason}")
+        # else: a thumbnail that can't be made (undecodable, a pixel bomb): the image goes as it is
+
+    def new_images(self) -> dict[JsonPath, tuple[str, str]]:
+        """The re-encoded images by path: (base64, mime)."""
+        out: dict[JsonPath, tuple[str, str]] = {}
+        for i, shrunk in self.new.items():
+            assert shrunk.data is not None and shrunk.mime is not None
+            out[self.images[i].media.path] = (shrunk.data, shrunk.mime)
+        return out
+
+    # -- what each image weighs as it would be sent
+
+    def wire_bytes(self, i: int) -> int:
+        m, new = self.images[i].media, self.new.get(i)
+        if new is None:
+            return m.wire_bytes
+        assert new.data is not None and new.mime is not None
+        # A data URL gets a new header with the new type; the other formats carry bare base64.
+        return len(new.data) + (len(f"data:{new.mime};base64,") if m.data_offset else 0)
+
+    def tokens(self, i: int, as_sent: bool = True) -> int:
+        facts = self.images[i]
+        info = self.new[i].info if as_sent and i in self.new else facts.info
+        width, height = (info.width, info.height) if info is not None else (None, None)
+        return image_tokens(self.fmt, self.model, width, height, facts.media.detail)
+
+    def media_bytes_after(self, media_bytes: int) -> int:
+        """`media_bytes` (all media as received) as sent: placeholders weigh nothing here, re-encoded images their new size."""
+        return media_bytes - sum(m.media.wire_bytes - (0 if i in self.dropped else self.wire_bytes(i)) for i, m in enumerate(self.images))
+
+
+class _Repeats:
+    """Step 1: an image repeated later in the request is sent once, at its latest place."""
+
+    @staticmethod
+    def might_change(images: Sequence[Media], limits: Limits, body_bytes: int) -> bool:
+        return limits.dedupe and len(images) > 1
+
+    @staticmethod
+    def apply(plan: Plan, survivors: list[int]) -> list[int]:
+        images, limits = plan.images, plan.limits
+        if limits.dedupe:
+            for i, later in _repeats(images).items():
+                text = render(limits.repeat_placeholder, images[i], f"repeated as image #{images[later].ordinal}", later=images[later].ordinal)
+                plan.dropped[i] = (REPEAT, text)
+        return [i for i in survivors if i not in plan.dropped]
+
+
+class _CountCap:
+    """Step 2: the oldest survivors go while more than max_images are left (in prune_batch blocks)."""
+
+    @staticmethod
+    def might_change(images: Sequence[Media], limits: Limits, body_bytes: int) -> bool:
+        return count_pruned(len(images), limits) > 0
+
+    @staticmethod
+    def apply(plan: Plan, survivors: list[int]) -> list[int]:
+        by_count = count_pruned(len(survivors), plan.limits)
+        for i in survivors[:by_count]:
+            plan.drop(i, COUNT_CAP)
+        return survivors[by_count:]
+
+
+class _ImageLimits:
+    """Steps 3 and 4: per-image byte and side limits, and thumbnails of the older images."""
+
+    @staticmethod
+    def might_change(images: Sequence[Media], limits: Limits, body_bytes: int) -> bool:
+        if limits.thumbnail_side is not None or limits.image_side_limit(len(images)) is not None:
+            return True  # needs each image's dimensions
+        max_bytes = limits.max_image_bytes
+        return max_bytes is not None and any(payload_bytes(m) > max_bytes for m in images)
+
+    @staticmethod
+    def apply(plan: Plan, survivors: list[int]) -> list[int]:
+        limits = plan.limits
+        side = limits.image_side_limit(len(survivors))
+        thumb = limits.thumbnail_side
+        older = set(survivors[: max(0, len(survivors) - limits.keep_recent)]) if thumb is not None else set()
+        if side is not None or limits.max_image_bytes is not None or older:
+            for i in survivors:
+                plan.fit(i, side, thumb if i in older else None)
+        return [i for i in survivors if i not in plan.dropped]
+
+
+class _Budgets:
+    """Step 5: the oldest survivors go while the body or the token estimate is over its budget."""
+
+    @staticmethod
+    def might_change(images: Sequence[Media], limits: Limits, body_bytes: int) -> bool:
+        if limits.max_est_tokens is not None:
+            return True  # needs each image's dimensions
+        return limits.max_body_bytes is not None and body_bytes > limits.max_body_bytes
+
+    @staticmethod
+    def write(plan: Plan, candidates: list[int], body: BodyWriter, media_bytes: int) -> bytes | Any:
+        """Prune the oldest candidates while a budget is over; returns the body to send."""
+        images, limits = plan.images, plan.limits
+        new = plan.new_images()
+        fixed = {images[i].media.path: text for i, (_, text) in plan.dropped.items()}
+
+        def rewrite(k: int) -> bytes | Any:
+            texts = dict(fixed)
+            for i in candidates[:k]:
+                texts[images[i].media.path] = plan.dropped[i][1]
+            return body.write(texts, new)
+
+        out = rewrite(0)
+        if limits.max_body_bytes is None and limits.max_est_tokens is None:
+            return out
+        prunable = max(0, len(candidates) - limits.keep_recent)
+
+        def budget_text(n: int) -> str:
+            return render(limits.placeholder, images[candidates[n]], _REASONS[BODY])
+
+        size_after = body.sizer(new, out, [images[i].media.path for i in candidates], budget_text)
+        # Media bytes and image tokens as sent, with the oldest k candidates pruned.
+        media_base = plan.media_bytes_after(media_bytes)
+        wire_prefix = [0]
+        for i in candidates:
+            wire_prefix.append(wire_prefix[-1] + plan.wire_bytes(i))
+        token_suffix = [0]
+        if limits.max_est_tokens is not None:
+            for i in reversed(candidates):
+                token_suffix.append(token_suffix[-1] + plan.tokens(i))
+            token_suffix.reverse()
+
+        def tokens_after(k: int) -> int:
+            return text_tokens(size_after(k) - (media_base - wire_prefix[k])) + token_suffix[k]
+
+        causes, _ = prune_to_budgets(prunable, [(limits.max_body_bytes, size_after), (limits.max_est_tokens, tokens_after)])
+        for n, cause in enumerate(causes):
+            plan.drop(candidates[n], _BUDGET_CAUSES[cause])
+        if causes:
+            out = rewrite(len(causes))
+        # The accounting above is exact for every format but Ollama's joined notes and a fallback
+        # codec: check the body as written and prune further while it is still over.
+        k = len(causes)
+        while True:
+            over = _over(plan, out, media_base - wire_prefix[k], candidates, k)
+            if over is None or k >= prunable:
+                break
+            plan.drop(candidates[k], over)
+            k += 1
+            out = rewrite(k)
+        plan.over_budget = over is not None
+        return out
+
+
+def _over(plan: Plan, out: Any, media_after: int, candidates: list[int], k: int) -> str | None:
+    """Which budget the written body `out` (with the oldest k candidates pruned) is over, if any."""
+    limits = plan.limits
+    if limits.max_body_bytes is not None and len(out) > limits.max_body_bytes:
+        return BODY
+    if limits.max_est_tokens is not None:
+        tokens = text_tokens(len(out) - media_after) + sum(plan.tokens(i) for i in candidates[k:])
+        if tokens > limits.max_est_tokens:
+            return TOKENS
+    return None
+
+
+STEPS = (_Repeats, _CountCap, _ImageLimits, _Budgets)
+
+
+def nothing_to_change(images: Sequence[Media], limits: Limits, body_bytes: int) -> bool:
+    """Whether no step can change this request, known without sniffing an image."""
+    return not any(step.might_change(images, limits, body_bytes) for step in STEPS)
+
+
+def _repeats(images: list[MediaFacts]) -> dict[int, int]:
+    """Image index -> the index of the next later image with the same base64 payload."""
+    groups: dict[tuple[int, str, str], list[int]] = {}
+    for i, facts in enumerate(images):
+        m = facts.media
+        if m.data is None or payload_bytes(m) < 1:
+            continue
+        # A cheap key first (length, head, tail); payloads are compared only within a group.
+        key = (payload_bytes(m), m.data[m.data_offset : m.data_offset + 64], m.data[-64:])
+        groups.setdefault(key, []).append(i)
+    later: dict[int, int] = {}
+    for members in groups.values():
+        for pos, i in enumerate(members):
+            for j in members[pos + 1 :]:
+                if _same_payload(images[i].media, images[j].media):
+                    later[i] = j
+                    break
+    return later
+
+
+def _same_payload(a: Media, b: Media) -> bool:
+    assert a.data is not None and b.data is not None
+    if a.data == b.data:
+        return True  # the usual repeat: the very same text, header included; no copy made
+    n = payload_bytes(a)
+    if n != payload_bytes(b):
+        return False
+    # Same bytes behind different data URL headers: compare in slices rather than copy 10 MB twice.
+    return all(
+        a.data[a.data_offset + k : a.data_offset + k + _CHUNK] == b.data[b.data_offset + k : b.data_offset + k + _CHUNK]
+        for k in range(0, n, _CHUNK)
+    )
