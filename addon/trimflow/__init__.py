@@ -1,15 +1,21 @@
 """trimflow: keep LLM agent requests under provider image and size limits, at the wire.
 
-The engine is pure Python; `addon/mitm.py` is the mitmproxy addon that runs it on live traffic.
+The engine is pure Python with no mitmproxy import: `prune_request` (or `prune` for a resolved
+`Target`) applies `Rules` to one request body. The parts around it:
+- `trimflow.proxy`: the mitmproxy addons (`mitmdump -s addon/mitm.py`, `python -m trimflow run`);
+- `trimflow.audit`: audit recorded traffic, with a CI gate;
+- `trimflow.testing`: the fake provider, replay and synthetic sessions, to reproduce failures offline.
 """
 
 from ._engine import ENFORCE, MODES, OBSERVE, NeedsWorker, Outcome, is_sigv4, prune, prune_request
 from ._policy import DEFAULT_PLACEHOLDER, Limits, count_pruned
 from ._record import Record
+from ._rules import DEFAULT_RULES_PATH, Rules, RulesFile, Target, builtin_rules, load_rules, parse_rules
 from .formats import FORMATS, Media, detect_shape
 
 __all__ = [
     "DEFAULT_PLACEHOLDER",
+    "DEFAULT_RULES_PATH",
     "ENFORCE",
     "FORMATS",
     "Limits",
@@ -19,9 +25,15 @@ __all__ = [
     "OBSERVE",
     "Outcome",
     "Record",
+    "Rules",
+    "RulesFile",
+    "Target",
+    "builtin_rules",
     "count_pruned",
     "detect_shape",
     "is_sigv4",
+    "load_rules",
+    "parse_rules",
     "prune",
     "prune_request",
 ]

@@ -1,0 +1,53 @@
+"""`python -m trimflow prune` (trimflow._prune_cli), called in-process: host from a Host header, limit flags, bad input."""
+
+from __future__ import annotations
+
+import io
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from trimflow._prune_cli import main
+from trimflow.testing import image, session_body
+
+SHOT = image(200, 120, "PNG", seed=11)
+BODY = orjson.dumps(session_body("openai-chat", 5, SHOT, "image/png"))
+
+
+def run(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[bytes], args: list[str], body: bytes = BODY):
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(body)))
+    code = main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def host_rules(tmp_path: Path) -> str:
+    path = tmp_path / "rules.yaml"
+    path.write_text("defaults:\n  max_images: 8\nrules:\n  - name: openai\n    match: {host: api.openai.com}\n    max_images: 2\n")
+    return str(path)
+
+
+def test_a_host_header_names_the_host_as_it_does_for_the_proxy(tmp_path, monkeypatch, capsys) -> None:
+    # As in transparent mode: the URL names an address, the Host header the API.
+    url = "https://203.0.113.5/v1/chat/completions"
+    code, _, err = run(monkeypatch, capsys, ["--url", url, "--rules", host_rules(tmp_path), "--header", "Host: api.openai.com"])
+    record = orjson.loads(err.strip().splitlines()[-1])
+    assert code == 0 and (record["rule"], record["host"], record["images_after"]) == ("openai", "api.openai.com", 2)
+    code, _, err = run(monkeypatch, capsys, ["--url", url, "--rules", host_rules(tmp_path)])
+    record = orjson.loads(err.strip().splitlines()[-1])
+    assert code == 0 and (record["rule"], record["host"], record["images_after"]) == ("defaults", "203.0.113.5", 5)
+
+
+def test_the_shipped_rules_apply_without_a_rules_file(monkeypatch, capsys) -> None:
+    body = orjson.dumps(session_body("openai-chat", 10, SHOT, "image/png"))
+    code, out, err = run(monkeypatch, capsys, ["--url", "https://api.openai.com/v1/chat/completions"], body)
+    record = orjson.loads(err.strip().splitlines()[-1])
+    assert code == 0 and record["rule"] == "defaults" and (record["images_before"], record["images_after"]) == (10, 8)
+    assert orjson.loads(out)["model"] == orjson.loads(body)["model"]
+
+
+def test_a_body_that_is_not_json_exits_2_with_one_line_and_no_output(monkeypatch, capsys) -> None:
+    code, out, err = run(monkeypatch, capsys, ["--url", "https://api.openai.com/v1/chat/completions"], b"{not json")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and err.startswith("trimflow prune: ")
