@@ -33,11 +33,10 @@ from ._imageinfo import ImageInfo, sniff_base64
 from ._placeholder import MediaFacts
 from ._policy import BODY, COUNT_CAP, IMAGE_LIMIT, REPEAT, TOKENS, NeedsWorker, Plan, nothing_to_change, payload_bytes
 from ._record import Record, utc_timestamp
-from ._sizes import format_size
 from ._rules import Rules, Target
+from ._sizes import format_size
 from ._tokens import text_tokens
-from .formats import FORMATS, IMAGE, JsonPath, Media, WireFormat, detect_shape
-from .formats import openai_responses
+from .formats import FORMATS, IMAGE, JsonPath, Media, WireFormat, detect_shape, openai_responses
 
 ENFORCE = "enforce"
 OBSERVE = "observe"
@@ -343,7 +342,8 @@ class _BodySizer:
         text: Callable[[int], str],
     ) -> None:
         self._module, self._staged, self._doc = module, staged, doc
-        self._size, self._compact_size, self._compact = size, compact_size, None
+        self._size, self._compact_size = size, compact_size
+        self._compact: int | None = None  # measured on the first k >= 1
         self._paths, self._text = paths, text
         self._saved_total = [0]  # bytes saved by pruning the oldest k, for k = 0, 1, ...
 

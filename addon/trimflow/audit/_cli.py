@@ -16,12 +16,12 @@ import os
 import sys
 from pathlib import Path
 
+from .._profiles import DEFAULT_PROFILES_PATH, UnknownProfile, load_profiles
+from .._rules import DEFAULT_RULES_PATH, RulesError, builtin_rules, load_rules
 from . import _gate, _html, _report
 from ._gate import Gate
 from ._read import InputError, Reader
 from ._summary import ProfileLimits, summarize
-from .._profiles import DEFAULT_PROFILES_PATH, UnknownProfile, load_profiles
-from .._rules import DEFAULT_RULES_PATH, RulesError, builtin_rules, load_rules
 
 FORMATS = {
     "text": _report.text,

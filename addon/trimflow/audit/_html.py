@@ -9,14 +9,25 @@ import math
 from collections.abc import Callable
 from html import escape
 
+from .._sizes import format_size
 from ._gate import Gate
 from ._read import Row
 from ._report import (
-    TURN_COLUMNS, conversation_title, counts_text, crossing_text, failure_text, growth_text, inputs_text,
-    mode_text, notes, percent, tokens, turn_cells, warnings,
+    TURN_COLUMNS,
+    conversation_title,
+    counts_text,
+    crossing_text,
+    failure_text,
+    growth_text,
+    inputs_text,
+    mode_text,
+    notes,
+    percent,
+    tokens,
+    turn_cells,
+    warnings,
 )
 from ._summary import Conversation, Summary
-from .._sizes import format_size
 
 WIDTH, HEIGHT = 560, 250
 LEFT, RIGHT, TOP, BOTTOM = 62, 18, 44, 34
@@ -203,8 +214,8 @@ def _chart(title: str, kind: str, rows: list[Row], before: Callable[[Row], int],
         svg.append(f'<text x="{LEFT - 6}" y="{y(value) + 4:.1f}" text-anchor="end">{_axis_label(value, unit, binary)}</text>')
     svg.append(f'<line class="axis" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{TOP + plot_h}" y2="{TOP + plot_h}"/>')
     step = max(1, math.ceil((last - first + 1) / 10))
-    for turn in range(first, last + 1, step):
-        svg.append(f'<text x="{x(turn):.1f}" y="{TOP + plot_h + 15}" text-anchor="middle">{turn}</text>')
+    for tick in range(first, last + 1, step):
+        svg.append(f'<text x="{x(tick):.1f}" y="{TOP + plot_h + 15}" text-anchor="middle">{tick}</text>')
     svg.append(f'<text x="{LEFT + plot_w / 2:.1f}" y="{HEIGHT - 4}" text-anchor="middle">turn</text>')
     for row in rows:
         if row.failure:
@@ -217,16 +228,16 @@ def _chart(title: str, kind: str, rows: list[Row], before: Callable[[Row], int],
         svg.append(f'<text class="limit-label" x="{LEFT + 4}" y="{y(value) - 4:.1f}">{escape(label)}</text>')
     if above:
         svg.append(f'<text class="limit-label" x="{LEFT}" y="{TOP - 14}">{escape("limits above the chart: " + ", ".join(above))}</text>')
-    for series, value in series_list:
-        points = " ".join(f"{x(r.record.turn or 0):.1f},{y(value(r)):.1f}" for r in rows)
+    for series, metric in series_list:
+        points = " ".join(f"{x(r.record.turn or 0):.1f},{y(metric(r)):.1f}" for r in rows)
         svg.append(f'<polyline class="series {series}" points="{points}"/>')
-    for series, value in reversed(series_list):  # before drawn last, on top: it is the recording
+    for series, metric in reversed(series_list):  # before drawn last, on top: it is the recording
         for row in rows:
             turn = row.record.turn
             label = f"turn {turn}: {kind} {show(before(row))}" + (
                 f" → {show(after(row))} after pruning" if after(row) != before(row) else "")
-            svg.append(f'<circle class="pt {series}" data-series="{series}" data-turn="{turn}" data-value="{value(row)}" '
-                       f'data-label="{escape(label)}" cx="{x(turn or 0):.1f}" cy="{y(value(row)):.1f}" r="3">'
+            svg.append(f'<circle class="pt {series}" data-series="{series}" data-turn="{turn}" data-value="{metric(row)}" '
+                       f'data-label="{escape(label)}" cx="{x(turn or 0):.1f}" cy="{y(metric(row)):.1f}" r="3">'
                        f"<title>{escape(label)}</title></circle>")
     svg.append("</svg>")
     return "\n".join(svg)

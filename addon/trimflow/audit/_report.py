@@ -11,11 +11,10 @@ from typing import Any
 
 import orjson
 
+from .._sizes import format_size
 from ._gate import Gate
 from ._read import Row
 from ._summary import Conversation, Crossing, Summary, Totals
-from .._sizes import format_size
-
 
 # --- shared wording
 

@@ -251,7 +251,7 @@ def slope(xs: list[float], ys: list[float]) -> float | None:
     sxx = sum((x - mx) ** 2 for x in xs)
     if sxx == 0:
         return None
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
 
 
 def _crossing(limit: str, value: int, source: str, rows: list[Row], turns: list[float], before: Callable[[Row], int],
