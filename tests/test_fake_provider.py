@@ -28,8 +28,11 @@ from google import genai
 from google.genai import types
 from PIL import Image
 
-from trimflow.testing import REPLY_TEXT, FakeProvider, Received, count_images, estimate_usage
+from trimflow._rules import builtin_rules
+from trimflow.formats import ENDPOINTS, streamed_path
+from trimflow.testing import PATHS, REPLY_TEXT, FakeProvider, Received, count_images, estimate_usage
 from trimflow.testing._fake_provider import main, route
+from trimflow.testing._replay import request_path
 
 from .certs import make_server_cert
 
@@ -410,6 +413,33 @@ def test_route_table() -> None:
     assert route("/model/x/invoke").fmt == "anthropic"
     assert route("/api/chat").fmt == "ollama"
     assert route("/v1/models") is None and route("/v1beta/models/g:countTokens") is None
+    assert route("/v1/threads/t1/messages") is None  # OpenAI Assistants: no built-in endpoint names it
+    r = route("/model/x/invoke-with-response-stream")
+    assert (r.fmt, r.stream) == ("anthropic", True) and "event-stream" in r.unsupported
+    assert "compact" in route("/v1/responses/compact").unsupported
+    assert route("/v1/responses").unsupported is None
+
+
+@pytest.mark.parametrize("wire_format", sorted(PATHS))
+def test_the_fake_answers_each_synthetic_path_in_its_format(wire_format: str) -> None:
+    r = route(PATHS[wire_format])
+    assert (r.fmt, r.unsupported) == (wire_format, None)
+    assert builtin_rules().format_for("example.com", PATHS[wire_format]) == wire_format
+
+
+@pytest.mark.parametrize(("glob", "fmt"), ENDPOINTS)
+def test_the_fake_routes_every_builtin_endpoint(glob: str, fmt: str) -> None:
+    path = glob.replace("*", "/v1/x", 1).replace("*", "m-1")
+    r = route(path)
+    assert r is not None and r.fmt == fmt, path
+    assert (r.stream is True) == streamed_path(path), path
+
+
+def test_request_path_puts_the_model_where_the_format_keeps_it() -> None:
+    assert request_path("gemini", "gemini-2.5-pro") == "/v1beta/models/gemini-2.5-pro:generateContent"
+    assert request_path("bedrock-converse", "us.anthropic.claude-v2:1") == "/model/us.anthropic.claude-v2%3A1/converse"
+    assert request_path("openai-chat", "gpt-4o") == PATHS["openai-chat"]
+    assert request_path("gemini") == PATHS["gemini"]
 
 
 def test_count_images_per_format() -> None:

@@ -1,17 +1,18 @@
 """An offline LLM provider on loopback: the upstream for tests, and for reproducing failures with no API key.
 
 It answers the wire formats trimflow handles with a short fixed reply ("ok from fake-provider"), as JSON
-or streamed (SSE, NDJSON, Google's JSON array) the way the real provider does:
+or streamed (SSE, NDJSON, Google's JSON array) the way the real provider does, on the paths of trimflow's
+built-in endpoints (trimflow.formats: each format's ENDPOINTS):
 
 - openai-chat       POST */chat/completions                 (SSE when "stream": true)
 - openai-responses  POST */responses                        (SSE with the real event sequence)
-- anthropic         POST */messages, Vertex */models/{m}:rawPredict | :streamRawPredict,
-                    Bedrock */model/{id}/invoke (JSON only); */messages/count_tokens
-- gemini            POST */models/{m}:generateContent | :streamGenerateContent
-                                                            (?alt=sse: SSE, else a JSON array)
+- anthropic         POST */v1/messages, Vertex */publishers/anthropic/models/{m}:rawPredict | :streamRawPredict,
+                    Bedrock */model/{id}/invoke (JSON only); and */messages/count_tokens
+- gemini            POST *:generateContent | *:streamGenerateContent (?alt=sse: SSE, else a JSON array)
 - ollama            POST */api/chat                         (NDJSON unless "stream": false)
-- bedrock-converse  POST */model/{id}/converse              (converse-stream and invoke-with-response-stream
-                                                             answer AWS binary event-stream: 501 here)
+- bedrock-converse  POST */model/{id}/converse
+
+converse-stream and invoke-with-response-stream (AWS binary event-stream) and responses/compact are 501 here.
 Anything else is a 404 JSON error.
 
 Usage is a deterministic estimate from the request body, realistic in magnitude:
@@ -56,11 +57,13 @@ from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from socketserver import TCPServer
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import orjson
 
 from .._profiles import DEFAULT_PROFILES_PATH, load_profiles, provider_check
+from .._rules import builtin_rules
+from ..formats import FORMATS, streamed_path
 
 REPLY_TEXT = "ok from fake-provider"
 # The reply streamed as a few deltas; joined they give REPLY_TEXT.
@@ -149,55 +152,42 @@ def estimate_usage(body: bytes) -> Usage:
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    """Which format answers a path. ``stream`` is forced by the path when not None, else the body decides."""
+    """Which format answers a path. ``stream`` is forced by the path when not None, else the body decides;
+    ``unsupported`` says why the fake cannot answer this endpoint of the format (a 501)."""
 
     fmt: str
     model: str | None = None
     stream: bool | None = None
+    unsupported: str | None = None
 
 
-# Endpoints that exist but that this fake does not speak: fmt -> why.
+# Endpoints that exist but that this fake does not speak: path ending -> why (answered 501).
 UNSUPPORTED = {
-    "bedrock-converse-stream": "converse-stream answers in AWS binary event-stream, which fake-provider does "
-    "not implement; use /converse",
-    "bedrock-invoke-stream": "invoke-with-response-stream answers in AWS binary event-stream, which "
+    "/converse-stream": "converse-stream answers in AWS binary event-stream, which fake-provider does not implement; "
+    "use /converse",
+    "/invoke-with-response-stream": "invoke-with-response-stream answers in AWS binary event-stream, which "
     "fake-provider does not implement; use /invoke",
+    "/responses/compact": "responses/compact answers a compacted conversation, which fake-provider does not "
+    "implement; use /responses",
 }
-
-_BEDROCK = re.compile(r"/model/([^/]+)/(converse|converse-stream|invoke|invoke-with-response-stream)$")
-_GOOGLE_METHOD = re.compile(r"/models/([^/:]+):([A-Za-z]+)$")
+# Paths whose answer is JSON whatever the body says: these APIs stream on a sibling path instead.
+_NEVER_STREAMED = (":generateContent", "/converse", "/invoke")
 
 
 def route(path: str) -> Route | None:
-    """The format that answers ``path`` (no query), or None for a 404."""
+    """The format that answers ``path`` (no query), or None for a 404.
+
+    The fake answers the paths trimflow's built-in endpoints name (the format modules own them), and
+    Anthropic's token counting; the model is read from the path as trimflow reads it."""
     path = path.rstrip("/")
-    if m := _BEDROCK.search(path):
-        model, op = unquote(m.group(1)), m.group(2)
-        return {
-            "converse": Route("bedrock-converse", model, False),
-            "converse-stream": Route("bedrock-converse-stream", model, True),
-            "invoke": Route("anthropic", model, False),
-            "invoke-with-response-stream": Route("bedrock-invoke-stream", model, True),
-        }[op]
-    if m := _GOOGLE_METHOD.search(path):
-        model, op = m.group(1), m.group(2)
-        return {
-            "generateContent": Route("gemini", model, False),
-            "streamGenerateContent": Route("gemini", model, True),
-            "rawPredict": Route("anthropic", model, None),  # Vertex Claude: the body's "stream" decides
-            "streamRawPredict": Route("anthropic", model, True),
-        }.get(op)
-    if path.endswith("/api/chat"):
-        return Route("ollama")
-    if path.endswith("/chat/completions"):
-        return Route("openai-chat")
-    if path.endswith("/responses"):
-        return Route("openai-responses")
     if path.endswith("/messages/count_tokens"):
         return Route("anthropic-count-tokens", stream=False)
-    if path.endswith("/messages"):
-        return Route("anthropic")
-    return None
+    fmt = builtin_rules().format_for("", path)
+    if fmt is None:
+        return None
+    stream = True if streamed_path(path) else False if path.endswith(_NEVER_STREAMED) else None
+    unsupported = next((why for ending, why in UNSUPPORTED.items() if path.endswith(ending)), None)
+    return Route(fmt, FORMATS[fmt].model({}, path), stream, unsupported)
 
 
 def wants_stream(r: Route, request_json: dict[str, Any]) -> bool:
@@ -850,8 +840,8 @@ class FakeProvider:
             send(404, "application/json", error_body("not_found_error", msg))
             return
         out.fmt = r.fmt
-        if r.fmt in UNSUPPORTED:
-            msg = f"fake-provider: {UNSUPPORTED[r.fmt]}"
+        if r.unsupported is not None:
+            msg = f"fake-provider: {r.unsupported}"
             # Bedrock errors carry a top-level "message"; "error" keeps generic clients happy too.
             send(501, "application/json", orjson.dumps({"message": msg, "error": {"message": msg}}))
             return

@@ -25,7 +25,7 @@ import orjson
 
 from ._fake_provider import RECEIVED_BYTES_HEADER
 from ._synthetic import MIME, PATHS, b64, screenshot, session_body
-from ..formats import bedrock, gemini
+from ..formats import FORMATS
 
 # Built into the body in place of each screenshot, then swapped for that turn's own image: the
 # synthetic session builders take one image for every turn, an agent sends a new one each turn.
@@ -51,12 +51,11 @@ class Row:
 
 
 def request_path(wire_format: str, model: str | None = None) -> str:
-    """The synthetic session's request path, with `model` where the format keeps it in the URL."""
+    """The synthetic session's request path, with `model` where the format keeps it in the URL (Gemini, Bedrock)."""
     path = PATHS[wire_format]
-    if model and wire_format == gemini.NAME:
-        path = re.sub(r"/models/[^/:]+:", lambda _: f"/models/{model}:", path)
-    elif model and wire_format == bedrock.NAME:
-        path = re.sub(r"/model/[^/]+/", lambda _: f"/model/{quote(model, safe='')}/", path)
+    named = FORMATS[wire_format].model({}, path)  # the model the path names, read as trimflow reads it
+    if model and named:
+        path = path.replace(quote(named, safe=""), quote(model, safe=""), 1)
     return path
 
 
