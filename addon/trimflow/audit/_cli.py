@@ -15,6 +15,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from .._profiles import DEFAULT_PROFILES_PATH, UnknownProfile, load_profiles
 from .._rules import DEFAULT_RULES_PATH, RulesError, builtin_rules, load_rules
@@ -34,7 +35,7 @@ EXIT_OK, EXIT_GATE, EXIT_UNUSABLE = 0, 1, 2
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
         print(f"trimflow audit: {message}", file=sys.stderr)
         raise SystemExit(EXIT_UNUSABLE)
