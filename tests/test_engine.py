@@ -1,4 +1,5 @@
-"""The engine end to end on request bytes: the policy's boundaries, fidelity, modes and bad input."""
+"""The engine end to end on request bytes: what every format carries after pruning and re-encoding, fidelity,
+modes, the record, bad input, and what may run inline on the proxy's event loop."""
 
 from __future__ import annotations
 
@@ -8,31 +9,15 @@ import json
 import orjson
 import pytest
 
-from trimflow import prune, prune_request
-from trimflow.testing import b64, data_url, image, session_body, screenshot
+from trimflow import _shrink, prune, prune_request
 from trimflow.formats import FORMATS
+from trimflow.testing import b64, data_url, image, screenshot, session_body
 
 from .helpers import encode, rules_with, url_for
+from .images import FIVE_MB, anthropic, chat, chat_with_images, check_image, images_left, prune_with, sent
 
 SHOT = image(96, 64, "PNG", seed=3)
 ALL_FORMATS = sorted(FORMATS)
-
-
-def chat_with_images(count: int, *, text_last: bool = False) -> dict:
-    """An OpenAI chat history with `count` images, one per user turn, each image distinct."""
-    messages = []
-    for i in range(count):
-        shot = image(40 + i, 30, "PNG", seed=i)
-        messages.append({"role": "user", "content": [{"type": "text", "text": f"turn {i}"}, {"type": "image_url", "image_url": {"url": data_url(shot, "image/png")}}]})
-        messages.append({"role": "assistant", "content": f"answer {i}"})
-    if text_last:
-        messages.append({"role": "user", "content": "and now?"})
-    return {"model": "gpt-4o", "messages": messages}
-
-
-def images_left(body: bytes, wire_format: str = "openai-chat") -> list[str]:
-    """The data of the images still in a body, oldest first."""
-    return [m.data for m in FORMATS[wire_format].find_media(orjson.loads(body)) if m.kind == "image"]
 
 
 def run(body: dict | bytes, wire_format: str = "openai-chat", **limits):
@@ -40,42 +25,11 @@ def run(body: dict | bytes, wire_format: str = "openai-chat", **limits):
     return prune_request(url_for(wire_format), {}, raw, rules_with(**limits))
 
 
-@pytest.mark.parametrize(
-    ("count", "limit", "kept"),
-    [(0, 10, 0), (9, 10, 9), (10, 10, 10), (11, 10, 10), (12, 10, 10), (15, 10, 10), (12, 8, 8)],
-)
-def test_count_limit_boundaries(count: int, limit: int, kept: int) -> None:
-    body = chat_with_images(count)
-    original = [m.data for m in FORMATS["openai-chat"].find_media(body)]
-    outcome = run(body, max_images=limit)
-    assert images_left(outcome.body) == original[len(original) - kept :], "the newest images must be the ones kept"
-    assert outcome.record.images_before == count and outcome.record.images_after == kept
-    assert outcome.record.pruned == count - kept == outcome.record.pruned_for_count
-
-
 def test_nothing_to_prune_forwards_the_very_same_bytes() -> None:
     raw = json.dumps(chat_with_images(3), indent=2).encode()  # whitespace that a rewrite would lose
     outcome = run(raw, max_images=8, max_body_bytes=len(raw))
     assert outcome.body is raw
     assert not outcome.changed and outcome.record.pruned == 0
-
-
-def test_limit_zero_keeps_only_keep_recent() -> None:
-    body = chat_with_images(4)
-    assert len(images_left(run(body, max_images=0, keep_recent=1).body)) == 1
-    assert images_left(run(body, max_images=0, keep_recent=0).body) == []
-
-
-def test_keep_recent_wins_over_a_smaller_max_images() -> None:
-    body = chat_with_images(5)
-    newest = [m.data for m in FORMATS["openai-chat"].find_media(body)][-3:]
-    assert images_left(run(body, max_images=1, keep_recent=3).body) == newest
-
-
-def test_the_current_message_alone_over_the_limit_keeps_its_newest() -> None:
-    shots = [data_url(image(20 + i, 20, "PNG", seed=i), "image/png") for i in range(12)]
-    body = {"model": "gemini-2.5-pro", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": u}} for u in shots]}]}
-    assert images_left(run(body, max_images=10).body) == shots[2:]
 
 
 def test_text_only_follow_up_after_the_limit_was_exceeded() -> None:
@@ -135,34 +89,6 @@ def test_remote_images_count_and_are_pruned_with_no_media_bytes() -> None:
     assert outcome.record.media_bytes_before == outcome.record.media_bytes_after
 
 
-def test_body_budget_boundary_exactly_at_the_limit_is_fine() -> None:
-    raw = encode(chat_with_images(4))
-    assert run(raw, max_body_bytes=len(raw)).body is raw
-    over = run(raw, max_body_bytes=len(raw) - 1)
-    assert over.record.pruned == 1 and over.record.pruned_for_body == 1
-    assert len(over.body) <= len(raw) - 1
-
-
-def test_body_budget_prunes_oldest_survivors_to_the_exact_size() -> None:
-    body = chat_with_images(6)
-    sizes = []
-    for k in range(6):
-        sizes.append(len(run(body, max_images=6 - k, keep_recent=0).body))
-    # With the budget at exactly the size of "oldest k pruned", exactly k are pruned.
-    for k in range(1, 6):
-        outcome = run(body, max_body_bytes=sizes[k], keep_recent=0)
-        assert outcome.record.pruned == k, (k, sizes)
-        assert len(outcome.body) == sizes[k] and not outcome.record.over_budget
-
-
-def test_body_budget_never_prunes_keep_recent_and_says_when_unmet() -> None:
-    body = chat_with_images(3)
-    outcome = run(body, max_body_bytes=100, keep_recent=1)
-    assert outcome.record.images_after == 1 and outcome.record.over_budget
-    assert len(images_left(outcome.body)) == 1
-    assert "OVER BUDGET" in outcome.record.summary()
-
-
 def test_running_on_its_own_output_changes_nothing() -> None:
     first = run(chat_with_images(12), max_images=8, max_body_bytes=4000)
     second = run(first.body, max_images=8, max_body_bytes=4000)
@@ -217,25 +143,6 @@ def test_a_24_turn_screenshot_session_of_16_mb_prunes_to_8() -> None:
     assert outcome.record.images_before == 24 and outcome.record.images_after == 8
     assert images_left(outcome.body) == images_left(raw)[-8:]
     assert len(outcome.body) < 6_000_000
-
-
-def test_batch_pruning_moves_the_cut_every_few_turns() -> None:
-    shot = screenshot(10)
-
-    def prefix_breaks(batch: int) -> int:
-        """Turns whose body changes an earlier byte of the previous turn's messages."""
-        breaks, previous = 0, None
-        for turns in range(1, 31):
-            out = orjson.loads(run(session_body("openai-chat", turns, shot), max_images=8, prune_batch=batch).body)
-            messages = [orjson.dumps(m) for m in out["messages"]]
-            if previous is not None and messages[: len(previous)] != previous:
-                breaks += 1
-            previous = messages
-        return breaks
-
-    every_turn, batched = prefix_breaks(1), prefix_breaks(4)
-    assert every_turn == 22  # turns 9..30 each move the cut
-    assert batched == 6  # the cut moves on turns 9, 13, 17, 21, 25, 29
 
 
 def test_sigv4_signed_bodies_are_measured_but_never_rewritten() -> None:
@@ -326,6 +233,81 @@ def test_path_in_the_record_has_no_query_string() -> None:
     outcome = prune_request("https://generativelanguage.googleapis.com/v1beta/models/gemini-2.5-pro:generateContent?key=AIzaSECRET", {}, raw, rules_with())
     assert outcome.record.path == "/v1beta/models/gemini-2.5-pro:generateContent"
     assert b"AIza" not in outcome.record.to_json()
+
+
+# --- re-encoded images ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("wire_format", ALL_FORMATS)
+def test_every_format_carries_the_shrunk_bytes_with_their_new_type(wire_format: str, noisy_png: bytes) -> None:
+    body = session_body(wire_format, 2, noisy_png, "image/png")
+    pristine = copy.deepcopy(body)
+    raw = encode(body)
+    outcome = prune_request(url_for(wire_format), {}, raw, rules_with(max_image_bytes=300_000))
+    assert body == pristine
+    images = sent(wire_format, outcome.body)
+    assert len(images) == 2 and outcome.record.shrunk == 2
+    for media in images:
+        assert check_image(wire_format, media, max_bytes=300_000).format == "JPEG"
+    for turn in (1, 2):
+        assert f"Turn {turn}: here is my screen".encode() in outcome.body
+    again = prune_request(url_for(wire_format), {}, outcome.body, rules_with(max_image_bytes=300_000))
+    assert again.body is outcome.body and again.record.shrunk == 0  # idempotent: the very same bytes
+
+
+def test_observe_mode_reports_the_shrink_and_sends_the_original(noisy_png: bytes) -> None:
+    raw = encode(anthropic((b64(noisy_png), "image/png")))
+    outcome = prune_with("anthropic", raw, mode="observe", max_image_bytes=300_000)
+    assert outcome.body is raw and not outcome.changed
+    assert outcome.record.shrunk == 1 and outcome.record.body_bytes_after < len(raw)
+
+
+def test_same_input_same_output_bytes_and_the_second_run_encodes_nothing(
+    fresh_cache: _shrink.ShrinkCache, encodes: list[str], noisy_png: bytes, wide_2500: list[bytes]
+) -> None:
+    body = anthropic((b64(noisy_png), "image/png"), (b64(wide_2500[0]), "image/jpeg"), (b64(wide_2500[1]), "image/jpeg"))
+    limits = {"max_image_bytes": 300_000, "max_image_side": 1000}
+    first = prune_with("anthropic", body, **limits)
+    work = len(encodes)
+    assert first.record.shrunk == 3 and work >= 3 and fresh_cache.misses == 3
+    second = prune_with("anthropic", body, **limits)
+    assert second.body == first.body and len(encodes) == work and fresh_cache.hits == 3
+    fresh_cache.clear()  # and without the cache: the encoders themselves are deterministic
+    assert prune_with("anthropic", body, **limits).body == first.body
+
+
+def test_a_declared_type_that_is_not_the_real_one_is_counted_and_left_alone() -> None:
+    jpeg, png = image(30, 20, "JPEG", seed=1), image(30, 20, "PNG", seed=2)
+    raw = encode(chat(data_url(jpeg, "image/png"), data_url(jpeg, "image/jpg"), data_url(png, "IMAGE/PNG")))
+    outcome = prune_with("openai-chat", raw)
+    assert outcome.body is raw and outcome.record.mime_mismatches == 1  # jpg is jpeg; case is ignored
+    assert "1 mime mismatch" in outcome.record.summary()
+    anth = encode(anthropic((b64(png), "image/jpeg"), (b64(jpeg), "image/jpeg")))
+    assert prune_with("anthropic", anth).record.mime_mismatches == 1
+
+
+def test_the_record_reports_every_new_figure_and_no_base64(png_over_5mb: str, screens: list[bytes]) -> None:
+    body = anthropic((png_over_5mb, "image/png"), (b64(screens[0]), "image/png"), (b64(screens[0]), "image/jpeg"))
+    record = prune_with("anthropic", body, max_image_bytes=FIVE_MB, thumbnail_side=256, dedupe=True).record
+    fields = orjson.loads(record.to_json())
+    for name in ("shrunk", "shrunk_bytes_saved", "thinned", "thinned_bytes_saved", "deduplicated",
+                 "pruned_for_image_limit", "pruned_for_tokens", "mime_mismatches"):
+        assert name in fields
+    # #2 repeats #3 and goes; #1 is old: thinned (which also meets the 5 MB limit); #3 is whole.
+    assert (record.deduplicated, record.thinned, record.shrunk, record.mime_mismatches) == (1, 1, 0, 1)
+    assert record.pruned == 1 and record.images_after == 2
+    assert png_over_5mb[:40].encode() not in record.to_json()
+
+
+def test_a_smaller_image_costs_fewer_estimated_tokens_by_the_providers_formula() -> None:
+    big = data_url(image(1600, 1600, "PNG", seed=3, noise=0.0), "image/png")
+    outcome = prune_with("openai-chat", chat(big), max_image_side=512)
+    [media] = sent("openai-chat", outcome.body)
+    assert check_image("openai-chat", media, max_side=512).size == (512, 512)
+    record = outcome.record
+    # gpt-4o tiles: 1600x1600 -> 768x768 -> 4 tiles = 765; 512x512 -> 1 tile = 255. Text unchanged.
+    assert record.est_tokens_before - record.est_tokens_after == 765 - 255
+    assert record.shrunk == 1 and record.thinned == 0
 
 
 # --- inline: what may run on the proxy's event loop ---------------------------------------------------------

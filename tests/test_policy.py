@@ -1,27 +1,44 @@
-"""The policy: its steps, the fast path derived from them, and the limits' metadata."""
+"""The policy: each step's decisions on real requests and images (repeats, the count cap, per-image limits,
+thinning, the body and token budgets), the fast path derived from the steps, and the limits' metadata.
+
+A decision is checked on what the engine sends: every image that had to meet a limit is decoded with
+Pillow and checked against it, and against the type its part declares.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import io
 
 import orjson
 import pytest
+from PIL import Image
 
-from trimflow import prune_request
+from trimflow import _shrink, prune_request
 from trimflow._policy import LIMIT_FIELDS, Limits, count_pruned, nothing_to_change, prune_to_budgets
 from trimflow._rules import builtin_rules
+from trimflow._tokens import anthropic_image_tokens, image_tokens, text_tokens
 from trimflow.formats import FORMATS, IMAGE
-from trimflow.testing import image, session_body
+from trimflow.testing import b64, data_url, image, screenshot, session_body
 
-from .helpers import rules_with, url_for
+from .bombs import png_header
+from .helpers import encode, rules_with, url_for
+from .images import (
+    FIVE_MB,
+    anthropic,
+    chat,
+    chat_with_images,
+    check_image,
+    decoded,
+    images_left,
+    payload,
+    prune_with,
+    sent,
+    texts,
+)
 
 
-def test_budgets_prune_oldest_first_and_name_the_first_budget_over() -> None:
-    body = lambda k: 1500 - 200 * k  # noqa: E731 - over 1000 until 3 pruned
-    tokens = lambda k: 900 - 100 * k  # noqa: E731 - over 500 until 4 pruned
-    assert prune_to_budgets(8, [(1000, body), (500, tokens)]) == ([0, 0, 0, 1], False)
-    assert prune_to_budgets(8, [(1000, body), (None, tokens)]) == ([0, 0, 0], False)  # no limit: not applied
-    assert prune_to_budgets(2, [(1000, body), (500, tokens)]) == ([0, 0], True)  # only 2 prunable: still over
+# --- the count cap --------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -32,6 +49,356 @@ def test_the_count_cap_cuts_in_whole_batches_and_keeps_the_newest(images, max_im
     assert count_pruned(images, Limits(max_images=max_images, prune_batch=batch, keep_recent=keep)) == pruned
 
 
+@pytest.mark.parametrize(
+    ("count", "limit", "kept"),
+    [(0, 10, 0), (9, 10, 9), (10, 10, 10), (11, 10, 10), (12, 10, 10), (15, 10, 10), (12, 8, 8)],
+)
+def test_count_limit_boundaries(count: int, limit: int, kept: int) -> None:
+    body = chat_with_images(count)
+    original = [m.data for m in FORMATS["openai-chat"].find_media(body)]
+    outcome = prune_with("openai-chat", body, max_images=limit)
+    assert images_left(outcome.body) == original[len(original) - kept :], "the newest images must be the ones kept"
+    assert outcome.record.images_before == count and outcome.record.images_after == kept
+    assert outcome.record.pruned == count - kept == outcome.record.pruned_for_count
+
+
+def test_limit_zero_keeps_only_keep_recent() -> None:
+    body = chat_with_images(4)
+    assert len(images_left(prune_with("openai-chat", body, max_images=0, keep_recent=1).body)) == 1
+    assert images_left(prune_with("openai-chat", body, max_images=0, keep_recent=0).body) == []
+
+
+def test_keep_recent_wins_over_a_smaller_max_images() -> None:
+    body = chat_with_images(5)
+    newest = [m.data for m in FORMATS["openai-chat"].find_media(body)][-3:]
+    assert images_left(prune_with("openai-chat", body, max_images=1, keep_recent=3).body) == newest
+
+
+def test_the_current_message_alone_over_the_limit_keeps_its_newest() -> None:
+    shots = [data_url(image(20 + i, 20, "PNG", seed=i), "image/png") for i in range(12)]
+    body = {"model": "gemini-2.5-pro", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": u}} for u in shots]}]}
+    assert images_left(prune_with("openai-chat", body, max_images=10).body) == shots[2:]
+
+
+def test_batch_pruning_moves_the_cut_every_few_turns() -> None:
+    shot = screenshot(10)
+
+    def prefix_breaks(batch: int) -> int:
+        """Turns whose body changes an earlier byte of the previous turn's messages."""
+        breaks, previous = 0, None
+        for turns in range(1, 31):
+            out = orjson.loads(prune_with("openai-chat", session_body("openai-chat", turns, shot), max_images=8, prune_batch=batch).body)
+            messages = [orjson.dumps(m) for m in out["messages"]]
+            if previous is not None and messages[: len(previous)] != previous:
+                breaks += 1
+            previous = messages
+        return breaks
+
+    every_turn, batched = prefix_breaks(1), prefix_breaks(4)
+    assert every_turn == 22  # turns 9..30 each move the cut
+    assert batched == 6  # the cut moves on turns 9, 13, 17, 21, 25, 29
+
+
+# --- repeats --------------------------------------------------------------------------------------------------
+
+
+def test_repeats_point_at_the_next_copy_and_count_as_pruned() -> None:
+    a, b, c = (data_url(image(30 + i, 20, "PNG", seed=i), "image/png") for i in range(3))
+    outcome = prune_with("openai-chat", chat(a, b, a, c, a), dedupe=True)
+    assert [m.data for m in sent("openai-chat", outcome.body)] == [b, c, a]
+    assert "[trimflow: image #1 repeated as image #3]" in texts(outcome.body)
+    assert "[trimflow: image #3 repeated as image #5]" in texts(outcome.body)
+    record = outcome.record
+    assert record.deduplicated == record.pruned == 2 and record.images_after == 3
+    assert "2 repeated" in record.summary()
+
+
+def test_repeats_are_off_by_default() -> None:
+    a = data_url(image(30, 20, "PNG", seed=1), "image/png")
+    raw = encode(chat(a, a))
+    assert prune_with("openai-chat", raw).body is raw
+
+
+def test_a_repeat_text_stays_the_same_on_later_turns() -> None:
+    a, b = (data_url(image(30 + i, 20, "PNG", seed=i), "image/png") for i in range(2))
+    turn3 = texts(prune_with("openai-chat", chat(a, b, a), dedupe=True).body)
+    turn4 = texts(prune_with("openai-chat", chat(a, b, a, a), dedupe=True).body)
+    assert turn3[1] == turn4[1] == "[trimflow: image #1 repeated as image #3]"
+
+
+def test_repeat_placeholder_is_configurable() -> None:
+    a = data_url(image(30, 20, "PNG", seed=1), "image/png")
+    outcome = prune_with("openai-chat", chat(a, a), dedupe=True, repeat_placeholder="<{kind} {ordinal} = {later}, {dims}>")
+    assert "<image 1 = 2, 30x20>" in texts(outcome.body)
+
+
+def test_the_same_bytes_behind_different_declared_types_are_a_repeat() -> None:
+    raw_png = image(30, 20, "PNG", seed=1)
+    outcome = prune_with("openai-chat", chat(data_url(raw_png, "image/png"), data_url(raw_png, "image/jpeg")), dedupe=True)
+    assert outcome.record.deduplicated == 1 and outcome.record.mime_mismatches == 1
+
+
+def test_repeats_go_before_the_count_cap() -> None:
+    a, b, c = (data_url(image(30 + i, 20, "PNG", seed=i), "image/png") for i in range(3))
+    with_dedupe = prune_with("openai-chat", chat(a, b, a, c), dedupe=True, max_images=2)
+    assert [m.data for m in sent("openai-chat", with_dedupe.body)] == [a, c]
+    assert (with_dedupe.record.deduplicated, with_dedupe.record.pruned_for_count) == (1, 1)
+    without = prune_with("openai-chat", chat(a, b, a, c), max_images=2)
+    assert [m.data for m in sent("openai-chat", without.body)] == [a, c]
+    assert (without.record.deduplicated, without.record.pruned_for_count) == (0, 2)
+
+
+def test_repeats_in_ollama_and_gemini() -> None:
+    shot = image(30, 20, "PNG", seed=1)
+    for fmt in ("ollama", "gemini"):
+        outcome = prune_with(fmt, session_body(fmt, 3, shot, "image/png"), dedupe=True)
+        assert outcome.record.deduplicated == 2 and len(sent(fmt, outcome.body)) == 1
+        assert b"repeated as image #2" in outcome.body and b"repeated as image #3" in outcome.body
+
+
+# --- per-image limits -----------------------------------------------------------------------------------------
+
+
+def test_an_image_over_5mb_is_shrunk_under_it(png_over_5mb: str) -> None:
+    body = anthropic((png_over_5mb, "image/png"))
+    raw = encode(body)
+    outcome = prune_with("anthropic", raw, max_image_bytes=FIVE_MB)
+    [media] = sent("anthropic", outcome.body)
+    im = check_image("anthropic", media, max_bytes=FIVE_MB)
+    assert im.format == "JPEG" and im.size == (1600, 1000)
+    record = outcome.record
+    assert outcome.changed and record.shrunk == 1 and record.pruned == 0 and record.images_after == 1
+    assert record.shrunk_bytes_saved == len(png_over_5mb) - len(payload(media)) > 0
+    assert record.media_bytes_after == len(payload(media)) and record.body_bytes_after == len(outcome.body)
+    assert record.est_tokens_after == record.est_tokens_before  # same size: Claude counts the same
+
+
+def test_a_side_over_8000_px_is_scaled_to_8000_and_stays_png() -> None:
+    wide = b64(image(9000, 300, "PNG", seed=12, noise=0.0))
+    outcome = prune_with("anthropic", anthropic((wide, "image/png")), max_image_side=8000)
+    [media] = sent("anthropic", outcome.body)
+    im = check_image("anthropic", media, max_side=8000)
+    assert im.format == "PNG" and im.size == (8000, 267)
+    assert outcome.record.shrunk == 1
+
+
+def test_many_images_over_the_threshold_get_no_side_over_2000(wide_2500: list[bytes]) -> None:
+    limits = {"max_image_side": 8000, "many_images_threshold": 20, "many_images_max_side": 2000}
+    body = anthropic(*((b64(shot), "image/jpeg") for shot in wide_2500))
+    outcome = prune_with("anthropic", body, **limits)
+    images = sent("anthropic", outcome.body)
+    assert len(images) == 25 and outcome.record.shrunk == 25
+    for media, original in zip(images, wide_2500, strict=True):
+        im = check_image("anthropic", media, max_side=2000)
+        assert im.format == "JPEG" and im.size[0] == 2000
+        assert abs(im.size[1] - Image.open(io.BytesIO(original)).size[1] * 0.8) <= 1
+    # Its output is within the rule it met: a second pass changes nothing.
+    assert prune_with("anthropic", outcome.body, **limits).body is outcome.body
+
+
+def test_the_many_image_rule_needs_more_than_the_threshold(wide_2500: list[bytes]) -> None:
+    limits = {"many_images_threshold": 20, "many_images_max_side": 2000}
+    raw = encode(anthropic(*((b64(shot), "image/jpeg") for shot in wide_2500[:20])))
+    outcome = prune_with("anthropic", raw, **limits)
+    assert outcome.body is raw and outcome.record.shrunk == 0
+
+
+def test_the_many_image_rule_counts_after_the_count_cap(wide_2500: list[bytes]) -> None:
+    body = anthropic(*((b64(shot), "image/jpeg") for shot in wide_2500))
+    outcome = prune_with("anthropic", body, max_images=20, many_images_threshold=20, many_images_max_side=2000)
+    images = sent("anthropic", outcome.body)
+    assert len(images) == 20 and outcome.record.shrunk == 0 and outcome.record.pruned_for_count == 5
+    assert [payload(m) for m in images] == [b64(shot) for shot in wide_2500[5:]]  # sent as they came
+
+
+def test_images_within_every_limit_are_never_decoded(monkeypatch: pytest.MonkeyPatch, screens: list[bytes]) -> None:
+    calls = []
+    monkeypatch.setattr(_shrink, "shrink", lambda *a, **k: calls.append(1))
+    body = anthropic(*((b64(s), "image/png") for s in screens[:4]))
+    body["messages"][0]["content"].append({"type": "image", "source": {"type": "url", "url": "https://example.invalid/a.png"}})
+    raw = encode(body)
+    limits = {"max_image_bytes": FIVE_MB, "max_image_side": 8000, "many_images_threshold": 3, "many_images_max_side": 2000}
+    outcome = prune_with("anthropic", raw, **limits)
+    assert calls == [] and outcome.body is raw and not outcome.changed
+    assert outcome.record.shrunk == outcome.record.pruned == 0
+
+
+def test_an_image_that_cannot_be_decoded_is_dropped_with_the_reason() -> None:
+    junk = b64(bytes(range(256)) * 12)  # 3 KB of something that is no image
+    ok = b64(image(40, 30, "PNG", seed=1, noise=0.0))
+    body = anthropic((junk, "image/png"), (ok, "image/png"))
+    outcome = prune_with("anthropic", body, max_image_bytes=2048, placeholder="[{kind} #{ordinal}: {reason}]")
+    assert "[image #1: over 2KB, could not be decoded]" in texts(outcome.body)
+    assert [payload(m) for m in sent("anthropic", outcome.body)] == [ok]
+    record = outcome.record
+    assert record.pruned == record.pruned_for_image_limit == 1 and record.images_after == 1
+
+
+def test_a_pixel_bomb_is_dropped_unopened_even_when_it_is_the_newest(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_shrink.Image, "open", lambda *a, **k: pytest.fail("a bomb must not be opened"))
+    body = anthropic((b64(png_header(20_000, 20_000)), "image/png"))
+    outcome = prune_with("anthropic", body, max_image_side=8000, keep_recent=1, placeholder="[{dims}: {reason}]")
+    [text] = [t for t in texts(outcome.body) if t.startswith("[")]
+    assert text == "[20000x20000: over 8000px, 20000x20000 is over the 100-megapixel decoding limit]"
+    assert outcome.record.images_after == 0 and outcome.record.pruned_for_image_limit == 1
+
+
+def test_image_side_limit_applies_the_many_image_rule_over_the_threshold() -> None:
+    limits = Limits(max_image_side=8000, many_images_threshold=20, many_images_max_side=2000)
+    assert [limits.image_side_limit(n) for n in (0, 20, 21, 100)] == [8000, 8000, 2000, 2000]
+    assert Limits(many_images_threshold=2, many_images_max_side=500).image_side_limit(3) == 500
+    assert Limits(many_images_threshold=2, many_images_max_side=500).image_side_limit(2) is None
+    assert Limits().image_side_limit(1000) is None
+
+
+# --- thinning -------------------------------------------------------------------------------------------------
+
+
+def test_older_images_become_thumbnails_and_the_newest_stays_whole(fresh_cache: _shrink.ShrinkCache, screens: list[bytes]) -> None:
+    shots = [b64(s) for s in screens[:6]]
+    body = anthropic(*((s, "image/png") for s in shots))
+    outcome = prune_with("anthropic", body, thumbnail_side=256, keep_recent=1)
+    images = sent("anthropic", outcome.body)
+    assert len(images) == 6 and payload(images[-1]) == shots[-1]
+    for media in images[:-1]:
+        im = check_image("anthropic", media, max_side=256)
+        assert im.format == "PNG" and im.size == (256, 160)
+    record = outcome.record
+    assert record.thinned == 5 and record.shrunk == 0 and record.pruned == 0
+    assert record.thinned_bytes_saved == sum(len(s) for s in shots[:-1]) - sum(len(payload(m)) for m in images[:-1])
+    # Tokens move exactly by the image formula: 5 x (1280x800 -> 256x160) on Claude.
+    saved = 5 * (anthropic_image_tokens(1280, 800) - anthropic_image_tokens(256, 160))
+    assert record.est_tokens_before - record.est_tokens_after == saved
+    assert record.est_tokens_after == text_tokens(len(outcome.body) - record.media_bytes_after) + 5 * 60 + anthropic_image_tokens(1280, 800)
+    assert "(5 thinned)" in record.summary()
+
+
+def test_thumbnails_are_byte_identical_on_the_next_turn_and_come_from_the_cache(
+    fresh_cache: _shrink.ShrinkCache, encodes: list[str], screens: list[bytes]
+) -> None:
+    shots = [(b64(s), "image/png") for s in screens]
+    turn6 = prune_with("anthropic", anthropic(*shots[:6]), thumbnail_side=256)
+    encoded = len(encodes)
+    turn7 = prune_with("anthropic", anthropic(*shots[:7]), thumbnail_side=256)
+    assert len(encodes) == encoded + 1  # only the image that just became old
+    assert fresh_cache.hits == 5
+    old = [payload(m) for m in sent("anthropic", turn6.body)[:5]]
+    assert [payload(m) for m in sent("anthropic", turn7.body)[:5]] == old
+    assert prune_with("anthropic", turn7.body, thumbnail_side=256).body is turn7.body  # idempotent
+
+
+def test_thumbnails_before_budgets_mean_fewer_images_dropped(screens: list[bytes]) -> None:
+    body = anthropic(*((b64(s), "image/png") for s in screens[:6]))
+    budget = len(b64(screens[5])) + 5 * 60_000  # the newest whole, five thumbnails of well under 60 KB
+    dropped = prune_with("anthropic", body, max_body_bytes=budget)
+    thinned = prune_with("anthropic", body, max_body_bytes=budget, thumbnail_side=256)
+    assert dropped.record.pruned >= 4
+    assert thinned.record.pruned == 0 and thinned.record.thinned == 5 and len(thinned.body) <= budget
+
+
+def test_thinning_respects_the_count_cap_and_keep_recent(screens: list[bytes]) -> None:
+    shots = [b64(s) for s in screens[:6]]
+    outcome = prune_with("anthropic", anthropic(*((s, "image/png") for s in shots)), max_images=4, keep_recent=2, thumbnail_side=256)
+    images = sent("anthropic", outcome.body)
+    assert len(images) == 4 and outcome.record.pruned_for_count == 2 and outcome.record.thinned == 2
+    assert [payload(m) for m in images[2:]] == shots[4:]  # the newest two whole
+    assert all(max(decoded(m).size) == 256 for m in images[:2])
+
+
+def test_an_image_already_small_is_not_thinned(screens: list[bytes]) -> None:
+    small = b64(image(200, 120, "PNG", seed=5))
+    raw = encode(anthropic((small, "image/png"), (b64(screens[0]), "image/png")))
+    outcome = prune_with("anthropic", raw, thumbnail_side=256)
+    assert outcome.body is raw and outcome.record.thinned == 0
+
+
+def test_a_thumbnail_that_cannot_be_made_leaves_the_image_as_it_was(screens: list[bytes]) -> None:
+    bomb = b64(png_header(20_000, 20_000))
+    raw = encode(anthropic((bomb, "image/png"), (b64(screens[0]), "image/png")))
+    outcome = prune_with("anthropic", raw, thumbnail_side=256)  # no per-image limit requires anything
+    assert outcome.body is raw and outcome.record.pruned == 0
+
+
+# --- the body and token budgets -------------------------------------------------------------------------------
+
+
+def test_budgets_prune_oldest_first_and_name_the_first_budget_over() -> None:
+    body = lambda k: 1500 - 200 * k  # noqa: E731 - over 1000 until 3 pruned
+    tokens = lambda k: 900 - 100 * k  # noqa: E731 - over 500 until 4 pruned
+    assert prune_to_budgets(8, [(1000, body), (500, tokens)]) == ([0, 0, 0, 1], False)
+    assert prune_to_budgets(8, [(1000, body), (None, tokens)]) == ([0, 0, 0], False)  # no limit: not applied
+    assert prune_to_budgets(2, [(1000, body), (500, tokens)]) == ([0, 0], True)  # only 2 prunable: still over
+
+
+def test_body_budget_boundary_exactly_at_the_limit_is_fine() -> None:
+    raw = encode(chat_with_images(4))
+    assert prune_with("openai-chat", raw, max_body_bytes=len(raw)).body is raw
+    over = prune_with("openai-chat", raw, max_body_bytes=len(raw) - 1)
+    assert over.record.pruned == 1 and over.record.pruned_for_body == 1
+    assert len(over.body) <= len(raw) - 1
+
+
+def test_body_budget_prunes_oldest_survivors_to_the_exact_size() -> None:
+    body = chat_with_images(6)
+    sizes = []
+    for k in range(6):
+        sizes.append(len(prune_with("openai-chat", body, max_images=6 - k, keep_recent=0).body))
+    # With the budget at exactly the size of "oldest k pruned", exactly k are pruned.
+    for k in range(1, 6):
+        outcome = prune_with("openai-chat", body, max_body_bytes=sizes[k], keep_recent=0)
+        assert outcome.record.pruned == k, (k, sizes)
+        assert len(outcome.body) == sizes[k] and not outcome.record.over_budget
+
+
+def test_body_budget_never_prunes_keep_recent_and_says_when_unmet() -> None:
+    body = chat_with_images(3)
+    outcome = prune_with("openai-chat", body, max_body_bytes=100, keep_recent=1)
+    assert outcome.record.images_after == 1 and outcome.record.over_budget
+    assert len(images_left(outcome.body)) == 1
+    assert "OVER BUDGET" in outcome.record.summary()
+
+
+def test_the_token_budget_prunes_the_oldest_until_the_estimate_fits() -> None:
+    urls = [data_url(image(512, 512, "PNG", seed=i, noise=0.0), "image/png") for i in range(6)]
+    body = chat(*urls)
+    full = prune_with("openai-chat", body).record.est_tokens_after
+    assert image_tokens("openai-chat", "gpt-4o", 512, 512) == 255
+    outcome = prune_with("openai-chat", body, max_est_tokens=full - 2 * 255 - 1)  # room for three images fewer, minus one token
+    record = outcome.record
+    assert record.pruned == record.pruned_for_tokens == 3 and record.pruned_for_body == 0
+    assert record.est_tokens_after <= full - 2 * 255 - 1 and not record.over_budget
+    assert [m.data for m in sent("openai-chat", outcome.body)] == urls[3:]
+    assert "[trimflow: image #1 omitted" in texts(outcome.body)[1]
+
+
+def test_the_token_budget_never_prunes_keep_recent_and_says_when_unmet() -> None:
+    body = chat(*(data_url(image(512, 512, "PNG", seed=i, noise=0.0), "image/png") for i in range(4)))
+    outcome = prune_with("openai-chat", body, max_est_tokens=10, keep_recent=2)
+    assert outcome.record.images_after == 2 and outcome.record.over_budget and outcome.record.pruned_for_tokens == 2
+    assert "OVER BUDGET" in outcome.record.summary()
+
+
+def test_body_and_token_budgets_each_take_their_share() -> None:
+    urls = [data_url(image(512, 512, "PNG", seed=i, noise=0.3), "image/png") for i in range(5)]
+    raw = encode(chat(*urls))
+    by_body = prune_with("openai-chat", raw, max_images=None, keep_recent=0, max_body_bytes=len(raw) - 1)
+    assert by_body.record.pruned_for_body == 1
+    est = by_body.record.est_tokens_after
+    both = prune_with("openai-chat", raw, keep_recent=0, max_body_bytes=len(raw) - 1, max_est_tokens=est - 200)
+    assert (both.record.pruned_for_body, both.record.pruned_for_tokens) == (1, 1)
+
+
+def test_ollama_body_budget_prunes_and_says_so() -> None:
+    """An earlier size accounting failed on Ollama (its images leave their list): now exact and corrected."""
+    raw = encode(session_body("ollama", 4, image(50, 50, "PNG", seed=1), "image/png"))
+    outcome = prune_with("ollama", raw, max_body_bytes=len(raw) - 10)
+    assert outcome.record.reason is None and outcome.record.pruned == 1
+    assert len(outcome.body) <= len(raw) - 10 == outcome.record.body_bytes_after + (len(raw) - 10 - len(outcome.body))
+
+
+# --- the limits -----------------------------------------------------------------------------------------------
+
+
 def test_every_limit_field_carries_what_the_rules_parser_checks() -> None:
     fields = {f.name: f for f in dataclasses.fields(Limits)}
     assert "rule" not in LIMIT_FIELDS and set(LIMIT_FIELDS) == set(fields) - {"rule"}
@@ -40,6 +407,9 @@ def test_every_limit_field_carries_what_the_rules_parser_checks() -> None:
         assert meta["kind"] in ("count", "size", "side", "bool", "template") and meta["doc"], name
         if meta["pair"] is not None:
             assert fields[meta["pair"]].metadata["pair"] == name  # pairs name each other
+
+
+# --- the fast path --------------------------------------------------------------------------------------------
 
 
 # Limits that each make one step act on the request below, and one set that makes none act.

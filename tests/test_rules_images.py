@@ -7,9 +7,7 @@ from pathlib import Path
 import pytest
 
 from trimflow._policy import DEFAULT_REPEAT_PLACEHOLDER, Limits
-from trimflow._rules import DEFAULT_RULES_PATH, LIMIT_FIELDS, check_placeholder, load_rules
-
-from .test_rules import assert_error, load
+from trimflow._rules import DEFAULT_RULES_PATH, LIMIT_FIELDS, Rules, RulesError, check_placeholder, load_rules
 
 REPO = Path(__file__).resolve().parents[1]
 MiB = 2**20
@@ -23,6 +21,22 @@ NEW_FIELDS = (
     "dedupe",
     "repeat_placeholder",
 )
+
+
+def load(tmp_path: Path, text: str) -> Rules:
+    path = tmp_path / "rules.yaml"
+    path.write_text(text, encoding="utf-8")
+    return load_rules(path)
+
+
+def assert_error(tmp_path: Path, text: str, line: int, message: str) -> None:
+    """Loading `text` fails naming the file and the line, with `message` in its text."""
+    with pytest.raises(RulesError) as caught:
+        load(tmp_path, text)
+    err = caught.value
+    assert str(err).startswith(f"{tmp_path / 'rules.yaml'}:{line}: "), str(err)
+    assert message in str(err), str(err)
+    assert err.line == line
 
 
 def test_the_new_fields_are_rules_fields_and_off_by_default() -> None:
@@ -126,14 +140,6 @@ def test_the_many_image_pair_may_be_split_between_defaults_and_a_rule(tmp_path: 
     # A rule that unsets one half of the pair is named with its own line.
     text = "defaults:\n  many_images_max_side: 2000\n  many_images_threshold: 20\nrules:\n  - name: r\n    many_images_threshold: null\n"
     assert_error(tmp_path, text, 5, "many_images_max_side is set in rule 'r' but many_images_threshold is not")
-
-
-def test_image_side_limit_applies_the_many_image_rule_over_the_threshold() -> None:
-    limits = Limits(max_image_side=8000, many_images_threshold=20, many_images_max_side=2000)
-    assert [limits.image_side_limit(n) for n in (0, 20, 21, 100)] == [8000, 8000, 2000, 2000]
-    assert Limits(many_images_threshold=2, many_images_max_side=500).image_side_limit(3) == 500
-    assert Limits(many_images_threshold=2, many_images_max_side=500).image_side_limit(2) is None
-    assert Limits().image_side_limit(1000) is None
 
 
 # --- the shipped files ----------------------------------------------------------------------------

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
-import struct
 import threading
-import zlib
 
 import pytest
 from PIL import Image
@@ -15,16 +13,11 @@ from trimflow import _shrink
 from trimflow._shrink import MAX_PIXELS, ShrinkCache, Shrunk, shrink
 from trimflow.testing import b64, image
 
+from . import shrink_bench
+from .bombs import png_header
+
 MiB = 2**20
 FIVE_MB = 5 * MiB
-
-
-@pytest.fixture(scope="module")
-def noisy_png() -> str:
-    """A noisy PNG whose base64 is over Anthropic's 5 MB: incompressible, so only JPEG gets it under."""
-    data = b64(image(1600, 1000, "PNG", seed=11, noise=1.0))
-    assert len(data) > FIVE_MB
-    return data
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +55,8 @@ def test_the_bomb_limit_is_set_for_pillow_too() -> None:
     assert Image.MAX_IMAGE_PIXELS == MAX_PIXELS == 100_000_000
 
 
-def test_noisy_png_over_5mb_becomes_jpeg_under_it_at_full_size(noisy_png: str) -> None:
-    result = shrink(noisy_png, max_side=None, max_bytes=FIVE_MB, cache=ShrinkCache())
+def test_noisy_png_over_5mb_becomes_jpeg_under_it_at_full_size(png_over_5mb: str) -> None:
+    result = shrink(png_over_5mb, max_side=None, max_bytes=FIVE_MB, cache=ShrinkCache())
     im = check(result, max_bytes=FIVE_MB)
     assert im.format == "JPEG" and im.size == (1600, 1000)  # quality 85 sufficed: no downscale
 
@@ -205,16 +198,6 @@ def test_threads_share_one_cache_and_agree() -> None:
     assert len(cache) == 3 and cache.hits + cache.misses == 24
 
 
-def png_header(width: int, height: int) -> bytes:
-    """A PNG that claims a size in IHDR and holds one tiny row: a decompression bomb's header."""
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-
-    def chunk(kind: bytes, payload: bytes) -> bytes:
-        return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
-
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
-
-
 def test_a_header_over_100_megapixels_is_refused_before_anything_decodes(monkeypatch: pytest.MonkeyPatch) -> None:
     def no_open(*args: object, **kwargs: object) -> None:
         raise AssertionError("Pillow must not open a bomb")
@@ -261,12 +244,10 @@ def test_wrapped_and_urlsafe_base64_decode() -> None:
 
 
 def test_the_benchmark_functions_return_their_figures() -> None:
-    from tests import shrink_bench as _shrink_bench
-
-    speed = _shrink_bench.shrink_speed({"tiny": ("screen", "PNG", 800, 450, 200, None)}, repeats=1)
+    speed = shrink_bench.shrink_speed({"tiny": ("screen", "PNG", 800, 450, 200, None)}, repeats=1)
     assert speed["tiny"]["result"] == "image/png 200x112" and speed["tiny"]["ms_per_megapixel"] > 0
     before = _shrink.CACHE
-    session = _shrink_bench.session_cache(turns=4, size=(800, 450))
+    session = shrink_bench.session_cache(turns=4, size=(800, 450))
     assert _shrink.CACHE is before  # the bench's own cache is gone again
     # Turn n thins n-1 screenshots, each encoded once: 1+2+3 = 6 lookups, 3 of them misses.
     assert (session["hits"], session["misses"], session["misses_minimum"]) == (3, 3, 3)
