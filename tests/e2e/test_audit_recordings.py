@@ -21,9 +21,9 @@ import orjson
 import pytest
 
 from trimflow.audit import main
-from trimflow.testing import FakeProvider, Received, count_images, estimate_usage
-from tests.mitmdump import Mitmdump, mitmdump_binary
-from trimflow.testing import PATHS, image, session_body
+from trimflow.testing import PATHS, FakeProvider, Received, count_images, estimate_usage, image, session_body
+
+from ..mitmdump import Mitmdump, mitmdump_binary
 
 pytestmark = pytest.mark.e2e
 

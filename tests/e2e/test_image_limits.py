@@ -12,9 +12,9 @@ import orjson
 import pytest
 from PIL import Image
 
-from trimflow.testing import FakeProvider
-from tests.mitmdump import Mitmdump
-from trimflow.testing import b64, image
+from trimflow.testing import FakeProvider, b64, image
+
+from ..mitmdump import Mitmdump
 
 pytestmark = pytest.mark.e2e
 

@@ -34,13 +34,12 @@ import pytest
 
 from trimflow import prune_request
 from trimflow._decode import decode_body
-from trimflow.testing import REPLY_TEXT, FakeProvider, Received
+from trimflow.testing import PATHS, REPLY_TEXT, FakeProvider, Received, image
 from trimflow._rules import parse_rules
-from trimflow.testing import PATHS, image
 
 from ..test_decode import GiB, MiB, gzip_bomb
 from ..test_hostile import HOSTILE, PRUNED, RULES_TEXT, UNTOUCHED, Hostile, check_pruned, expected_body, marker, params, session_json
-from .conftest import Proxy, session, start_proxy
+from .helpers import Proxy, session, start_proxy
 
 pytestmark = pytest.mark.e2e
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.mitmdump import ADDON, mitmdump_binary
+from ..mitmdump import ADDON, mitmdump_binary
+
 
 pytestmark = pytest.mark.e2e
 

@@ -19,7 +19,7 @@ from google.genai import types
 from trimflow.testing import REPLY_TEXT, FakeProvider
 
 from ..certs import make_server_cert
-from .conftest import (
+from .helpers import (
     anthropic_turn,
     openai_chat_turn,
     openai_responses_turn,

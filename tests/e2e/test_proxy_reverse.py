@@ -19,11 +19,10 @@ import pytest
 from google import genai
 from google.genai import types
 
-from trimflow.testing import REPLY_TEXT, FakeProvider, Received
-from tests.mitmdump import Mitmdump
-from trimflow.testing import PATHS, b64
+from trimflow.testing import PATHS, REPLY_TEXT, FakeProvider, Received, b64
 
-from .conftest import (
+from ..mitmdump import Mitmdump
+from .helpers import (
     anthropic_turn,
     openai_chat_turn,
     openai_responses_turn,

@@ -17,12 +17,11 @@ from pathlib import Path
 import orjson
 import pytest
 
-from trimflow.testing import FakeProvider
-from tests.mitmdump import free_port
+from trimflow.testing import FakeProvider, Row, Session, replay
 from trimflow._profiles import load_profiles, provider_check
-from trimflow.testing import Row, Session, replay
 
-from .conftest import ROOT, start_proxy
+from ..mitmdump import free_port
+from .helpers import ROOT, start_proxy
 
 pytestmark = pytest.mark.e2e
 

@@ -15,9 +15,9 @@ import orjson
 import pytest
 
 from trimflow.testing import FakeProvider
-from tests.mitmdump import free_port
 
-from .conftest import ROOT, assert_pruned_upstream, image_payloads, post, session, shots, write_rules
+from ..mitmdump import free_port
+from .helpers import ROOT, assert_pruned_upstream, image_payloads, post, session, shots, write_rules
 
 pytestmark = pytest.mark.e2e
 

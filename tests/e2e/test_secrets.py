@@ -22,11 +22,10 @@ import orjson
 import pytest
 from mitmproxy import io as mitmproxy_io
 
-from trimflow.testing import FakeProvider, Received
-from tests.mitmdump import mitmdump_binary
-from trimflow.testing import PATHS, b64
+from trimflow.testing import PATHS, FakeProvider, Received, b64
 
-from .conftest import ROOT, PROMPT_TEXTS, Proxy, post, session, shots, start_proxy, write_rules
+from ..mitmdump import mitmdump_binary
+from .helpers import ROOT, PROMPT_TEXTS, Proxy, post, session, shots, start_proxy, write_rules
 
 pytestmark = pytest.mark.e2e
 

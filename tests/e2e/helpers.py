@@ -1,0 +1,282 @@
+"""Helpers of the end-to-end tests: real mitmdump processes with the addon, screenshot sessions whose images
+are all different (so "the newest images were kept" is checkable), one turn through each SDK, raw HTTP.
+
+Processes are shared per module or session: each mitmdump start costs about a second.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import http.client
+import ssl
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from trimflow import FORMATS
+from trimflow.testing import FakeProvider, Received, b64, image, session_body
+
+from ..mitmdump import Mitmdump
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Credentials the clients send. The tests check that none of them reaches a log or metrics line.
+OPENAI_KEY = "sk-test-SECRET-openai-5f3a9c1e7d"
+ANTHROPIC_KEY = "sk-ant-test-SECRET-anthropic-77d1b2"
+GOOGLE_KEY = "AIzaSECRET-google-header-0c4e9a"
+GOOGLE_QUERY_KEY = "AIzaSECRET-google-query-3b8f21"
+SECRETS = (OPENAI_KEY, ANTHROPIC_KEY, GOOGLE_KEY)
+
+# Text of the synthetic sessions (trimflow._synthetic): none of it may reach a log or metrics line.
+PROMPT_TEXTS = ("What should I click next?", "I see the settings page", "You are a desktop assistant.")
+
+PLACEHOLDER_MARK = b"[trimflow: image #"  # the start of the default placeholder text
+
+
+# --- sessions of distinct images ----------------------------------------------------------------------------
+
+
+def shots(count: int, seed: int = 0, width: int = 64, height: int = 48) -> list[bytes]:
+    """`count` different real PNGs (noise, so they do not compress away), oldest first."""
+    return [image(width, height, "PNG", seed=seed * 1000 + i) for i in range(count)]
+
+
+_MARKER_SHOT = image(16, 16, "PNG", seed=987654)
+
+
+def session(wire_format: str, images: list[bytes], model: str | None = None) -> dict[str, Any]:
+    """The whole-history body of turn len(images), with images[i] as the screenshot of turn i+1."""
+    text = orjson.dumps(session_body(wire_format, len(images), _MARKER_SHOT, "image/png", model)).decode()
+    marker = b64(_MARKER_SHOT)
+    for shot in images:  # occurrences are in turn order, so replacing the first one each time numbers them
+        text = text.replace(marker, b64(shot), 1)
+    assert marker not in text
+    return orjson.loads(text)
+
+
+def decode_b64(payload: str) -> bytes:
+    """Standard or urlsafe base64 (google-genai sends urlsafe)."""
+    normalised = payload.replace("-", "+").replace("_", "/")
+    return base64.b64decode(normalised + "=" * (-len(normalised) % 4), validate=True)
+
+
+def image_payloads(wire_format: str, body: dict[str, Any]) -> list[bytes]:
+    """The decoded bytes of every inline image in `body`, in document order."""
+    out = []
+    for media in FORMATS[wire_format].find_media(body):
+        if media.kind == "image" and media.data is not None:
+            try:
+                out.append(decode_b64(media.data[media.data_offset :]))
+            except binascii.Error:
+                out.append(media.data.encode())
+    return out
+
+
+def assert_pruned_upstream(provider: FakeProvider, wire_format: str, images: list[bytes], kept: int) -> Received:
+    """The one request the provider got carries only the newest `kept` images, placeholders for the rest."""
+    assert len(provider.received) == 1, [r.path for r in provider.received]
+    received = provider.received[0]
+    assert image_payloads(wire_format, received.json()) == images[len(images) - kept :]
+    assert received.body.count(PLACEHOLDER_MARK) == len(images) - kept
+    return received
+
+
+def assert_record(record: dict[str, Any], wire_format: str, before: int, after: int, usage: int | None, mode: str = "enforce") -> None:
+    assert record["format"] == wire_format
+    assert record["mode"] == mode
+    assert (record["images_before"], record["images_after"]) == (before, after)
+    assert record["pruned"] == before - after
+    assert record["status"] == 200
+    assert record["reason"] is None
+    assert usage is not None and record["usage_input_tokens"] == usage
+
+
+# --- one turn through each SDK: (reply text, prompt tokens the SDK saw) -------------------------------------
+
+
+def openai_chat_turn(client: Any, body: dict[str, Any], stream: bool) -> tuple[str, int]:
+    if stream:
+        chunks = list(client.chat.completions.create(
+            model=body["model"], messages=body["messages"], stream=True, stream_options={"include_usage": True}))
+        return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), chunks[-1].usage.prompt_tokens
+    reply = client.chat.completions.create(model=body["model"], messages=body["messages"])
+    return reply.choices[0].message.content, reply.usage.prompt_tokens
+
+
+def openai_responses_turn(client: Any, body: dict[str, Any], stream: bool) -> tuple[str, int]:
+    args = {"model": body["model"], "instructions": body["instructions"], "input": body["input"]}
+    if stream:
+        events = list(client.responses.create(**args, stream=True))
+        assert events[-1].type == "response.completed"
+        text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+        assert text == events[-1].response.output_text
+        return text, events[-1].response.usage.input_tokens
+    reply = client.responses.create(**args)
+    return reply.output_text, reply.usage.input_tokens
+
+
+def anthropic_turn(client: Any, body: dict[str, Any], stream: bool) -> tuple[str, int]:
+    args = {"model": body["model"], "max_tokens": body["max_tokens"], "system": body["system"], "messages": body["messages"]}
+    if stream:
+        with client.messages.stream(**args) as events:
+            text = "".join(events.text_stream)
+            return text, events.get_final_message().usage.input_tokens
+    reply = client.messages.create(**args)
+    return reply.content[0].text, reply.usage.input_tokens
+
+
+# --- rules --------------------------------------------------------------------------------------------------
+
+
+def write_rules(path: Path, max_images: int | str = 2) -> Path:
+    """Small limits, so pruning shows with a few small images."""
+    return replace_text(path, f"defaults:\n  max_images: {max_images}\n  keep_recent: 1\n  max_body_bytes: 16MiB\n")
+
+
+def replace_text(path: Path, text: str) -> Path:
+    """Write by rename, as editors do: a reader never sees a half-written file."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+    return path
+
+
+# --- processes ----------------------------------------------------------------------------------------------
+
+
+class Proxy:
+    """A mitmdump with the addon, writing metrics into `workdir`; `rules` None means the shipped default rules.
+
+    Build several, then start_all() them together: each mitmdump start costs a second or more of CPU.
+    """
+
+    def __init__(self, workdir: Path, *args: str, rules: Path | None, **options: str) -> None:
+        self.metrics = workdir / "metrics.jsonl"
+        self.rules = rules
+        options = {"trimflow_metrics": str(self.metrics), **options}
+        if rules is not None:
+            options["trimflow_rules"] = str(rules)
+        self.mitm = Mitmdump(workdir, *args, options=options)
+
+    @property
+    def url(self) -> str:
+        return self.mitm.url
+
+    @property
+    def port(self) -> int:
+        return self.mitm.port
+
+    def log(self) -> str:
+        return self.mitm.log()
+
+    def records(self) -> list[dict[str, Any]]:
+        try:
+            lines = self.metrics.read_bytes().splitlines()
+        except FileNotFoundError:
+            return []
+        return [orjson.loads(line) for line in lines if line.strip()]
+
+    def settled_records(self, quiet: float = 0.1, timeout: float = 10.0) -> list[dict[str, Any]]:
+        """The records once none has come for `quiet` seconds: the addon writes a flow's record just
+        after its answer (FLUSH_DELAY), so a count taken at once may miss the last request's."""
+        deadline = time.monotonic() + timeout
+        records = self.records()
+        while True:
+            time.sleep(quiet)
+            now = self.records()
+            if len(now) == len(records):
+                return now
+            assert time.monotonic() < deadline, f"records still coming after {timeout} s"
+            records = now
+
+    def records_after(self, before: int, count: int, timeout: float = 5.0) -> list[dict[str, Any]]:
+        """The records past the first `before`, once there are `count` of them; exactly `count`.
+
+        A streamed flow's record is written when the stream ends, just after the client saw its last
+        byte, hence the wait.
+        """
+        deadline = time.monotonic() + timeout
+        while len(self.records()) < before + count and time.monotonic() < deadline:
+            time.sleep(0.02)
+        new = self.records()[before:]
+        assert len(new) == count, f"expected {count} new metrics records, got {len(new)}: {new}"
+        return new
+
+    @contextmanager
+    def expect_records(self, count: int = 1) -> Iterator[list[dict[str, Any]]]:
+        """The records written by the requests made inside the block: exactly `count` of them."""
+        before = len(self.settled_records())
+        new: list[dict[str, Any]] = []
+        yield new
+        new.extend(self.records_after(before, count))
+
+
+def start_all(*mitmdumps: Mitmdump, may_exit: tuple[Mitmdump, ...] = ()) -> None:
+    """Start mitmdumps side by side (a start is mostly Python importing mitmproxy). Raises the first failure,
+    except for those in `may_exit`, which are expected to stop on their own.
+
+    They run as in a wide terminal (COLUMNS=400): mitmdump cuts its own flow lines to the terminal width,
+    and an 80-column cut would hide whatever a longer URL leaks.
+    """
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("COLUMNS", "400")
+        with ThreadPoolExecutor(len(mitmdumps)) as pool:
+            for m, future in [(m, pool.submit(m.start)) for m in mitmdumps]:
+                try:
+                    future.result()
+                except RuntimeError:
+                    if m not in may_exit:
+                        raise
+
+
+def start_proxy(workdir: Path, *args: str, rules: Path | None, **options: str) -> Proxy:
+    """One Proxy, started (see Proxy and start_all)."""
+    proxy = Proxy(workdir, *args, rules=rules, **options)
+    start_all(proxy.mitm)
+    return proxy
+
+
+def stop_all(*mitmdumps: Mitmdump) -> None:
+    """Signal every process first, then wait: they shut down side by side."""
+    for m in mitmdumps:
+        if m.process is not None and m.process.poll() is None:
+            m.process.terminate()
+    for m in mitmdumps:
+        m.stop()
+
+
+# --- raw HTTP -----------------------------------------------------------------------------------------------
+
+
+def post(
+    port: int,
+    path: str,
+    body: bytes,
+    headers: dict[str, str] | None = None,
+    *,
+    tunnel: tuple[str, int] | None = None,
+    context: ssl.SSLContext | None = None,
+) -> tuple[int, bytes]:
+    """POST through the proxy on 127.0.0.1:`port`; with `tunnel`, via CONNECT and TLS to that upstream."""
+    conn = open_connection(port, tunnel=tunnel, context=context)
+    try:
+        conn.request("POST", path, body, {"Content-Type": "application/json", **(headers or {})})
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def open_connection(port: int, *, tunnel: tuple[str, int] | None = None, context: ssl.SSLContext | None = None) -> http.client.HTTPConnection:
+    if tunnel is None:
+        return http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=30, context=context)
+    conn.set_tunnel(*tunnel)
+    return conn
