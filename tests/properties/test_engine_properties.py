@@ -10,26 +10,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from trimflow import prune_request
-from trimflow.testing import b64, data_url, image
 from trimflow.formats import FORMATS
+from trimflow.testing import b64, data_url
 
-from .helpers import rules_with, url_for
+from ..helpers import rules_with, url_for
+from .strategies import POOL, limits, text
 
-# A pool of distinct real images, so the newest kept can be told apart from the rest.
-POOL = [image(8 + i, 8, "PNG", seed=i) for i in range(12)]
 
-text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=30)
 part = st.one_of(st.tuples(st.just("text"), text), st.tuples(st.just("image"), st.integers(0, len(POOL) - 1)))
 # A message: its role, whether its parts sit inside a tool result, and the parts.
 message = st.tuples(st.sampled_from(["user", "assistant"]), st.booleans(), st.lists(part, min_size=1, max_size=4))
 conversation = st.lists(message, min_size=1, max_size=8)
-limits = st.fixed_dictionaries(
-    {
-        "max_images": st.one_of(st.none(), st.integers(0, 6)),
-        "keep_recent": st.integers(0, 3),
-        "prune_batch": st.integers(1, 4),
-    }
-)
 unknown = st.dictionaries(st.sampled_from(["x_extra", "metadata_x", "z"]), st.one_of(st.integers(-(2**60), 2**60), st.floats(allow_nan=False, allow_infinity=False), text), max_size=2)
 
 

@@ -1,7 +1,7 @@
 """Fuzzing the engine: random valid requests of every wire format (tool results nesting images, mixed parts,
 remote images, documents, unknown fields everywhere), then random corruptions of them.
 
-Builds on tests/test_engine_properties.py (its image pool, text strategy and limits), with richer requests.
+Draws from tests/properties/strategies.py (the image pool, text and limits) as test_engine_properties does, with richer requests.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from trimflow import prune_request
 from trimflow.testing import b64, data_url
 from trimflow.formats import FORMATS
 
-from .helpers import rules_with, url_for
-from .test_engine_properties import POOL, limits, text
+from ..helpers import rules_with, url_for
+from .strategies import POOL, limits, text
 
 _HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large]
 
