@@ -320,6 +320,21 @@ def test_a_bad_profiles_file_is_refused_with_file_line_and_problem(tmp_path, tex
     assert str(caught.value).startswith(f"{path}:{line}: ")
 
 
+def test_profiles_share_answers_through_x_anchors_and_merge_keys() -> None:
+    text = """\
+x-gateway: &gateway
+  status: 400
+  content_type: application/json
+  body: {error: {message: "at most {limit}"}}
+profiles:
+  eight: {<<: *gateway, max_images: 8}
+  nine: {<<: *gateway, max_images: 9, status: 413}
+"""
+    profiles = parse_profiles(text, "shared.yaml")
+    assert (profiles.get("eight").status, profiles.get("eight").max_images) == (400, 8)
+    assert (profiles.get("nine").status, profiles.get("nine").content_type) == (413, "application/json")
+
+
 def test_a_missing_profiles_file_names_the_file(tmp_path) -> None:
     with pytest.raises(ProfilesError, match=r"nope\.yaml: cannot read"):
         load_profiles(tmp_path / "nope.yaml")

@@ -5,7 +5,7 @@ bytes and pixel sizes) and the provider's answer (status, content type, body tex
 numbers filled in). `check` finds the first limit a request breaks; the proxy's `trimflow_simulate`
 and `scripts/fake-provider --profile` answer with it. Pure Python, no mitmproxy.
 
-The file is parsed with _rules' line-aware YAML parser, so every error names the file and line.
+The file is read with _yaml's line-aware reader, as the rules file is, so every error names the file and line.
 """
 
 from __future__ import annotations
@@ -18,12 +18,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import orjson
-from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+from yaml.nodes import MappingNode, Node, SequenceNode
 
 from . import _jsoncodec
 from ._imageinfo import sniff_base64
-from ._rules import RulesError, _did_you_mean, _line, _Parser, builtin_rules
+from ._rules import RulesError, builtin_rules
 from ._sizes import parse_size
+from ._yaml import NodeReader, did_you_mean, line_of, read_text
 from .formats import FORMATS, IMAGE, Media, detect_shape
 
 DEFAULT_PROFILES_PATH: Path = Path(__file__).resolve().parents[2] / "rules" / "profiles.yaml"
@@ -141,7 +142,7 @@ class Profiles:
         try:
             return self.profiles[name]
         except KeyError:
-            hint = _did_you_mean(name, self.profiles)
+            hint = did_you_mean(name, self.profiles)
             known = ", ".join(self.profiles) or "none"
             raise UnknownProfile(f"unknown profile {name!r} in {self.source}{hint} (known: {known})") from None
 
@@ -270,18 +271,11 @@ def _dims(image: Media) -> tuple[int | None, int | None]:
 
 def load_profiles(path: str | os.PathLike[str] = DEFAULT_PROFILES_PATH) -> Profiles:
     """Read and parse a profiles file; any problem is a ProfilesError naming the file (and line)."""
-    source = os.fspath(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise ProfilesError(source, None, f"cannot read: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    except OSError as e:
-        raise ProfilesError(source, None, f"cannot read: {e.strerror or e}") from None
-    return parse_profiles(text, source)
+    return parse_profiles(read_text(path, ProfilesError), os.fspath(path))
 
 
 def parse_profiles(text: str, source: str = "<string>") -> Profiles:
-    return _ProfilesParser(source).parse(text)  # type: ignore[return-value]
+    return _ProfilesReader(source).parse(text)
 
 
 def select_profile(name: str, path: str | os.PathLike[str] = DEFAULT_PROFILES_PATH) -> Profile | None:
@@ -292,20 +286,15 @@ def select_profile(name: str, path: str | os.PathLike[str] = DEFAULT_PROFILES_PA
     return load_profiles(path).get(name)
 
 
-class _ProfilesParser(_Parser):
-    """_rules' parser (YAML node walking with file:line errors) reading a profiles file instead."""
+class _ProfilesReader(NodeReader[Profiles]):
+    """Reads a profiles file; _yaml.NodeReader walks the YAML and makes the file:line errors."""
 
-    def error(self, node_or_line: Node | int, problem: str) -> RulesError:
-        line = node_or_line if isinstance(node_or_line, int) else _line(node_or_line)
-        return ProfilesError(self.source, line, problem)
+    error_class = ProfilesError
 
-    def _top(self, root: Node | None) -> Profiles:  # type: ignore[override]
-        if root is None or (isinstance(root, ScalarNode) and self.scalar(root) is None):
-            raise self.error(1, "empty profiles file: write `profiles:` with at least one profile "
-                                "(see rules/profiles.yaml)")
-        top = self.mapping(root, "the profiles file")
-        top = {k: v for k, v in top.items() if not k.startswith("x-")}  # x-...: YAML anchors, as in rules
-        self.reject_unknown(top, _TOP_KEYS, "the profiles file", noun="top-level key")
+    def top(self, root: Node | None) -> Profiles:
+        top = self.top_mapping(root, "the profiles file", _TOP_KEYS,
+                               "empty profiles file: write `profiles:` with at least one profile (see rules/profiles.yaml)")
+        assert root is not None  # top_mapping refuses an empty file
         if "profiles" not in top:
             raise self.error(root, "no `profiles:` section")
         node = top["profiles"][1]
@@ -349,7 +338,7 @@ class _ProfilesParser(_Parser):
         if not isinstance(body, str) and "json" not in content_type.lower():
             raise self.error(body_node, f"{what}: a mapping or list body is sent as JSON, but content_type is "
                                         f"{content_type!r}; use application/json or a text body")
-        return Profile(name, status, content_type, body, line=_line(name_node), **values)
+        return Profile(name, status, content_type, body, line=line_of(name_node), **values)
 
     def limit(self, key: str, node: Node, what: str) -> int:
         value = self.scalar(node)
@@ -390,7 +379,7 @@ class _ProfilesParser(_Parser):
                 text.format_map(sample)
             except KeyError as e:
                 name = str(e.args[0])
-                raise self.error(node, f"unknown field {{{name}}}{_did_you_mean(name, TEMPLATE_FIELDS)}; "
+                raise self.error(node, f"unknown field {{{name}}}{did_you_mean(name, TEMPLATE_FIELDS)}; "
                                        f"fields: {fields}") from None
             except IndexError:
                 raise self.error(node, f"a field without a name ({{}}); use one of {fields}") from None

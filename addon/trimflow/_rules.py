@@ -1,14 +1,13 @@
 """The rules file: which requests are LLM calls (endpoints) and what limits apply to them (rules).
 
-Pure Python, no mitmproxy. Parsing walks PyYAML's node tree rather than plain dicts so that every
-error can name the file and line it comes from; globs are compiled once at load because
-`limits_for` and `format_for` run on every request.
+Pure Python, no mitmproxy. The file is read with _yaml's line-aware reader, so every error names the
+file and line it comes from; globs are compiled once at load because `limits_for` and `format_for`
+run on every request.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import fnmatch
 import functools
 import logging
@@ -23,13 +22,13 @@ from types import MappingProxyType
 from typing import Any
 from urllib.parse import urlsplit
 
-import yaml
-from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+from yaml.nodes import Node, SequenceNode
 
 from .formats import ENDPOINTS, FORMATS
 from ._placeholder import PLACEHOLDER_FIELDS, REPEAT_FIELDS
 from ._policy import Limits
 from ._sizes import parse_size
+from ._yaml import NodeReader, did_you_mean, line_of, read_text
 
 log = logging.getLogger("trimflow")
 
@@ -70,7 +69,6 @@ _MIN_IMAGE_BYTES = 1024  # a byte limit below this is a typo (5 instead of 5MiB)
 _MIN_SIDE = 16  # the smallest long side the shrink ladder goes down to
 _MATCH_KEYS = ("host", "path", "model")
 _ENDPOINT_KEYS = ("path", "format", "host")
-_MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
 class RulesError(ValueError):
@@ -273,7 +271,7 @@ def check_placeholder(template: str, field: str = "placeholder") -> None:
         except KeyError as e:
             name = str(e.args[0])
             raise ValueError(f"{field} has an unknown field {{{name}}}"
-                             f"{_did_you_mean(name, known)}; fields: {fields}") from None
+                             f"{did_you_mean(name, known)}; fields: {fields}") from None
         except IndexError:
             raise ValueError(f"{field} has a field without a name ({{}}); use one of {fields}") from None
         except ValueError as e:
@@ -291,20 +289,12 @@ def check_placeholder(template: str, field: str = "placeholder") -> None:
 
 def load_rules(path: str | os.PathLike[str]) -> Rules:
     """Read and parse a rules file; any problem is a RulesError naming the file (and line)."""
-    source = os.fspath(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8-sig")  # -sig: tolerate a BOM from Windows editors
-    except UnicodeDecodeError as e:
-        problem = f"cannot read: not UTF-8 text ({e.reason} at byte {e.start})"
-        raise RulesError(source, None, problem) from None
-    except OSError as e:
-        raise RulesError(source, None, f"cannot read: {e.strerror or e}") from None
-    return parse_rules(text, source)
+    return parse_rules(read_text(path, RulesError), os.fspath(path))
 
 
 def parse_rules(text: str, source: str = "<string>") -> Rules:
     """Parse rules from YAML text; `source` names the file in error messages."""
-    return _Parser(source).parse(text)
+    return _RulesReader(source).parse(text)
 
 
 class RulesFile:
@@ -356,121 +346,14 @@ class RulesFile:
         return (st.st_mtime_ns, st.st_size, st.st_ino)
 
 
-def _did_you_mean(word: str, choices: Iterable[str]) -> str:
-    close = difflib.get_close_matches(word.lower(), list(choices), n=1, cutoff=0.6)
-    return f"; did you mean {close[0]!r}?" if close else ""
+class _RulesReader(NodeReader[Rules]):
+    """Reads a rules file; _yaml.NodeReader walks the YAML and makes the file:line errors."""
 
+    error_class = RulesError
 
-def _show(value: Any) -> str:
-    """A value as the user wrote it in YAML terms, for error messages."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return repr(value)
-    return type(value).__name__
-
-
-def _line(node: Node) -> int:
-    return node.start_mark.line + 1
-
-
-class _Parser:
-    def __init__(self, source: str) -> None:
-        self.source = source
-        self.loader: yaml.SafeLoader | None = None
-        self._mappings: dict[int, dict[str, tuple[Node, Node]]] = {}
-
-    def error(self, node_or_line: Node | int, problem: str) -> RulesError:
-        line = node_or_line if isinstance(node_or_line, int) else _line(node_or_line)
-        return RulesError(self.source, line, problem)
-
-    def parse(self, text: str) -> Rules:
-        try:
-            try:
-                self.loader = yaml.SafeLoader(text)  # checks for unprintable characters at once
-                root = self.loader.get_single_node()
-                return self._top(root)
-            except yaml.MarkedYAMLError as e:
-                mark = e.problem_mark or e.context_mark
-                what = e.problem or e.context or "invalid YAML"
-                constructor = isinstance(e, yaml.constructor.ConstructorError)  # e.g. a !!python tag
-                kind = "YAML error" if constructor else "YAML syntax error"
-                raise self.error(mark.line + 1 if mark else 1, f"{kind}: {what}") from None
-            except yaml.reader.ReaderError as e:  # e.g. a control character; has an offset, not a line
-                line = text.count("\n", 0, max(e.position, 0)) + 1
-                raise self.error(line, f"YAML syntax error: {e.reason}") from None
-        finally:
-            if self.loader is not None:
-                self.loader.dispose()
-
-    # -- generic node helpers
-
-    def scalar(self, node: Node) -> Any:
-        """The Python value of a scalar node; a list or mapping comes back as a _Collection marker."""
-        assert self.loader is not None
-        if not isinstance(node, ScalarNode):
-            return _Collection("a list" if isinstance(node, SequenceNode) else "a mapping")
-        try:
-            return self.loader.construct_object(node, deep=True)
-        except ValueError as e:  # e.g. a timestamp-looking scalar with month 13
-            raise self.error(node, f"cannot read value {node.value!r}: {e}") from None
-
-    def describe(self, node: Node) -> str:
-        value = self.scalar(node)
-        return str(value) if isinstance(value, _Collection) else _show(value)
-
-    def mapping(self, node: Node, what: str) -> dict[str, tuple[Node, Node]]:
-        """Keys of a mapping node -> (key node, value node); YAML merge keys (<<: *x) are honoured."""
-        if not isinstance(node, MappingNode):
-            raise self.error(node, f"{what} must be a mapping, got {self.describe(node)}")
-        cached = self._mappings.get(id(node))  # an alias reaches the same node again
-        if cached is not None:
-            return cached
-        assert self.loader is not None
-        explicit = {id(k) for k, _ in node.value if k.tag != _MERGE_TAG}
-        self.loader.flatten_mapping(node)  # merged pairs first, then the explicit ones
-        out: dict[str, tuple[Node, Node]] = {}
-        for k, v in node.value:
-            key = self.scalar(k)
-            if not isinstance(key, str):
-                raise self.error(k, f"keys in {what} must be names, got {self.describe(k)}")
-            prev = out.get(key)
-            if prev is not None and id(prev[0]) in explicit and id(k) in explicit:
-                raise self.error(k, f"duplicate key {key!r} in {what} (first on line {_line(prev[0])})")
-            out[key] = (k, v)  # an explicit key overrides a merged one
-        self._mappings[id(node)] = out
-        return out
-
-    def reject_unknown(self, fields: Mapping[str, tuple[Node, Node]], allowed: tuple[str, ...], what: str,
-                       noun: str = "field") -> None:
-        for key, (knode, _) in fields.items():
-            if key not in allowed:
-                hint = _did_you_mean(key, allowed) or f" (known: {', '.join(allowed)})"
-                raise self.error(knode, f"unknown {noun} {key!r} in {what}{hint}")
-
-    def sequence(self, node: Node, what: str) -> list[Node]:
-        if isinstance(node, ScalarNode) and self.scalar(node) is None:
-            return []
-        if not isinstance(node, SequenceNode):
-            raise self.error(node, f"{what} must be a list, got {self.describe(node)}")
-        return list(node.value)
-
-    def is_null(self, node: Node) -> bool:
-        return isinstance(node, ScalarNode) and self.scalar(node) is None
-
-    # -- the file's structure
-
-    def _top(self, root: Node | None) -> Rules:
-        if root is None or (isinstance(root, ScalarNode) and self.scalar(root) is None):  # "" or "---"
-            raise self.error(1, "empty rules file: write at least `defaults:` (see rules/default.yaml)")
-        top = self.mapping(root, "the rules file")
-        # "x-..." keys are ignored, as in docker compose: a place for YAML anchors shared by rules.
-        top = {k: v for k, v in top.items() if not k.startswith("x-")}
-        self.reject_unknown(top, _TOP_KEYS, "the rules file", noun="top-level key")
+    def top(self, root: Node | None) -> Rules:
+        top = self.top_mapping(root, "the rules file", _TOP_KEYS,
+                               "empty rules file: write at least `defaults:` (see rules/default.yaml)")
 
         defaults = Limits()
         if "defaults" in top and not self.is_null(top["defaults"][1]):
@@ -588,7 +471,7 @@ class _Parser:
             raise self.error(name_node, "rule name 'defaults' is reserved for the defaults section")
         if name in seen:
             raise self.error(name_node, f"duplicate rule name {name!r} (first on line {seen[name]})")
-        seen[name] = _line(name_node)
+        seen[name] = line_of(name_node)
         what = f"rule {name!r}"
         self.reject_unknown(fields, ("name", "match", *LIMIT_FIELDS), what)
 
@@ -598,7 +481,7 @@ class _Parser:
             self.reject_unknown(match, _MATCH_KEYS, f"match of {what}", noun="key")
             for key, (_, vnode) in match.items():
                 globs[key] = self.globs(vnode, f"match.{key} of {what}")
-        return Rule(name, overrides=self.limit_fields(fields), line=_line(node), **globs)
+        return Rule(name, overrides=self.limit_fields(fields), line=line_of(node), **globs)
 
     def globs(self, node: Node, what: str) -> tuple[str, ...]:
         if isinstance(node, SequenceNode):
@@ -635,16 +518,6 @@ class _Parser:
         if values["format"] not in FORMAT_NAMES:
             fmt_node = fields["format"][1]
             fmt = values["format"]
-            raise self.error(fmt_node, f"unknown format {fmt!r}{_did_you_mean(fmt, FORMAT_NAMES)}"
+            raise self.error(fmt_node, f"unknown format {fmt!r}{did_you_mean(fmt, FORMAT_NAMES)}"
                                        f" (formats: {', '.join(FORMAT_NAMES)})")
         return Endpoint(**values)
-
-
-@dataclass(frozen=True, slots=True)
-class _Collection:
-    """Stands in for a list or mapping where a scalar was expected, so errors can say which."""
-
-    kind: str
-
-    def __str__(self) -> str:
-        return self.kind
