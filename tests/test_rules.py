@@ -11,6 +11,7 @@ from trimflow._rules import (
     BUILTIN_ENDPOINTS,
     DEFAULT_RULES_PATH,
     FORMAT_NAMES,
+    LIMIT_FIELDS,
     Endpoint,
     Rule,
     Rules,
@@ -122,6 +123,14 @@ def test_duplicate_key(tmp_path):
 
 def test_non_text_key(tmp_path):
     assert_error(tmp_path, "defaults:\n  ~: 3\n", 2, "keys in defaults must be names, got null")
+
+
+@pytest.mark.parametrize("field", LIMIT_FIELDS)
+def test_every_limit_field_is_read_and_checked_as_its_metadata_says(tmp_path, field):
+    default = getattr(Limits(), field)
+    r = load(tmp_path, yaml.safe_dump({"defaults": {field: default}}))
+    assert getattr(r.defaults, field) == default
+    assert_error(tmp_path, f"defaults:\n  {field}: [1]\n", 2, f"{field} must be")
 
 
 @pytest.mark.parametrize(

@@ -35,7 +35,9 @@ OFF = "off"  # trimflow_simulate's value for "simulate nothing"; no profile may 
 SIZE_LIMITS = ("max_body_bytes", "max_image_base64_bytes")
 COUNT_LIMITS = ("max_images", "max_media", "many_images_threshold")
 SIDE_LIMITS = ("max_image_side", "many_images_max_side")
-LIMIT_FIELDS = (
+# A provider's limits, which a profile reproduces: not trimflow's own Limits (a provider counts media and
+# base64 bytes its own way, and has no placeholder or batch).
+PROFILE_LIMIT_FIELDS = (
     "max_body_bytes",
     "max_images",
     "max_media",
@@ -89,11 +91,11 @@ class Profile:
 
     @property
     def limits(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in LIMIT_FIELDS if getattr(self, name) is not None}
+        return {name: getattr(self, name) for name in PROFILE_LIMIT_FIELDS if getattr(self, name) is not None}
 
     @property
     def needs_media(self) -> bool:
-        return any(getattr(self, name) is not None for name in LIMIT_FIELDS if name != "max_body_bytes")
+        return any(getattr(self, name) is not None for name in PROFILE_LIMIT_FIELDS if name != "max_body_bytes")
 
     @property
     def needs_pixels(self) -> bool:
@@ -311,13 +313,13 @@ class _ProfilesReader(NodeReader[Profiles]):
             raise self.error(name_node, f"profile name {name!r} must be letters, digits, '.', '_' or '-'")
         what = f"profile {name!r}"
         fields = self.mapping(node, what)
-        self.reject_unknown(fields, (*LIMIT_FIELDS, *RESPONSE_FIELDS), what)
+        self.reject_unknown(fields, (*PROFILE_LIMIT_FIELDS, *RESPONSE_FIELDS), what)
         values: dict[str, Any] = {}
-        for key in LIMIT_FIELDS:
+        for key in PROFILE_LIMIT_FIELDS:
             if key in fields:
                 values[key] = self.limit(key, fields[key][1], what)
         if not values:
-            raise self.error(node, f"{what} has no limit: give at least one of {', '.join(LIMIT_FIELDS)}")
+            raise self.error(node, f"{what} has no limit: give at least one of {', '.join(PROFILE_LIMIT_FIELDS)}")
         pair = ("many_images_threshold", "many_images_max_side")
         if (pair[0] in values) != (pair[1] in values):
             given, missing = (pair[0], pair[1]) if pair[0] in values else (pair[1], pair[0])

@@ -26,7 +26,7 @@ from yaml.nodes import Node, SequenceNode
 
 from .formats import ENDPOINTS, FORMATS
 from ._placeholder import PLACEHOLDER_FIELDS, REPEAT_FIELDS
-from ._policy import Limits
+from ._policy import BOOL, COUNT, LIMIT_FIELDS, SIDE, SIZE, TEMPLATE, Limits
 from ._sizes import parse_size
 from ._yaml import NodeReader, did_you_mean, line_of, read_text
 
@@ -47,26 +47,22 @@ _PLACEHOLDER_SAMPLES: tuple[Mapping[str, Any], ...] = (
      "bytes": 120, "width": "?", "height": "?", "reason": "max_body_bytes"},
 )
 
-LIMIT_FIELDS: tuple[str, ...] = (
-    "max_images",
-    "max_body_bytes",
-    "keep_recent",
-    "prune_batch",
-    "placeholder",
-    "max_image_bytes",
-    "max_image_side",
-    "many_images_threshold",
-    "many_images_max_side",
-    "thumbnail_side",
-    "max_est_tokens",
-    "dedupe",
-    "repeat_placeholder",
+# The limit fields and what each value may be come from Limits' field metadata (kind, min, nullable,
+# pair): a new limit is one field of Limits, and the rules file accepts and checks it.
+_LIMIT_META: Mapping[str, Mapping[str, Any]] = MappingProxyType({
+    f.name: f.metadata for f in dataclasses.fields(Limits) if f.metadata.get("kind") is not None
+})
+# Fields that only mean something together, each pair once in field order: one set without the other is an error.
+_PAIRS: tuple[tuple[str, str], ...] = tuple(
+    (name, meta["pair"]) for name, meta in _LIMIT_META.items()
+    if meta.get("pair") and LIMIT_FIELDS.index(name) < LIMIT_FIELDS.index(meta["pair"])
 )
-# Fields that only mean something together: one set without the other is an error.
-_PAIRED = ("many_images_threshold", "many_images_max_side")
+# Wording only, for a limit that has an entry: the example a size error gives, and why a value under
+# the minimum is refused. A limit without one gets _SIZE_EXAMPLE and no reason.
+_SIZE_EXAMPLE = "16MiB or 2000000"
+_SIZE_EXAMPLES = {"max_image_bytes": "5MiB or 5242880"}
+_UNDER_MIN_REASONS = {"max_image_bytes": "no image fits in less"}
 _TOP_KEYS = ("defaults", "rules", "endpoints", "detect_by_shape")
-_MIN_IMAGE_BYTES = 1024  # a byte limit below this is a typo (5 instead of 5MiB), not a real limit
-_MIN_SIDE = 16  # the smallest long side the shrink ladder goes down to
 _MATCH_KEYS = ("host", "path", "model")
 _ENDPOINT_KEYS = ("path", "format", "host")
 
@@ -257,6 +253,14 @@ def builtin_rules() -> Rules:
     return Rules("<builtin>", Limits(), (), BUILTIN_ENDPOINTS, True)
 
 
+def _binary_size(n: int) -> str:
+    """A byte count in the largest binary unit that divides it: 1024 -> "1KiB", 1000 -> "1000B"."""
+    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale}{unit}"
+    return f"{n}B"
+
+
 def check_placeholder(template: str, field: str = "placeholder") -> None:
     """Raise ValueError unless `template` formats with the known placeholder fields.
 
@@ -391,30 +395,37 @@ class _RulesReader(NodeReader[Rules]):
         return {k: self.limit_value(k, v) for k, (_, v) in fields.items() if k in LIMIT_FIELDS}
 
     def limit_value(self, key: str, node: Node) -> Any:
+        """The value of limit `key`, checked as its Limits metadata says."""
+        meta = _LIMIT_META[key]
+        kind, lowest, nullable = meta["kind"], meta.get("min"), meta.get("nullable", True)
         value = self.scalar(node)
+        if value is None and nullable:
+            return None
         is_int = isinstance(value, int) and not isinstance(value, bool)  # YAML `yes` is a bool, not 1
-        if key == "max_images":
-            if value is None or (is_int and value >= 0):
+        or_null = " or null" if nullable else ""
+        if kind in (COUNT, SIDE):
+            if is_int and (lowest is None or value >= lowest):
                 return value
-            raise self.error(node, f"max_images must be a whole number >= 0 or null, "
-                                   f"got {self.describe(node)}")
-        if key == "keep_recent":
-            if is_int and value >= 0:
-                return value
-            raise self.error(node, f"keep_recent must be a whole number >= 0, got {self.describe(node)}")
-        if key == "prune_batch":
-            if is_int and value >= 1:
-                return value
-            raise self.error(node, f"prune_batch must be a whole number >= 1, got {self.describe(node)}")
-        if key == "max_body_bytes":
-            if value is not None and not is_int and not isinstance(value, str):
-                raise self.error(node, f"max_body_bytes must be a size like 16MiB or 2000000, or null, "
+            unit = " of pixels" if kind == SIDE else ""
+            at_least = "" if lowest is None else f" >= {lowest}"
+            raise self.error(node, f"{key} must be a whole number{unit}{at_least}{or_null}, got {self.describe(node)}")
+        if kind == SIZE:
+            example = _SIZE_EXAMPLES.get(key, _SIZE_EXAMPLE)
+            if not is_int and not isinstance(value, str):
+                raise self.error(node, f"{key} must be a size like {example}{',' if nullable else ''}{or_null}, "
                                        f"got {self.describe(node)}")
             try:
-                return parse_size(value)
+                size = parse_size(value)
             except ValueError as e:
-                raise self.error(node, f"max_body_bytes: {e}") from None
-        if key in ("placeholder", "repeat_placeholder"):
+                raise self.error(node, f"{key}: {e}") from None
+            if size is None and not nullable:
+                raise self.error(node, f"{key} must be a size like {example}, got {self.describe(node)}")
+            if size is not None and lowest is not None and size < lowest:
+                reason = _UNDER_MIN_REASONS.get(key)
+                raise self.error(node, f"{key} must be at least {lowest} ({_binary_size(lowest)})"
+                                       f"{': ' + reason if reason else ''}, got {self.describe(node)}")
+            return size
+        if kind == TEMPLATE:
             if not isinstance(value, str):
                 raise self.error(node, f"{key} must be a text template, got {self.describe(node)}")
             try:
@@ -422,41 +433,20 @@ class _RulesReader(NodeReader[Rules]):
             except ValueError as e:
                 raise self.error(node, str(e)) from None
             return value
-        if key == "max_image_bytes":
-            if value is not None and not is_int and not isinstance(value, str):
-                raise self.error(node, f"max_image_bytes must be a size like 5MiB or 5242880, or null, "
-                                       f"got {self.describe(node)}")
-            try:
-                size = parse_size(value)
-            except ValueError as e:
-                raise self.error(node, f"max_image_bytes: {e}") from None
-            if size is not None and size < _MIN_IMAGE_BYTES:
-                raise self.error(node, f"max_image_bytes must be at least {_MIN_IMAGE_BYTES} (1KiB): "
-                                       f"no image fits in less, got {self.describe(node)}")
-            return size
-        if key in ("max_image_side", "many_images_max_side", "thumbnail_side"):
-            if value is None or (is_int and value >= _MIN_SIDE):
-                return value
-            raise self.error(node, f"{key} must be a whole number of pixels >= {_MIN_SIDE} or null, "
-                                   f"got {self.describe(node)}")
-        if key in ("many_images_threshold", "max_est_tokens"):
-            if value is None or (is_int and value >= 0):
-                return value
-            raise self.error(node, f"{key} must be a whole number >= 0 or null, got {self.describe(node)}")
-        if key == "dedupe":
+        if kind == BOOL:
             if isinstance(value, bool):
                 return value
-            raise self.error(node, f"dedupe must be true or false, got {self.describe(node)}")
-        raise AssertionError(key)
+            raise self.error(node, f"{key} must be true or false, got {self.describe(node)}")
+        raise AssertionError(f"limit {key} has kind {kind!r}, which the rules parser does not know")
 
     def check_pairs(self, limits: Limits, fields: Mapping[str, tuple[Node, Node]], fallback: Node, what: str) -> None:
-        """The many-image rule needs both its fields once merged over the defaults."""
-        first, second = _PAIRED
-        if (getattr(limits, first) is None) != (getattr(limits, second) is None):
-            given, missing = (first, second) if getattr(limits, first) is not None else (second, first)
-            node = fields[given][0] if given in fields else fallback
-            raise self.error(node, f"{given} is set in {what} but {missing} is not: the many-image rule "
-                                   f"needs both (more than {first} images -> no side over {second})")
+        """Fields that go together (the many-image rule's two) must both be set once merged over the defaults."""
+        for first, second in _PAIRS:
+            if (getattr(limits, first) is None) != (getattr(limits, second) is None):
+                given, missing = (first, second) if getattr(limits, first) is not None else (second, first)
+                node = fields[given][0] if given in fields else fallback
+                raise self.error(node, f"{given} is set in {what} but {missing} is not: the two only work together "
+                                       f"({first}: {_LIMIT_META[first]['doc']})")
 
     def rule(self, node: Node, index: int, seen: dict[str, int]) -> Rule:
         what = f"rule #{index}"
