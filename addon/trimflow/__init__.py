@@ -11,6 +11,7 @@ from ._engine import ENFORCE, MODES, OBSERVE, NeedsWorker, Outcome, is_sigv4, pr
 from ._policy import DEFAULT_PLACEHOLDER, Limits, count_pruned
 from ._record import Record
 from ._rules import DEFAULT_RULES_PATH, Rules, RulesFile, Target, builtin_rules, load_rules, parse_rules
+from .errors import BodyError, DecodeError, ExpressionError, InputError, ProfilesError, RulesError, TrimflowError, UnknownProfile
 from .formats import FORMATS, Media, detect_shape
 
 __all__ = [
@@ -20,14 +21,22 @@ __all__ = [
     "FORMATS",
     "MODES",
     "OBSERVE",
+    "BodyError",
+    "DecodeError",
+    "ExpressionError",
+    "InputError",
     "Limits",
     "Media",
     "NeedsWorker",
     "Outcome",
+    "ProfilesError",
     "Record",
     "Rules",
+    "RulesError",
     "RulesFile",
     "Target",
+    "TrimflowError",
+    "UnknownProfile",
     "builtin_rules",
     "count_pruned",
     "detect_shape",

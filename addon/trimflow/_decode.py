@@ -21,6 +21,7 @@ import brotli
 import zstandard
 
 from ._sizes import format_size
+from .errors import DecodeError
 
 # 256 MiB: 8x Anthropic's 32 MB edge limit, 16x the default body budget (max_body_bytes 16MiB),
 # 2.5x Gemini's 100 MB inline cap; only OpenAI documents more (512 MB). A compressed body that
@@ -42,10 +43,6 @@ _ZSTD_MIN_IN = 16
 _GZIP_MAGIC = b"\x1f\x8b"
 # brotli 1.2 (mitmproxy 12) caps output per call; brotli 1.1 (mitmproxy 11) inflates a whole call at once.
 BROTLI_BOUNDED = hasattr(brotli.Decompressor, "can_accept_more_data")
-
-
-class DecodeError(ValueError):
-    """The body cannot be decoded; the message says why without quoting it."""
 
 
 class UnsupportedEncoding(DecodeError):

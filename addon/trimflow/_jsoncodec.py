@@ -13,10 +13,7 @@ from typing import Any
 
 import orjson
 
-
-class BodyError(ValueError):
-    """The body cannot be handled; the message says why without quoting it."""
-
+from .errors import BodyError
 
 # Every byte but a digit becomes a space: a run of 19 digits then shows as a run of b"0".
 _DIGITS = bytes(0x30 if 0x30 <= b <= 0x39 else 0x20 for b in range(256))

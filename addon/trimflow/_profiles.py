@@ -22,9 +22,10 @@ from yaml.nodes import MappingNode, Node, SequenceNode
 
 from . import _jsoncodec
 from ._imageinfo import sniff_base64
-from ._rules import RulesError, builtin_rules
+from ._rules import builtin_rules
 from ._sizes import parse_size
 from ._yaml import NodeReader, did_you_mean, line_of, read_text
+from .errors import ProfilesError, UnknownProfile
 from .formats import FORMATS, IMAGE, Media, detect_shape
 
 DEFAULT_PROFILES_PATH: Path = Path(__file__).resolve().parents[2] / "rules" / "profiles.yaml"
@@ -64,14 +65,6 @@ _SAMPLES: tuple[Mapping[str, Any], ...] = (
     {"limit": 100, "body_bytes": 2_100_000, "images": 101, "documents": 1, "media": 102, "model": "m",
      "image_path": "?", "image_bytes": "?", "width": "?", "height": "?"},
 )
-
-
-class ProfilesError(RulesError):
-    """A profiles file problem; str() is "FILE:LINE: what is wrong" ("FILE: ..." when there is no line)."""
-
-
-class UnknownProfile(ValueError):
-    """A profile name that the profiles file does not define; the message lists the known names."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,11 +24,12 @@ from urllib.parse import urlsplit
 
 from yaml.nodes import Node, SequenceNode
 
-from .formats import ENDPOINTS, FORMATS
 from ._placeholder import PLACEHOLDER_FIELDS, REPEAT_FIELDS
 from ._policy import BOOL, COUNT, LIMIT_FIELDS, SIDE, SIZE, TEMPLATE, Limits
 from ._sizes import parse_size
 from ._yaml import NodeReader, did_you_mean, line_of, read_text
+from .errors import RulesError
+from .formats import ENDPOINTS, FORMATS
 
 log = logging.getLogger("trimflow")
 
@@ -65,16 +66,6 @@ _UNDER_MIN_REASONS = {"max_image_bytes": "no image fits in less"}
 _TOP_KEYS = ("defaults", "rules", "endpoints", "detect_by_shape")
 _MATCH_KEYS = ("host", "path", "model")
 _ENDPOINT_KEYS = ("path", "format", "host")
-
-
-class RulesError(ValueError):
-    """A rules file problem; str() is "FILE:LINE: what is wrong" ("FILE: ..." when there is no line)."""
-
-    def __init__(self, source: str, line: int | None, problem: str) -> None:
-        self.source = source
-        self.line = line
-        self.problem = problem
-        super().__init__(f"{source}:{line}: {problem}" if line is not None else f"{source}: {problem}")
 
 
 # --- matching ---------------------------------------------------------------------------------

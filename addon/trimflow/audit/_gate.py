@@ -21,9 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._sizes import format_size, parse_size
+from ..errors import ExpressionError
 from ._read import Row
 from ._summary import Conversation, Summary
-from .._sizes import format_size, parse_size
 
 _OPS: dict[str, Callable[[Any, Any], bool]] = {
     ">=": operator.ge, "<=": operator.le, "!=": operator.ne, "==": operator.eq,
@@ -53,10 +54,6 @@ FIELDS: dict[str, _Field] = {
     "image_growth": _Field("conversation", RATE, "images", "after.images"),
     "turns": _Field("conversation", COUNT, "turns", None),
 }
-
-
-class ExpressionError(ValueError):
-    """A --fail-on expression that does not parse; str() says what is wrong."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,7 @@ from .._engine import ENFORCE, OBSERVE, prune
 from .._record import Record
 from .._rules import Rules
 from .._usage import input_tokens_of
+from ..errors import InputError
 from ..formats import openai_responses
 
 PROXY_META = "trimflow"  # the flow.metadata key where the addon keeps its record (addon/mitm.py's META)
@@ -62,10 +63,6 @@ _ENCODING_NAME = re.compile(r"[A-Za-z0-9_, -]{1,40}")
 
 WHAT_IF = "what-if"  # the audit's own offline pruning with --rules
 PROXY = "proxy"  # what trimflow did when the traffic was recorded (the addon's record)
-
-
-class InputError(Exception):
-    """An input the audit cannot use at all; str() is a one-line reason naming the file."""
 
 
 @dataclass(slots=True)

@@ -8,7 +8,7 @@ from . import anthropic, bedrock, gemini, ollama, openai_chat, openai_responses
 from ._base import DOCUMENT, IMAGE, JsonPath, Media, WireFormat, split_data_url
 
 FORMATS: dict[str, WireFormat] = {
-    module.NAME: module  # type: ignore[misc]
+    module.NAME: module
     for module in (openai_chat, openai_responses, anthropic, gemini, bedrock, ollama)
 }
 

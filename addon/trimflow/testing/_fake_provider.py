@@ -806,7 +806,7 @@ class FakeProvider:
         except (BrokenPipeError, ConnectionResetError):
             h.close_connection = True
             out.note = " client-gone"
-        except Exception as e:  # a failing check hook must not kill the server or print request data
+        except Exception as e:  # noqa: BLE001 - a failing check hook must not kill the server or print request data
             h.close_connection = True
             out.note = f" error={type(e).__name__}"
             if not out.sent:

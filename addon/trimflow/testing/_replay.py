@@ -23,9 +23,9 @@ from urllib.parse import quote, urlsplit
 
 import orjson
 
+from ..formats import FORMATS
 from ._fake_provider import RECEIVED_BYTES_HEADER
 from ._synthetic import MIME, PATHS, b64, screenshot, session_body
-from ..formats import FORMATS
 
 # Built into the body in place of each screenshot, then swapped for that turn's own image: the
 # synthetic session builders take one image for every turn, an agent sends a new one each turn.
