@@ -71,7 +71,8 @@ def as_mitmdump_reads(args: list[str]) -> tuple[str, int]:
             strict=True, reason="mitmdump applies --listen-host after --set: the default 127.0.0.1 wins")),
     ],
 )
-async def test_mitmdump_listens_where_the_user_said(  # async: a master wants a running event loopargs: list[str], where: tuple[str, int]) -> None:
+async def test_mitmdump_listens_where_the_user_said(args: list[str], where: tuple[str, int]) -> None:
+    # async: a mitmproxy master wants a running event loop
     assert as_mitmdump_reads(args) == where
 
 
