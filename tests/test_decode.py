@@ -118,7 +118,7 @@ def test_what_mitmproxy_encodes_decodes_to_the_same_bytes(coding: str) -> None:
     """The addon assigns request.content, and mitmproxy re-encodes it: the two must agree."""
     wire = mitmproxy_encoding.encode(BODY, coding)
     if coding == "br" and not BROTLI_BOUNDED:
-        with pytest.raises(UnsupportedEncoding, match="brotli 1.2"):
+        with pytest.raises(UnsupportedEncoding, match=r"brotli 1\.2"):
             decode_body(wire, coding, 10 * MiB)
         return
     assert decode_body(wire, coding, 10 * MiB) == BODY
@@ -159,7 +159,8 @@ def test_identity_bodies_are_not_limited_they_are_in_memory_already() -> None:
 @pytest.mark.parametrize("coding", ["gzip", "deflate", "zstd", "br"])
 def test_a_body_of_exactly_the_limit_decodes_and_one_byte_more_does_not(coding: str) -> None:
     if coding == "br" and not BROTLI_BOUNDED:
-        pytest.raises(UnsupportedEncoding, decode_body, brotli.compress(BODY), coding, len(BODY))
+        with pytest.raises(UnsupportedEncoding):
+            decode_body(brotli.compress(BODY), coding, len(BODY))
         return
     wire = mitmproxy_encoding.encode(BODY, coding)
     assert decode_body(wire, coding, len(BODY)) == BODY
@@ -190,7 +191,8 @@ def test_every_coding_stops_a_bomb_within_one_step_of_the_limit(coding: str, bui
     assert len(bomb) < 512 * 1024
     for limit in (1, 100_000, 3 * MiB + 7):
         if coding == "br" and not BROTLI_BOUNDED:
-            pytest.raises(UnsupportedEncoding, decode_body, bomb, coding, limit)
+            with pytest.raises(UnsupportedEncoding):
+                decode_body(bomb, coding, limit)
             continue
         with pytest.raises(BodyTooLarge) as caught:
             decode_body(bomb, coding, limit)
@@ -249,7 +251,7 @@ def test_brotli_without_a_bounded_decoder_is_refused_never_inflated() -> None:
         with pytest.raises(DecodeError, match="truncated"):
             decode_body(wire[:-4], "br", 10 * MiB)
     else:  # brotli 1.1 (mitmproxy 11) inflates a whole call at once: a bomb would inflate in full
-        with pytest.raises(UnsupportedEncoding, match="needs brotli 1.2"):
+        with pytest.raises(UnsupportedEncoding, match=r"needs brotli 1\.2"):
             decode_body(wire, "br", 10 * MiB)
 
 

@@ -10,6 +10,7 @@ import gzip
 import http.client
 import io
 import json
+import re
 import signal
 import socket
 import ssl
@@ -294,6 +295,9 @@ def test_ollama_ndjson_and_json(provider: FakeProvider) -> None:
     resp = conn.getresponse()
     reply = json.loads(resp.read())
     assert reply["done"] is True and reply["message"]["content"] == REPLY_TEXT
+    # Ollama's created_at is UTC ISO 8601, as trimflow writes every timestamp.
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", reply["created_at"])
+    assert {line["created_at"][:4] for line in lines} == {reply["created_at"][:4]}
     conn.close()
 
 

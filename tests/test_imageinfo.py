@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image, features
 
-from trimflow._imageinfo import ImageInfo, parse_data_url, sniff_base64, sniff_bytes
+from trimflow._imageinfo import SNIFF_FIRST, ImageInfo, sniff_base64, sniff_bytes, sniff_media
+from trimflow.formats import FORMATS
 
 SIZES = [(1, 1), (3000, 17), (9000, 40), (17, 3000), (641, 479)]
 
@@ -398,30 +399,28 @@ def test_arbitrary_bytes_never_raise(raw):
     assert sniff_base64(b64(raw)) == info
 
 
-# --- data URLs ----------------------------------------------------------------------------------
+# --- a request's media ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("url", "want"),
-    [
-        ("data:image/png;base64,AAAA", ("image/png", "AAAA")),
-        ("DATA:Image/JPEG;BASE64,/9j/", ("image/jpeg", "/9j/")),
-        ("data:image/jpeg;name=shot.jpg;base64,/9j/", ("image/jpeg", "/9j/")),
-        ("data:;base64,AAAA", (None, "AAAA")),
-        ("data:image/png;base64,", ("image/png", "")),
-        ("data:image/png,AAAA", None),  # not base64
-        ("data:text/plain;charset=utf-8,hello", None),
-        ("data:image/png;base64", None),  # no comma
-        ("https://example.com/a.png", None),
-        ("", None),
-    ],
-)
-def test_parse_data_url(url, want):
-    assert parse_data_url(url) == want
-
-
-def test_parse_data_url_then_sniff():
+def test_sniff_media_reads_the_declared_type_from_the_bytes_not_the_data_url() -> None:
     raw = encode(Image.new("RGB", (31, 41)), "WEBP")
-    mime, payload = parse_data_url("data:image/png;base64," + b64(raw))  # declared type is wrong
-    assert mime == "image/png"
-    assert sniff_base64(payload) == ImageInfo("image/webp", 31, 41)
+    (media,) = FORMATS["openai-chat"].find_media(
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64," + b64(raw)}}]}]}
+    )
+    assert media.declared_mime == "image/png"
+    assert sniff_media(media) == ImageInfo("image/webp", 31, 41)
+
+
+def test_sniff_media_reads_past_a_large_exif_block_and_skips_remote_media() -> None:
+    raw = bytearray(encode(Image.new("RGB", (50, 60)), "JPEG"))
+    exif = b"\xff\xe1" + (40_000).to_bytes(2, "big") + bytes(39_998)  # an APP1 segment ~40 KB long
+    raw[2:2] = exif
+    body = {"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/jpeg",
+                                                                                 "data": b64(bytes(raw))}}]}]}
+    (media,) = FORMATS["anthropic"].find_media(body)
+    assert len(b64(bytes(raw))) > SNIFF_FIRST
+    assert sniff_media(media) == ImageInfo("image/jpeg", 50, 60)
+    (remote,) = FORMATS["openai-chat"].find_media(
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}]}
+    )
+    assert sniff_media(remote) is None

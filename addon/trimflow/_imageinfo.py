@@ -11,8 +11,9 @@ import binascii
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
-__all__ = ["ImageInfo", "parse_data_url", "sniff_base64", "sniff_bytes"]
+__all__ = ["SNIFF_CHARS", "SNIFF_FIRST", "ImageInfo", "sniff_base64", "sniff_bytes", "sniff_media"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,22 +58,24 @@ def sniff_base64(data: str) -> ImageInfo | None:
         return None
 
 
-def parse_data_url(url: str) -> tuple[str | None, str] | None:
-    """Split ``data:<mime>[;params];base64,<payload>`` into (mime or None, payload).
+class _Base64Media(Protocol):
+    def base64_prefix(self, chars: int) -> str: ...
 
-    None when ``url`` is not a base64 data URL. The payload is sliced once, never copied again.
-    """
-    if not isinstance(url, str) or url[:5].lower() != "data:":
-        return None
-    # The header is short; bound the comma search so a huge non-data-URL string is not scanned.
-    comma = url.find(",", 5, 1024)
-    if comma < 0:
-        return None
-    params = url[5:comma].split(";")
-    if len(params) < 2 or params[-1].strip().lower() != "base64":
-        return None
-    mime = params[0].strip().lower() or None
-    return mime, url[comma + 1 :]
+
+# Base64 read to find a media's image size: PNG, GIF and WebP say it in the first bytes; a JPEG's frame
+# header may sit past a large EXIF block, and only then is the longer prefix copied.
+SNIFF_FIRST = 4096
+SNIFF_CHARS = 256 * 1024
+
+
+def sniff_media(media: _Base64Media) -> ImageInfo | None:
+    """Mime and dimensions of a request's image (a formats.Media) from its base64, copying a prefix only;
+    None for remote media and what is not a recognised image. Never raises."""
+    first = media.base64_prefix(SNIFF_FIRST)
+    info = sniff_base64(first)
+    if info is not None and info.width is None and len(first) == SNIFF_FIRST:
+        info = sniff_base64(media.base64_prefix(SNIFF_CHARS)) or info
+    return info
 
 
 # --- base64 windows ---------------------------------------------------------------------------

@@ -21,7 +21,8 @@ import orjson
 from yaml.nodes import MappingNode, Node, SequenceNode
 
 from . import _jsoncodec
-from ._imageinfo import sniff_base64
+from ._imageinfo import sniff_media
+from ._policy import payload_bytes
 from ._rules import builtin_rules
 from ._sizes import parse_size
 from ._yaml import NodeReader, did_you_mean, line_of, read_text
@@ -54,8 +55,6 @@ TEMPLATE_FIELDS = (
 _IMAGE_FIELDS = ("image_path", "image_bytes", "width", "height")
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _TOP_KEYS = ("profiles",)
-# Enough base64 to reach a JPEG's frame header past a large EXIF block (as the engine sniffs).
-_SNIFF_CHARS = 256 * 1024
 
 # Values a template is tried with at load time: numbers as ints (so {body_bytes:,} is checked as it
 # will be used), and per-image fields as '?' as they are for a limit that is not about one image.
@@ -167,7 +166,7 @@ def check(profile: Profile, body: bytes, media: Sequence[Media] = (), *, model: 
         values["limit"] = getattr(profile, limit)
         if image is not None:
             values["image_path"] = image_path(parsed, image.path)
-            values["image_bytes"] = _base64_len(image)
+            values["image_bytes"] = payload_bytes(image)
             values["width"] = "?" if dims[0] is None else dims[0]
             values["height"] = "?" if dims[1] is None else dims[1]
         return Violation(profile.name, limit, profile.status, profile.content_type, profile.render(values))
@@ -180,7 +179,7 @@ def check(profile: Profile, body: bytes, media: Sequence[Media] = (), *, model: 
         return broken("max_media")
     if profile.max_image_base64_bytes is not None:
         for image in images:
-            if _base64_len(image) > profile.max_image_base64_bytes:
+            if payload_bytes(image) > profile.max_image_base64_bytes:
                 return broken("max_image_base64_bytes", image)
     if profile.needs_pixels:
         side_limits = []
@@ -252,12 +251,8 @@ def image_path(parsed: Any, path: tuple[str | int, ...]) -> str:
     return ".".join(parts)
 
 
-def _base64_len(image: Media) -> int:
-    return image.wire_bytes - image.data_offset if not image.remote else 0
-
-
 def _dims(image: Media) -> tuple[int | None, int | None]:
-    info = None if image.remote else sniff_base64(image.base64_prefix(_SNIFF_CHARS))
+    info = None if image.remote else sniff_media(image)
     return (info.width, info.height) if info is not None else (None, None)
 
 

@@ -116,6 +116,7 @@ def _thousands(n: int) -> str:
     return f"{n / 1000:.0f}k" if n >= 1000 else str(n)
 
 
-def utc_timestamp() -> str:
-    now = time.time()
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
+def utc_timestamp(when: float | None = None) -> str:
+    """`when` (seconds since the epoch; now when None) as UTC ISO 8601 with milliseconds: 2026-11-22T13:35:21.226Z."""
+    when = time.time() if when is None else when
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(when)) + f".{int(when % 1 * 1000):03d}Z"

@@ -6,8 +6,8 @@ import copy
 
 import pytest
 
+from trimflow.formats import FORMATS, detect_shape, split_data_url, streamed_path
 from trimflow.testing import b64, data_url, image
-from trimflow.formats import FORMATS, detect_shape, streamed_path
 
 PNG = image(64, 48, "PNG", seed=1)
 JPEG = image(80, 60, "JPEG", seed=2)
@@ -25,7 +25,8 @@ CASES = {
                     {"type": "text", "text": "look"},
                     {"type": "image_url", "image_url": {"url": data_url(PNG, "image/png"), "detail": "high"}},
                 ]},
-                {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "shot", "arguments": "{}"}}]},
+                {"role": "assistant", "content": None,
+                 "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "shot", "arguments": "{}"}}]},
                 {"role": "tool", "tool_call_id": "c1", "content": [{"type": "image_url", "image_url": {"url": data_url(JPEG, "image/jpeg")}}]},
                 {"role": "user", "content": [
                     {"type": "image_url", "image_url": {"url": "https://example.invalid/a.png"}},
@@ -86,7 +87,8 @@ CASES = {
             "system": [{"type": "text", "text": "be brief", "cache_control": {"type": "ephemeral"}}],
             "messages": [
                 {"role": "user", "content": [
-                    {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(PNG)}, "cache_control": {"type": "ephemeral"}},
+                    {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(PNG)},
+                     "cache_control": {"type": "ephemeral"}},
                     {"type": "text", "text": "look"},
                 ]},
                 {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "computer", "input": {"action": "screenshot"}}]},
@@ -282,7 +284,28 @@ def test_model_from_path_when_the_body_has_none() -> None:
     assert FORMATS["openai-chat"].model({"messages": []}, "/openai/deployments/dep1/chat/completions") == "dep1"
     vertex = "/v1/projects/p/locations/us-east5/publishers/anthropic/models/claude-sonnet-4@20250514:streamRawPredict"
     assert FORMATS["anthropic"].model({"anthropic_version": "vertex-2023-10-16", "messages": []}, vertex) == "claude-sonnet-4@20250514"
-    assert FORMATS["anthropic"].model({"messages": []}, "/model/us.anthropic.claude-3-7-sonnet-20250219-v1%3A0/invoke") == "us.anthropic.claude-3-7-sonnet-20250219-v1:0"
+    bedrock_invoke = "/model/us.anthropic.claude-3-7-sonnet-20250219-v1%3A0/invoke"
+    assert FORMATS["anthropic"].model({"messages": []}, bedrock_invoke) == "us.anthropic.claude-3-7-sonnet-20250219-v1:0"
+
+
+@pytest.mark.parametrize(
+    ("url", "want"),
+    [
+        ("data:image/png;base64,AAAA", ("image/png", 22)),
+        ("data:image/jpeg;name=shot.jpg;base64,/9j/", ("image/jpeg", 37)),
+        ("data:;base64,AAAA", (None, 13)),
+        ("data:image/png;base64,", ("image/png", 22)),
+        ("data:image/png,AAAA", None),  # not base64
+        ("data:text/plain;charset=utf-8,hello", None),
+        ("data:image/png;base64", None),  # no comma
+        ("https://example.com/a.png", None),
+        ("", None),
+    ],
+)
+def test_split_data_url(url: str, want: tuple[str | None, int] | None) -> None:
+    assert split_data_url(url) == want
+    if want is not None:
+        assert url[want[1] - 1] == ","  # the offset is where the payload starts
 
 
 @pytest.mark.parametrize(

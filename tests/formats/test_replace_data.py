@@ -8,8 +8,8 @@ import orjson
 import pytest
 
 from trimflow._imageinfo import sniff_base64
-from trimflow.testing import b64, image
 from trimflow.formats import FORMATS
+from trimflow.testing import b64, image
 
 from .test_formats import CASES
 
@@ -76,7 +76,8 @@ def test_wire_details_per_format() -> None:
     assert out["messages"][0]["content"][0] == {
         "type": "image", "source": {"type": "base64", "media_type": "image/jpeg", "data": NEW}, "cache_control": {"type": "ephemeral"},
     }
-    gem = {"contents": [{"parts": [{"inlineData": {"mimeType": "image/png", "data": "AAAA"}}, {"inline_data": {"mime_type": "image/png", "data": "AAAA"}}]}]}
+    gem = {"contents": [{"parts": [{"inlineData": {"mimeType": "image/png", "data": "AAAA"}},
+                                   {"inline_data": {"mime_type": "image/png", "data": "AAAA"}}]}]}
     out = FORMATS["gemini"].replace_data(gem, {("contents", 0, "parts", 0): (NEW, "image/jpeg"), ("contents", 0, "parts", 1): (NEW, "image/jpeg")})
     assert out["contents"][0]["parts"] == [
         {"inlineData": {"mimeType": "image/jpeg", "data": NEW}}, {"inline_data": {"mime_type": "image/jpeg", "data": NEW}},

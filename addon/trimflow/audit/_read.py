@@ -12,7 +12,6 @@ Not on the live path, so this module may import mitmproxy.
 from __future__ import annotations
 
 import re
-import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -25,7 +24,7 @@ from mitmproxy import io as mitm_io
 
 from .._conversation import TurnCounter
 from .._engine import ENFORCE, OBSERVE, prune
-from .._record import Record
+from .._record import Record, utc_timestamp
 from .._rules import Rules
 from .._usage import input_tokens_of
 from ..errors import InputError
@@ -366,6 +365,4 @@ class Reader:
 
 
 def _utc(timestamp: float | None) -> str:
-    if not timestamp:
-        return ""
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(timestamp)) + f".{int(timestamp % 1 * 1000):03d}Z"
+    return utc_timestamp(timestamp) if timestamp else ""

@@ -6,7 +6,7 @@ note joins the message's `content`, since Ollama has no text parts.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ._base import IMAGE, JsonPath, Media, dicts, first_items, rebuild
@@ -52,7 +52,12 @@ def replace_media(body: dict[str, Any], texts: Mapping[JsonPath, str]) -> dict[s
 
 def replace_data(body: dict[str, Any], images: Mapping[JsonPath, tuple[str, str]]) -> dict[str, Any]:
     # Raw base64 with no declared type: Ollama sniffs the bytes itself.
-    return rebuild(body, {path: (lambda _old, data=data: data) for path, (data, _mime) in images.items()})
+    return rebuild(body, {path: _constant(data) for path, (data, _mime) in images.items()})
+
+
+def _constant(value: str) -> Callable[[Any], str]:
+    """An edit for `rebuild` that puts `value` where the old one was."""
+    return lambda _old: value
 
 
 def model(body: dict[str, Any], path: str) -> str | None:

@@ -26,8 +26,8 @@ characters (image payloads); ``images`` counts image markers with a regex scan, 
 (Anthropic), ``"inline_data":``/``"inlineData":`` (Gemini), ``"image":{`` (Bedrock) and the strings in
 each Ollama ``"images":[...]`` list.
 
-Request bodies with Content-Encoding gzip/deflate (stdlib), br and zstd (when brotli/zstandard are
-importable) are decoded before anything looks at them. ``FakeProvider(check=...)`` is the hook for answers
+Request bodies with Content-Encoding gzip, deflate, br and zstd (also stacked, as a server accepts them)
+are decoded before anything looks at them. ``FakeProvider(check=...)`` is the hook for answers
 that come before the normal reply (limit profiles: a provider's exact error status, content type and text).
 
 The CLI (``python -m trimflow._fake_provider``) logs one line per request to stderr: method, path (never
@@ -53,15 +53,17 @@ import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from socketserver import TCPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+import brotli
 import orjson
+import zstandard
 
 from .._profiles import DEFAULT_PROFILES_PATH, load_profiles, provider_check
+from .._record import utc_timestamp
 from .._rules import builtin_rules
 from ..formats import FORMATS, streamed_path
 
@@ -327,7 +329,7 @@ def _gemini_chunk(rid: str, model: str, text: str, usage: Usage, final: bool) ->
 def _ollama_final(model: str, usage: Usage, content: str) -> dict[str, Any]:
     return {
         "model": model,
-        "created_at": _iso_now(),
+        "created_at": utc_timestamp(),
         "message": {"role": "assistant", "content": content},
         "done": True,
         "done_reason": "stop",
@@ -338,10 +340,6 @@ def _ollama_final(model: str, usage: Usage, content: str) -> dict[str, Any]:
         "eval_count": usage.output_tokens,
         "eval_duration": 400_000,
     }
-
-
-def _iso_now() -> str:
-    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
 
 
 def build_json_reply(r: Route, request_json: dict[str, Any], usage: Usage) -> dict[str, Any]:
@@ -428,7 +426,7 @@ def iter_stream_events(
     elif r.fmt == "ollama":
         for delta in REPLY_DELTAS:
             message = {"role": "assistant", "content": delta}
-            line = {"model": model, "created_at": _iso_now(), "message": message, "done": False}
+            line = {"model": model, "created_at": utc_timestamp(), "message": message, "done": False}
             yield orjson.dumps(line) + b"\n"
         yield orjson.dumps(_ollama_final(model, usage, "")) + b"\n"
     else:
@@ -501,8 +499,8 @@ def _anthropic_events(model: str, usage: Usage) -> Iterator[bytes]:
         data = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": delta}}
         yield _sse(data, "content_block_delta")
     yield _sse({"type": "content_block_stop", "index": 0}, "content_block_stop")
-    delta = {"stop_reason": "end_turn", "stop_sequence": None}
-    data = {"type": "message_delta", "delta": delta, "usage": {"output_tokens": usage.output_tokens}}
+    stop = {"stop_reason": "end_turn", "stop_sequence": None}
+    data = {"type": "message_delta", "delta": stop, "usage": {"output_tokens": usage.output_tokens}}
     yield _sse(data, "message_delta")
     yield _sse({"type": "message_stop"}, "message_stop")
 
@@ -552,16 +550,8 @@ def _decode_one(data: bytes, enc: str) -> bytes:
         except zlib.error:  # some clients send raw deflate without the zlib header
             return zlib.decompress(data, -zlib.MAX_WBITS)
     if enc == "br":
-        try:
-            import brotli  # type: ignore[import-not-found]
-        except ImportError:
-            raise ValueError("br body, but the brotli module is not installed") from None
         return brotli.decompress(data)
     if enc == "zstd":
-        try:
-            import zstandard  # type: ignore[import-not-found]
-        except ImportError:
-            raise ValueError("zstd body, but the zstandard module is not installed") from None
         # A stream reader copes with frames that do not record their content size.
         return zstandard.ZstdDecompressor().decompressobj().decompress(data)
     raise ValueError(f"unsupported content-encoding {enc!r}")
@@ -647,7 +637,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def read_body(self) -> bytes:
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-            parts = []
+            parts: list[bytes] = []
             while True:
                 size = int(self.rfile.readline(65537).split(b";")[0].strip() or b"0", 16)
                 if size == 0:
