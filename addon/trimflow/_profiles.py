@@ -25,11 +25,11 @@ from ._imageinfo import sniff_media
 from ._policy import payload_bytes
 from ._rules import builtin_rules
 from ._sizes import parse_size
-from ._yaml import NodeReader, did_you_mean, line_of, read_text
+from ._yaml import NodeReader, did_you_mean, line_of, read_text, shipped_file
 from .errors import ProfilesError, UnknownProfile
 from .formats import FORMATS, IMAGE, Media, detect_shape
 
-DEFAULT_PROFILES_PATH: Path = Path(__file__).resolve().parents[2] / "rules" / "profiles.yaml"
+DEFAULT_PROFILES_PATH: Path = shipped_file("profiles.yaml")
 OFF = "off"  # trimflow_simulate's value for "simulate nothing"; no profile may take the name
 
 # Limits in the order they are checked: an oversize body is refused before anything reads it, then

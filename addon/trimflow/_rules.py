@@ -27,13 +27,13 @@ from yaml.nodes import Node, SequenceNode
 from ._placeholder import PLACEHOLDER_FIELDS, REPEAT_FIELDS
 from ._policy import BOOL, COUNT, LIMIT_FIELDS, SIDE, SIZE, TEMPLATE, Limits
 from ._sizes import parse_size
-from ._yaml import NodeReader, did_you_mean, line_of, read_text
+from ._yaml import NodeReader, did_you_mean, line_of, read_text, shipped_file
 from .errors import RulesError
 from .formats import ENDPOINTS, FORMATS
 
 log = logging.getLogger("trimflow")
 
-DEFAULT_RULES_PATH: Path = Path(__file__).resolve().parents[2] / "rules" / "default.yaml"
+DEFAULT_RULES_PATH: Path = shipped_file("default.yaml")
 
 # Wire format names, in the formats package's order.
 FORMAT_NAMES: tuple[str, ...] = tuple(FORMATS)

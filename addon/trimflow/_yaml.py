@@ -11,6 +11,7 @@ node (`top`).
 from __future__ import annotations
 
 import difflib
+import importlib.resources
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -25,6 +26,12 @@ Fields = dict[str, tuple[Node, Node]]
 """A mapping node's entries: key -> (key node, value node)."""
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def shipped_file(name: str) -> Path:
+    """A file of the rules folder shipped in the package (trimflow/rules: in a checkout, a link to the
+    repository's rules/, so both name the same file)."""
+    return Path(str(importlib.resources.files("trimflow") / "rules" / name)).resolve()
 
 
 def read_text(path: str | os.PathLike[str], error_class: type[Exception]) -> str:
