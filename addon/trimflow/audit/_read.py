@@ -6,7 +6,8 @@ a failure category). Bodies are dropped as soon as a flow is measured, so memory
 the size of a recording, only with its number of requests (a few hundred bytes each). HAR is the
 exception: mitmproxy parses a HAR file as one JSON document.
 
-Not on the live path, so this module may import mitmproxy.
+mitmproxy reads the dumps and HAR files (trimflow.proxy.recordings), imported only when one is read:
+the audit of a metrics JSONL, and `import trimflow.audit`, work without mitmproxy.
 """
 
 from __future__ import annotations
@@ -16,11 +17,9 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
-from mitmproxy import http
-from mitmproxy import io as mitm_io
 
 from .._conversation import TurnCounter
 from .._engine import ENFORCE, OBSERVE, prune
@@ -30,7 +29,10 @@ from .._usage import input_tokens_of
 from ..errors import InputError
 from ..formats import openai_responses
 
-PROXY_META = "trimflow"  # the flow.metadata key where the addon keeps its record (addon/mitm.py's META)
+if TYPE_CHECKING:
+    from mitmproxy import http
+
+PROXY_META = "trimflow"  # the flow.metadata key where the addon keeps its record (trimflow.proxy.META)
 
 # Failure categories: fixed labels, never the provider's text itself (it may quote the request).
 BODY_TOO_LARGE = "body too large"
@@ -210,7 +212,13 @@ class Reader:
     # --- mitmproxy dumps and HAR
 
     def _flow_file_rows(self, f: Any, index: int, tally: InputTally) -> Iterator[Row]:
-        flows = iter(mitm_io.FlowReader(f).stream())
+        try:
+            from ..proxy.recordings import read_flows
+        except ModuleNotFoundError as exc:
+            if (exc.name or "").partition(".")[0] != "mitmproxy":
+                raise
+            raise InputError(f"{tally.path}: reading a mitmproxy dump or HAR file needs mitmproxy (pip install mitmproxy)") from None
+        flows = read_flows(f)
         while True:
             try:
                 flow = next(flows)
@@ -231,8 +239,8 @@ class Reader:
                 continue
             yield from rows
 
-    def _flow_rows(self, flow: Any, index: int, tally: InputTally) -> list[Row]:
-        if not isinstance(flow, http.HTTPFlow):
+    def _flow_rows(self, flow: http.HTTPFlow | None, index: int, tally: InputTally) -> list[Row]:
+        if flow is None:  # a TCP, UDP or DNS flow
             tally.skipped += 1
             return []
         if flow.websocket is not None:
@@ -251,6 +259,7 @@ class Reader:
         if proxy_record is None and target is None:
             tally.skipped += 1
             return []
+        after: str | None  # where the after figures come from (Row.after)
         if proxy_record is not None and not self.what_if:
             record, after = proxy_record, PROXY  # as trimflow recorded it: before, after and all it did
         else:
