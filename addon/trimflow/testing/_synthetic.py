@@ -13,7 +13,7 @@ from typing import Any
 
 from PIL import Image
 
-from ..formats import anthropic, bedrock, gemini, ollama, openai_chat, openai_responses
+from ..formats import _base, anthropic, bedrock, gemini, ollama, openai_chat, openai_responses
 
 MIME = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp", "GIF": "image/gif"}
 
@@ -53,7 +53,8 @@ def b64(data: bytes) -> str:
 
 
 def data_url(data: bytes, mime: str) -> str:
-    return f"data:{mime};base64,{b64(data)}"
+    """`data` as a base64 data URL, as the formats write one."""
+    return _base.data_url(b64(data), mime)
 
 
 def session_body(wire_format: str, turns: int, shot: bytes, mime: str = "image/webp", model: str | None = None) -> dict[str, Any]:
