@@ -1,4 +1,4 @@
-"""Test helpers: rules with given limits, requests built from synthetic sessions, and the addon module."""
+"""Test helpers: rules with given limits, requests built from synthetic sessions, and the addons."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from mitmproxy import addonmanager, ctx, hooks
+from mitmproxy.proxy.layers import http as http_layer
+from mitmproxy.proxy.layers import websocket as websocket_layer
 
-from trimflow import Limits
-from trimflow._rules import Rules, builtin_rules
-from trimflow.proxy import _addon as proxy_addon
+from trimflow import Limits, proxy
+from trimflow._rules import Rules, RulesFile, builtin_rules
 from trimflow.testing import PATHS
 
 
@@ -41,7 +43,65 @@ def load_addon_module():
     return module
 
 
-mitm = proxy_addon
+class TrimflowAddons:
+    """A fresh set of trimflow.proxy's addons as one addon, for tests of the whole chain in a taddons
+    context: load and configure reach each of them, and each hook runs in every addon that has it, in
+    list order, through mitmproxy's own invoker, as mitmproxy runs a script's `addons`."""
+
+    def __init__(self) -> None:
+        self.chain = proxy.make_addons()  # not `addons`: mitmproxy would run those hooks a second time
+        self.flows: proxy.Flows = self.get(proxy.Prune).flows
+
+    def get(self, kind: type) -> Any:
+        (addon,) = (a for a in self.chain if isinstance(a, kind))
+        return addon
+
+    @property
+    def rules(self) -> RulesFile | None:
+        return self.flows.rules
+
+    @rules.setter
+    def rules(self, rules: RulesFile) -> None:
+        self.flows.rules = rules
+
+    @property
+    def simulated(self):
+        return self.get(proxy.Simulate).profile
+
+    def _run(self, hook: hooks.Hook) -> None:
+        for addon in self.chain:
+            ctx.master.addons.invoke_addon_sync(addon, hook)
+
+    async def _run_async(self, hook: hooks.Hook) -> None:
+        for addon in self.chain:
+            await ctx.master.addons.invoke_addon(addon, hook)
+
+    def load(self, loader) -> None:
+        self._run(addonmanager.LoadHook(loader))
+
+    def configure(self, updated: set[str]) -> None:
+        self._run(hooks.ConfigureHook(updated))
+
+    def done(self) -> None:
+        self._run(hooks.DoneHook())
+
+    def requestheaders(self, flow) -> None:
+        self._run(http_layer.HttpRequestHeadersHook(flow))
+
+    async def request(self, flow) -> None:
+        await self._run_async(http_layer.HttpRequestHook(flow))
+
+    def responseheaders(self, flow) -> None:
+        self._run(http_layer.HttpResponseHeadersHook(flow))
+
+    def response(self, flow) -> None:
+        self._run(http_layer.HttpResponseHook(flow))
+
+    def error(self, flow) -> None:
+        self._run(http_layer.HttpErrorHook(flow))
+
+    async def websocket_message(self, flow) -> None:
+        await self._run_async(websocket_layer.WebsocketMessageHook(flow))
 
 
 async def requested(addon, flow) -> None:
@@ -52,6 +112,6 @@ async def requested(addon, flow) -> None:
 
 
 async def answer_sent() -> None:
-    """Past the addon's flush: it logs and writes a record FLUSH_DELAY after the answer went out.
+    """Past the metrics addon's flush: it logs and writes a record FLUSH_DELAY after the answer went out.
     Timers fire in deadline order, so a later one always finds the flush done."""
-    await asyncio.sleep(mitm.FLUSH_DELAY * 2)
+    await asyncio.sleep(proxy.FLUSH_DELAY * 2)

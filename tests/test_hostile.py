@@ -33,7 +33,7 @@ from trimflow._rules import RulesFile, parse_rules
 from trimflow.testing import PATHS, b64, data_url, image, session_body
 from trimflow.formats import FORMATS
 
-from .helpers import answer_sent, mitm, requested
+from .helpers import TrimflowAddons, answer_sent, requested
 from .test_decode import MiB, gzip_bomb
 
 HOST = "api.example.test"
@@ -330,7 +330,7 @@ def normal_flow() -> http.HTTPFlow:
 
 @pytest.fixture
 def addon(tmp_path):
-    instance = mitm.Trimflow()
+    instance = TrimflowAddons()
     with taddons.context(instance) as tctx:
         rules = tmp_path / "rules.yaml"
         rules.write_text(RULES_TEXT)

@@ -10,6 +10,7 @@ import pytest
 from mitmproxy import exceptions, http
 from mitmproxy.test import taddons, tflow, tutils
 
+from trimflow import proxy
 from trimflow._profiles import (
     DEFAULT_PROFILES_PATH,
     ProfilesError,
@@ -25,7 +26,7 @@ from trimflow._profiles import (
 from trimflow.testing import PATHS, b64, image, session_body
 from trimflow.formats import anthropic
 
-from .helpers import ROOT, mitm, requested
+from .helpers import ROOT, TrimflowAddons, requested
 
 PROFILES = load_profiles()
 PNG = image(16, 16, "PNG", seed=1)  # a real, tiny image
@@ -356,7 +357,7 @@ def test_an_unknown_profile_lists_the_known_names() -> None:
 
 
 def test_simulate_is_off_by_default_and_validated(tmp_path) -> None:
-    addon = mitm.Trimflow()
+    addon = TrimflowAddons()
     with taddons.context(addon) as tctx:
         tctx.configure(addon)
         assert tctx.options.trimflow_simulate == "off" and addon.simulated is None
@@ -376,7 +377,7 @@ async def test_the_addon_answers_for_the_provider_when_the_forwarded_request_bre
         tmp_path, mode: str, answered: bool) -> None:
     rules = tmp_path / "rules.yaml"
     rules.write_text("defaults:\n  max_images: 8\n  keep_recent: 1\n")
-    addon = mitm.Trimflow()
+    addon = TrimflowAddons()
     with taddons.context(addon) as tctx:
         tctx.configure(addon, trimflow_rules=str(rules), trimflow_mode=mode, trimflow_simulate="generic-8")
         request = tutils.treq(host="api.openai.com", port=443, scheme=b"https", method=b"POST", authority=b"",
@@ -384,7 +385,7 @@ async def test_the_addon_answers_for_the_provider_when_the_forwarded_request_bre
                               headers=http.Headers(content_type="application/json"))
         flow = tflow.tflow(req=request)
         await requested(addon, flow)
-        record = flow.metadata[mitm.META]
+        record = flow.metadata[proxy.META]
         if answered:  # observe forwards 9 images: the gateway's cap of 8 refuses them
             assert flow.response.status_code == 400
             assert flow.response.headers["content-type"] == "application/json"

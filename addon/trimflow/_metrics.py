@@ -8,6 +8,8 @@ from typing import IO
 
 import orjson
 
+from ._record import Record
+
 log = logging.getLogger("trimflow")
 
 
@@ -19,13 +21,15 @@ class MetricsFile:
         self._file: IO[bytes] | None = None
         self._failing = False
 
-    def write(self, record: dict) -> None:
+    def write(self, record: Record, error: str | None = None) -> None:
+        """One line: the record's fields, and `error` (why the flow ended without an answer) when given."""
+        line = record.to_json() if error is None else orjson.dumps({**record.to_dict(), "error": error})
         try:
             if self._file is None:
                 directory = os.path.dirname(os.path.abspath(self.path))
                 os.makedirs(directory, exist_ok=True)
                 self._file = open(self.path, "ab")  # noqa: SIM115 - kept open across writes
-            self._file.write(orjson.dumps(record) + b"\n")
+            self._file.write(line + b"\n")
             self._file.flush()
             if self._failing:
                 log.info("trimflow: metrics file %s is writable again", self.path)

@@ -1,0 +1,34 @@
+"""The memory addon: trimflow_keep_memory keeps freed body memory in the process (glibc; see trimflow._malloc)."""
+
+from __future__ import annotations
+
+import logging
+
+from mitmproxy import ctx
+
+from .._malloc import TRIM_THRESHOLD, keep_freed_memory
+from .._sizes import format_size
+
+log = logging.getLogger("trimflow")
+
+
+class Memory:
+    name = "trimflow_memory"
+
+    def __init__(self) -> None:
+        self.kept = False  # trimflow_keep_memory took effect (it cannot be undone)
+
+    def load(self, loader) -> None:
+        loader.add_option(
+            "trimflow_keep_memory", bool, True,
+            f"On Linux with glibc, keep up to {format_size(TRIM_THRESHOLD)} of freed memory in this process instead of "
+            "returning it after each request: a pruned body otherwise makes glibc give the heap back and fault it in "
+            "again while the next body is read (~2 ms per 16 MB request). Affects the whole process; turning it off takes a restart.",
+        )
+
+    def configure(self, updated: set[str]) -> None:
+        if "trimflow_keep_memory" in updated and ctx.options.trimflow_keep_memory and not self.kept:
+            why_not = keep_freed_memory()
+            self.kept = why_not is None
+            if why_not is not None:
+                log.info("trimflow: trimflow_keep_memory has no effect here: %s", why_not)

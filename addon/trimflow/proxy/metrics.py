@@ -1,0 +1,118 @@
+"""The metrics addon: completes each LLM request's record with the answer (status, the provider's input
+tokens, or the error), logs one line per request and appends the record to trimflow_metrics (JSONL).
+
+Streamed answers (server-sent events and the like) are passed through as they come, not buffered,
+with the usage read on the way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from mitmproxy import ctx, http
+
+from .._decode import DecodeError, decode_body
+from .._metrics import MetricsFile
+from .._record import Record
+from .._usage import UsageScanner, input_tokens_of
+from ..formats import streamed_path
+from .state import Flows, write
+
+log = logging.getLogger("trimflow")
+
+# The per-flow line and record wait this long (seconds) after mitmproxy sends the answer: one line
+# through mitmproxy's log handlers takes ~0.3 ms, and written at once it competed with the client
+# reading its answer (bench: +0.25 ms per request on a 2-core machine). Flows finishing within it share one flush.
+FLUSH_DELAY = 0.005
+_STREAMED_TYPES = ("text/event-stream", "application/x-ndjson", "application/vnd.amazon.eventstream")
+
+
+class Metrics:
+    name = "trimflow_metrics"
+
+    def __init__(self, flows: Flows) -> None:
+        self.flows = flows
+        self.file: MetricsFile | None = None
+        self._unfinished: list[tuple[Record, str | None]] = []  # finished flows not yet logged, with their error (see _finish)
+
+    def load(self, loader) -> None:
+        loader.add_option(
+            "trimflow_metrics", str, "",
+            "Append one JSON line per finished LLM request to this file (sizes and counts only). Empty: off.",
+        )
+
+    def configure(self, updated: set[str]) -> None:
+        if "trimflow_metrics" in updated:
+            self._flush()  # into the file they were meant for
+            if self.file is not None:
+                self.file.close()
+            path = ctx.options.trimflow_metrics
+            self.file = MetricsFile(path) if path else None
+
+    def done(self) -> None:
+        self._flush()
+        if self.file is not None:
+            self.file.close()
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        state = self.flows.get(flow)
+        if state is None or self.flows.settle(flow, state) is None or flow.response is None:
+            return
+        if flow.response.headers.get("content-type", "").startswith(_STREAMED_TYPES) or streamed_path(flow.request.path):
+            # Pass events through as they come (mitmproxy buffers by default) and read usage on the way.
+            flow.response.stream = UsageScanner()
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        state = self.flows.get(flow)
+        if state is None:
+            return
+        record = self.flows.settle(flow, state)
+        if record is None or flow.response is None:
+            return
+        record.status = flow.response.status_code
+        scanner = flow.response.stream
+        if isinstance(scanner, UsageScanner):
+            record.usage_input_tokens = scanner.input_tokens
+        elif flow.response.raw_content is not None:
+            try:  # bounded like requests: an upstream's compressed answer is not inflated past the limit
+                content = decode_body(flow.response.raw_content, flow.response.headers.get("content-encoding"), self.flows.max_decoded_bytes)
+            except DecodeError:
+                content = b""  # usage unknown; the client gets the answer as it came
+            record.usage_input_tokens = input_tokens_of(content)
+        write(flow, state)  # before mitmproxy's save addon, later in its chain, writes the flow
+        self._finish(record, None)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        state = self.flows.get(flow)
+        if state is None:
+            return
+        record = self.flows.settle(flow, state)
+        if record is not None and record.status is None:
+            state.error = flow.error.msg if flow.error else "error"
+            write(flow, state)
+            self._finish(record, state.error)
+
+    def websocket_message(self, flow: http.HTTPFlow) -> None:
+        """The record the prune addon made of a client's `response.create` message, if it made one."""
+        state = self.flows.get(flow)
+        if state is not None and state.record is not None:
+            record, state.record = state.record, None
+            self._finish(record, None)
+
+    def _finish(self, record: Record, error: str | None) -> None:
+        """Logs the flow's line and writes its record shortly after the answer has gone out (see FLUSH_DELAY)."""
+        self._unfinished.append((record, error))
+        if len(self._unfinished) > 1:
+            return  # a flush is already scheduled
+        try:
+            asyncio.get_running_loop().call_later(FLUSH_DELAY, self._flush)
+        except RuntimeError:  # no event loop (a direct call): now
+            self._flush()
+
+    def _flush(self) -> None:
+        finished, self._unfinished = self._unfinished, []
+        for record, error in finished:
+            log.info("trimflow: %s", record.summary())
+            if self.file is not None:
+                self.file.write(record, error)

@@ -1,0 +1,195 @@
+"""The prune addon: applies the rules to LLM requests (HTTP bodies, and Codex's WebSocket `response.create`
+messages) with the pure-Python engine (trimflow._engine).
+
+Light work runs on the event loop; the engine raises NeedsWorker before slow work (a large body, a full
+parse, Pillow), and so does this addon before inflating a compressed body: that run goes to a worker
+thread. A request needing no change is forwarded as soon as the hook returns and its record is worked
+out on the next turn of the loop, while the provider answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from mitmproxy import ctx, exceptions, http
+
+from .. import ENFORCE, MODES, NeedsWorker, Outcome, prune
+from .._decode import DEFAULT_MAX_DECODED_BYTES, DecodeError, decode_body, is_identity
+from .._decode import OPTION as DECODE_OPTION
+from .._record import Record, utc_timestamp
+from .._rules import DEFAULT_RULES_PATH, RulesError, RulesFile
+from .._sizes import format_size, parse_size
+from .state import Flows, FlowState, log_reason, path_of
+
+log = logging.getLogger("trimflow")
+
+
+class Prune:
+    name = "trimflow_prune"  # mitmproxy names addons by class; a prefix keeps clear of other scripts'
+
+    def __init__(self, flows: Flows) -> None:
+        self.flows = flows
+        self._warned_streamed: set[str] = set()
+
+    def load(self, loader) -> None:
+        loader.add_option(
+            "trimflow_rules", str, str(DEFAULT_RULES_PATH),
+            "YAML rules file: which endpoints are LLM APIs and the image and size limits per host and model. "
+            "Reloaded when edited; an invalid edit keeps the last good rules.",
+        )
+        loader.add_option(
+            "trimflow_mode", str, ENFORCE,
+            "enforce: prune and forward. observe: measure and log what enforce would do, forward untouched.",
+            choices=MODES,
+        )
+        loader.add_option(
+            DECODE_OPTION, str, format_size(DEFAULT_MAX_DECODED_BYTES),
+            "Largest decoded size of a compressed LLM request body; a body that would inflate further "
+            "(a gzip bomb) is forwarded untouched and never inflated in memory. Bytes or k/m/g (binary).",
+        )
+
+    def configure(self, updated: set[str]) -> None:
+        if "trimflow_mode" in updated and ctx.options.trimflow_mode not in MODES:
+            # mitmproxy lists choices in the help but does not enforce them.
+            raise exceptions.OptionsError(f"trimflow_mode must be one of {', '.join(MODES)}, not {ctx.options.trimflow_mode!r}")
+        if "trimflow_rules" in updated or self.flows.rules is None:
+            try:
+                self.flows.rules = RulesFile(ctx.options.trimflow_rules)
+            except RulesError as exc:
+                raise exceptions.OptionsError(f"trimflow: {exc}") from None
+            log.info("trimflow: rules from %s", self.flows.rules.path)
+        if DECODE_OPTION in updated:
+            try:
+                limit = parse_size(getattr(ctx.options, DECODE_OPTION))
+            except ValueError as exc:
+                raise exceptions.OptionsError(f"trimflow: {DECODE_OPTION}: {exc}") from None
+            if limit is None:
+                raise exceptions.OptionsError(f"trimflow: {DECODE_OPTION} needs a size: a compressed body must have a bound")
+            self.flows.max_decoded_bytes = limit
+        if "stream_large_bodies" in updated and ctx.options.stream_large_bodies:
+            # mitmproxy re-checks the buffered size on every chunk and streams the rest of a larger body
+            # on its own; no per-flow setting keeps it whole, so such a request cannot be pruned.
+            log.warning(
+                "trimflow: stream_large_bodies=%s: LLM requests larger than that are streamed by mitmproxy and go "
+                "upstream unpruned; leave it unset or set it above your largest LLM request",
+                ctx.options.stream_large_bodies,
+            )
+
+    async def request(self, flow: http.HTTPFlow) -> None:
+        if flow.response is not None or flow.request.method != "POST":
+            return
+        try:
+            state = self.flows.state(flow)
+            if state is None:
+                return
+            if flow.request.raw_content is None:
+                self._warn_streamed(flow, state)
+                return
+            try:
+                record, outcome = self._prune_flow(flow, state, inline=True)
+            except NeedsWorker:
+                record, outcome = await asyncio.to_thread(self._prune_in_worker, flow, state)
+            if outcome is not None and outcome.record_pending:
+                # Nothing to change: mitmproxy forwards the request as soon as this hook returns, and the
+                # record is worked out on the next turn of the loop, while the provider answers.
+                state.pending = outcome
+                asyncio.get_running_loop().call_soon(self.flows.settle, flow, state)
+                return
+            if outcome is not None and outcome.changed:
+                # Here, not in the worker: the new body is joined in this thread (see trimflow._document.Written).
+                flow.request.content = outcome.body  # re-encodes with the request's content-encoding, fixes content-length
+        except Exception as exc:  # noqa: BLE001 - fail open: the request goes as it came
+            log.warning("trimflow: %s%s forwarded untouched: internal error %s", flow.request.pretty_host, path_of(flow), type(exc).__name__)
+            return
+        if record is not None:
+            self.flows.keep(flow, state, record)
+
+    def _prune_in_worker(self, flow: http.HTTPFlow, state: FlowState) -> tuple[Record | None, Outcome | None]:
+        record, outcome = self._prune_flow(flow, state, inline=False)
+        if outcome is not None and outcome.changed and not is_identity(flow.request.headers.get("content-encoding")):
+            # Compressing the new body is slow: done here, and nothing is left for the loop to forward.
+            flow.request.content = outcome.body
+            outcome = None
+        return record, outcome
+
+    def _prune_flow(self, flow: http.HTTPFlow, state: FlowState, inline: bool) -> tuple[Record | None, Outcome | None]:
+        """The record, and the outcome whose body the caller forwards. With `inline` (on the event loop)
+        raises NeedsWorker before slow work: inflating a body, or what the engine finds slow
+        (trimflow._engine); the caller then runs it again in a worker thread."""
+        assert self.flows.rules is not None
+        rules = self.flows.rules.current()
+        request = flow.request
+        headers = plain_headers(request)
+        encoding = headers.get("content-encoding")
+        if inline and not is_identity(encoding):
+            raise NeedsWorker("a compressed body")
+        try:
+            # Bounded: a compressed body is never inflated past the limit (mitmproxy's decoder would).
+            body = decode_body(request.raw_content or b"", encoding, self.flows.max_decoded_bytes)
+        except DecodeError as exc:
+            log.warning("trimflow: %s%s forwarded untouched: %s", request.pretty_host, path_of(flow), exc)
+            return self._undecodable(flow, state, str(exc)), None
+        outcome = prune(state.target, headers, body, rules, ctx.options.trimflow_mode, inline=inline)
+        if outcome.record_pending:
+            return None, outcome
+        if outcome.record is None:
+            return None, None
+        log_reason(flow, outcome.record)
+        return outcome.record, outcome
+
+    @staticmethod
+    def _undecodable(flow: http.HTTPFlow, state: FlowState, reason: str) -> Record | None:
+        """The record of an LLM request whose body cannot be decoded: in the metrics like any untouched one."""
+        fmt = state.target.format
+        if fmt is None:  # only the body's shape could have told
+            return None
+        request = flow.request
+        record = Record(utc_timestamp(), None, None, request.pretty_host, path_of(flow), fmt, None, None, ctx.options.trimflow_mode, reason=reason)
+        record.body_bytes_before = record.body_bytes_after = len(request.raw_content or b"")
+        return record
+
+    def _warn_streamed(self, flow: http.HTTPFlow, state: FlowState) -> None:
+        host = flow.request.pretty_host
+        if state.target.format is not None and host not in self._warned_streamed:
+            self._warned_streamed.add(host)
+            log.warning(
+                "trimflow: an LLM request to %s was streamed by mitmproxy (stream_large_bodies=%s) and went upstream "
+                "unpruned; set stream_large_bodies above your largest LLM request",
+                host, ctx.options.stream_large_bodies,
+            )
+
+    async def websocket_message(self, flow: http.HTTPFlow) -> None:
+        """Codex sends Responses requests as WebSocket `response.create` messages: prune them the same way."""
+        assert flow.websocket is not None and self.flows.rules is not None
+        message = flow.websocket.messages[-1]
+        if not message.from_client or b"response.create" not in message.content[:256]:
+            return
+        state = self.flows.websocket(flow)
+        args = (state.target, plain_headers(flow.request), message.content, self.flows.rules.current(), ctx.options.trimflow_mode)
+        try:
+            try:
+                outcome = prune(*args, inline=True)
+            except NeedsWorker:
+                outcome = await asyncio.to_thread(prune, *args)
+        except Exception as exc:  # noqa: BLE001 - fail open
+            log.warning("trimflow: websocket message forwarded untouched: internal error %s", type(exc).__name__)
+            return
+        record = outcome.record
+        if record is None:
+            return
+        if outcome.changed:
+            message.content = outcome.body
+        self.flows.number(record)
+        state.record = record  # for the metrics addon's websocket_message, next in the chain
+
+
+def plain_headers(message: http.Message) -> dict[str, str]:
+    """The headers as a dict with lower-case names (a repeated one joined as mitmproxy joins it): a
+    lookup in mitmproxy's Headers scans every field, and the engine makes several per request."""
+    headers: dict[str, str] = {}
+    for raw_name, raw_value in message.headers.fields:
+        # Decoded as mitmproxy decodes them, so session header values hash alike here and in recordings.
+        name, value = raw_name.decode("utf-8", "surrogateescape").lower(), raw_value.decode("utf-8", "surrogateescape")
+        headers[name] = f"{headers[name]}, {value}" if name in headers else value
+    return headers

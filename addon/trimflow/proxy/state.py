@@ -1,0 +1,128 @@
+"""What trimflow's addons share: the rules, the decode limit, turn numbers, and per LLM flow a FlowState.
+
+A FlowState lives beside its flow (a WeakKeyDictionary: it goes when mitmproxy drops the flow), not in
+flow.metadata: mitmproxy writes metadata into recordings (-w), and a Target or an Outcome is not
+serializable. The record stays a Record until it is written: `write` puts it into flow.metadata[META]
+as a dict where a reader needs it, when it is made and when the answer completes it, before mitmproxy's
+save addon (later in its chain than any script) writes the flow.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+
+from mitmproxy import http
+
+from .. import Outcome
+from .._conversation import TurnCounter
+from .._decode import DEFAULT_MAX_DECODED_BYTES
+from .._record import Record
+from .._rules import RulesFile, Target
+from ..formats import openai_responses
+
+log = logging.getLogger("trimflow")
+
+META = "trimflow"  # flow.metadata key holding the flow's record as a dict (the audit reads it from recordings)
+
+
+class FlowState:
+    """One LLM flow: its Target, resolved once; its record; the outcome whose record is still to be
+    worked out (Outcome.record_pending); the error that ended the flow, if one did. For a WebSocket
+    flow, `record` holds the last client message's record until the metrics addon takes it."""
+
+    __slots__ = ("target", "record", "pending", "error")
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.record: Record | None = None
+        self.pending: Outcome | None = None
+        self.error: str | None = None
+
+
+class Flows:
+    """The addons' shared state. `rules` and `max_decoded_bytes` are set by the prune addon's options."""
+
+    def __init__(self) -> None:
+        self.rules: RulesFile | None = None
+        self.max_decoded_bytes = DEFAULT_MAX_DECODED_BYTES
+        self.turns = TurnCounter()
+        self._states: weakref.WeakKeyDictionary[http.HTTPFlow, FlowState | None] = weakref.WeakKeyDictionary()
+
+    def state(self, flow: http.HTTPFlow) -> FlowState | None:
+        """The flow's state when it is (or may be) an LLM request, else None. Its Target is resolved on
+        first use from the host the client addressed (pretty_host: the Host header in transparent mode,
+        where request.host is an address)."""
+        if flow in self._states:
+            return self._states[flow]
+        assert self.rules is not None
+        request = flow.request
+        target = self.rules.current().target(
+            request.pretty_host, request.path, method=request.method, content_type=request.headers.get("content-type", "")
+        )
+        state = self._states[flow] = FlowState(target) if target is not None else None
+        return state
+
+    def get(self, flow: http.HTTPFlow) -> FlowState | None:
+        """The flow's state if an addon has resolved it, without resolving it."""
+        return self._states.get(flow)
+
+    def websocket(self, flow: http.HTTPFlow) -> FlowState:
+        """The state of a WebSocket flow whose client messages are Responses requests (Codex)."""
+        state = self._states.get(flow)
+        if state is None:  # its upgrade was a GET: not an LLM request of its own
+            assert self.rules is not None
+            target = self.rules.current().target(flow.request.pretty_host, flow.request.path, wire_format=openai_responses.NAME)
+            assert target is not None  # a forced format always resolves
+            state = self._states[flow] = FlowState(target)
+        return state
+
+    def settle(self, flow: http.HTTPFlow, state: FlowState) -> Record | None:
+        """The flow's record, worked out now if it was left pending (the prune addon schedules this for
+        the loop turn after the request went; the hooks that read the record call it should they come first)."""
+        outcome = state.pending
+        if outcome is None:
+            return state.record
+        state.pending = None
+        try:
+            record = outcome.record
+        except Exception as exc:  # noqa: BLE001 - the request is gone; only its record is lost
+            log.warning("trimflow: %s%s no record: internal error %s", flow.request.pretty_host, path_of(flow), type(exc).__name__)
+            return None
+        if record is not None:
+            log_reason(flow, record)
+            self.keep(flow, state, record)
+        return record
+
+    def keep(self, flow: http.HTTPFlow, state: FlowState, record: Record) -> None:
+        """Make `record` the flow's record: numbered in its conversation, written to the flow."""
+        self.number(record)
+        state.record = record
+        write(flow, state)
+        flow.comment = (
+            f"trimflow: images {record.images_before}->{record.images_after}, body {record.body_bytes_before}->{record.body_bytes_after} bytes"
+        )
+
+    def number(self, record: Record) -> None:
+        """The record's turn in its conversation."""
+        if record.conversation is not None:
+            record.turn = self.turns.next(record.conversation)
+
+
+def write(flow: http.HTTPFlow, state: FlowState) -> None:
+    """The record as it stands, into flow.metadata (and so into a recording)."""
+    assert state.record is not None
+    data = state.record.to_dict()
+    if state.error is not None:
+        data["error"] = state.error
+    flow.metadata[META] = data
+
+
+def log_reason(flow: http.HTTPFlow, record: Record) -> None:
+    if record.reason:
+        log.warning("trimflow: %s%s forwarded untouched: %s", flow.request.pretty_host, path_of(flow), record.reason)
+
+
+def path_of(flow: http.HTTPFlow) -> str:
+    """The request's path without its query string, which may hold a key."""
+    return flow.request.path.split("?", 1)[0]

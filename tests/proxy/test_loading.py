@@ -1,0 +1,110 @@
+"""How mitmproxy loads trimflow: addon/mitm.py and trimflow/proxy/mitmdump_script.py export one `addons`
+list, in the order the hooks must run, and only trimflow.proxy imports mitmproxy."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+from mitmproxy.addons import script
+from mitmproxy.test import taddons
+
+from trimflow import proxy
+
+from ..helpers import ROOT, load_addon_module
+
+PACKAGE = ROOT / "addon" / "trimflow"
+ORDER = [proxy.Keys, proxy.Prune, proxy.Simulate, proxy.Metrics, proxy.Memory]
+OPTIONS = {
+    "trimflow_rules", "trimflow_mode", "trimflow_max_decoded_bytes", "trimflow_simulate", "trimflow_profiles",
+    "trimflow_metrics", "trimflow_keep_memory",
+}
+
+
+async def test_mitm_py_exports_the_addons_in_hook_order_sharing_one_state() -> None:
+    module = load_addon_module()  # as `mitmdump -s addon/mitm.py` does: a file, not an importable module
+    assert module.addons is proxy.addons
+    assert [type(a) for a in module.addons] == ORDER
+    assert len({id(a.flows) for a in module.addons if hasattr(a, "flows")}) == 1
+    fresh = proxy.make_addons()
+    with taddons.context(*fresh) as tctx:  # each registers under its own name and declares its own options
+        assert {name for name in tctx.options.keys() if name.startswith("trimflow_")} == OPTIONS
+        assert all(tctx.master.addons.get(a.name) is a for a in fresh)
+
+
+def test_the_installed_script_exports_the_same_list() -> None:
+    module = script.load_script(str(PACKAGE / "proxy" / "mitmdump_script.py"))  # mitmproxy's own script loader
+    assert module is not None and module.addons is proxy.addons
+
+
+def mitmproxy_imports(path: Path) -> list[int]:
+    """Lines importing mitmproxy at any nesting level, except under `if TYPE_CHECKING:` (annotations only)."""
+    found: list[int] = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.extend(node.lineno for alias in node.names if alias.name.split(".")[0] == "mitmproxy")
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "mitmproxy":
+            found.append(node.lineno)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute | ast.Name) and node.args:
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id
+            first = node.args[0]
+            if name in ("import_module", "__import__") and isinstance(first, ast.Constant) and str(first.value).startswith("mitmproxy"):
+                found.append(node.lineno)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text(), str(path)))
+    return found
+
+
+def test_only_trimflow_proxy_imports_mitmproxy() -> None:
+    outside = {
+        f"{path.relative_to(PACKAGE)}:{line}"
+        for path in PACKAGE.rglob("*.py")
+        if "proxy" not in path.relative_to(PACKAGE).parts[:1]
+        for line in mitmproxy_imports(path)
+    }
+    assert outside == set()
+    assert mitmproxy_imports(PACKAGE / "proxy" / "prune.py")  # the walk does find imports
+
+
+def test_the_walk_finds_nested_imports_and_skips_type_checking_ones(tmp_path) -> None:
+    module = tmp_path / "module.py"
+    module.write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from mitmproxy import http\n"
+        "def read():\n    from mitmproxy.io import FlowReader\n    import mitmproxy.http\n"
+        "class C:\n    def m(self):\n        importlib.import_module('mitmproxy.io')\n"
+    )
+    assert mitmproxy_imports(module) == [5, 6, 9]
+
+
+def test_the_engine_and_tools_import_and_prune_without_mitmproxy(tmp_path) -> None:
+    code = (
+        "import sys\n"
+        "sys.modules['mitmproxy'] = None  # any import of mitmproxy now fails\n"
+        "import trimflow, trimflow._engine, trimflow._rules, trimflow._prune_cli, trimflow.audit, trimflow.testing\n"
+        "from trimflow.testing import PATHS, image, session_body\n"
+        "import orjson\n"
+        "body = orjson.dumps(session_body('openai-chat', 5, image(64, 48, 'PNG', seed=3), 'image/png'))\n"
+        "rules = trimflow._rules.builtin_rules()\n"
+        "outcome = trimflow.prune_request('https://api.openai.com' + PATHS['openai-chat'], {}, body, rules.with_limits(max_images=2))\n"
+        "print(outcome.record.images_before, outcome.record.images_after)\n"
+        "try:\n"
+        "    import trimflow.proxy\n"
+        "except ImportError:\n"
+        "    print('no proxy')\n"
+        "print(trimflow.audit.main([sys.argv[1]]))\n"
+    )
+    dump = tmp_path / "flows.mitm"
+    dump.write_bytes(b"recorded elsewhere")
+    done = subprocess.run([sys.executable, "-c", code, str(dump)], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[:2] == ["5 2", "no proxy"] and done.stdout.split("\n")[2] != "0"
+    assert f"{dump}: reading a mitmproxy dump or HAR file needs mitmproxy (pip install mitmproxy)" in done.stderr

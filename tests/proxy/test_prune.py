@@ -1,0 +1,261 @@
+"""trimflow.proxy.prune: options, the request hook (inline or in a worker, the deferred record), rules
+reload, and Codex's WebSocket `response.create` messages."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+from mitmproxy import exceptions, http
+from mitmproxy.test import taddons, tflow, tutils
+from mitmproxy.websocket import WebSocketMessage
+from wsproto.frame_protocol import Opcode
+
+from trimflow import proxy
+from trimflow._rules import RulesFile
+from trimflow.proxy import prune as prune_module
+from trimflow.testing import PATHS, session_body
+
+from ..helpers import ROOT, TrimflowAddons, answer_sent, requested
+from .flows import SHOT, images_in, json_answer, llm_flow, write_rules
+
+
+async def test_transparent_mode_matches_rules_on_the_host_the_client_addressed(tmp_path) -> None:
+    # In transparent mode the request's host is the address connected to; the Host header names the API.
+    rules = write_rules(tmp_path / "rules.yaml", 8, "rules:\n  - name: openai\n    match: {host: api.openai.com}\n    max_images: 2\n")
+    instance = TrimflowAddons()
+    with taddons.context(instance) as tctx:
+        tctx.configure(instance, trimflow_rules=str(rules))
+        flow = llm_flow(host="203.0.113.5", headers={"host": "api.openai.com"})
+        assert flow.request.host == "203.0.113.5" and flow.request.pretty_host == "api.openai.com"
+        instance.requestheaders(flow)
+        await requested(instance, flow)
+        record = flow.metadata[proxy.META]
+        assert (record["rule"], record["host"], record["images_before"], record["images_after"]) == ("openai", "api.openai.com", 5, 2)
+        assert images_in(flow) == 2
+
+
+def test_options_have_defaults_and_help() -> None:
+    flows = proxy.Flows()
+    prune = proxy.Prune(flows)
+    with taddons.context(prune) as tctx:
+        options = tctx.options
+        assert Path(options.trimflow_rules) == ROOT / "rules" / "default.yaml"
+        assert options.trimflow_mode == "enforce" and options.trimflow_max_decoded_bytes == "256MB"
+        for name in ("trimflow_rules", "trimflow_mode", "trimflow_max_decoded_bytes"):
+            assert options._options[name].help
+        with pytest.raises(exceptions.OptionsError, match="trimflow_mode must be one of enforce, observe, not 'bogus'"):
+            tctx.configure(prune, trimflow_mode="bogus")
+        with pytest.raises(exceptions.OptionsError, match="trimflow_max_decoded_bytes needs a size"):
+            tctx.configure(prune, trimflow_max_decoded_bytes="none")
+        with pytest.raises(exceptions.OptionsError, match="trimflow_max_decoded_bytes: invalid size 'lots'"):
+            tctx.configure(prune, trimflow_max_decoded_bytes="lots")
+        tctx.configure(prune, trimflow_max_decoded_bytes="1MiB")
+        assert flows.max_decoded_bytes == 2**20  # where the simulate and metrics addons read it
+
+
+def test_the_default_rules_apply_gemini_10_and_others_8() -> None:
+    flows = proxy.Flows()
+    prune = proxy.Prune(flows)
+    with taddons.context(prune) as tctx:
+        tctx.configure(prune)  # mitmdump configures a script with all options once it is loaded
+        rules = flows.rules.current()
+        assert rules.limits_for("generativelanguage.googleapis.com", PATHS["gemini"], "gemini-2.5-pro").max_images == 10
+        assert rules.limits_for("api.anthropic.com", "/v1/messages", "claude-sonnet-4-5").max_images == 8
+
+
+def test_a_bad_rules_file_is_refused_at_start_with_file_and_line(tmp_path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("defaults:\n  max_images: 8\n  max_image: 3\n")
+    prune = proxy.Prune(proxy.Flows())
+    with taddons.context(prune) as tctx:
+        with pytest.raises(exceptions.OptionsError, match=r"bad\.yaml:3: .*max_image"):
+            tctx.configure(prune, trimflow_rules=str(bad))
+
+
+async def test_enforce_prunes_and_annotates_the_flow(addon) -> None:
+    flow = llm_flow(turns=5)
+    before = len(flow.request.content)
+    await requested(addon, flow)
+    assert images_in(flow) == 2
+    assert int(flow.request.headers["content-length"]) == len(flow.request.raw_content) < before
+    record = flow.metadata["trimflow"]
+    assert record["images_before"] == 5 and record["images_after"] == 2 and record["turn"] == 1
+    assert "images 5->2" in flow.comment
+
+
+async def test_observe_forwards_untouched_but_records_what_enforce_would_do(addon) -> None:
+    addon.tctx.configure(addon, trimflow_mode="observe")
+    flow = llm_flow(turns=5)
+    original = flow.request.raw_content
+    await requested(addon, flow)
+    assert flow.request.raw_content == original
+    assert flow.metadata["trimflow"]["images_after"] == 2 and flow.metadata["trimflow"]["mode"] == "observe"
+
+
+async def test_non_llm_traffic_is_never_touched(addon) -> None:
+    flow = llm_flow(path="/upload")
+    flow.request.headers["content-type"] = "image/png"
+    original = flow.request.raw_content
+    await requested(addon, flow)
+    assert flow.request.raw_content == original and "trimflow" not in flow.metadata
+    assert addon.flows.get(flow) is None
+
+
+async def test_gzip_bodies_are_decoded_pruned_and_reencoded(addon) -> None:
+    flow = llm_flow(turns=4)
+    flow.request.headers["content-encoding"] = "gzip"
+    flow.request.raw_content = gzip.compress(flow.request.raw_content)
+    await requested(addon, flow)
+    assert flow.request.headers["content-encoding"] == "gzip"
+    assert orjson.loads(gzip.decompress(flow.request.raw_content))
+    assert images_in(flow) == 2
+    assert int(flow.request.headers["content-length"]) == len(flow.request.raw_content)
+
+
+async def test_light_work_runs_on_the_loop_and_slow_work_in_a_worker(addon, tmp_path, monkeypatch) -> None:
+    offloaded: list[str] = []
+    to_thread = prune_module.asyncio.to_thread
+
+    async def counting(fn, *args, **kwargs):
+        offloaded.append(getattr(fn, "__name__", "?"))
+        return await to_thread(fn, *args, **kwargs)
+
+    monkeypatch.setattr(prune_module.asyncio, "to_thread", counting)
+    set_in: list[str] = []  # the thread each new body is set (and, for gzip, compressed) in
+    content = http.Request.content
+
+    def setter(request, value) -> None:
+        set_in.append("loop" if threading.current_thread() is threading.main_thread() else "worker")
+        content.fset(request, value)
+
+    monkeypatch.setattr(http.Request, "content", property(content.fget, setter))
+    plain = llm_flow(turns=4)
+    await requested(addon, plain)
+    assert images_in(plain) == 2 and offloaded == [] and set_in == ["loop"]  # skeleton pass and placeholders: inline
+    compressed = llm_flow(turns=4)
+    compressed.request.headers["content-encoding"] = "gzip"
+    compressed.request.raw_content = gzip.compress(compressed.request.raw_content)
+    await requested(addon, compressed)
+    assert images_in(compressed) == 2 and offloaded == ["_prune_in_worker"]  # inflating and compressing: a worker
+    assert set_in == ["loop", "worker"]
+    addon.tctx.configure(addon, trimflow_rules=str(write_rules(tmp_path / "shrink.yaml", 8, "  max_image_side: 60\n")))
+    shrink = llm_flow(turns=2)
+    await requested(addon, shrink)
+    assert shrink.metadata["trimflow"]["shrunk"] == 2 and offloaded == ["_prune_in_worker"] * 2  # Pillow: a worker
+
+
+async def test_a_request_needing_nothing_goes_first_and_gets_its_record_on_the_next_loop_turn(addon) -> None:
+    flow = llm_flow(turns=2)  # within the 2 images of the test rules
+    original = flow.request.raw_content
+    await addon.request(flow)
+    assert flow.request.raw_content is original and "trimflow" not in flow.metadata  # mitmproxy forwards it now
+    await asyncio.sleep(0)
+    record = flow.metadata["trimflow"]
+    assert record["images_before"] == record["images_after"] == 2 and record["pruned"] == 0 and record["turn"] == 1
+    assert record["est_tokens_before"] > 0  # the sniffed sizes and token estimates are all there
+
+    fast = llm_flow(turns=2)
+    await addon.request(fast)
+    fast.response = json_answer()
+    addon.responseheaders(fast)  # an answer before the loop turned: the record is worked out then
+    assert fast.metadata["trimflow"]["turn"] == 2
+    await asyncio.sleep(0)
+    assert fast.metadata["trimflow"]["turn"] == 2  # once
+
+
+async def test_an_undecodable_body_is_forwarded_with_one_log_line(addon, caplog) -> None:
+    flow = llm_flow(turns=4)
+    flow.request.headers["content-encoding"] = "gzip"  # but the body is not gzip
+    original = flow.request.raw_content
+    with caplog.at_level(logging.WARNING, logger="trimflow"):
+        await requested(addon, flow)
+    assert flow.request.raw_content == original
+    assert len([r for r in caplog.records if "forwarded untouched" in r.getMessage()]) == 1
+    assert "not valid gzip" in flow.metadata["trimflow"]["reason"]  # in the metrics like any untouched request
+
+
+async def test_an_internal_error_fails_open(addon, caplog, monkeypatch) -> None:
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom with secret body text")
+
+    monkeypatch.setattr(prune_module, "prune", broken)
+    flow = llm_flow(turns=4)
+    original = flow.request.raw_content
+    with caplog.at_level(logging.WARNING, logger="trimflow"):
+        await requested(addon, flow)
+    assert flow.request.raw_content == original
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("RuntimeError" in m for m in messages) and not any("secret" in m for m in messages)
+
+
+def test_stream_large_bodies_gets_one_clear_warning(addon, caplog) -> None:
+    # Declared by mitmproxy's proxyserver addon, which taddons does not load.
+    addon.tctx.options.add_option("stream_large_bodies", str | None, None, "as mitmproxy declares it")
+    with caplog.at_level(logging.WARNING, logger="trimflow"):
+        addon.tctx.configure(addon, stream_large_bodies="1m")
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert "stream_large_bodies=1m" in warning and "unpruned" in warning
+
+
+async def test_a_request_mitmproxy_streamed_is_warned_about_once_per_host(addon, caplog) -> None:
+    addon.tctx.options.add_option("stream_large_bodies", str | None, "1m", "as mitmproxy declares it")
+    with caplog.at_level(logging.WARNING, logger="trimflow"):
+        caplog.clear()
+        for _ in range(2):
+            flow = llm_flow()
+            flow.request.raw_content = None  # what mitmproxy leaves of a streamed body
+            await requested(addon, flow)
+            assert "trimflow" not in flow.metadata
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert "an LLM request to api.openai.com was streamed by mitmproxy (stream_large_bodies=1m)" in warning
+
+
+async def test_an_edited_rules_file_is_reloaded_and_a_bad_edit_keeps_the_last_good(addon, tmp_path, caplog) -> None:
+    path = Path(addon.rules.path)
+    addon.rules = RulesFile(path, check_interval=0)  # check on every request, not once a second
+    write_rules(path, 1)
+    os.utime(path, (time.time() + 5, time.time() + 5))
+    flow = llm_flow(turns=4)
+    await requested(addon, flow)
+    assert images_in(flow) == 1
+    path.write_text("defaults:\n  max_images: -1\n")
+    os.utime(path, (time.time() + 10, time.time() + 10))
+    with caplog.at_level(logging.ERROR, logger="trimflow"):
+        for _ in range(2):
+            flow = llm_flow(turns=4)
+            await requested(addon, flow)
+            assert images_in(flow) == 1
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "rules.yaml:2" in errors[0]
+
+
+async def test_websocket_response_create_is_pruned_and_gets_its_line(addon, caplog) -> None:
+    flow = tflow.twebsocketflow(messages=False)
+    flow.request.path = "/backend-api/codex/responses"
+    for turns in (4, 5):
+        body = session_body("openai-responses", turns, SHOT, "image/png")
+        message = orjson.dumps({"type": "response.create", **body})
+        flow.websocket.messages.append(WebSocketMessage(Opcode.TEXT, True, message))
+        with caplog.at_level(logging.INFO, logger="trimflow"):
+            await addon.websocket_message(flow)
+            await answer_sent()
+        assert flow.websocket.messages[-1].content.count(b"base64,") == 2
+    lines = [r.getMessage() for r in caplog.records if "trimflow: conv" in r.getMessage()]
+    assert [line.split(" turn ")[1].split()[0] for line in lines] == ["1", "2"] and "images 5->2" in lines[1]
+    assert "trimflow" not in flow.metadata  # a record per message, none for the flow
+
+
+def test_plain_headers_read_as_mitmproxy_reads_them() -> None:
+    headers = http.Headers([(b"Content-Type", b"application/json"), (b"X-Session-Id", "caf\u00e9".encode()), (b"Accept", b"a"), (b"accept", b"b")])
+    request = tutils.treq(headers=headers)
+    plain = prune_module.plain_headers(request)
+    names = ("content-type", "x-session-id", "accept")
+    assert [plain[name] for name in names] == [request.headers[name.title()] for name in names]  # any case, joined alike
