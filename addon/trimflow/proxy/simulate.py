@@ -48,7 +48,7 @@ class Simulate:
                 log.info("trimflow: simulating limit profile %s from %s", self.profile.name, ctx.options.trimflow_profiles)
 
     def request(self, flow: http.HTTPFlow) -> Coroutine[None, None, None] | None:
-        # Not `async def`: with simulation off (always, outside tests) no coroutine is made per request.
+        # Not `async def`: with simulation off, the usual case, no coroutine is made per request.
         # mitmproxy awaits what a hook returns when it is awaitable.
         if self.profile is None or flow.response is not None:
             return None
