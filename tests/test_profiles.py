@@ -23,8 +23,8 @@ from trimflow._profiles import (
     provider_check,
     select_profile,
 )
-from trimflow.testing import PATHS, b64, image, session_body
 from trimflow.formats import anthropic
+from trimflow.testing import PATHS, b64, image, session_body
 
 from .helpers import ROOT, TrimflowAddons, requested
 
