@@ -29,9 +29,9 @@ from typing import Any
 
 from . import _document, _jsoncodec
 from ._conversation import conversation_key
-from ._imageinfo import ImageInfo, sniff_base64
+from ._imageinfo import sniff_media
 from ._placeholder import MediaFacts
-from ._policy import BODY, COUNT_CAP, IMAGE_LIMIT, REPEAT, TOKENS, NeedsWorker, Plan, nothing_to_change, payload_bytes
+from ._policy import BODY, COUNT_CAP, IMAGE_LIMIT, REPEAT, TOKENS, NeedsWorker, Plan, nothing_to_change
 from ._record import Record, utc_timestamp
 from ._rules import Rules, Target
 from ._sizes import format_size
@@ -47,11 +47,6 @@ MODES = (ENFORCE, OBSERVE)
 # A full parse runs ~10x slower per byte; image re-encoding takes 25-250 ms per megapixel.
 INLINE_MAX_BODY = 16 * 2**20
 INLINE_MAX_WHOLE = 2**20
-
-
-# Enough base64 to reach a JPEG's frame header past a large EXIF block, without copying a whole image.
-_SNIFF_CHARS = 256 * 1024
-_SNIFF_FIRST = 4096
 
 
 class Outcome:
@@ -233,16 +228,7 @@ def _prune(
 
 
 def _facts(images: list[Media]) -> list[MediaFacts]:
-    return [MediaFacts(m, ordinal, None if m.remote else _sniff(m)) for ordinal, m in enumerate(images, start=1)]
-
-
-def _sniff(media: Media) -> ImageInfo | None:
-    # PNG, GIF and WebP say their size in the first bytes; a JPEG's frame header may sit past a large
-    # EXIF block: only then is the longer prefix copied.
-    info = sniff_base64(media.base64_prefix(_SNIFF_FIRST))
-    if info is not None and info.width is None and payload_bytes(media) > _SNIFF_FIRST:
-        info = sniff_base64(media.base64_prefix(_SNIFF_CHARS)) or info
-    return info
+    return [MediaFacts(m, ordinal, None if m.remote else sniff_media(m)) for ordinal, m in enumerate(images, start=1)]
 
 
 def _fill(record: Record, plan: Plan, documents: int, media_bytes: int, body_bytes: int, out: bytes | _document.Written) -> None:

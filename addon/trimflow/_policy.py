@@ -36,6 +36,7 @@ from ._placeholder import MediaFacts, render
 from ._sizes import format_size
 from ._tokens import image_tokens, text_tokens
 from .formats import JsonPath, Media
+from .formats._base import data_url
 
 DEFAULT_PLACEHOLDER = "[trimflow: {kind} #{ordinal} omitted ({mime}, {dims}, {size})]"
 # Stands where an image was that the same request sends again later; {later} is that image's ordinal.
@@ -237,7 +238,7 @@ class Plan:
             return m.wire_bytes
         assert new.data is not None and new.mime is not None
         # A data URL gets a new header with the new type; the other formats carry bare base64.
-        return len(new.data) + (len(f"data:{new.mime};base64,") if m.data_offset else 0)
+        return len(data_url(new.data, new.mime)) if m.data_offset else len(new.data)
 
     def tokens(self, i: int, as_sent: bool = True) -> int:
         facts = self.images[i]
