@@ -8,7 +8,7 @@
   connection reset, clean close, stall past the client's timeout, 500, SSE cut mid-stream, garbage instead of
   HTTP; the client vanishing mid-upload. A normal request after each succeeds, and the metrics JSONL has one
   line per flow with its real outcome.
-- Hostile bodies (tests/test_hostile.py's cases) end to end: byte-identical or pruned on the wire.
+- Hostile bodies (tests/hostile/cases.py's cases) end to end: byte-identical or pruned on the wire.
 - Runtime faults: rules file deleted, metrics on a full disk.
 """
 
@@ -37,8 +37,8 @@ from trimflow._decode import decode_body
 from trimflow.testing import PATHS, REPLY_TEXT, FakeProvider, Received, image
 from trimflow._rules import parse_rules
 
-from ..test_decode import GiB, MiB, gzip_bomb
-from ..test_hostile import HOSTILE, PRUNED, RULES_TEXT, UNTOUCHED, Hostile, check_pruned, expected_body, marker, params, session_json
+from ..bombs import GiB, MiB, gzip_bomb
+from ..hostile.cases import HOSTILE, PRUNED, RULES_TEXT, UNTOUCHED, Hostile, check_pruned, expected_body, marker, params, session_json
 from .helpers import Proxy, session, start_proxy
 
 pytestmark = pytest.mark.e2e
@@ -392,7 +392,8 @@ def test_client_vanishing_mid_upload_leaves_no_trace_upstream(raw_proxy: Proxy, 
     before_got, before_records = len(raw_upstream.got), len(raw_proxy.settled_records())
     body = session_json("openai-chat", "vanishing")
     with socket.create_connection(("127.0.0.1", raw_proxy.port)) as sock:
-        sock.sendall(b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % (PATHS["openai-chat"].encode(), len(body) * 4))
+        head = b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+        sock.sendall(head % (PATHS["openai-chat"].encode(), len(body) * 4))
         sock.sendall(body)  # a quarter of what it announced
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     assert_still_serving(raw_proxy, raw_upstream)
