@@ -7,8 +7,8 @@ The engine is pure Python with no mitmproxy import: `prune_request` (or `prune` 
 - `trimflow.testing`: the fake provider, replay and synthetic sessions, to reproduce failures offline.
 """
 
-from ._engine import ENFORCE, MODES, OBSERVE, NeedsWorker, Outcome, is_sigv4, prune, prune_request
-from ._policy import DEFAULT_PLACEHOLDER, Limits, count_pruned
+from ._engine import ENFORCE, MODES, OBSERVE, NeedsWorker, Outcome, prune, prune_request
+from ._policy import DEFAULT_PLACEHOLDER, Limits
 from ._record import Record
 from ._rules import DEFAULT_RULES_PATH, Rules, RulesFile, Target, builtin_rules, load_rules, parse_rules
 from .errors import BodyError, DecodeError, ExpressionError, InputError, ProfilesError, RulesError, TrimflowError, UnknownProfile
@@ -38,9 +38,7 @@ __all__ = [
     "TrimflowError",
     "UnknownProfile",
     "builtin_rules",
-    "count_pruned",
     "detect_shape",
-    "is_sigv4",
     "load_rules",
     "parse_rules",
     "prune",
