@@ -45,9 +45,9 @@ from typing import Any
 import orjson
 from PIL import Image
 
+from tests.mitmdump import Mitmdump
 from trimflow._engine import prune_request
 from trimflow._malloc import MMAP_THRESHOLD, TRIM_THRESHOLD
-from tests.mitmdump import Mitmdump
 from trimflow._rules import DEFAULT_RULES_PATH, load_rules
 from trimflow.testing import MIME, PATHS, data_url, image, screenshot, session_body
 
@@ -302,7 +302,8 @@ def scaling_figures(bodies: Bodies, settings: Settings) -> list[Figure]:
         record = prune_request(URL, HEADERS, bodies.scaling[mb], RULES).record
         pruned = record.pruned if record else 0
         figures.append(
-            Figure(f"scaling_{mb}mb_ms", f"engine, {mb} MB body (24 turns, {pruned} pruned)", ms, "ms", note=f"floor {floor_ms:.1f} ms ({ms / floor_ms:.2f}x)")
+            Figure(f"scaling_{mb}mb_ms", f"engine, {mb} MB body (24 turns, {pruned} pruned)", ms, "ms",
+                   note=f"floor {floor_ms:.1f} ms ({ms / floor_ms:.2f}x)")
         )
     for n in range(1, len(sizes)):
         small, big = sizes[n - 1], sizes[n]
@@ -310,7 +311,8 @@ def scaling_figures(bodies: Bodies, settings: Settings) -> list[Figure]:
         per_doubling = (engine[n] / engine[n - 1]) ** (1 / steps)
         floor_doubling = (floor[n] / floor[n - 1]) ** (1 / steps)
         figures.append(
-            Figure(f"scaling_{small}_to_{big}mb", f"engine time per doubling, {small} -> {big} MB", per_doubling, "x", 2.2, note=f"floor {floor_doubling:.2f}x")
+            Figure(f"scaling_{small}_to_{big}mb", f"engine time per doubling, {small} -> {big} MB", per_doubling, "x", 2.2,
+                   note=f"floor {floor_doubling:.2f}x")
         )
     return figures
 
@@ -536,7 +538,7 @@ def latency_figures(addon: Proxy, plain: Proxy, plain_kept: Proxy, bodies: Bodie
         a, p = statistics.median(times[addon.name]), statistics.median(times[plain.name])
         figures += [
             Figure(f"latency_{key}_addon_ms", f"latency with addon, {size:.1f} MB body {what}", a, "ms"),
-            Figure("latency_{}_plain_ms".format(key), "latency plain mitmdump, same body", p, "ms"),
+            Figure(f"latency_{key}_plain_ms", "latency plain mitmdump, same body", p, "ms"),
             Figure(f"latency_{key}_ratio", f"latency addon / plain ({what})", a / p, "x", limit),
         ]
         k = statistics.median(times[plain_kept.name])
@@ -550,14 +552,18 @@ def latency_figures(addon: Proxy, plain: Proxy, plain_kept: Proxy, bodies: Bodie
                 raise RuntimeError("the addon did not prune the 16 MB session: check the rules")
             per_mb = (a - p) / saved_mb
             # On a real uplink each MB not sent saves 8/(Mbit/s) seconds: the addon wins below this rate.
-            breakeven = f"the addon wins on any uplink slower than {8000 / per_mb:.0f} Mbit/s" if per_mb > 0 else "the addon is faster even on loopback"
+            if per_mb > 0:
+                breakeven = f"the addon wins on any uplink slower than {8000 / per_mb:.0f} Mbit/s"
+            else:
+                breakeven = "the addon is faster even on loopback"
             figures.append(
                 Figure(
                     "latency_prune_ms_per_mb_saved",
                     "addon's extra latency per MB not uploaded",
                     per_mb,
                     "ms/MB",
-                    note=f"upstream received {received[addon.name] / MB:.1f} MB through the addon, {received[plain.name] / MB:.1f} MB plain; {breakeven}",
+                    note=f"upstream received {received[addon.name] / MB:.1f} MB through the addon, "
+                    f"{received[plain.name] / MB:.1f} MB plain; {breakeven}",
                 )
             )
     return figures
@@ -753,7 +759,8 @@ def streaming_figures(addon: Proxy, plain_stream: Proxy, bodies: Bodies, setting
     what = f"{settings.stream_runs} x {settings.stream_events} events, every {settings.stream_interval_ms:g} ms"
     mb = len(bodies.pruned_16mb) / MB
     return [
-        Figure("stream_addon_ms", f"SSE event delay with addon ({what})", a, "ms", note="addon mitmdump on its defaults: trimflow streams LLM responses itself"),
+        Figure("stream_addon_ms", f"SSE event delay with addon ({what})", a, "ms",
+               note="addon mitmdump on its defaults: trimflow streams LLM responses itself"),
         Figure("stream_plain_ms", "SSE event delay plain mitmdump, stream_large_bodies=1", p, "ms"),
         Figure("stream_added_ms", "SSE delay added by the addon (median)", a - p, "ms", 5.0),
         Figure(
@@ -791,13 +798,16 @@ def shrink_figures(settings: Settings) -> list[Figure]:
     except Exception as exc:  # noqa: BLE001 - the module is new: report it, keep the other figures
         return [Figure("shrink", f"shrink: failed ({type(exc).__name__})", None, "", note=str(exc)[:200])]
     figures = [
-        Figure(f"shrink_{name}_ms_per_mp", f"shrink {name}", entry["ms_per_megapixel"], "ms/MP", note=f"{entry['megapixels']} MP -> {entry['result']}")
+        Figure(f"shrink_{name}_ms_per_mp", f"shrink {name}", entry["ms_per_megapixel"], "ms/MP",
+               note=f"{entry['megapixels']} MP -> {entry['result']}")
         for name, entry in speed.items()
     ]
     turns = session["turns"]
     figures += [
-        Figure("shrink_session_hit_rate", f"shrink cache hit rate, {turns}-turn session", session["hit_rate"], "", note=f"{session['hits']} hits, {session['misses']} misses"),
-        Figure("shrink_session_overhead_ms", f"engine overhead per turn, {turns}-turn session (median)", session["overhead_ms_median"], "ms", note=f"max {session['overhead_ms_max']} ms"),
+        Figure("shrink_session_hit_rate", f"shrink cache hit rate, {turns}-turn session", session["hit_rate"], "",
+               note=f"{session['hits']} hits, {session['misses']} misses"),
+        Figure("shrink_session_overhead_ms", f"engine overhead per turn, {turns}-turn session (median)", session["overhead_ms_median"], "ms",
+               note=f"max {session['overhead_ms_max']} ms"),
     ]
     return figures
 

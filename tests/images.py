@@ -27,7 +27,8 @@ def chat_with_images(count: int, *, text_last: bool = False) -> dict:
     messages = []
     for i in range(count):
         shot = image(40 + i, 30, "PNG", seed=i)
-        messages.append({"role": "user", "content": [{"type": "text", "text": f"turn {i}"}, {"type": "image_url", "image_url": {"url": data_url(shot, "image/png")}}]})
+        content = [{"type": "text", "text": f"turn {i}"}, {"type": "image_url", "image_url": {"url": data_url(shot, "image/png")}}]
+        messages.append({"role": "user", "content": content})
         messages.append({"role": "assistant", "content": f"answer {i}"})
     if text_last:
         messages.append({"role": "user", "content": "and now?"})

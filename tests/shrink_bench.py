@@ -20,8 +20,8 @@ from trimflow import _shrink
 from trimflow._engine import prune_request
 from trimflow._policy import Limits
 from trimflow._rules import builtin_rules
-from trimflow.testing import PATHS, b64, image, session_body
 from trimflow.formats import FORMATS
+from trimflow.testing import PATHS, b64, image, session_body
 
 # name -> (content, format, width, height, max_side, max_bytes): jobs the engine gives _shrink.
 # "screen" is screenshot-like (flat areas, a busy window); "photo" is dense noise, the slow case.

@@ -230,7 +230,8 @@ def test_the_record_holds_no_body_text_and_no_base64() -> None:
 
 def test_path_in_the_record_has_no_query_string() -> None:
     raw = encode(session_body("gemini", 2, SHOT, "image/png"))
-    outcome = prune_request("https://generativelanguage.googleapis.com/v1beta/models/gemini-2.5-pro:generateContent?key=AIzaSECRET", {}, raw, rules_with())
+    url = "https://generativelanguage.googleapis.com/v1beta/models/gemini-2.5-pro:generateContent?key=AIzaSECRET"
+    outcome = prune_request(url, {}, raw, rules_with())
     assert outcome.record.path == "/v1beta/models/gemini-2.5-pro:generateContent"
     assert b"AIza" not in outcome.record.to_json()
 
@@ -358,7 +359,8 @@ def test_a_bad_escape_inside_an_image_that_is_read_forwards_the_body_with_the_re
     # The skeleton never parses a payload; a read that meets an escape decodes it, and a bad one says so.
     encoded = b64(screenshot(20, "PNG", seed=4))
     bad = encoded[:1000] + "\\q" + encoded[1000:]
-    raw = b'{"model":"gpt-4o","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,' + bad.encode() + b'"}}]}]}'
+    part = b'{"type":"image_url","image_url":{"url":"data:image/png;base64,' + bad.encode() + b'"}}'
+    raw = b'{"model":"gpt-4o","messages":[{"role":"user","content":[' + part + b"]}]}"
     outcome = prune_inline(raw, rules_with(max_images=8))
     assert outcome.body is raw and not outcome.changed
     assert "not JSON" in outcome.record.reason

@@ -6,6 +6,7 @@ event-stream frame.
 from __future__ import annotations
 
 import http.client
+import itertools
 import random
 import struct
 import zlib
@@ -60,7 +61,7 @@ def scanned(chunks: list[bytes]) -> int | None:
 
 def cut(data: bytes, points: list[int]) -> list[bytes]:
     edges = [0, *sorted(points), len(data)]
-    return [data[a:b] for a, b in zip(edges, edges[1:], strict=False)]
+    return [data[a:b] for a, b in itertools.pairwise(edges)]
 
 
 @pytest.mark.parametrize("name", sorted(STREAMS))

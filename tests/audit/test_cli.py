@@ -34,7 +34,7 @@ def test_unusable_input_exits_2_with_one_line(tmp_path, capsys, make, args, says
 
 
 def test_an_empty_recording_passes_with_a_warning(tmp_path, capsys) -> None:
-    code, out, err = audit(capsys, write_bytes(tmp_path / "empty.mitm", b""), "--fail-on", "images>8")
+    code, _, err = audit(capsys, write_bytes(tmp_path / "empty.mitm", b""), "--fail-on", "images>8")
     assert code == 0 and "no LLM requests found" in err
 
 

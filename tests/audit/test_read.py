@@ -33,7 +33,6 @@ from .helpers import (
     write_rules,
 )
 
-
 # --- reading dumps --------------------------------------------------------------------------------------------
 
 
@@ -255,7 +254,8 @@ def test_several_inputs_at_once(tmp_path, capsys) -> None:
         (400, b"HTTP 400 \xe2\x80\x93 Max images exceeded", "too many images"),
         (400, b'{"error":{"message":"too many images: maximum allowed for model gemini-3.1-pro-preview is 10, got 11"}}', "too many images"),
         (400, b'{"message":"too many images and documents: 104 + 1 > 100"}', "too many images"),
-        (400, b'{"message":"messages.0.content.2.image.source.base64: image exceeds 5 MB maximum: 15908784 bytes > 5242880 bytes"}', "image too large"),
+        (400, b'{"message":"messages.0.content.2.image.source.base64: image exceeds 5 MB maximum: 15908784 bytes > 5242880 bytes"}',
+         "image too large"),
         (400, b"Bad request (400): Request size cannot exceed 8999999 bytes", "body too large"),
         (400, b'{"error":{"message":"Request payload size exceeds the limit: 314572800 bytes."}}', "body too large"),
         (400, b'{"error":"unknown field"}', "http 400"),

@@ -10,7 +10,6 @@ from trimflow.audit._summary import slope
 
 from .helpers import audit_json, body_of, only_conversation, rows, session, write_dump, write_rules
 
-
 # --- growth ---------------------------------------------------------------------------------------------------
 
 

@@ -24,8 +24,8 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,8 +34,8 @@ import pytest
 
 from trimflow import prune_request
 from trimflow._decode import decode_body
-from trimflow.testing import PATHS, REPLY_TEXT, FakeProvider, Received, image
 from trimflow._rules import parse_rules
+from trimflow.testing import PATHS, REPLY_TEXT, FakeProvider, Received, image
 
 from ..bombs import GiB, MiB, gzip_bomb
 from ..hostile.cases import HOSTILE, PRUNED, RULES_TEXT, UNTOUCHED, Hostile, check_pruned, expected_body, marker, params, session_json

@@ -9,7 +9,6 @@ import pytest
 
 from ..mitmdump import ADDON, mitmdump_binary
 
-
 pytestmark = pytest.mark.e2e
 
 

@@ -20,16 +20,16 @@ from trimflow.testing import REPLY_TEXT, FakeProvider
 
 from ..certs import make_server_cert
 from .helpers import (
-    anthropic_turn,
-    openai_chat_turn,
-    openai_responses_turn,
     ANTHROPIC_KEY,
     GOOGLE_KEY,
     OPENAI_KEY,
     Proxy,
+    anthropic_turn,
     assert_pruned_upstream,
     assert_record,
     open_connection,
+    openai_chat_turn,
+    openai_responses_turn,
     post,
     session,
     shots,

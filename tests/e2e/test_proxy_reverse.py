@@ -23,9 +23,6 @@ from trimflow.testing import PATHS, REPLY_TEXT, FakeProvider, Received, b64
 
 from ..mitmdump import Mitmdump
 from .helpers import (
-    anthropic_turn,
-    openai_chat_turn,
-    openai_responses_turn,
     ANTHROPIC_KEY,
     GOOGLE_KEY,
     GOOGLE_QUERY_KEY,
@@ -34,9 +31,12 @@ from .helpers import (
     ROOT,
     SECRETS,
     Proxy,
+    anthropic_turn,
     assert_pruned_upstream,
     assert_record,
     image_payloads,
+    openai_chat_turn,
+    openai_responses_turn,
     post,
     replace_text,
     session,

@@ -17,8 +17,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from trimflow.testing import FakeProvider, Row, Session, replay
 from trimflow._profiles import load_profiles, provider_check
+from trimflow.testing import FakeProvider, Row, Session, replay
 
 from ..mitmdump import free_port
 from .helpers import ROOT, start_proxy

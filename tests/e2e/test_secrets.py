@@ -25,7 +25,7 @@ from mitmproxy import io as mitmproxy_io
 from trimflow.testing import PATHS, FakeProvider, Received, b64
 
 from ..mitmdump import mitmdump_binary
-from .helpers import ROOT, PROMPT_TEXTS, Proxy, post, session, shots, start_proxy, write_rules
+from .helpers import PROMPT_TEXTS, ROOT, Proxy, post, session, shots, start_proxy, write_rules
 
 pytestmark = pytest.mark.e2e
 
@@ -93,10 +93,12 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
                     "SignedHeaders=host;x-amz-date, Signature=" + "ab" * 32,
                     "x-amz-security-token": AWS_SESSION_TOKEN, "x-amz-content-sha256": "UNSIGNED-PAYLOAD"}),
                 # Bodies trimflow cannot handle, with the key next to the fault: their reasons must not quote it.
-                post(port, PATHS["openai-chat"], b'{"api_key": "' + BODY_KEY.encode() + b'", "messages": [,]}', {"Authorization": f"Bearer {OPENAI_KEY}"}),
+                post(port, PATHS["openai-chat"], b'{"api_key": "' + BODY_KEY.encode() + b'", "messages": [,]}',
+                     {"Authorization": f"Bearer {OPENAI_KEY}"}),
                 post(port, PATHS["anthropic"], b'{"api_key":"' + BODY_KEY.encode() + b'"\xff}', {"x-api-key": ANTHROPIC_KEY}),
                 post(port, PATHS["openai-chat"], with_body_keys(chat), {"Authorization": f"Bearer {OPENAI_KEY}", "Content-Encoding": "gzip"}),
-                post(port, PATHS["openai-chat"], gzip.compress(with_body_keys(chat))[:-30], {"Authorization": f"Bearer {OPENAI_KEY}", "Content-Encoding": "gzip"}),
+                post(port, PATHS["openai-chat"], gzip.compress(with_body_keys(chat))[:-30],
+                     {"Authorization": f"Bearer {OPENAI_KEY}", "Content-Encoding": "gzip"}),
                 # The provider's error quotes the key back.
                 post(port, PATHS["openai-chat"], with_body_keys(chat), {"Authorization": f"Bearer {OPENAI_KEY}", ECHO: "1"}),
                 post(port, PATHS["anthropic"], with_body_keys(anthropic), {"x-api-key": ANTHROPIC_KEY, ECHO: "1"}),

@@ -16,36 +16,50 @@ from trimflow.testing import b64, data_url
 from ..helpers import rules_with, url_for
 from .strategies import POOL, limits, text
 
-
 part = st.one_of(st.tuples(st.just("text"), text), st.tuples(st.just("image"), st.integers(0, len(POOL) - 1)))
 # A message: its role, whether its parts sit inside a tool result, and the parts.
 message = st.tuples(st.sampled_from(["user", "assistant"]), st.booleans(), st.lists(part, min_size=1, max_size=4))
 conversation = st.lists(message, min_size=1, max_size=8)
-unknown = st.dictionaries(st.sampled_from(["x_extra", "metadata_x", "z"]), st.one_of(st.integers(-(2**60), 2**60), st.floats(allow_nan=False, allow_infinity=False), text), max_size=2)
+unknown_value = st.one_of(st.integers(-(2**60), 2**60), st.floats(allow_nan=False, allow_infinity=False), text)
+unknown = st.dictionaries(st.sampled_from(["x_extra", "metadata_x", "z"]), unknown_value, max_size=2)
 
 
 def render(fmt: str, conv: list, extra: dict) -> dict[str, Any]:
     """The conversation in one wire format, tool results nested where the format has them."""
     if fmt == "openai-chat":
-        msgs = [{"role": role, "content": [{"type": "text", "text": v} if k == "text" else {"type": "image_url", "image_url": {"url": data_url(POOL[v], "image/png")}} for k, v in parts]} for role, _tool, parts in conv]
+        msgs = [
+            {"role": role, "content": [
+                {"type": "text", "text": v} if k == "text" else {"type": "image_url", "image_url": {"url": data_url(POOL[v], "image/png")}}
+                for k, v in parts
+            ]}
+            for role, _tool, parts in conv
+        ]
         return {"model": "gpt-4o", "messages": msgs, **extra}
     if fmt == "openai-responses":
         items = []
         for i, (role, tool, parts) in enumerate(conv):
-            content = [{"type": "input_text", "text": v} if k == "text" else {"type": "input_image", "image_url": data_url(POOL[v], "image/png")} for k, v in parts]
+            content = [
+                {"type": "input_text", "text": v} if k == "text" else {"type": "input_image", "image_url": data_url(POOL[v], "image/png")}
+                for k, v in parts
+            ]
             items.append({"type": "function_call_output", "call_id": f"c{i}", "output": content} if tool else {"role": role, "content": content})
         return {"model": "gpt-4.1", "input": items, **extra}
     if fmt == "anthropic":
         msgs = []
         for i, (role, tool, parts) in enumerate(conv):
-            blocks = [{"type": "text", "text": v} if k == "text" else {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(POOL[v])}} for k, v in parts]
+            blocks = [
+                {"type": "text", "text": v} if k == "text"
+                else {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(POOL[v])}}
+                for k, v in parts
+            ]
             msgs.append({"role": role, "content": [{"type": "tool_result", "tool_use_id": f"t{i}", "content": blocks}] if tool else blocks})
         return {"model": "claude-x", "max_tokens": 10, "messages": msgs, **extra}
     if fmt == "gemini":
         contents = []
         for role, tool, parts in conv:
             ps = [{"text": v} if k == "text" else {"inlineData": {"mimeType": "image/png", "data": b64(POOL[v])}} for k, v in parts]
-            contents.append({"role": "user" if role == "user" else "model", "parts": [{"functionResponse": {"name": "f", "response": {}, "parts": ps}}] if tool else ps})
+            parts_or_tool = [{"functionResponse": {"name": "f", "response": {}, "parts": ps}}] if tool else ps
+            contents.append({"role": "user" if role == "user" else "model", "parts": parts_or_tool})
         return {"contents": contents, **extra}
     if fmt == "bedrock-converse":
         msgs = []
@@ -110,7 +124,7 @@ def test_body_budget_is_met_or_said_unmet(fmt: str, conv: list, budget: int, kee
     record = outcome.record
     if len(outcome.body) > budget:
         # Over budget only when every prunable image is gone.
-        assert record.over_budget or record.pruned == 0 and record.images_before <= keep
+        assert record.over_budget or (record.pruned == 0 and record.images_before <= keep)
         assert record.images_after == min(keep, record.images_before)
     else:
         assert not record.over_budget

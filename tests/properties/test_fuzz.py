@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from trimflow import prune_request
-from trimflow.testing import b64, data_url
 from trimflow.formats import FORMATS
+from trimflow.testing import b64, data_url
 
 from ..helpers import rules_with, url_for
 from .strategies import POOL, limits, text
@@ -103,7 +103,8 @@ def _anthropic_part(kind: str, v: Any) -> dict:
     if kind == "text":
         return {"type": "text", "text": _text(v)}
     if kind == "image":
-        return {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(POOL[_index(v)])}, "cache_control": {"type": "ephemeral"}}
+        source = {"type": "base64", "media_type": "image/png", "data": b64(POOL[_index(v)])}
+        return {"type": "image", "source": source, "cache_control": {"type": "ephemeral"}}
     if kind == "remote":
         return {"type": "image", "source": {"type": "url", "url": f"https://img.example.test/{_index(v)}.png"}}
     return {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": b64(PDF[_index(v) % 4])}}
@@ -114,7 +115,9 @@ def _gemini_part(kind: str, v: Any) -> dict:
         return {"text": _text(v)}
     if kind == "image":  # both spellings: the REST docs' snake_case and the SDKs' camelCase
         i = _index(v)
-        return {"inlineData": {"mimeType": "image/png", "data": b64(POOL[i])}} if i % 2 else {"inline_data": {"mime_type": "image/png", "data": b64(POOL[i])}}
+        if i % 2:
+            return {"inlineData": {"mimeType": "image/png", "data": b64(POOL[i])}}
+        return {"inline_data": {"mime_type": "image/png", "data": b64(POOL[i])}}
     if kind == "remote":
         return {"fileData": {"mimeType": "image/png", "fileUri": f"gs://bucket/{_index(v)}.png"}}
     return {"inlineData": {"mimeType": "application/pdf", "data": b64(PDF[_index(v) % 4])}}
@@ -130,13 +133,27 @@ def _bedrock_part(kind: str, v: Any) -> dict:
     return {"document": {"format": "pdf", "name": "doc", "source": {"bytes": b64(PDF[_index(v) % 4])}}}
 
 
-_PARTS = {"openai-chat": _chat_part, "openai-responses": _responses_part, "anthropic": _anthropic_part, "gemini": _gemini_part, "bedrock-converse": _bedrock_part}
+_PARTS = {
+    "openai-chat": _chat_part,
+    "openai-responses": _responses_part,
+    "anthropic": _anthropic_part,
+    "gemini": _gemini_part,
+    "bedrock-converse": _bedrock_part,
+}
 _WRAP = {
-    "openai-chat": lambda i, role, tool, parts: {"role": "tool", "tool_call_id": f"c{i}", "content": parts} if tool else {"role": role, "content": parts},
-    "openai-responses": lambda i, role, tool, parts: {"type": "function_call_output", "call_id": f"c{i}", "output": parts} if tool else {"role": role, "content": parts},
-    "anthropic": lambda i, role, tool, parts: {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"t{i}", "content": parts, "is_error": False}]} if tool else {"role": role, "content": parts},
-    "gemini": lambda i, role, tool, parts: {"role": "user", "parts": [{"functionResponse": {"name": "screenshot", "response": {"ok": True}, "parts": parts}}]} if tool else {"role": "user" if role == "user" else "model", "parts": parts},
-    "bedrock-converse": lambda i, role, tool, parts: {"role": "user", "content": [{"toolResult": {"toolUseId": f"t{i}", "content": parts, "status": "success"}}]} if tool else {"role": role, "content": parts},
+    "openai-chat": lambda i, role, tool, parts: (
+        {"role": "tool", "tool_call_id": f"c{i}", "content": parts} if tool else {"role": role, "content": parts}),
+    "openai-responses": lambda i, role, tool, parts: (
+        {"type": "function_call_output", "call_id": f"c{i}", "output": parts} if tool else {"role": role, "content": parts}),
+    "anthropic": lambda i, role, tool, parts: (
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"t{i}", "content": parts, "is_error": False}]}
+        if tool else {"role": role, "content": parts}),
+    "gemini": lambda i, role, tool, parts: (
+        {"role": "user", "parts": [{"functionResponse": {"name": "screenshot", "response": {"ok": True}, "parts": parts}}]}
+        if tool else {"role": "user" if role == "user" else "model", "parts": parts}),
+    "bedrock-converse": lambda i, role, tool, parts: (
+        {"role": "user", "content": [{"toolResult": {"toolUseId": f"t{i}", "content": parts, "status": "success"}}]}
+        if tool else {"role": role, "content": parts}),
 }
 
 
