@@ -15,7 +15,7 @@ from mitmproxy.tools.main import process_options
 from trimflow import _run
 from trimflow._run import SCRIPT, command, mitmdump_binary
 
-DEFAULTS = ["--listen-host", "127.0.0.1", "--listen-port", "8080"]
+DEFAULTS = ["--set", "listen_host=127.0.0.1", "--set", "listen_port=8080"]
 
 
 def test_the_binary_is_this_environments_mitmdump() -> None:
@@ -31,16 +31,12 @@ def test_no_arguments_listen_on_loopback_8080_with_trimflows_script() -> None:
 @pytest.mark.parametrize(
     ("args", "defaults"),
     [
-        (["-p", "9000"], ["--listen-host", "127.0.0.1"]),
-        (["--listen-port", "9000"], ["--listen-host", "127.0.0.1"]),
-        (["--listen-port=9000"], ["--listen-host", "127.0.0.1"]),
-        (["--listen-host", "0.0.0.0"], ["--listen-port", "8080"]),
-        (["--listen-host=::1"], ["--listen-port", "8080"]),
-        (["--listen-host", "0.0.0.0", "-p", "9000"], []),
-        (["--mode", "reverse:http://127.0.0.1:5000", "-q"], DEFAULTS),
+        (["--mode", "reverse:http://127.0.0.1:5000", "-q", "-p", "9000"], DEFAULTS),  # the flag wins over --set
+        (["--set", "listen_port=9000"], ["--set", "listen_host=127.0.0.1"]),
+        (["--set=listen_host=::1", "--set", "trimflow_mode=observe"], ["--set", "listen_port=8080"]),
     ],
 )
-def test_a_listen_flag_given_replaces_its_default_and_every_argument_follows(args: list[str], defaults: list[str]) -> None:
+def test_every_argument_follows_the_defaults_and_a_set_replaces_its_default(args: list[str], defaults: list[str]) -> None:
     assert command(args) == [mitmdump_binary(), *defaults, "-s", str(SCRIPT), *args]
 
 
@@ -65,10 +61,10 @@ def as_mitmdump_reads(args: list[str]) -> tuple[str, int]:
         (["-p9001"], ("127.0.0.1", 9001)),  # a form command() does not see: the user's value comes last and wins
         (["--listen-port=9002"], ("127.0.0.1", 9002)),
         (["--listen-host", "::1", "-p", "9003"], ("::1", 9003)),
-        pytest.param(["--set", "listen_port=9004"], ("127.0.0.1", 9004), marks=pytest.mark.xfail(
-            strict=True, reason="mitmdump applies --listen-port after --set: the default 8080 wins")),
-        pytest.param(["--set", "listen_host=::1"], ("::1", 8080), marks=pytest.mark.xfail(
-            strict=True, reason="mitmdump applies --listen-host after --set: the default 127.0.0.1 wins")),
+        (["--set", "listen_port=9004"], ("127.0.0.1", 9004)),
+        (["--set", "listen_host=::1"], ("::1", 8080)),
+        (["--set", "listen_port=9005", "-p", "9006"], ("127.0.0.1", 9006)),  # mitmdump's own order: the flag wins
+        (["--set=listen_port=9007"], ("127.0.0.1", 9007)),
     ],
 )
 async def test_mitmdump_listens_where_the_user_said(args: list[str], where: tuple[str, int]) -> None:

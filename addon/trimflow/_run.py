@@ -1,18 +1,21 @@
 """`python -m trimflow run [MITMDUMP ARGS...]`: mitmdump with trimflow's addons on 127.0.0.1:8080.
 
-Arguments go to mitmdump; a --listen-host or --listen-port given there wins over the default.
+Arguments go to mitmdump after the defaults, so a listen address given there, as a flag or with
+--set, wins over them.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import sys
 from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parent / "proxy" / "mitmdump_script.py"
-# flag -> (its other spellings, the default): each is added unless the arguments set it
-DEFAULT_LISTEN = {"--listen-host": ((), "127.0.0.1"), "--listen-port": (("-p",), "8080")}
+# Given as --set, not as flags: mitmdump applies --listen-host/-p after every --set, so the user's flag
+# wins over these; a --set of the same option twice is an error, so one the user gives replaces ours.
+DEFAULTS = {"listen_host": "127.0.0.1", "listen_port": "8080"}
 
 
 def mitmdump_binary() -> str | None:
@@ -25,11 +28,10 @@ def command(args: list[str]) -> list[str] | None:
     binary = mitmdump_binary()
     if binary is None:
         return None
-    listen: list[str] = []
-    for flag, (aliases, default) in DEFAULT_LISTEN.items():
-        if not any(a == name or a.startswith(f"{name}=") for a in args for name in (flag, *aliases)):
-            listen += [flag, default]
-    return [binary, *listen, "-s", str(SCRIPT), *args]
+    given = {value.partition("=")[0] for flag, value in itertools.pairwise(args) if flag == "--set"}
+    given |= {a.removeprefix("--set=").partition("=")[0] for a in args if a.startswith("--set=")}
+    defaults = [item for name, value in DEFAULTS.items() if name not in given for item in ("--set", f"{name}={value}")]
+    return [binary, *defaults, "-s", str(SCRIPT), *args]
 
 
 def main(argv: list[str] | None = None) -> int:
