@@ -781,11 +781,11 @@ def streaming_figures(addon: Proxy, plain_stream: Proxy, bodies: Bodies, setting
     ]
 
 
-# --- shrink (issue 6) --------------------------------------------------------------------------------------
+# --- shrink -------------------------------------------------------------------------------------------------
 
 
 def shrink_figures(settings: Settings) -> list[Figure]:
-    """tests.shrink_bench's figures (issue 6, built separately), or a row saying they are not available."""
+    """tests.shrink_bench's figures (measured by a module of their own), or a row saying they are not available."""
     if importlib.util.find_spec(SHRINK_MODULE) is None:
         return [Figure("shrink", "shrink: not available", None, "", note=f"{SHRINK_MODULE} does not exist in this checkout")]
     try:

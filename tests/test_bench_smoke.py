@@ -18,7 +18,7 @@ pytestmark = pytest.mark.e2e  # starts real mitmdump processes
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# The figures issue 7 asks for; a figure with a target must also say whether it was met.
+# The figures docs/performance.md reports; a figure with a target must also say whether it was met.
 TARGETED = [
     "engine_prune_vs_floor",
     "engine_nochange_vs_loads",

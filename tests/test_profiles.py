@@ -31,7 +31,7 @@ from .helpers import ROOT, TrimflowAddons, requested
 PROFILES = load_profiles()
 PNG = image(16, 16, "PNG", seed=1)  # a real, tiny image
 
-# The error texts users hit, verbatim from ../shared/reference/providers.md ("Error texts users hit").
+# The error texts users hit, verbatim from docs/providers.md ("Error texts users hit").
 # Each shipped profile must reproduce its text exactly when fed a request with the same numbers.
 PROVIDER_TEXTS = {
     "anthropic-413": '{"type":"error","error":{"type":"request_too_large","message":"Request exceeds the maximum size"}}',

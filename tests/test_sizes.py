@@ -89,7 +89,7 @@ def test_parse_size_rejects_other_types(value):
         (512, "512B"),
         (1023, "1023B"),
         (1024, "1KB"),
-        (685_000, "669KB"),  # a 502 KB WebP screenshot as base64 (seed 000)
+        (685_000, "669KB"),  # a 502 KB WebP screenshot as base64
         (1023 * KiB, "1023KB"),
         (MiB - 100, "1.0MB"),  # would round to 1024KB
         (MiB, "1.0MB"),

@@ -2,7 +2,7 @@
 
 Estimates, not bills: the true figure comes back in the response's usage. Every formula rounds up,
 because these numbers decide what to prune and under-counting is the costlier mistake.
-Sources are named per function; see also ../shared/reference/providers.md ("Image tokens").
+Sources are named per function; see also docs/providers.md ("Image tokens").
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 FakeProvider, with trimflow_simulate playing the provider, checked against the FakeProvider enforcing the same
 profile itself. The first failing turn must be the one the provider would fail at; pruning must prevent it.
 
-Seed 000 (../shared/seeds/000_*.txt): a ~500 KB WebP screenshot per turn (~669 KB of base64) re-sent with the
-whole history to /v2/chat/completions behind axum's 2 MiB body limit.
+The screenshot backend (rules/examples/screenshot-backend-2mb.yaml, docs/reproducing.md): a desktop assistant
+sends a ~500 KB WebP screenshot per turn (~669 KB of base64), re-sent with the whole history to a self-hosted
+/v2/chat/completions behind axum's 2 MiB body limit.
 """
 
 from __future__ import annotations
@@ -28,14 +29,14 @@ pytestmark = pytest.mark.e2e
 PROFILES = load_profiles()
 AXUM_LIMIT = 2 * 1024 * 1024  # axum's default body limit, 2,097,152 bytes
 AXUM_TEXT = "Failed to buffer the request body: length limit exceeded"
-SEED000_RULES = ROOT / "rules" / "examples" / "screenshot-backend-2mb.yaml"
-V2 = "/v2/chat/completions"  # seed 000's backend path, which the example rules match
+BACKEND_RULES = ROOT / "rules" / "examples" / "screenshot-backend-2mb.yaml"
+V2 = "/v2/chat/completions"  # the backend's path, which the example rules match
 
-# Seed 000's screenshot: ~500 KB of WebP, ~669 KB (~687,000 bytes) of base64. Three of them weigh about
-# 2,061,000 bytes with the synthetic session's one-line prompts: ~36 KB *under* 2 MiB. The seed's agent also
+# The backend's screenshot: ~500 KB of WebP, ~669 KB (~687,000 bytes) of base64. Three of them weigh about
+# 2,061,000 bytes with the synthetic session's one-line prompts: ~36 KB *under* 2 MiB. The agent also
 # re-sends its instructions and tool definitions every turn; a 128 KB system prompt stands in for them, and
-# turn 3 then breaks the limit as the seed reports (by ~95 KB: image sizes may vary a little by encoder).
-SEED000 = Session("openai-chat", 500, system_kb=128)
+# turn 3 then breaks the limit as the backend's users saw (by ~95 KB: image sizes may vary a little by encoder).
+BACKEND = Session("openai-chat", 500, system_kb=128)
 SCREENSHOTS_ONLY = Session("openai-chat", 500)
 # 30 turns of 500 KB screenshots is ~320 MB through the proxy and 30 images to draw: too slow for a shared
 # test machine (the README has that run, measured). 190 KB screenshots break 2 MiB at turn 8 (turn 7 is 5.6%
@@ -60,11 +61,11 @@ def upstream(provider: FakeProvider) -> Iterator[FakeProvider]:
     provider.clear()  # the shared provider keeps every body it got; some of these are megabytes
 
 
-def test_seed000_observe_with_axum_2mb_fails_at_turn_3_like_the_backend(tmp_path: Path, upstream: FakeProvider) -> None:
+def test_screenshot_backend_observe_with_axum_2mb_fails_at_turn_3_like_the_backend(tmp_path: Path, upstream: FakeProvider) -> None:
     proxy = start_proxy(tmp_path, "--mode", f"reverse:{upstream.url}", rules=None,
                         trimflow_mode="observe", trimflow_simulate="axum-2mb")
     try:
-        rows = list(replay(proxy.url, SEED000, 4, path=V2))
+        rows = list(replay(proxy.url, BACKEND, 4, path=V2))
     finally:
         proxy.mitm.stop()
 
@@ -82,21 +83,21 @@ def test_seed000_observe_with_axum_2mb_fails_at_turn_3_like_the_backend(tmp_path
     assert all(r["mode"] == "observe" and r["pruned"] == 0 for r in records)
 
     # The provider itself, enforcing the same profile, fails the same bodies at the same turn.
-    provider_rows = direct("axum-2mb", SEED000, 4, V2)
+    provider_rows = direct("axum-2mb", BACKEND, 4, V2)
     assert first_failure(provider_rows) == 3
     assert [(r.sent_bytes, r.status, r.error) for r in provider_rows] == [(r.sent_bytes, r.status, r.error) for r in rows]
 
 
-def test_seed000_screenshots_alone_are_just_under_2mib_at_turn_3() -> None:
-    """The seed's own arithmetic, kept honest: 3 x ~687,000 bytes of base64 is ~2.06 MB, under 2 MiB."""
+def test_screenshot_backend_screenshots_alone_are_just_under_2mib_at_turn_3() -> None:
+    """The backend's arithmetic, kept honest: 3 x ~687,000 bytes of base64 is ~2.06 MB, under 2 MiB."""
     rows = direct("axum-2mb", SCREENSHOTS_ONLY, 4, V2)
     assert 2_000_000 < rows[2].sent_bytes <= AXUM_LIMIT < rows[3].sent_bytes
     assert first_failure(rows) == 4
 
 
-def test_seed000_enforce_with_the_example_rules_never_fails_in_30_turns(tmp_path: Path, upstream: FakeProvider) -> None:
+def test_screenshot_backend_enforce_with_the_example_rules_never_fails_in_30_turns(tmp_path: Path, upstream: FakeProvider) -> None:
     assert first_failure(direct("axum-2mb", LONG_SESSION, 8, V2)) == 8  # what happens without trimflow
-    proxy = start_proxy(tmp_path, "--mode", f"reverse:{upstream.url}", rules=SEED000_RULES,
+    proxy = start_proxy(tmp_path, "--mode", f"reverse:{upstream.url}", rules=BACKEND_RULES,
                         trimflow_mode="enforce", trimflow_simulate="axum-2mb")
     try:
         rows = list(replay(proxy.url, LONG_SESSION, 30, path=V2))
