@@ -1,14 +1,13 @@
 """Bounded request-body decoding: every coding mitmproxy re-encodes round-trips, bombs stop at the limit,
 anything else is a clear error that quotes nothing of the body.
 
-The bomb builders here are shared with tests/test_hostile.py and the end-to-end tests.
+The bombs come from tests/bombs.py, which tests/hostile/test_hostile.py and the end-to-end tests use too.
 """
 
 from __future__ import annotations
 
 import gzip
 import os
-import struct
 import zlib
 
 import brotli
@@ -29,8 +28,8 @@ from trimflow._decode import (
     is_identity,
 )
 
-GiB = 1024**3
-MiB = 1024**2
+from .bombs import GiB, MiB, _Crc, deflate_bomb, gzip_bomb, zstd_bomb
+
 # Planted in bodies: no error message may quote it.
 MARKER = b"BODY-MARKER-7f3e"
 # A JSON body of mixed content: incompressible bytes, text, the marker.
@@ -41,64 +40,7 @@ BODY = b'{"model":"m","messages":[{"role":"user","content":"' + MARKER + b" " + 
 OVERSHOOT = max(2 * _OUT_STEP, 16 * _ZSTD_MAX_RATIO)
 
 
-# --- bombs ----------------------------------------------------------------------------------------------------
-
-
-def _zero_block(size: int) -> bytes:
-    """Raw deflate of `size` zeros ending on a full flush: byte-aligned, no back-references out of it,
-    so copies of it concatenate into one valid deflate stream."""
-    c = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS)
-    return c.compress(bytes(size)) + c.flush(zlib.Z_FULL_FLUSH)
-
-
-class _Crc:
-    """CRC-32 as an affine map over GF(2) on the 32-bit state, to get the CRC of gigabytes of zeros by
-    squaring the map of one zero byte instead of hashing them (zlib's crc32_combine, in Python)."""
-
-    def __init__(self, const: int, cols: list[int]) -> None:
-        self.const, self.cols = const, cols
-
-    @classmethod
-    def zeros(cls, n: int) -> _Crc:
-        one = cls(zlib.crc32(b"\0", 0), [zlib.crc32(b"\0", 1 << i) ^ zlib.crc32(b"\0", 0) for i in range(32)])
-        result = cls(0, [1 << i for i in range(32)])  # the identity
-        while n:
-            if n & 1:
-                result = result.then(one)
-            one = one.then(one)
-            n >>= 1
-        return result
-
-    def __call__(self, state: int) -> int:
-        out = self.const
-        for i in range(32):
-            if state >> i & 1:
-                out ^= self.cols[i]
-        return out
-
-    def then(self, other: _Crc) -> _Crc:
-        """Apply self, then other."""
-        return _Crc(other(self.const), [other(c) ^ other.const for c in self.cols])
-
-
-def gzip_bomb(inflated: int, block: int = 16 * MiB) -> bytes:
-    """A valid gzip body of about inflated/1000 bytes that inflates to `inflated` zero bytes (a multiple of `block`)."""
-    assert inflated % block == 0
-    body = _zero_block(block) * (inflated // block) + b"\x03\x00"  # a final empty fixed-Huffman block
-    header = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\xff"
-    return header + body + struct.pack("<II", _Crc.zeros(inflated)(0), inflated & 0xFFFFFFFF)
-
-
-def deflate_bomb(inflated: int, block: int = 16 * MiB) -> bytes:
-    """The same as raw deflate, as `Content-Encoding: deflate` without the zlib header sends it."""
-    return _zero_block(block) * (inflated // block) + b"\x03\x00"
-
-
-def zstd_bomb(inflated: int) -> bytes:
-    """A zstd frame of `inflated` zeros that does not declare its size (as a streaming compressor writes it)."""
-    c = zstandard.ZstdCompressor(level=3, write_content_size=False).compressobj()
-    chunk = bytes(16 * MiB)
-    return b"".join(c.compress(chunk) for _ in range(inflated // len(chunk))) + c.flush()
+# --- the bomb builders -----------------------------------------------------------------------------------
 
 
 def test_the_bomb_builders_make_real_bombs() -> None:
