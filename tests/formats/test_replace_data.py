@@ -11,7 +11,7 @@ from trimflow._imageinfo import sniff_base64
 from trimflow.formats import FORMATS
 from trimflow.testing import b64, image
 
-from .test_formats import CASES
+from .cases import CASES
 
 NEW = b64(image(20, 10, "WEBP", seed=9))
 # How each format declares the type of the new bytes (Ollama declares none).
