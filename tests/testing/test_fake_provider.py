@@ -35,7 +35,7 @@ from trimflow.testing import PATHS, REPLY_TEXT, FakeProvider, Received, count_im
 from trimflow.testing._fake_provider import main, route
 from trimflow.testing._replay import request_path
 
-from .certs import make_server_cert
+from ..certs import make_server_cert
 
 
 def png_bytes(size: int = 64) -> bytes:
