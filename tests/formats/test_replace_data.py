@@ -65,39 +65,3 @@ def test_one_image_replaced_leaves_its_neighbours_alone(fmt: str) -> None:
     dropped = module.replace_media(out, {first.path: "[gone]"})
     assert first.path not in {m.path for m in module.find_media(dropped)} or fmt == "ollama"
     assert b"[gone]" in orjson.dumps(dropped)
-
-
-def test_wire_details_per_format() -> None:
-    """The exact fields each provider reads the type from, and the ones that must survive."""
-    anth = {"messages": [{"role": "user", "content": [
-        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}, "cache_control": {"type": "ephemeral"}},
-    ]}]}
-    out = FORMATS["anthropic"].replace_data(anth, {("messages", 0, "content", 0): (NEW, "image/jpeg")})
-    assert out["messages"][0]["content"][0] == {
-        "type": "image", "source": {"type": "base64", "media_type": "image/jpeg", "data": NEW}, "cache_control": {"type": "ephemeral"},
-    }
-    gem = {"contents": [{"parts": [{"inlineData": {"mimeType": "image/png", "data": "AAAA"}},
-                                   {"inline_data": {"mime_type": "image/png", "data": "AAAA"}}]}]}
-    out = FORMATS["gemini"].replace_data(gem, {("contents", 0, "parts", 0): (NEW, "image/jpeg"), ("contents", 0, "parts", 1): (NEW, "image/jpeg")})
-    assert out["contents"][0]["parts"] == [
-        {"inlineData": {"mimeType": "image/jpeg", "data": NEW}}, {"inline_data": {"mime_type": "image/jpeg", "data": NEW}},
-    ]
-    bed = {"messages": [{"role": "user", "content": [{"image": {"format": "png", "source": {"bytes": "AAAA"}}}]}]}
-    out = FORMATS["bedrock-converse"].replace_data(bed, {("messages", 0, "content", 0): (NEW, "image/jpeg")})
-    assert out["messages"][0]["content"][0] == {"image": {"format": "jpeg", "source": {"bytes": NEW}}}
-    chat = {"messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "data:image/png;name=a.png;base64,AAAA", "detail": "high"}},
-        {"type": "image_url", "image_url": "data:image/png;base64,AAAA"},
-    ]}]}
-    paths = {("messages", 0, "content", 0): (NEW, "image/jpeg"), ("messages", 0, "content", 1): (NEW, "image/jpeg")}
-    out = FORMATS["openai-chat"].replace_data(chat, paths)
-    assert out["messages"][0]["content"] == [
-        {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64," + NEW, "detail": "high"}},
-        {"type": "image_url", "image_url": "data:image/jpeg;base64," + NEW},
-    ]
-    resp = {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:image/png;base64,AAAA", "detail": "low"}]}]}
-    out = FORMATS["openai-responses"].replace_data(resp, {("input", 0, "content", 0): (NEW, "image/jpeg")})
-    assert out["input"][0]["content"][0] == {"type": "input_image", "image_url": "data:image/jpeg;base64," + NEW, "detail": "low"}
-    oll = {"messages": [{"role": "user", "content": "hi", "images": ["AAAA", "BBBB"]}]}
-    out = FORMATS["ollama"].replace_data(oll, {("messages", 0, "images", 1): (NEW, "image/jpeg")})
-    assert out["messages"][0] == {"role": "user", "content": "hi", "images": ["AAAA", NEW]}
