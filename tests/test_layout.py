@@ -1,0 +1,134 @@
+"""The tests mirror the package: addon/trimflow/<sub>/[_]<name>.py is tested in tests/<sub>/test_<name>.py.
+Test modules share code through helper modules (cases.py, helpers.py, bombs.py), never by importing one another,
+and the package never imports from the tests. Read with ast, not by importing anything."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = ROOT / "tests"
+ADDON = ROOT / "addon"
+PACKAGE = ADDON / "trimflow"
+
+# Modules tested through another file instead of one named after them, each with the reason. Keep it short:
+# a module with logic of its own gets its own test file.
+TESTED_ELSEWHERE = {
+    # Three lines that hand mitmdump the package's addons: what can go wrong is how mitmproxy loads it, which
+    # test_loading checks with mitmproxy's own script loader (and the e2e runs start mitmdump with it).
+    "proxy/mitmdump_script.py": "tests/proxy/test_loading.py",
+}
+
+
+def python_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def module_name(path: Path, base: Path) -> str:
+    """The dotted name `path` imports as when `base` is on sys.path (a package's __init__ is the package)."""
+    parts = list(path.relative_to(base).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path, base: Path) -> Iterator[tuple[int, str]]:
+    """(line, absolute dotted name) for every import in `path`; `from m import x` gives m and m.x (x may be a module)."""
+    name = module_name(path, base)
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: up level-1 packages from the module's own
+                up = package[: len(package) - (node.level - 1)]
+                module = ".".join(up + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            yield node.lineno, module
+            for alias in node.names:
+                yield node.lineno, f"{module}.{alias.name}"
+
+
+def is_test_module(dotted: str) -> bool:
+    parts = dotted.split(".")
+    return parts[0] == "tests" and any(part.startswith("test_") for part in parts)
+
+
+def test_the_import_reader_resolves_relative_imports(tmp_path: Path) -> None:
+    """The checks below are only as good as this: every spelling of importing a test module is caught."""
+    (tmp_path / "tests" / "formats").mkdir(parents=True)
+    probe = tmp_path / "tests" / "formats" / "test_probe.py"
+    probe.write_text("from .test_formats import CASES\nfrom . import test_other, cases\nfrom ..test_rules import load\n"
+                     "from .. import helpers\nimport tests.test_engine\nfrom tests.hostile.test_hostile import X\n"
+                     "from tests.formats import test_formats as t\nfrom .cases import PNG\nimport os\n")
+    found = list(imports(probe, tmp_path))
+    assert sorted({name for _, name in found if is_test_module(name)}) == [
+        "tests.formats.test_formats", "tests.formats.test_formats.CASES", "tests.formats.test_other",
+        "tests.hostile.test_hostile", "tests.hostile.test_hostile.X", "tests.test_engine", "tests.test_rules",
+        "tests.test_rules.load",
+    ]
+    assert {name for _, name in found if not is_test_module(name)} == {
+        "tests.formats", "tests.formats.cases", "tests", "tests.helpers", "tests.formats.cases.PNG", "os",
+    }
+
+
+def test_no_module_under_tests_imports_a_test_module() -> None:
+    """Importing a test module runs its module-level code and, with `import *` or a name that starts with
+    test_, collects its tests twice; shared cases belong in a helper module."""
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line}: imports {name}"
+        for path in python_files(TESTS)
+        for line, name in imports(path, ROOT)
+        if is_test_module(name)
+    ]
+    assert offenders == []
+
+
+def test_the_package_never_imports_from_the_tests() -> None:
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line}: imports {name}"
+        for path in python_files(ADDON)
+        for line, name in imports(path, ADDON)
+        if name == "tests" or name.startswith("tests.")
+    ]
+    assert offenders == []
+
+
+def package_modules() -> list[Path]:
+    return [p for p in python_files(PACKAGE) if p.name not in ("__init__.py", "__main__.py")]
+
+
+def mirror(module: Path) -> Path:
+    """tests/<sub>/test_<name>.py for addon/trimflow/<sub>/[_]<name>.py."""
+    relative = module.relative_to(PACKAGE)
+    return TESTS / relative.parent / f"test_{relative.stem.lstrip('_')}.py"
+
+
+def test_every_module_has_a_test_file_named_after_it() -> None:
+    missing = [
+        f"{module.relative_to(ROOT)}: no {mirror(module).relative_to(ROOT)}"
+        for module in package_modules()
+        if not mirror(module).is_file() and module.relative_to(PACKAGE).as_posix() not in TESTED_ELSEWHERE
+    ]
+    assert missing == []
+
+
+@pytest.mark.parametrize(("module", "tested_in"), sorted(TESTED_ELSEWHERE.items()))
+def test_each_module_tested_elsewhere_is_named_where_it_is_tested(module: str, tested_in: str) -> None:
+    """The allow-list stays true: the module exists, has no test file of its own (else drop the entry), and
+    the test file it names exists and names it."""
+    path = PACKAGE / module
+    assert path.is_file(), f"{module} is gone: drop it from TESTED_ELSEWHERE"
+    assert not mirror(path).is_file(), f"{module} has {mirror(path).relative_to(ROOT)}: drop it from TESTED_ELSEWHERE"
+    assert path.stem in (ROOT / tested_in).read_text(encoding="utf-8")
+
+
+def test_every_folder_of_tests_is_a_package() -> None:
+    """The relative imports between tests and their helpers need packages, and so do test files of the same
+    name in two folders (tests/test_metrics.py and tests/proxy/test_metrics.py)."""
+    folders = {path.parent for path in python_files(TESTS)}
+    assert sorted(str(f.relative_to(ROOT)) for f in folders if not (f / "__init__.py").is_file()) == []
