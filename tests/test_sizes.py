@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trimflow._sizes import format_size, parse_size
+from trimflow._sizes import format_size, format_size_change, parse_size
 
 KiB, MiB, GiB, TiB = 1024, 1024**2, 1024**3, 1024**4
 
@@ -109,6 +109,19 @@ def test_parse_size_rejects_other_types(value):
 def test_format_size(n, expected):
     assert format_size(n) == expected
 
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "expected"),
+    [
+        (562 * KiB, 450 * KiB, "562->450 KB"),  # one unit: said once
+        (int(9.4 * MiB), 450 * KiB, "9.4 MB->450 KB"),
+        (800, 600, "800->600 B"),
+        (2 * MiB, 2 * MiB, "2.0->2.0 MB"),
+    ],
+)
+def test_format_size_change(before, after, expected):
+    assert format_size_change(before, after) == expected
 
 _SHORT = re.compile(r"\d+B|\d+KB|\d+(\.\d)?(MB|GB|TB)")
 

@@ -48,18 +48,32 @@ def parse_size(text: str | int | None) -> int | None:
 
 def format_size(n: int) -> str:
     """Short binary figure for logs and placeholders: 512B, 669KB, 9.4MB, 123MB, 1.2GB."""
+    return "".join(_figure(n))
+
+
+def format_size_change(before: int, after: int) -> str:
+    """Two sizes in short form, the unit said once when they share it: "562->450 KB", "9.4 MB->450 KB"."""
+    (first, first_unit), (second, second_unit) = _figure(before), _figure(after)
+    if first_unit == second_unit:
+        return f"{first}->{second} {first_unit}"
+    return f"{first} {first_unit}->{second} {second_unit}"
+
+
+def _figure(n: int) -> tuple[str, str]:
+    """The number and unit of format_size."""
     if n < 0:
-        return "-" + format_size(-n)
+        number, unit = _figure(-n)
+        return "-" + number, unit
     if n < 1024:
-        return f"{n}B"
+        return str(n), "B"
     kb = round(n / 1024)
     if kb < 1024:  # rounding 1023.6 KB up would print "1024KB": fall through to MB instead
-        return f"{kb}KB"
+        return str(kb), "KB"
     value = n / 1024**2
     for unit in ("MB", "GB", "TB"):
         if round(value, 1) < 100:
-            return f"{value:.1f}{unit}"
+            return f"{value:.1f}", unit
         if round(value) < 1024 or unit == "TB":
-            return f"{value:.0f}{unit}"
+            return f"{value:.0f}", unit
         value /= 1024
     raise AssertionError("unreachable")

@@ -20,6 +20,7 @@ from wsproto.frame_protocol import Opcode
 
 from trimflow import proxy
 from trimflow._rules import RulesFile
+from trimflow._sizes import format_size_change
 from trimflow.proxy import prune as prune_module
 from trimflow.testing import PATHS, session_body
 
@@ -88,7 +89,8 @@ async def test_enforce_prunes_and_annotates_the_flow(addon) -> None:
     assert int(flow.request.headers["content-length"]) == len(flow.request.raw_content) < before
     record = flow.metadata["trimflow"]
     assert record["images_before"] == 5 and record["images_after"] == 2 and record["turn"] == 1
-    assert "images 5->2" in flow.comment
+    sizes = format_size_change(record["body_bytes_before"], record["body_bytes_after"])
+    assert flow.comment.startswith(f"5->2 img, {sizes}; trimflow rule defaults, ")  # the figures lead, for the flow list
 
 
 async def test_observe_forwards_untouched_but_records_what_enforce_would_do(addon) -> None:

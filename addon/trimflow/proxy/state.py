@@ -20,6 +20,7 @@ from .._decode import DEFAULT_MAX_DECODED_BYTES
 from .._record import Record
 from .._rules import RulesFile, Target
 from ..formats import openai_responses
+from .comment import flow_comment
 
 log = logging.getLogger("trimflow")
 
@@ -99,9 +100,7 @@ class Flows:
         self.number(record)
         state.record = record
         write(flow, state)
-        flow.comment = (
-            f"trimflow: images {record.images_before}->{record.images_after}, body {record.body_bytes_before}->{record.body_bytes_after} bytes"
-        )
+        flow.comment = flow_comment(record)
 
     def number(self, record: Record) -> None:
         """The record's turn in its conversation."""

@@ -1,0 +1,30 @@
+"""The flow comment mitmweb shows in its flow list: the figures first, in short form, then the rest."""
+
+from __future__ import annotations
+
+from trimflow import Record
+from trimflow.proxy.comment import flow_comment
+
+KiB = 1024
+
+
+def record(**fields) -> Record:
+    base = Record("2026-01-01T00:00:00.000Z", "3f2a", 4, "api.anthropic.com", "/v1/messages", "anthropic", "claude-sonnet-4", "claude", "enforce")
+    for name, value in fields.items():
+        setattr(base, name, value)
+    return base
+
+
+def test_the_figures_lead_then_the_rule_model_turn_and_what_was_done() -> None:
+    pruned = record(images_before=10, images_after=8, body_bytes_before=562 * KiB, body_bytes_after=450 * KiB,
+                    thinned=2, est_tokens_before=120_400, est_tokens_after=98_000)
+    assert flow_comment(pruned) == "10->8 img, 562->450 KB; trimflow rule claude, claude-sonnet-4, conv 3f2a turn 4, 2 thinned, ~120k->98k tok"
+
+
+def test_observe_over_budget_and_untouched_bodies_say_so_after_the_figures() -> None:
+    observed = record(mode="observe", over_budget=True, images_before=3, images_after=3, body_bytes_before=9_856_000,
+                      body_bytes_after=9_856_000, reason="body is not JSON", model=None, conversation=None, rule=None)
+    comment = flow_comment(observed)
+    assert comment.startswith("3->3 img, 9.4->9.4 MB; trimflow rule -, anthropic, ~0->0 tok")
+    assert comment.endswith("observe: forwarded untouched, OVER BUDGET, untouched (body is not JSON)")
+    assert "conv" not in comment
