@@ -24,7 +24,9 @@ PUBLIC = {
         "FakeProvider", "MIME", "PATHS", "REPLY_TEXT", "Received", "Row", "Session", "b64", "count_images", "data_url",
         "estimate_usage", "image", "replay", "screenshot", "session_body",
     ],
-    "trimflow.proxy": ["FLUSH_DELAY", "FlowState", "Flows", "Keys", "META", "Memory", "Metrics", "Prune", "Simulate", "addons", "make_addons"],
+    "trimflow.proxy": [
+        "FLUSH_DELAY", "FlowState", "Flows", "Keys", "META", "Memory", "Metrics", "Options", "Prune", "Simulate", "addons", "make_addons",
+    ],
     "trimflow.errors": [
         "BodyError", "DecodeError", "ExpressionError", "InputError", "ProfilesError", "RulesError", "TrimflowError", "UnknownProfile",
     ],

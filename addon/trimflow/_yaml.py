@@ -5,7 +5,7 @@ from. Anchors and merge keys (`<<: *anchor`) work, an explicit key overrides a m
 twice is an error, and an unknown name gets a did-you-mean hint. Top-level keys starting with "x-" are
 ignored, as in docker compose: a place for anchors that entries share. A reader subclass names the error
 class its file raises (`error_class`, built as error_class(source, line, problem)) and reads the root
-node (`top`).
+node (`top`). `warn` notes what loads but is likely a mistake, as "file:line: problem" in `warnings`.
 """
 
 from __future__ import annotations
@@ -45,10 +45,16 @@ def read_text(path: str | os.PathLike[str], error_class: type[Exception]) -> str
         raise error_class(source, None, f"cannot read: {e.strerror or e}") from None
 
 
+def closest(word: str, choices: Iterable[str]) -> str | None:
+    """The choice closest to `word` (case aside), or None when none is close."""
+    close = difflib.get_close_matches(word.lower(), list(choices), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """"; did you mean 'x'?" for the closest choice, or "" when none is close."""
-    close = difflib.get_close_matches(word.lower(), list(choices), n=1, cutoff=0.6)
-    return f"; did you mean {close[0]!r}?" if close else ""
+    close = closest(word, choices)
+    return f"; did you mean {close!r}?" if close else ""
 
 
 def show(value: Any) -> str:
@@ -84,6 +90,7 @@ class NodeReader(Generic[T]):
     def __init__(self, source: str) -> None:
         self.source = source
         self.loader: yaml.SafeLoader | None = None
+        self.warnings: list[str] = []  # "file:line: problem" for what loads but is likely a mistake
         self._mappings: dict[int, Fields] = {}
 
     def top(self, root: Node | None) -> T:
@@ -93,6 +100,9 @@ class NodeReader(Generic[T]):
     def error(self, node_or_line: Node | int, problem: str) -> Exception:
         line = node_or_line if isinstance(node_or_line, int) else line_of(node_or_line)
         return type(self).error_class(self.source, line, problem)
+
+    def warn(self, node: Node, problem: str) -> None:
+        self.warnings.append(f"{self.source}:{line_of(node)}: {problem}")
 
     def parse(self, text: str) -> T:
         try:

@@ -17,6 +17,7 @@ from .._metrics import MetricsFile
 from .._record import Record
 from .._usage import UsageScanner, input_tokens_of
 from ..formats import streamed_path
+from .options import check_writable, exits_at_startup
 from .state import Flows, write
 
 log = logging.getLogger("trimflow")
@@ -42,12 +43,15 @@ class Metrics:
             "Append one JSON line per finished LLM request to this file (sizes and counts only). Empty: off.",
         )
 
+    @exits_at_startup
     def configure(self, updated: set[str]) -> None:
         if "trimflow_metrics" in updated:
+            path = ctx.options.trimflow_metrics
+            if path:
+                check_writable("trimflow_metrics", path)
             self._flush()  # into the file they were meant for
             if self.file is not None:
                 self.file.close()
-            path = ctx.options.trimflow_metrics
             self.file = MetricsFile(path) if path else None
 
     def done(self) -> None:

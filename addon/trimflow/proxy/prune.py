@@ -20,6 +20,7 @@ from .._decode import OPTION as DECODE_OPTION
 from .._record import Record, utc_timestamp
 from .._rules import DEFAULT_RULES_PATH, RulesError, RulesFile
 from .._sizes import format_size, parse_size
+from .options import exits_at_startup
 from .state import Flows, FlowState, log_reason, path_of
 
 log = logging.getLogger("trimflow")
@@ -49,10 +50,11 @@ class Prune:
             "(a gzip bomb) is forwarded untouched and never inflated in memory. Bytes or k/m/g (binary).",
         )
 
+    @exits_at_startup
     def configure(self, updated: set[str]) -> None:
         if "trimflow_mode" in updated and ctx.options.trimflow_mode not in MODES:
             # mitmproxy lists choices in the help but does not enforce them.
-            raise exceptions.OptionsError(f"trimflow_mode must be one of {', '.join(MODES)}, not {ctx.options.trimflow_mode!r}")
+            raise exceptions.OptionsError(f"trimflow: trimflow_mode must be one of {', '.join(MODES)}, not {ctx.options.trimflow_mode!r}")
         if "trimflow_rules" in updated or self.flows.rules is None:
             try:
                 self.flows.rules = RulesFile(ctx.options.trimflow_rules)

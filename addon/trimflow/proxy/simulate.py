@@ -14,7 +14,8 @@ from collections.abc import Coroutine
 from mitmproxy import ctx, exceptions, http
 
 from .._decode import DecodeError, decode_body
-from .._profiles import DEFAULT_PROFILES_PATH, OFF, Profile, Violation, check_request, select_profile
+from .._profiles import DEFAULT_PROFILES_PATH, OFF, Profile, Violation, check_request, load_profiles, select_profile
+from .options import exits_at_startup
 from .state import Flows, FlowState, path_of, write
 
 log = logging.getLogger("trimflow")
@@ -35,13 +36,16 @@ class Simulate:
         )
         loader.add_option(
             "trimflow_profiles", str, str(DEFAULT_PROFILES_PATH),
-            "YAML file of limit profiles for trimflow_simulate; read when trimflow_simulate is not off.",
+            "YAML file of limit profiles for trimflow_simulate; checked when given, used when trimflow_simulate is not off.",
         )
 
+    @exits_at_startup
     def configure(self, updated: set[str]) -> None:
         if "trimflow_simulate" in updated or "trimflow_profiles" in updated:
             try:
                 self.profile = select_profile(ctx.options.trimflow_simulate, ctx.options.trimflow_profiles)
+                if self.profile is None and ctx.options.trimflow_profiles != str(DEFAULT_PROFILES_PATH):
+                    load_profiles(ctx.options.trimflow_profiles)  # a file given is checked even while simulation is off
             except ValueError as exc:  # ProfilesError (file:line: problem) or UnknownProfile (lists the names)
                 raise exceptions.OptionsError(f"trimflow: {exc}") from None
             if self.profile is not None:
