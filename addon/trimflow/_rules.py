@@ -80,6 +80,102 @@ def _compile(globs: Iterable[str], *, ignore_case: bool) -> re.Pattern[str] | No
     return re.compile("|".join(fnmatch.translate(g) for g in globs), flags)
 
 
+_NOUNS = {"host": "host name", "model": "model name", "path": "URL path"}
+
+
+def regex_warning(glob: str, key: str) -> str | None:
+    """Why the `key` glob ("host", "model" or "path") looks like a regular expression or has a '[' never
+    closed, with the glob to write instead when there is one; None when it reads as a glob."""
+    signs = _regex_signs(glob, key)
+    unclosed = _unclosed_bracket(glob)
+    if not signs:
+        if not unclosed:
+            return None
+        return (f"'{glob}' has a '[' that is never closed, which a glob matches as a literal '['; "
+                "close the set, or write '[[]' for a literal '['")
+    if unclosed:
+        signs.append("has a '[' never closed")
+    instead = _glob_for(glob, key)
+    advice = f"write '{instead}'" if instead else "rewrite it as a glob"
+    # Quoted as written, not repr'd: a backslash shows once, as in the file.
+    return f"'{glob}' looks like a regular expression ({', '.join(signs)}); rules use globs, matched against the whole {_NOUNS[key]}: {advice}"
+
+
+def _regex_signs(glob: str, key: str) -> list[str]:
+    signs = []
+    if glob.startswith("^"):
+        signs.append("starts with ^")
+    if glob.endswith("$"):
+        signs.append("ends with $")
+    if key != "path" and len(glob) > 2 and glob[0] == glob[-1] == "/":
+        signs.append("is wrapped in /.../")
+    for m in re.finditer(r"\.[*+]", glob):
+        before, after = glob[: m.start()], glob[m.end():]
+        if m.group() == ".*" and (
+            (key == "host" and before and (not after or after.startswith(".")))  # a whole label: api.*.com
+            or (key == "model" and before[-1:].isdigit())  # the rest of a version: gpt-4.*
+        ):
+            continue
+        signs.append(f"has {m.group()}")
+        break
+    escape = re.search(r"\\.", glob)
+    if escape:
+        signs.append(f"has {escape.group()}")
+    repeat = re.search(r"[\])]\+|\)[?*]", glob)  # [0-9]+ or (...)?: a glob's [...] is one character, [...]* one then any text
+    if repeat:
+        signs.append(f"has {repeat.group()}")
+    if "|" in glob:
+        signs.append("has |")
+    return signs
+
+
+def _glob_for(regex: str, key: str) -> str | None:
+    """The glob a simple regular expression means (matched whole), or None when it has no glob spelling."""
+    text = regex[1:-1] if key != "path" and len(regex) > 2 and regex[0] == regex[-1] == "/" else regex
+    start, end = text.startswith("^"), text.endswith("$") and not text.endswith("\\$")
+    text = text[1 if start else 0 : -1 if end else None]
+    # An anchor on one side only leaves the other open: ^gpt-4o is gpt-4o*.
+    text = f"{text}*" if start and not end else f"*{text}" if end and not start else text
+
+    def glob_part(m: re.Match[str]) -> str:
+        token = m.group()
+        if token in (".*", ".*?"):
+            return "*"
+        if token in (".+", ".+?"):
+            return "?*"
+        if token.startswith("\\d"):
+            return "[0-9]*" if token[2:] in ("+", "*") else "[0-9]"
+        if token.endswith(("]+", "]*")):
+            return token[:-1] + "*"
+        if token[1].isalnum():  # \w, \s, \b: no glob spelling
+            return token
+        return token[1]  # an escaped character is itself: \. is a dot
+
+    text = re.sub(r"\.[*+]\??|\\d[+*]?|\\.|\[[^\]]*\][+*]", glob_part, text)
+    if re.search(r"[\\^$()|+{}]", text):
+        return None
+    return re.sub(r"\*{2,}", "*", text) or "*"
+
+
+def _unclosed_bracket(glob: str) -> bool:
+    """A '[' that fnmatch finds no ']' for, read as fnmatch reads a set: it matches that '[' literally."""
+    i, n = 0, len(glob)
+    while i < n:
+        if glob[i] == "[":
+            j = i + 1
+            if j < n and glob[j] == "!":
+                j += 1
+            if j < n and glob[j] == "]":
+                j += 1
+            while j < n and glob[j] != "]":
+                j += 1
+            if j >= n:
+                return True
+            i = j
+        i += 1
+    return False
+
+
 def _bare_host(host: str) -> str:
     """Host without port, IPv6 brackets or trailing dot: "API.x.com:443" -> "API.x.com"."""
     if host.startswith("["):
@@ -176,6 +272,8 @@ class Rules:
     rules: tuple[Rule, ...]
     endpoints: tuple[Endpoint, ...]
     detect_by_shape: bool = True
+    # "file:line: problem" for each pattern that loads but likely never matches as meant (logged at load).
+    warnings: tuple[str, ...] = field(default=(), compare=False)
     # Each rule with its fields already merged over the defaults, so a lookup only matches.
     _table: tuple[tuple[Rule, Limits], ...] = field(init=False, repr=False, compare=False, default=())
 
@@ -288,8 +386,12 @@ def load_rules(path: str | os.PathLike[str]) -> Rules:
 
 
 def parse_rules(text: str, source: str = "<string>") -> Rules:
-    """Parse rules from YAML text; `source` names the file in error messages."""
-    return _RulesReader(source).parse(text)
+    """Parse rules from YAML text; `source` names the file in error messages. Each of the rules'
+    `warnings` is logged once, here."""
+    rules = _RulesReader(source).parse(text)
+    for warning in rules.warnings:
+        log.warning("trimflow: %s", warning)
+    return rules
 
 
 class RulesFile:
@@ -380,7 +482,7 @@ class _RulesReader(NodeReader[Rules]):
                 raise self.error(node, "no endpoints and detect_by_shape: false: "
                                        "no request would ever be trimmed")
 
-        return Rules(self.source, defaults, tuple(rules), endpoints, detect)
+        return Rules(self.source, defaults, tuple(rules), endpoints, detect, tuple(self.warnings))
 
     def limit_fields(self, fields: Mapping[str, tuple[Node, Node]]) -> dict[str, Any]:
         return {k: self.limit_value(k, v) for k, (_, v) in fields.items() if k in LIMIT_FIELDS}
@@ -461,10 +563,10 @@ class _RulesReader(NodeReader[Rules]):
             match = self.mapping(fields["match"][1], f"match of {what}")
             self.reject_unknown(match, _MATCH_KEYS, f"match of {what}", noun="key")
             for key, (_, vnode) in match.items():
-                globs[key] = self.globs(vnode, f"match.{key} of {what}")
+                globs[key] = self.globs(vnode, key, f"match.{key} of {what}")
         return Rule(name, overrides=self.limit_fields(fields), line=line_of(node), **globs)
 
-    def globs(self, node: Node, what: str) -> tuple[str, ...]:
+    def globs(self, node: Node, key: str, what: str) -> tuple[str, ...]:
         if isinstance(node, SequenceNode):
             items = list(node.value)
             if not items:
@@ -480,8 +582,19 @@ class _RulesReader(NodeReader[Rules]):
                                        f"got {self.describe(item)}")
             if not value:
                 raise self.error(item, f"{what} has an empty glob; use \"*\" to match anything")
+            self.check_glob(item, value, key, what)
             out.append(value)
         return tuple(out)
+
+    def check_glob(self, node: Node, glob: str, key: str, what: str) -> None:
+        """A glob that cannot compile is an error; one that looks like a regular expression, a warning."""
+        try:
+            _compile([glob], ignore_case=False)
+        except re.error as e:
+            raise self.error(node, f"{what} {glob!r} is not a valid glob ({e})") from None
+        warning = regex_warning(glob, key)
+        if warning is not None:
+            self.warn(node, f"{what} {warning}")
 
     def endpoint(self, node: Node) -> Endpoint:
         fields = self.mapping(node, "an endpoint")
@@ -496,6 +609,8 @@ class _RulesReader(NodeReader[Rules]):
             if not isinstance(value, str) or not value:
                 raise self.error(vnode, f"endpoint {key} must be non-empty text, got {self.describe(vnode)}")
             values[key] = value
+            if key in ("host", "path"):
+                self.check_glob(vnode, value, key, f"endpoint {key}")
         if values["format"] not in FORMAT_NAMES:
             fmt_node = fields["format"][1]
             fmt = values["format"]
