@@ -1,40 +1,72 @@
-"""trimflow._conversation: conversation_key tells conversations apart without the client's address, and
-TurnCounter numbers their turns.
+"""trimflow._conversation: conversations told apart by their history (or a session id), turns and segments
+numbered by Conversations, token counts and warm-ups that are not turns, and memory that stays bounded.
 
-The key is checked as the engine makes it (each format's conversation anchor of a whole-history body),
-and directly for what it reads from headers and body fields.
+Histories are digested as the engine digests them (Outcome.history of a real prune run) and numbered by a
+Conversations, as the proxy's Flows and the audit's Reader number them.
 """
 
 from __future__ import annotations
 
+import copy
+import json
 import re
+import tracemalloc
+from typing import Any
 
 import orjson
 import pytest
 
-from trimflow import prune_request
-from trimflow._conversation import SESSION_HEADERS, TurnCounter, conversation_key
-from trimflow.formats import FORMATS
-from trimflow.testing import image, session_body
+from trimflow import OBSERVE, prune_request
+from trimflow._conversation import (
+    COUNT_TOKENS,
+    MAX_SEGMENTS,
+    SESSION_HEADERS,
+    TURN,
+    WARMUP,
+    Conversations,
+    History,
+    response_id_of,
+    session_key,
+)
+from trimflow.formats import FORMATS, counted_turn_path, openai_responses
+from trimflow.testing import PATHS, b64, image, session_body
 
-from .helpers import rules_with, url_for
+from .helpers import rules_with
 
 SHOT = image(24, 16, "PNG", seed=4)
 ALL_FORMATS = sorted(FORMATS)
+HOST = "api.example.test"
 # Texts of every synthetic session (trimflow.testing), in every format.
 SYSTEM = "You are a desktop assistant."
 FIRST_QUESTION = "Turn 1: here is my screen. What should I click next?"
 
 
-def key_of(body: dict, fmt: str, headers: dict[str, str] | None = None, host: str = "api.example.test") -> str:
-    """The conversation the engine names for this request."""
-    record = prune_request(url_for(fmt, host), headers or {}, orjson.dumps(body), rules_with()).record
-    assert record is not None and record.conversation is not None
-    return record.conversation
-
-
 def session(fmt: str, turns: int) -> dict:
     return session_body(fmt, turns, SHOT, "image/png")
+
+
+def run(body: dict | bytes, fmt: str, headers: dict[str, str] | None = None, host: str = HOST, path: str | None = None, **limits):
+    """The engine's outcome for one request, as the proxy runs it."""
+    raw = body if isinstance(body, bytes) else orjson.dumps(body)
+    return prune_request(f"https://{host}{path or PATHS[fmt]}", headers or {}, raw, rules_with(**limits))
+
+
+def history(body: dict | bytes, fmt: str, **kwargs) -> History:
+    outcome = run(body, fmt, **kwargs)
+    assert outcome.history is not None
+    return outcome.history
+
+
+def numbered(conversations: Conversations, body: dict | bytes, fmt: str, **kwargs) -> tuple[str | None, int | None, int | None]:
+    outcome = run(body, fmt, **kwargs)
+    assert outcome.record is not None and outcome.history is not None
+    a = conversations.assign(outcome.history, outcome.record.kind)
+    return a.conversation, a.turn, a.segment
+
+
+def numbering(requests: list[tuple[dict, str]], **kwargs) -> list[tuple[str | None, int | None, int | None]]:
+    conversations = Conversations(salt=b"")
+    return [numbered(conversations, body, fmt, **kwargs) for body, fmt in requests]
 
 
 def replaced(body: dict, old: str, new: str) -> dict:
@@ -44,77 +76,210 @@ def replaced(body: dict, old: str, new: str) -> dict:
     return orjson.loads(text.replace(old, new))
 
 
-# The first turn's head differs from the later turns' where the anchor takes the first two items and the
-# first turn has only one: the Responses input, and a chat or Ollama history without a system message.
-_TURN_ONE_SPLITS = pytest.mark.xfail(strict=True, reason="the anchor's first two items are not all there on turn 1")
+def without_system(body: dict, fmt: str) -> dict:
+    body = copy.deepcopy(body)
+    if "messages" in body and fmt in ("openai-chat", "ollama"):
+        body["messages"] = [m for m in body["messages"] if m.get("role") != "system"]
+    for key in ("system", "systemInstruction", "instructions"):
+        body.pop(key, None)
+    assert SYSTEM not in orjson.dumps(body).decode()
+    return body
 
 
-@pytest.mark.parametrize("fmt", [pytest.param(f, marks=_TURN_ONE_SPLITS) if f == "openai-responses" else f for f in ALL_FORMATS])
-def test_every_turn_of_one_session_has_the_same_key(fmt: str) -> None:
-    keys = {key_of(session(fmt, turns), fmt) for turns in range(1, 7)}
-    assert len(keys) == 1, keys
+def one_conversation(numbers: list[tuple[str | None, int | None, int | None]], turns: int) -> str:
+    """The id of the one conversation `numbers` all fall in, checked to be turns 1..turns of segment 1."""
+    assert [(turn, segment) for _, turn, segment in numbers] == [(t, 1) for t in range(1, turns + 1)], numbers
+    (conversation,) = {c for c, _, _ in numbers}
+    assert conversation is not None
+    return conversation
+
+
+# --- one conversation, whatever the format ------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("fmt", ALL_FORMATS)
-def test_turns_after_the_first_share_the_key(fmt: str) -> None:
-    keys = {key_of(session(fmt, turns), fmt) for turns in range(2, 7)}
-    assert len(keys) == 1, keys
+def test_every_turn_of_one_session_is_one_conversation_numbered_from_one(fmt: str) -> None:
+    one_conversation(numbering([(session(fmt, n), fmt) for n in range(1, 7)]), 6)
 
 
-@pytest.mark.parametrize("fmt", [pytest.param(f, marks=_TURN_ONE_SPLITS) for f in ("openai-chat", "ollama")])
-def test_a_history_without_a_system_message_keeps_its_key_from_turn_one(fmt: str) -> None:
-    def without_system(turns: int) -> dict:
-        body = session(fmt, turns)
-        body["messages"] = [m for m in body["messages"] if m.get("role") != "system"]
-        return body
+@pytest.mark.parametrize("fmt", ALL_FORMATS)
+def test_a_history_without_a_system_message_is_one_conversation_from_turn_one(fmt: str) -> None:
+    one_conversation(numbering([(without_system(session(fmt, n), fmt), fmt) for n in range(1, 7)]), 6)
 
-    assert key_of(without_system(1), fmt) == key_of(without_system(2), fmt)
+
+@pytest.mark.parametrize("fmt", ALL_FORMATS)
+def test_two_identical_runs_back_to_back_are_two_conversations(fmt: str) -> None:
+    numbers = numbering([(session(fmt, n), fmt) for _ in range(2) for n in range(1, 5)])
+    first, second = one_conversation(numbers[:4], 4), one_conversation(numbers[4:], 4)
+    assert first != second
+
+
+def test_a_rerun_is_told_apart_even_when_it_repeats_the_last_request_of_the_run_before() -> None:
+    # The second run's third turn is the first run's last request again, byte for byte: a shorter history
+    # of the second run (its second turn) is the better match, so it stays in its own run.
+    numbers = numbering([(session("anthropic", n), "anthropic") for _ in range(2) for n in range(1, 4)])
+    assert [t for _, t, _ in numbers] == [1, 2, 3, 1, 2, 3] and len({c for c, _, _ in numbers}) == 2
+
+
+def test_a_retry_of_the_same_request_goes_on_in_its_conversation() -> None:
+    body = session("openai-chat", 3)
+    numbers = numbering([(session("openai-chat", 2), "openai-chat"), (body, "openai-chat"), (body, "openai-chat")])
+    one_conversation(numbers, 3)
+
+
+@pytest.mark.parametrize("fmt", ALL_FORMATS)
+def test_an_edited_earlier_message_is_a_new_conversation(fmt: str) -> None:
+    edited = replaced(session(fmt, 4), FIRST_QUESTION, "Turn 1: open the terminal, please.")
+    numbers = numbering([(session(fmt, 3), fmt), (edited, fmt)])
+    assert [t for _, t, _ in numbers] == [1, 1] and numbers[0][0] != numbers[1][0]
+
+
+def test_a_fork_from_an_earlier_turn_is_a_new_conversation() -> None:
+    later = session("anthropic", 3)
+    fork = replaced(session("anthropic", 3), "Turn 3: here is my screen.", "Turn 3: something else entirely.")
+    numbers = numbering([(session("anthropic", 2), "anthropic"), (later, "anthropic"), (fork, "anthropic")])
+    assert [t for _, t, _ in numbers] == [1, 2, 1] and numbers[2][0] not in (numbers[0][0], None)
 
 
 @pytest.mark.parametrize("fmt", ALL_FORMATS)
 def test_a_different_system_prompt_is_a_different_conversation(fmt: str) -> None:
     body = session(fmt, 3)
-    assert key_of(replaced(body, SYSTEM, "You are a code reviewer."), fmt) != key_of(body, fmt)
+    numbers = numbering([(body, fmt), (replaced(body, SYSTEM, "You are a code reviewer."), fmt)])
+    assert [t for _, t, _ in numbers] == [1, 1] and numbers[0][0] != numbers[1][0]
+
+
+def test_the_same_history_sent_to_another_host_is_another_conversation() -> None:
+    conversations = Conversations(salt=b"")
+    a = numbered(conversations, session("anthropic", 2), "anthropic", host="a.example.test")
+    b = numbered(conversations, session("anthropic", 3), "anthropic", host="b.example.test")
+    assert (a[1], b[1]) == (1, 1) and a[0] != b[0]
+
+
+def test_interleaved_conversations_each_keep_their_turns() -> None:
+    requests = []
+    for n in range(1, 4):
+        requests += [(session("anthropic", n), "anthropic"), (session("gemini", n), "gemini"), (session("openai-chat", n), "openai-chat")]
+    numbers = numbering(requests)
+    for start in range(3):
+        one_conversation(numbers[start::3], 3)
+
+
+# --- what a digest leaves out -------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("fmt", ALL_FORMATS)
-def test_a_different_first_message_is_a_different_conversation(fmt: str) -> None:
-    body = session(fmt, 3)
-    other = replaced(body, FIRST_QUESTION, "Turn 1: open the terminal, please.")
-    assert key_of(other, fmt) != key_of(body, fmt)
+@pytest.mark.parametrize("limits", [{"max_images": 2}, {"max_images": 8, "dedupe": True}, {"max_images": 8, "max_image_side": 12}],
+                         ids=["pruned", "repeats", "shrunk"])
+def test_a_body_trimflow_rewrote_digests_as_the_client_sent_it(fmt: str, limits: dict) -> None:
+    # A recording made behind trimflow holds what it forwarded: the audit must number it as the proxy did.
+    body = session(fmt, 5)
+    outcome = run(body, fmt, **limits)
+    assert outcome.record is not None and outcome.body != orjson.dumps(body)  # really rewritten
+    sent, forwarded = history(body, fmt), history(outcome.body, fmt)
+    assert (forwarded.head, forwarded.messages, forwarded.origin) == (sent.head, sent.messages, sent.origin)
 
 
-@pytest.mark.parametrize("fmt", ALL_FORMATS)
-def test_a_later_message_does_not_change_the_key(fmt: str) -> None:
-    body = session(fmt, 4)
-    later = replaced(body, "Turn 4: here is my screen.", "Turn 4: and now this screen.")
-    assert key_of(later, fmt) == key_of(body, fmt)
+def test_a_session_recorded_behind_trimflow_is_one_conversation() -> None:
+    forwarded = [run(session("ollama", n), "ollama", max_images=2).body for n in range(1, 7)]
+    one_conversation(numbering([(body, "ollama") for body in forwarded]), 6)
 
 
-def test_the_same_head_sent_to_another_host_is_another_conversation() -> None:
-    body = session("anthropic", 3)
-    assert key_of(body, "anthropic", host="a.example.test") != key_of(body, "anthropic", host="b.example.test")
+def test_moving_cache_breakpoints_keep_the_conversation() -> None:
+    # Agents mark the newest message for the prompt cache on every turn: the mark moves, the history stays.
+    def anthropic(turns: int) -> dict:
+        body = session("anthropic", turns)
+        body["messages"][-1]["content"][-1]["cache_control"] = {"type": "ephemeral"}
+        body["system"] = [{"type": "text", "text": SYSTEM, "cache_control": {"type": "ephemeral"}}]
+        return body
+
+    def bedrock(turns: int) -> dict:
+        body = session("bedrock-converse", turns)
+        body["messages"][-1]["content"].append({"cachePoint": {"type": "default"}})
+        return body
+
+    one_conversation(numbering([(anthropic(n), "anthropic") for n in range(1, 5)]), 4)
+    one_conversation(numbering([(bedrock(n), "bedrock-converse") for n in range(1, 5)]), 4)
+
+
+@pytest.mark.parametrize("tail", ["B" * 5000, "\n".join(["line"] * 1200), "caf\u00e9 " * 1200], ids=["plain", "escapes", "non-ascii"])
+def test_a_long_string_digests_alike_in_a_small_body_and_in_a_skeleton(tail: str) -> None:
+    # A small body is parsed whole; a larger one as a skeleton that leaves long strings in the bytes. The same
+    # message must digest alike either way, or a conversation would split when its body grows past the line.
+    first = {"role": "user", "content": "A" * 700 + tail}
+    small = {"model": "m", "messages": [first]}
+    large = {"model": "m", "messages": [first, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "C" * 20000}]}
+    assert len(orjson.dumps(small)) < 16384 <= len(orjson.dumps(large))
+    assert history(small, "openai-chat").messages[0] == history(large, "openai-chat").messages[0]
+    one_conversation(numbering([(small, "openai-chat"), (large, "openai-chat")]), 2)
+
+
+def test_a_payload_is_digested_by_its_length_and_ends_not_read_through() -> None:
+    # The cost of a digest does not grow with the payloads: only their length and first and last bytes count.
+    def body(middle: str) -> dict:
+        return {"model": "m", "messages": [{"role": "user", "content": "x" * 2000 + middle + "y" * 2000}, {"role": "user", "content": "z" * 9000}]}
+
+    same_ends = history(body("P" * 20000), "openai-chat"), history(body("Q" * 20000), "openai-chat")
+    assert same_ends[0].messages == same_ends[1].messages
+    assert history(body("P" * 20001), "openai-chat").messages != same_ends[0].messages
+
+
+def test_a_history_orjson_cannot_write_still_gets_stable_digests() -> None:
+    def body(seed: int) -> bytes:  # over 64 bits: orjson refuses it
+        return json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi", "seed": seed}]}).encode()
+
+    assert history(body(2**70), "openai-chat").messages == history(body(2**70), "openai-chat").messages
+    assert history(body(2**71), "openai-chat").messages != history(body(2**70), "openai-chat").messages
+
+
+def test_a_body_that_is_not_json_has_no_history() -> None:
+    outcome = prune_request(f"https://{HOST}{PATHS['anthropic']}", {}, b'{"messages": [oops', rules_with())
+    assert outcome.record is not None and outcome.record.reason and outcome.history is None
+
+
+# --- session ids ---------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("header", SESSION_HEADERS)
 def test_a_session_header_names_the_conversation_whatever_the_body(header: str) -> None:
     one, other = session("anthropic", 2), replaced(session("anthropic", 5), SYSTEM, "You are someone else.")
-    assert key_of(one, "anthropic", {header: "sess-1"}) == key_of(other, "anthropic", {header: "sess-1"})
-    assert key_of(one, "anthropic", {header: "sess-1"}) != key_of(one, "anthropic", {header: "sess-2"})
-    assert key_of(one, "anthropic", {header: "sess-1"}) != key_of(one, "anthropic")  # not the head's key
+    conversations = Conversations(salt=b"")
+    a = numbered(conversations, one, "anthropic", headers={header: "sess-1"})
+    b = numbered(conversations, other, "anthropic", headers={header: "sess-1"})
+    c = numbered(conversations, one, "anthropic", headers={header: "sess-2"})
+    assert a[0] == b[0] == session_key({header: "sess-1"}, {}) != c[0]
+    assert run(one, "anthropic", headers={header: "sess-1"}).record.conversation == a[0]  # the engine's record names it too
 
 
-def test_headers_come_before_body_fields_and_body_fields_before_the_head() -> None:
-    body = {"prompt_cache_key": "cache-7", "metadata": {"user_id": "user_abc_session_1"}, "messages": []}
-    by_header = conversation_key("h", {"session_id": "s-1"}, body, ["head"])
-    assert by_header == conversation_key("h", {"session_id": "s-1"}, {}, ["another head"])
-    by_field = conversation_key("h", {}, body, ["head"])
-    assert by_field != by_header
-    assert by_field == conversation_key("other-host", {}, {"prompt_cache_key": "cache-7"}, ["another head"])
-    by_user = conversation_key("h", {}, {"metadata": body["metadata"]}, ["head"])
-    assert by_user not in (by_field, by_header)
-    assert by_user == conversation_key("h", {}, {"metadata": {"user_id": "user_abc_session_1"}}, ["another head"])
-    assert conversation_key("h", {}, {}, ["head"]) not in (by_header, by_field, by_user)
+def test_a_history_that_restarts_under_one_session_id_is_a_new_segment() -> None:
+    headers = {"x-claude-code-session-id": "sess-9"}
+    bodies = [session("anthropic", 1), session("anthropic", 2), session("anthropic", 3)]
+    cleared = replaced(session("anthropic", 2), FIRST_QUESTION, "After /clear: a new question.")
+    requests = [*bodies, replaced(session("anthropic", 1), FIRST_QUESTION, "After /clear: a new question."), cleared, session("anthropic", 4)]
+    conversations = Conversations(salt=b"")
+    numbers = [numbered(conversations, body, "anthropic", headers=headers) for body in requests]
+    assert len({c for c, _, _ in numbers}) == 1
+    # Turns go on across segments; the first segment goes on where its history is extended again.
+    assert [(t, s) for _, t, s in numbers] == [(1, 1), (2, 1), (3, 1), (4, 2), (5, 2), (6, 1)]
+
+
+def test_segments_remembered_per_session_are_bounded() -> None:
+    conversations = Conversations(salt=b"")
+    headers = {"session_id": "s"}
+    for n in range(MAX_SEGMENTS + 3):
+        body = replaced(session("anthropic", 1), FIRST_QUESTION, f"Question {n}")
+        assert numbered(conversations, body, "anthropic", headers=headers)[2] == n + 1
+    (conversation,) = conversations._conversations.values()
+    assert len(conversation.threads) == MAX_SEGMENTS
+
+
+def test_headers_come_before_body_fields_and_body_fields_before_metadata() -> None:
+    body = {"prompt_cache_key": "cache-7", "metadata": {"user_id": "user_abc_session_1"}}
+    by_header = session_key({"session_id": "s-1"}, body)
+    assert by_header == session_key({"session_id": "s-1"}, {})
+    by_field = session_key({}, body)
+    assert by_field not in (None, by_header) and by_field == session_key({}, {"prompt_cache_key": "cache-7"})
+    by_user = session_key({}, {"metadata": body["metadata"]})
+    assert by_user not in (None, by_field, by_header)
 
 
 @pytest.mark.parametrize(
@@ -127,46 +292,215 @@ def test_headers_come_before_body_fields_and_body_fields_before_the_head() -> No
         ({}, {"metadata": "user_abc"}),
     ],
 )
-def test_empty_or_odd_ids_fall_back_to_the_head(headers: dict, body: dict) -> None:
-    assert conversation_key("h", headers, body, ["head"]) == conversation_key("h", {}, {}, ["head"])
+def test_empty_or_odd_ids_name_nothing(headers: dict, body: dict) -> None:
+    assert session_key(headers, body) is None
 
 
-def test_the_key_is_a_short_hash_that_holds_neither_the_id_nor_the_text() -> None:
-    for key in (
-        conversation_key("h", {"x-session-id": "sess-SECRET-123"}, {}, None),
-        conversation_key("h", {}, {"conversation": "conv-SECRET"}, None),
-        conversation_key("h", {}, {}, ["You are a SECRET assistant"]),
-    ):
-        assert re.fullmatch(r"[0-9a-f]{8}", key), key
+def test_ids_are_short_hashes_that_hold_neither_the_session_id_nor_the_text() -> None:
+    conversations = Conversations()
+    secret = replaced(session("openai-chat", 2), SYSTEM, "You are a SECRET assistant")
+    ids = [
+        session_key({"x-session-id": "sess-SECRET-123"}, {}),
+        session_key({}, {"conversation": "conv-SECRET"}),
+        conversations.assign(history(secret, "openai-chat")).conversation,
+    ]
+    for cid in ids:
+        assert cid is not None and re.fullmatch(r"[0-9a-f]{8}", cid), cid
 
 
-def test_a_head_orjson_cannot_write_still_gets_a_stable_key() -> None:
-    huge = {"seed": 2**70}  # over 64 bits: orjson refuses it
-    assert conversation_key("h", {}, {}, huge) == conversation_key("h", {}, {}, {"seed": 2**70})
-    assert conversation_key("h", {}, {}, huge) != conversation_key("h", {}, {}, {"seed": 2**71})
+def test_the_audit_numbers_alike_on_every_run_and_proxies_apart() -> None:
+    requests = [history(session("gemini", n), "gemini") for n in (1, 2)]
+    audit_ids = [[Conversations(salt=b"").assign(h).conversation for h in requests] for _ in range(2)]
+    assert audit_ids[0] == audit_ids[1]
+    proxy_ids = {Conversations().assign(requests[0]).conversation for _ in range(4)}
+    assert len(proxy_ids) == 4  # each proxy process salts its ids: two proxies' records never merge
 
 
-# --- TurnCounter --------------------------------------------------------------------------------------------
+# --- token counts and warm-ups -------------------------------------------------------------------------------
 
 
-def test_turns_count_from_one_per_conversation() -> None:
-    turns = TurnCounter()
-    assert [turns.next("a") for _ in range(3)] == [1, 2, 3]
-    assert turns.next("b") == 1
-    assert [turns.next("a"), turns.next("b"), turns.next("a")] == [4, 2, 5]
+@pytest.mark.parametrize(("fmt", "module"), sorted(FORMATS.items()))
+def test_each_count_ending_is_an_endpoint_of_its_format_and_measures_one(fmt: str, module) -> None:
+    rules = rules_with()
+    for count_ending, turn_ending in module.COUNT_ENDINGS:
+        path = "/v1/projects/p/locations/l" + count_ending
+        assert rules.format_for(HOST, path) == fmt, path
+        turn = counted_turn_path(fmt, path)
+        assert turn is not None and turn.endswith(turn_ending) and rules.format_for(HOST, turn) == fmt
+    assert counted_turn_path(fmt, PATHS[fmt]) is None
 
 
-def test_past_capacity_the_least_recently_seen_is_forgotten() -> None:
-    turns = TurnCounter(capacity=2)
-    for conversation in ("a", "b", "a"):  # a seen last: b is the least recent
-        turns.next(conversation)
-    assert turns.next("c") == 1
-    assert turns.next("a") == 3  # kept
-    assert turns.next("b") == 1  # forgotten, counts again from one
+COUNTS = {
+    "anthropic": "/v1/messages/count_tokens",
+    "gemini": "/v1beta/models/gemini-2.5-flash:countTokens",
+    "openai-responses": "/v1/responses/input_tokens",
+}
 
 
-def test_a_key_and_a_counter_number_a_session_as_the_proxy_does() -> None:
-    turns = TurnCounter()
-    numbered = [(key_of(session("openai-chat", n), "openai-chat"), n) for n in range(1, 5)]
-    numbered += [(key_of(replaced(session("openai-chat", 1), SYSTEM, "Other."), "openai-chat"), 1)]
-    assert [turns.next(key) for key, _ in numbered] == [1, 2, 3, 4, 1]
+@pytest.mark.parametrize("fmt", sorted(COUNTS))
+def test_a_token_count_is_pruned_as_the_turn_it_measures(fmt: str) -> None:
+    body = session(fmt, 6)
+    turn, count = run(body, fmt, max_images=2), run(body, fmt, path=COUNTS[fmt], max_images=2)
+    assert count.body == turn.body != orjson.dumps(body)  # so the count is what the turn will send
+    assert (count.record.kind, turn.record.kind) == (COUNT_TOKENS, TURN)
+    assert count.record.images_after == turn.record.images_after == 2
+
+
+def test_a_token_count_meets_the_rules_of_the_path_it_measures() -> None:
+    rules = rules_with(max_images=8)
+    rules = rules.__class__(rules.source, rules.defaults, (_rule("messages", "*/v1/messages", 1),), rules.endpoints)
+    body = orjson.dumps(session("anthropic", 4))
+    count = prune_request(f"https://{HOST}{COUNTS['anthropic']}", {}, body, rules)
+    assert (count.record.rule, count.record.images_after) == ("messages", 1)
+
+
+def _rule(name: str, path: str, max_images: int):
+    from trimflow._rules import Rule
+
+    return Rule(name, path=(path,), overrides={"max_images": max_images})
+
+
+@pytest.mark.parametrize("wrapped", [False, True], ids=["contents", "generateContentRequest"])
+def test_gemini_count_bodies_are_read_in_both_shapes(wrapped: bool) -> None:
+    # Gemini CLI (Google's SDK) sends {"contents": [...]}; the API also takes a whole request, wrapped.
+    turn = session("gemini", 5)
+    body: dict[str, Any] = {"contents": turn["contents"]}
+    if wrapped:
+        body = {"generateContentRequest": {"model": "models/gemini-2.5-flash", **turn}}
+    count = run(body, "gemini", path=COUNTS["gemini"], max_images=2)
+    assert (count.record.kind, count.record.images_before, count.record.images_after) == (COUNT_TOKENS, 5, 2)
+    assert orjson.loads(count.body)  # valid JSON, the wrapper kept
+    assert ("generateContentRequest" in orjson.loads(count.body)) is wrapped
+
+
+def test_token_counts_carry_their_conversation_without_being_turns() -> None:
+    # Gemini CLI counts the next request's tokens before each turn: a count, then the turn, with the same contents.
+    conversations = Conversations(salt=b"")
+    numbers = []
+    for n in range(1, 4):
+        contents = {"contents": session("gemini", n)["contents"]}  # the count carries no systemInstruction
+        numbers.append((COUNT_TOKENS, *numbered(conversations, contents, "gemini", path=COUNTS["gemini"])))
+        numbers.append((TURN, *numbered(conversations, session("gemini", n), "gemini")))
+    (conversation,) = {c for kind, c, _, _ in numbers if kind == TURN}
+    assert numbers == [
+        (COUNT_TOKENS, None, None, None),  # before the first turn there is no conversation to extend
+        (TURN, conversation, 1, 1),
+        (COUNT_TOKENS, conversation, None, 1),
+        (TURN, conversation, 2, 1),
+        (COUNT_TOKENS, conversation, None, 1),
+        (TURN, conversation, 3, 1),
+    ]
+
+
+def test_a_count_under_a_session_id_carries_it() -> None:
+    headers = {"x-claude-code-session-id": "sess-1"}
+    numbers = numbering([(session("anthropic", 2), "anthropic")], headers=headers, path=COUNTS["anthropic"])
+    assert numbers == [(session_key(headers, {}), None, None)]
+
+
+def response_create(turns: int, **fields: Any) -> dict:
+    return {"type": "response.create", **session("openai-responses", turns), **fields}
+
+
+def test_a_warmup_is_not_a_turn_and_the_turns_that_chain_to_it_are_its_conversation() -> None:
+    conversations = Conversations(salt=b"")
+    warmup = run(response_create(1, generate=False, input=[]), "openai-responses")
+    assert warmup.record.kind == WARMUP
+    a = conversations.assign(warmup.history, warmup.record.kind)
+    assert a.conversation is not None and a.turn is None
+    conversations.responded(a.thread, "resp_warm")
+    first = run(response_create(1, previous_response_id="resp_warm"), "openai-responses")
+    b = conversations.assign(first.history, first.record.kind)
+    conversations.responded(b.thread, "resp_1")
+    second = run({**response_create(2, previous_response_id="resp_1"), "input": [{"role": "user", "content": "next"}]}, "openai-responses")
+    c = conversations.assign(second.history, second.record.kind)
+    assert (b.conversation, b.turn, c.conversation, c.turn) == (a.conversation, 1, a.conversation, 2)
+
+
+def test_an_unknown_previous_response_starts_a_conversation_and_a_session_keeps_its_segment() -> None:
+    body = {**session("openai-responses", 1), "previous_response_id": "resp_from_before_a_restart"}
+    first, second = numbering([(body, "openai-responses"), (body, "openai-responses")])
+    assert first[1] == second[1] == 1 and first[0] != second[0]
+    headers = {"session_id": "codex-1"}
+    numbers = numbering([(session("openai-responses", 2), "openai-responses"), (body, "openai-responses")], headers=headers)
+    assert [(t, s) for _, t, s in numbers] == [(1, 1), (2, 1)]
+
+
+def test_the_answer_names_its_id_first() -> None:
+    assert response_id_of(b'{"id":"resp_abc","object":"response","output":[{"id":"msg_1"}]}') == "resp_abc"
+    sse = b'event: response.created\ndata: {"type":"response.created","response":{"id":"resp_sse","status":"in_progress"}}\n\n'
+    assert response_id_of(sse) == "resp_sse"
+    assert response_id_of(b'{"object":"list"}') is None
+
+
+@pytest.mark.parametrize(
+    ("event", "answer"),
+    [
+        ({"type": "response.completed", "response": {"id": "r1", "status": "completed", "usage": {"input_tokens": 42}}}, (200, 42, "r1")),
+        ({"type": "response.incomplete", "response": {"id": "r2", "usage": {"input_tokens": 7}}}, (200, 7, "r2")),
+        ({"type": "response.failed", "response": {"id": "r3", "status": "failed"}}, (500, None, "r3")),
+        ({"type": "error", "status": 400, "error": {"code": "previous_response_not_found"}}, (400, None, None)),
+        ({"type": "error", "error": {"code": "x"}}, (400, None, None)),
+        ({"type": "response.output_text.delta", "delta": '{"type":"response.completed"}'}, None),
+        ({"type": "response.created", "response": {"id": "r4"}}, None),
+    ],
+)
+def test_the_server_events_that_end_a_websocket_response(event: dict, answer: tuple | None) -> None:
+    assert openai_responses.websocket_answer(orjson.dumps(event)) == answer
+
+
+# --- memory --------------------------------------------------------------------------------------------------
+
+
+def synthetic_history(n: int, messages: int) -> History:
+    digests = [hash((n, i)) for i in range(messages)]
+    return History(HOST, None, 0, digests, n.to_bytes(8, "big"))
+
+
+def test_past_capacity_the_least_recently_seen_conversation_is_forgotten() -> None:
+    conversations = Conversations(capacity=3, salt=b"")
+    first = {n: conversations.assign(synthetic_history(n, 2)).conversation for n in range(3)}
+    conversations.assign(synthetic_history(0, 3))  # 0 seen again: 1 is now the least recent
+    conversations.assign(synthetic_history(3, 2))  # a fourth: 1 is forgotten
+    assert len(conversations) == 3
+    assert conversations.assign(synthetic_history(0, 4)).conversation == first[0]  # kept: its turn 3
+    again = conversations.assign(synthetic_history(1, 3))
+    assert again.conversation != first[1] and again.turn == 1  # forgotten: a new conversation
+    assert len(conversations._by_tip) == 3 and len(conversations) == 3  # and its index went with it
+
+
+@pytest.mark.parametrize("messages", [5, 200])
+def test_memory_per_conversation_is_small_and_does_not_grow_with_the_history(messages: int) -> None:
+    histories = [synthetic_history(n, messages) for n in range(2000)]
+    assert all(len(h.prefixes) == messages for h in histories)  # worked out per request, not kept
+    conversations = Conversations(capacity=2000, salt=b"")
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for h in histories:
+            conversations.assign(h)
+        per_conversation = (tracemalloc.get_traced_memory()[0] - before) / len(histories)
+    finally:
+        tracemalloc.stop()
+    assert 200 < per_conversation < 700, per_conversation  # docs/how-it-works.md says ~500 bytes
+
+
+def test_a_session_header_with_other_headers_reads_lower_case_names() -> None:
+    assert run(session("anthropic", 1), "anthropic", headers={"X-Claude-Code-Session-Id": "s"}).record.conversation == session_key(
+        {"x-claude-code-session-id": "s"}, {}
+    )
+
+
+def test_image_payloads_never_reach_a_digest_input() -> None:
+    # Media parts are left out before anything is hashed: two sessions with other screenshots are one history.
+    other = session_body("anthropic", 3, image(24, 16, "PNG", seed=99), "image/png")
+    assert b64(image(24, 16, "PNG", seed=99)) != b64(SHOT)
+    assert history(other, "anthropic").messages == history(session("anthropic", 3), "anthropic").messages
+
+
+def test_observe_and_enforce_give_the_same_history() -> None:
+    body = orjson.dumps(session("gemini", 4))
+    url = f"https://{HOST}{PATHS['gemini']}"
+    enforce = prune_request(url, {}, body, rules_with(max_images=1))
+    observe = prune_request(url, {}, body, rules_with(max_images=1), OBSERVE)
+    assert enforce.history.messages == observe.history.messages

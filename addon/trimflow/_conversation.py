@@ -1,60 +1,420 @@
-"""Telling conversations apart without the client's address, and numbering their turns.
+"""Telling conversations apart by their history, and numbering their turns.
 
-A conversation is named by an explicit session id when the agent sends one, else by a hash of
-its stable head (system prompt and first messages), which every later turn re-sends unchanged.
-Only a short hash is kept: never the id or the text itself.
+Agents send the whole history on every turn. A request continues a conversation when its history
+extends the history of that conversation's last request: the same earlier messages in the same order,
+new ones after (or none: a retry). A shorter or diverging history starts a new conversation: a rerun
+of the same test, a /clear, a fork, an edited message. An explicit session id (SESSION_HEADERS,
+SESSION_FIELDS, Anthropic's `metadata.user_id`) names the conversation instead, and a history under
+that id that extends none of its earlier ones is a new *segment* of it. A Responses request with
+`previous_response_id` continues the conversation whose answer had that id.
+
+The engine digests each request into a `History` (trimflow._engine: Outcome.history); `Conversations`
+assigns it a conversation id, turn and segment. The proxy's Flows and the audit's Reader use both
+alike, so a session is numbered the same live and in a recording.
+
+What is hashed, per message: its JSON as sent, with its media parts left out and text placeholders
+trimflow wrote left out (so a session recorded behind trimflow, pruned, digests as the client sent it),
+without `cache_control` (agents move their cache breakpoints every turn), and with each payload the
+skeleton left in the body (trimflow._document: a string of 4 KiB or more) standing for its length,
+first and last 64 bytes. Nothing reads a payload's bytes in between: a 16 MB body costs its skeleton.
+What is kept: 8-byte digests, and per conversation only the position of its last history (no text, no id).
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
+import re
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import orjson
+
+from ._document import END, HEAD, MARK, MIN_PAYLOAD
+from .formats import HistoryParts, JsonPath
 
 # Headers agents use for a session id (lower case).
 SESSION_HEADERS = ("x-claude-code-session-id", "session_id", "session-id", "x-session-id", "conversation_id", "x-conversation-id")
 # Body fields that name a conversation across turns.
 SESSION_FIELDS = ("prompt_cache_key", "conversation")
 
+# Record kinds: what a request is to its conversation.
+TURN = "turn"
+COUNT_TOKENS = "count_tokens"  # a token count of the next turn: never a turn, never a conversation of its own
+WARMUP = "warmup"  # a Responses `generate: false`: prepares the next turn, answers nothing
 
-def conversation_key(host: str, headers: Mapping[str, str], body: dict[str, Any], anchor: Any) -> str:
-    """A short stable id for the conversation a request belongs to."""
+DEFAULT_CAPACITY = 10_000  # conversations the proxy remembers (least recently seen forgotten first)
+MAX_SEGMENTS = 8  # histories remembered per session id
+
+# A text placeholder trimflow wrote in place of an image starts with this (the default templates do).
+PLACEHOLDER_PREFIX = "[trimflow:"
+_PLACEHOLDER_BYTES = PLACEHOLDER_PREFIX.encode()
+_VOLATILE_KEY = "cache_control"
+_MARK_BYTES = MARK.encode()
+_ENDS = 64  # bytes of a payload's start and end that stand for it with its length
+_MAYBE_PAYLOAD = MIN_PAYLOAD // 6  # a shorter string cannot take MIN_PAYLOAD bytes as JSON text (\u00XX is 6)
+_ESCAPED = re.compile(r'["\\\x00-\x1f]')  # what JSON writes as an escape
+_RESPONSE_ID = re.compile(rb'"id"\s*:\s*"([^"\\]{1,256})"')
+_RESPONSE_ID_SCAN = 4096  # a Responses answer names its id first (the object's first key, or response.created's)
+
+# (length as written, first bytes, last bytes) of a payload the skeleton left in the body, for a stub.
+PayloadEnds = Callable[[str], "tuple[int, bytes, bytes] | None"]
+
+
+def _digest(*parts: bytes, size: int = 8) -> bytes:
+    return hashlib.blake2b(b"\0".join(parts), digest_size=size).digest()
+
+
+def _short(*parts: bytes) -> str:
+    """A conversation id: 4 bytes as 8 hex digits, never the id or text it comes from."""
+    return _digest(*parts, size=4).hex()
+
+
+def session_key(headers: Mapping[str, str], request: Mapping[str, Any]) -> str | None:
+    """The conversation an explicit session id names (headers first, then body fields), else None."""
     for name in SESSION_HEADERS:
         value = headers.get(name)
         if value:
-            return _digest(b"h", name.encode(), value.encode())
+            return _short(b"h", name.encode(), value.encode())
     for name in SESSION_FIELDS:
-        value = body.get(name)
+        value = request.get(name)
         if isinstance(value, str) and value:
-            return _digest(b"b", name.encode(), value.encode())
-    metadata = body.get("metadata")
+            return _short(b"b", name.encode(), value.encode())
+    metadata = request.get("metadata")
     if isinstance(metadata, dict) and isinstance(metadata.get("user_id"), str):
         # Claude Code puts its session id into metadata.user_id.
-        return _digest(b"u", metadata["user_id"].encode())
+        return _short(b"u", metadata["user_id"].encode())
+    return None
+
+
+def response_id_of(head: bytes) -> str | None:
+    """The id a Responses answer gives itself (a JSON body, or an event stream's response.created), from its first bytes."""
+    found = _RESPONSE_ID.search(head, 0, _RESPONSE_ID_SCAN)
+    return found.group(1).decode("utf-8", "replace") if found else None
+
+
+class History:
+    """A request's conversation as digests: its host, session id (hashed), head (system prompt, instructions) and
+    one digest per message, oldest first; `origin`, a stable digest of the head and first message, seeds a new
+    conversation's id. `previous_response` stands for a Responses `previous_response_id`.
+
+    The head and message digests are Python's keyed hash of the message's canonical JSON: 64 bits, the same for
+    the same message within a process (they are compared, never stored or written)."""
+
+    __slots__ = ("host", "session", "head", "messages", "origin", "previous_response", "_prefixes")
+
+    def __init__(
+        self,
+        host: str,
+        session: str | None,
+        head: int,
+        messages: Sequence[int],
+        origin: bytes = b"",
+        previous_response: bytes | None = None,
+    ) -> None:
+        self.host, self.session, self.head = host, session, head
+        self.messages = tuple(messages)
+        self.origin, self.previous_response = origin, previous_response
+        self._prefixes: list[int] | None = None
+
+    @property
+    def prefixes(self) -> list[int]:
+        """One value per prefix of the history (the first message, the first two, ... all): equal values, equal
+        prefixes (a 64-bit chain: process-local, and only a conversation's last one is kept)."""
+        if self._prefixes is None:
+            value, out = hash(("host", self.host)), []
+            for message in self.messages:
+                value = hash((value, message))
+                out.append(value)
+            self._prefixes = out
+        return self._prefixes
+
+    @property
+    def tip(self) -> int:
+        """The whole history's prefix value (the host's for a history with no message)."""
+        return self.prefixes[-1] if self.messages else hash(("host", self.host))
+
+
+def history_of(
+    host: str,
+    headers: Mapping[str, str],
+    parts: HistoryParts,
+    media_paths: Iterable[JsonPath],
+    payload_ends: PayloadEnds,
+    skeleton: bool,
+) -> History:
+    """A request's History: `parts` is its format's view of the body (formats' `history`), `media_paths` every
+    media part the format found (left out of the digests), `skeleton` whether the body was parsed as one
+    (trimflow._document) and `payload_ends` what a payload's stub stands for."""
+    root = len(parts.path)
+    media: dict[int, list[JsonPath]] = {}
+    for path in media_paths:
+        index = path[root] if len(path) > root else None
+        if isinstance(index, int) and tuple(path[:root]) == parts.path:
+            media.setdefault(index, []).append(tuple(path[root + 1 :]))
+    canonical = _Canonical(payload_ends, skeleton)
+    head = canonical.of(parts.head, None)
+    messages = canonical.all(parts.items, media)
+    previous = parts.request.get("previous_response_id")
+    return History(
+        host,
+        session_key(headers, parts.request),
+        hash(head),
+        [hash(raw) for raw in messages],
+        hashlib.blake2b(head + b"\0" + (messages[0] if messages else b""), digest_size=8).digest(),
+        _digest(b"r", previous.encode()) if isinstance(previous, str) and previous else None,
+    )
+
+
+class _Canonical:
+    """A message (or head) as the JSON its digest is taken of, as the module's docstring says."""
+
+    def __init__(self, payload_ends: PayloadEnds, skeleton: bool) -> None:
+        self._ends, self._skeleton = payload_ends, skeleton
+
+    def of(self, item: Any, media: list[JsonPath] | None, raw: bytes | None = None) -> bytes:
+        if raw is None:
+            if media:
+                item = _without(item, media)
+            try:
+                raw = orjson.dumps(item)
+            except (orjson.JSONEncodeError, TypeError):
+                return _dumps(self._canonical(item))
+        # Usually nothing to leave out or stand in for: the message's JSON as it is. A skeleton holds every
+        # payload as a stub (a marker); a whole parse holds none in a short message.
+        if _looked_into(raw) or not (self._skeleton or len(raw) < MIN_PAYLOAD):
+            return _dumps(self._canonical(_without(item, media) if media else item))
+        return raw
+
+    def all(self, items: list[Any], media: Mapping[int, list[JsonPath]]) -> list[bytes]:
+        """Every message's JSON. The usual history needs no message looked into: checked once for all of them."""
+        try:
+            raws = [orjson.dumps(_without(item, media[i]) if i in media else item) for i, item in enumerate(items)]
+        except (orjson.JSONEncodeError, TypeError):
+            return [self.of(item, media.get(i)) for i, item in enumerate(items)]
+        if not _looked_into(b"".join(raws)) and (self._skeleton or all(len(raw) < MIN_PAYLOAD for raw in raws)):
+            return raws
+        return [self.of(item, media.get(i), raw) for i, (item, raw) in enumerate(zip(items, raws, strict=True))]
+
+    def _canonical(self, node: Any) -> Any:
+        if isinstance(node, dict):
+            return {key: self._canonical(value) for key, value in node.items() if key != _VOLATILE_KEY}
+        if isinstance(node, list):
+            return [self._canonical(value) for value in node if not _left_out(value)]
+        if isinstance(node, str):
+            return self._text(node)
+        return node
+
+    def _text(self, text: str) -> str:
+        if self._skeleton:
+            if text.endswith(END) and MARK in text:
+                ends = self._ends(text)
+                if ends is not None:
+                    return _payload_token(*ends)
+        elif len(text) >= _MAYBE_PAYLOAD:
+            # Parsed whole: the string stands for itself as a skeleton would have made it a payload.
+            raw = text.encode() if text.isascii() and not _ESCAPED.search(text) else orjson.dumps(text)[1:-1]
+            head = raw[:HEAD]
+            if len(raw) >= MIN_PAYLOAD and head.isascii() and b"\\" not in head:
+                return _payload_token(len(raw), raw[:_ENDS], raw[-_ENDS:])
+        # Ollama's placeholders join the message's text, after a newline.
+        cut = text.find(PLACEHOLDER_PREFIX)
+        if cut == 0:
+            return ""
+        if cut > 0 and text[cut - 1] == "\n":
+            return text[: cut - 1]
+        return text
+
+
+def _looked_into(raw: bytes) -> bool:
+    """Whether JSON text may hold what a digest leaves out or stands in for: a placeholder, a cache breakpoint
+    (cache_control, Bedrock's cachePoint), a payload's stub (its marker's first byte, which memchr finds fast)."""
+    return _PLACEHOLDER_BYTES in raw or b"cache" in raw or _MARK_BYTES[:1] in raw
+
+
+def _payload_token(length: int, first: bytes, last: bytes) -> str:
+    return f"{MARK}{length}:{_digest(first, last).hex()}"
+
+
+def _left_out(value: Any) -> bool:
+    """A part a digest leaves out: a placeholder trimflow wrote, or a Bedrock cache breakpoint (moved every turn)."""
+    if not isinstance(value, dict):
+        return False
+    if len(value) == 1 and "cachePoint" in value:
+        return True
+    return any(isinstance(v, str) and v.startswith(PLACEHOLDER_PREFIX) for v in value.values())
+
+
+def _without(node: Any, paths: list[JsonPath]) -> Any:
+    """`node` without the parts at `paths` (relative to it); only the containers on those paths are copied."""
+    drop: set[Any] = set()
+    below: dict[Any, list[JsonPath]] = {}
+    for path in paths:
+        if not path:
+            return None  # the message is itself a media part
+        if len(path) == 1:
+            drop.add(path[0])
+        else:
+            below.setdefault(path[0], []).append(path[1:])
+    if isinstance(node, list):
+        return [_without(value, below[i]) if i in below else value for i, value in enumerate(node) if i not in drop]
+    if isinstance(node, dict):
+        return {key: _without(value, below[key]) if key in below else value for key, value in node.items() if key not in drop}
+    return node
+
+
+def _dumps(value: Any) -> bytes:
     try:
-        head = orjson.dumps(anchor)
-    except (orjson.JSONEncodeError, TypeError):
-        head = repr(anchor).encode("utf-8", "replace")
-    return _digest(b"a", host.encode(), head)
+        return orjson.dumps(value)
+    except (orjson.JSONEncodeError, TypeError):  # integers over 64 bits, NaN: still stable
+        return repr(value).encode("utf-8", "surrogatepass")
 
 
-def _digest(*parts: bytes) -> str:
-    return hashlib.blake2b(b"\0".join(parts), digest_size=4).hexdigest()
+class Assignment:
+    """Where a request falls: its conversation, its turn (None when it is not a turn) and segment."""
+
+    __slots__ = ("conversation", "turn", "segment", "thread")
+
+    def __init__(self, conversation: str | None, turn: int | None, segment: int | None, thread: Thread | None) -> None:
+        self.conversation, self.turn, self.segment, self.thread = conversation, turn, segment, thread
 
 
-class TurnCounter:
-    """Numbers the requests of each conversation; forgets the least recently seen past `capacity`."""
+class _Conversation:
+    __slots__ = ("id", "turns", "segments", "threads", "named")
 
-    def __init__(self, capacity: int = 4096) -> None:
-        self._turns: OrderedDict[str, int] = OrderedDict()
-        self._capacity = capacity
+    def __init__(self, cid: str, named: bool) -> None:
+        self.id, self.named = cid, named
+        self.turns = self.segments = 0
+        self.threads: list[Thread] = []  # most recently used last
 
-    def next(self, conversation: str) -> int:
-        turn = self._turns.pop(conversation, 0) + 1
-        self._turns[conversation] = turn
-        if len(self._turns) > self._capacity:
-            self._turns.popitem(last=False)
-        return turn
+
+class Thread:
+    """One line of history of a conversation (a segment): where its last request's history ended."""
+
+    __slots__ = ("conversation", "segment", "head", "tip", "response", "used")
+
+    def __init__(self, conversation: _Conversation, segment: int, head: int) -> None:
+        self.conversation, self.segment, self.head = conversation, segment, head
+        self.tip: int | None = None
+        self.response: bytes | None = None  # digest of the id of its last answer (Responses)
+        self.used = 0
+
+
+class Conversations:
+    """Assigns each request's History a conversation id, a turn and a segment; forgets the least recently
+    seen conversation past `capacity`.
+
+    Among the conversations whose last history this one extends, the longest such history wins; one equal
+    to this one (a retry) only when none is shorter, so a rerun's turn that repeats an earlier run's last
+    request still follows its own run. Equal candidates: the most recently used. `salt` makes ids differ
+    between proxy processes (a new conversation's id counts the conversations started before it, which
+    restarts with each process); the audit uses none, so its ids are the same on every run.
+    """
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY, salt: bytes | None = None) -> None:
+        self.capacity = capacity
+        self._salt = os.urandom(8) if salt is None else salt
+        self._conversations: OrderedDict[str, _Conversation] = OrderedDict()
+        self._by_tip: dict[int, list[Thread]] = {}
+        self._by_response: dict[bytes, Thread] = {}
+        self._started = 0
+        self._clock = 0
+
+    def __len__(self) -> int:
+        return len(self._conversations)
+
+    def assign(self, history: History, kind: str = TURN) -> Assignment:
+        self._clock += 1
+        named = None
+        if history.session is not None:
+            named = self._conversations.get(history.session)
+            if named is None:
+                named = self._add(_Conversation(history.session, named=True))
+        thread = self._continued(history, kind, named)
+        if thread is None:
+            if kind == COUNT_TOKENS:  # never a conversation or segment of its own
+                return Assignment(named.id if named else None, None, None, None)
+            conversation = named or self._add(_Conversation(self._new_id(history), named=False))
+            conversation.segments += 1
+            thread = Thread(conversation, conversation.segments, history.head)
+            conversation.threads.append(thread)
+            if len(conversation.threads) > MAX_SEGMENTS:
+                self._drop_thread(conversation.threads.pop(0))
+        conversation = thread.conversation
+        self._conversations.move_to_end(conversation.id)
+        thread.used = self._clock
+        conversation.threads.remove(thread)
+        conversation.threads.append(thread)
+        turn = None
+        if kind != COUNT_TOKENS:  # a turn or a warm-up moves the conversation on
+            self._move(thread, history.tip)
+            if kind == TURN:
+                conversation.turns += 1
+                turn = conversation.turns
+        return Assignment(conversation.id, turn, thread.segment, thread)
+
+    def responded(self, thread: Thread | None, response_id: str | None) -> None:
+        """The answer to `thread`'s last request had this id: a request naming it as previous_response_id continues it."""
+        if thread is None or not response_id or thread.conversation.id not in self._conversations:
+            return
+        if thread.response is not None and self._by_response.get(thread.response) is thread:
+            del self._by_response[thread.response]
+        thread.response = _digest(b"r", response_id.encode())
+        self._by_response[thread.response] = thread
+
+    def _continued(self, history: History, kind: str, named: _Conversation | None) -> Thread | None:
+        if history.previous_response is not None:
+            # The provider keeps the history: the answer it follows names the conversation.
+            thread = self._by_response.get(history.previous_response)
+            if thread is not None and (named is None or thread.conversation is named):
+                return thread
+            return named.threads[-1] if named is not None and named.threads else None
+        prefixes = history.prefixes
+        n = len(prefixes)
+        # Strictly shorter histories first, the longest first; then an equal one.
+        for k in [*range(n - 2, -1, -1), n - 1] if n else []:
+            best = None
+            for thread in self._by_tip.get(prefixes[k], ()):
+                if named is not None and thread.conversation is not named:
+                    continue
+                if named is None and (thread.conversation.named or (kind != COUNT_TOKENS and thread.head != history.head)):
+                    continue
+                if best is None or thread.used > best.used:
+                    best = thread
+            if best is not None:
+                return best
+        return None
+
+    def _new_id(self, history: History) -> str:
+        self._started += 1
+        return _short(self._salt, history.host.encode(), history.origin, str(self._started).encode())
+
+    def _add(self, conversation: _Conversation) -> _Conversation:
+        self._conversations[conversation.id] = conversation
+        while len(self._conversations) > self.capacity:
+            _, forgotten = self._conversations.popitem(last=False)
+            for thread in forgotten.threads:
+                self._drop_thread(thread)
+        return conversation
+
+    def _move(self, thread: Thread, tip: int) -> None:
+        if thread.tip == tip:
+            return
+        self._unindex(thread)
+        thread.tip = tip
+        self._by_tip.setdefault(tip, []).append(thread)
+
+    def _unindex(self, thread: Thread) -> None:
+        if thread.tip is not None:
+            threads = self._by_tip.get(thread.tip)
+            if threads is not None:
+                threads.remove(thread)
+                if not threads:
+                    del self._by_tip[thread.tip]
+            thread.tip = None
+
+    def _drop_thread(self, thread: Thread) -> None:
+        self._unindex(thread)
+        if thread.response is not None and self._by_response.get(thread.response) is thread:
+            del self._by_response[thread.response]

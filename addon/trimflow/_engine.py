@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from . import _document, _jsoncodec
-from ._conversation import conversation_key
+from ._conversation import COUNT_TOKENS, WARMUP, History, history_of, session_key
 from ._imageinfo import sniff_media
 from ._placeholder import MediaFacts
 from ._policy import BODY, COUNT_CAP, IMAGE_LIMIT, REPEAT, TOKENS, NeedsWorker, Plan, nothing_to_change
@@ -36,7 +36,7 @@ from ._record import Record, utc_timestamp
 from ._rules import Rules, Target
 from ._sizes import format_size
 from ._tokens import text_tokens
-from .formats import FORMATS, IMAGE, JsonPath, Media, WireFormat, detect_shape, openai_responses
+from .formats import FORMATS, IMAGE, JsonPath, Media, WireFormat, counted_turn_path, detect_shape, openai_responses
 
 ENFORCE = "enforce"
 OBSERVE = "observe"
@@ -54,12 +54,20 @@ class Outcome:
 
     An inline run that finds nothing to change leaves the record to be worked out on first use
     (`record_pending`): the proxy forwards the request first and accounts for it while the provider works.
+    `history` (trimflow._conversation) is worked out on first use too: only the proxy and the audit number turns.
     """
 
-    __slots__ = ("_body", "_record", "_account")
+    __slots__ = ("_body", "_record", "_account", "_history")
 
-    def __init__(self, body: bytes | _document.Written, record: Record | None, account: Callable[[], Record | None] | None = None) -> None:
+    def __init__(
+        self,
+        body: bytes | _document.Written,
+        record: Record | None,
+        account: Callable[[], Record | None] | None = None,
+        history: Callable[[], History | None] | None = None,
+    ) -> None:
         self._body, self._record, self._account = body, record, account
+        self._history: History | Callable[[], History | None] | None = history
 
     @property
     def record(self) -> Record | None:
@@ -70,6 +78,13 @@ class Outcome:
     @property
     def record_pending(self) -> bool:
         return self._account is not None
+
+    @property
+    def history(self) -> History | None:
+        """The request's conversation as digests, for numbering its turn (None when the body could not be read)."""
+        if callable(self._history):
+            self._history = self._history()
+        return self._history
 
     @property
     def body(self) -> bytes:
@@ -192,23 +207,22 @@ def _prune(
     parsed, body = doc.parsed, doc.body
     module = FORMATS[fmt]
     model = module.model(parsed, path)
-    limits = rules.limits_for(host, path, model)
+    counted = counted_turn_path(fmt, path)
+    # A token count is pruned as the turn it measures, so it counts what that turn will send.
+    limits = rules.limits_for(host, path if counted is None else counted, model)
     media = [doc.resolve(m) for m in module.find_media(parsed)]
     images = [m for m in media if m.kind == IMAGE]
     media_bytes = sum(m.wire_bytes for m in media)
 
     def record_of(plan: Plan, out: bytes | _document.Written, started: float) -> Record:
+        # The conversation is the session id's when one names it; the proxy and the audit assign the rest (Outcome.history).
         record = Record(
-            utc_timestamp(),
-            conversation_key(host, headers, parsed, module.conversation_anchor(parsed)),
-            None,
-            host,
-            path,
-            fmt,
-            model,
-            limits.rule,
-            mode,
+            utc_timestamp(), session_key(headers, module.history(parsed).request), None, host, path, fmt, model, limits.rule, mode
         )
+        if counted is not None:
+            record.kind = COUNT_TOKENS
+        elif fmt == openai_responses.NAME and openai_responses.is_warmup(parsed):
+            record.kind = WARMUP
         _fill(record, plan, len(media) - len(images), media_bytes, len(body), out)
         if is_sigv4(headers):
             record.mode, record.reason = OBSERVE, "SigV4-signed body: any change would break its signature"
@@ -217,14 +231,34 @@ def _prune(
         record.overhead_ms = _elapsed_ms(started)
         return record
 
+    def history() -> History | None:
+        try:
+            return history_of(host, headers, module.history(parsed), [m.path for m in media], _payload_ends(doc), doc.is_skeleton)
+        except Exception:  # noqa: BLE001 - a request left unnumbered, never a request lost
+            return None
+
     if guard is not None and nothing_to_change(images, limits, len(body)):
         # The plan of a request nothing changes is empty: only the record's facts are left to work out.
-        return Outcome(body, None, guard(lambda: record_of(Plan(_facts(images), limits, fmt, model), body, time.perf_counter())))
+        record_later = guard(lambda: record_of(Plan(_facts(images), limits, fmt, model), body, time.perf_counter()))
+        return Outcome(body, None, record_later, history)
     plan = Plan(_facts(images), limits, fmt, model, inline)
     out = plan.run(_DocumentWriter(module, doc), media_bytes)
     record = record_of(plan, out, started)
     forward = out if record.mode == ENFORCE else body
-    return Outcome(forward, record)
+    return Outcome(forward, record, history=history)
+
+
+def _payload_ends(doc: _document.Document) -> Callable[[str], tuple[int, bytes, bytes] | None]:
+    """What a payload's stub stands for in a conversation digest: its length as written, first and last bytes."""
+
+    def ends(stub: str) -> tuple[int, bytes, bytes] | None:
+        payload = doc.resolve(Media("text", (), stub)).data
+        if not isinstance(payload, _document.Payload):
+            return None
+        body, start, end = payload.body, payload.start, payload.end
+        return end - start, body[start : start + 64], body[max(start, end - 64) : end]
+
+    return ends
 
 
 def _facts(images: list[Media]) -> list[MediaFacts]:

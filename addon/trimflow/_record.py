@@ -25,6 +25,8 @@ class Record:
     model: str | None
     rule: str | None
     mode: str  # enforce or observe: what was done with the body
+    kind: str = "turn"  # turn; count_tokens (a token count of the next turn); warmup (a Responses generate: false)
+    segment: int | None = None  # the line of history within the conversation: a new one when it restarts under a session id
     images_before: int = 0
     images_after: int = 0
     documents: int = 0  # documents, audio and video: counted, never pruned by an image limit
@@ -65,7 +67,9 @@ class Record:
 
     def summary(self) -> str:
         """The per-turn log line: sizes and counts only."""
-        parts = [f"conv {self.conversation or '-'} turn {self.turn if self.turn is not None else '-'}"]
+        segment = f" segment {self.segment}" if self.segment is not None and self.segment > 1 else ""
+        numbered = f"turn {self.turn if self.turn is not None else '-'}" if self.kind == "turn" else self.kind
+        parts = [f"conv {self.conversation or '-'}{segment} {numbered}"]
         parts.append(self.model or self.format)
         if self.reason:
             parts.append(f"untouched ({self.reason})")

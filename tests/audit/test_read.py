@@ -13,6 +13,7 @@ from mitmproxy.websocket import WebSocketMessage
 from wsproto.frame_protocol import Opcode
 
 from trimflow import ENFORCE, prune_request
+from trimflow._conversation import Conversations
 from trimflow.audit._read import classify_failure, record_from_dict
 from trimflow.testing import session_body
 
@@ -148,18 +149,21 @@ def test_a_dump_cut_short_keeps_what_was_read_and_warns(tmp_path, capsys) -> Non
 # --- a recording made through trimflow ------------------------------------------------------------------------
 
 
-def proxied_flow(turn: int, max_images: int) -> http.HTTPFlow:
-    """A flow as mitmdump -w saves it behind the addon: the pruned body, the addon's record in metadata."""
+def proxied_flow(turn: int, max_images: int, conversations: Conversations | None = None) -> http.HTTPFlow:
+    """A flow as mitmdump -w saves it behind the addon: the pruned body, the addon's record in metadata,
+    numbered in its conversation as the proxy numbers it."""
     flow = llm_flow(turn=turn)
     outcome = prune_request(flow.request.url, flow.request.headers, flow.request.content, rules_with(max_images=max_images), ENFORCE)
-    outcome.record.turn = turn
+    assigned = (conversations if conversations is not None else Conversations()).assign(outcome.history, outcome.record.kind)
+    outcome.record.conversation, outcome.record.turn, outcome.record.segment = assigned.conversation, assigned.turn, assigned.segment
     flow.request.content = outcome.body
     flow.metadata["trimflow"] = outcome.record.to_dict()
     return flow
 
 
 def test_the_addons_record_gives_what_the_client_sent_and_what_was_forwarded(tmp_path, capsys) -> None:
-    flows = [proxied_flow(t, max_images=3) for t in range(1, 7)]
+    proxy = Conversations()
+    flows = [proxied_flow(t, max_images=3, conversations=proxy) for t in range(1, 7)]
     forwarded = [len(f.request.content) for f in flows]
     code, report, err = audit_json(capsys, write_dump(tmp_path / "run.mitm", flows))
     assert code == 0, err
@@ -168,13 +172,15 @@ def test_the_addons_record_gives_what_the_client_sent_and_what_was_forwarded(tmp
     assert [r["images_after"] for r in records] == [1, 2, 3, 3, 3, 3]
     assert [r["body_bytes_before"] for r in records] == [len(body_of("anthropic", t)) for t in range(1, 7)]
     assert [r["body_bytes_after"] for r in records] == forwarded
-    # One conversation, although pruning the first image changed the head the engine would hash.
-    assert only_conversation(report)["turns"] == 6
+    # One conversation, the proxy's: it saw what the client sent, the recording holds what was forwarded.
+    assert only_conversation(report)["conversation"] == flows[0].metadata["trimflow"]["conversation"]
+    assert [r["turn"] for r in records] == [1, 2, 3, 4, 5, 6]
     assert report["summary"]["inputs"][0]["proxy_records"] == 6
 
 
 def test_a_what_if_over_a_recording_made_through_trimflow_starts_from_what_was_forwarded(tmp_path, capsys) -> None:
-    dump = write_dump(tmp_path / "run.mitm", [proxied_flow(t, max_images=4) for t in range(1, 7)])
+    proxy = Conversations()
+    dump = write_dump(tmp_path / "run.mitm", [proxied_flow(t, max_images=4, conversations=proxy) for t in range(1, 7)])
     rules = write_rules(tmp_path / "rules.yaml", "defaults:\n  max_images: 2\n")
     _, report, _ = audit_json(capsys, dump, "--rules", rules)
     records = rows(report)

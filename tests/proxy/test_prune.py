@@ -248,8 +248,12 @@ async def test_websocket_response_create_is_pruned_and_gets_its_line(addon, capl
         flow.websocket.messages.append(WebSocketMessage(Opcode.TEXT, True, message))
         with caplog.at_level(logging.INFO, logger="trimflow"):
             await addon.websocket_message(flow)
+            assert flow.websocket.messages[-1].content.count(b"base64,") == 2
+            # The line waits for the server's answer, which gives its status and usage.
+            answer = {"type": "response.completed", "response": {"id": f"resp_{turns}", "status": "completed", "usage": {"input_tokens": 9}}}
+            flow.websocket.messages.append(WebSocketMessage(Opcode.TEXT, False, orjson.dumps(answer)))
+            await addon.websocket_message(flow)
             await answer_sent()
-        assert flow.websocket.messages[-1].content.count(b"base64,") == 2
     lines = [r.getMessage() for r in caplog.records if "trimflow: conv" in r.getMessage()]
     assert [line.split(" turn ")[1].split()[0] for line in lines] == ["1", "2"] and "images 5->2" in lines[1]
     assert "trimflow" not in flow.metadata  # a record per message, none for the flow

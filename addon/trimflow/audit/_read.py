@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from .._conversation import TurnCounter
+from .._conversation import Conversations, History, Thread, response_id_of
 from .._engine import ENFORCE, OBSERVE, prune
 from .._record import Record, utc_timestamp
-from .._rules import Rules
+from .._rules import Rules, Target
 from .._usage import input_tokens_of
 from ..errors import InputError
 from ..formats import openai_responses
@@ -167,7 +167,9 @@ def record_from_dict(data: Any) -> Record:
 
 
 class Reader:
-    """Reads the inputs into rows, numbering each conversation's turns in input order as the proxy does.
+    """Reads the inputs into rows, telling conversations apart and numbering their turns in input order as the
+    proxy does (trimflow._conversation). A flow the proxy recorded keeps the proxy's numbering: the proxy saw
+    the body the client sent, the recording holds what was forwarded.
 
     `rules` is what the engine runs with: the built-in endpoints (no limits) for the recording as it
     is, or a rules file for a what-if. `limits` gives the reference limits of each request for the
@@ -178,7 +180,8 @@ class Reader:
         self.rules = rules
         self.limits = limits
         self.what_if = what_if
-        self.turns = TurnCounter(capacity=1 << 20)  # an audit sees every conversation of the recording
+        # An audit sees every conversation of the recording; no salt: the same input gives the same ids on every run.
+        self.conversations = Conversations(capacity=1 << 20, salt=b"")
         self.tallies: list[InputTally] = []
 
     def check(self, paths: list[str]) -> list[tuple[Path, str]]:
@@ -259,23 +262,29 @@ class Reader:
         if proxy_record is None and target is None:
             tally.skipped += 1
             return []
+        # A record with a kind was numbered by the proxy as the history-aware tracker numbers it; an older one is renumbered.
+        numbered = proxy_record is not None and isinstance(proxy, dict) and "kind" in proxy
+        history: History | None = None
         after: str | None  # where the after figures come from (Row.after)
         if proxy_record is not None and not self.what_if:
             record, after = proxy_record, PROXY  # as trimflow recorded it: before, after and all it did
+            if not numbered and target is not None:
+                history = self._history(request, target, tally)
         else:
             body = self._body(request, tally)
             if body is None:
                 return []
             outcome = prune(target, request.headers, body, self.rules, OBSERVE) if target is not None else None
             if outcome is not None and outcome.record is not None:
-                record, after = outcome.record, WHAT_IF if self.what_if else None
+                record, after, history = outcome.record, WHAT_IF if self.what_if else None, outcome.history
                 if proxy_record is not None:
-                    self._what_if_after_proxy(record, proxy_record)
+                    self._what_if_after_proxy(record, proxy_record, numbered)
             elif proxy_record is not None:
                 record, after = proxy_record, PROXY
             else:
                 tally.skipped += 1
                 return []
+        thread = None if numbered else self._number(record, history)
         tally.llm_requests += 1
         tally.proxy_records += proxy_record is not None
         record.ts = _utc(request.timestamp_start)
@@ -285,6 +294,8 @@ class Reader:
             content = flow.response.get_content(strict=False)
             if content:
                 usage = input_tokens_of(content)
+                if thread is not None and record.format == openai_responses.NAME:
+                    self.conversations.responded(thread, response_id_of(content[:4096]))
             failure = classify_failure(status, content)
         elif flow.error is not None:
             failure = NO_RESPONSE
@@ -308,25 +319,47 @@ class Reader:
             tally.unreadable[f"cannot decode content-encoding {shown!r}"] += 1
             return None
 
+    def _history(self, request: http.Request, target: Target, tally: InputTally) -> History | None:
+        """The history of a recorded body, for numbering a record the proxy did not number."""
+        body = self._body(request, tally)
+        return None if body is None else prune(target, request.headers, body, self.rules, OBSERVE).history
+
+    def _number(self, record: Record, history: History | None) -> Thread | None:
+        """The record's conversation, turn and segment, as the proxy's Flows assigns them."""
+        if history is None:
+            return None
+        assignment = self.conversations.assign(history, record.kind)
+        record.conversation, record.turn, record.segment = assignment.conversation, assignment.turn, assignment.segment
+        return assignment.thread
+
     @staticmethod
-    def _what_if_after_proxy(record: Record, proxy: Record) -> None:
+    def _what_if_after_proxy(record: Record, proxy: Record, numbered: bool) -> None:
         """A what-if over a flow recorded through trimflow: the flow holds the body the proxy forwarded,
-        the addon's record what the client sent. Its conversation key is kept too: pruning the first
-        turn's image changes the head the engine would hash."""
+        the addon's record what the client sent, and, when the proxy numbered it, its conversation."""
         for name in BEFORE_FIELDS:
             setattr(record, name, getattr(proxy, name))
-        if proxy.conversation is not None:
-            record.conversation = proxy.conversation
+        if numbered:
+            record.conversation, record.turn, record.segment, record.kind = proxy.conversation, proxy.turn, proxy.segment, proxy.kind
         if proxy.mode == ENFORCE and proxy.pruned:
             # The what-if can only prune further what the proxy already pruned.
             record.reason = record.reason or "pruned by the proxy when recorded: the what-if starts from the forwarded body"
 
     def _websocket_rows(self, flow: http.HTTPFlow, index: int, tally: InputTally) -> list[Row]:
-        """Codex's Responses requests over WebSocket: one row per `response.create` message, as the addon prunes them."""
+        """Codex's Responses requests over WebSocket: one row per `response.create` message, as the addon prunes them,
+        with the status and usage of the server event that ends its response (one response at a time per connection)."""
         assert flow.websocket is not None
         rows = []
+        waiting: list[tuple[Row, Thread | None]] = []
         for message in flow.websocket.messages:
-            if not message.from_client or b"response.create" not in message.content[:256]:
+            if not message.from_client:
+                answer = openai_responses.websocket_answer(message.content) if waiting else None
+                if answer is not None:
+                    row, thread = waiting.pop(0)
+                    row.record.status, row.record.usage_input_tokens, response_id = answer
+                    row.failure = classify_failure(row.record.status, message.content)
+                    self.conversations.responded(thread, response_id)
+                continue
+            if b"response.create" not in message.content[:256]:
                 continue
             target = self.rules.target(flow.request.pretty_host, flow.request.path, wire_format=openai_responses.NAME)
             assert target is not None  # a forced format always resolves
@@ -334,7 +367,9 @@ class Reader:
             if outcome.record is None:
                 continue
             outcome.record.ts = _utc(message.timestamp)
+            thread = self._number(outcome.record, outcome.history)
             rows.append(self._row(outcome.record, index, None, WHAT_IF if self.what_if else None))
+            waiting.append((rows[-1], thread))
         if rows:
             tally.llm_requests += len(rows)
         else:
@@ -361,14 +396,12 @@ class Reader:
             failure = classify_failure(record.status, None)
             if record.status is None and data.get("error"):
                 failure = NO_RESPONSE
-            # The record's after figures are what the proxy did: without the body there is nothing to re-run.
-            yield self._row(record, index, failure, PROXY, keep_turn=True)
+            # The record's after figures and numbering are what the proxy did: without the body there is nothing to re-run.
+            yield self._row(record, index, failure, PROXY)
 
     # --- shared
 
-    def _row(self, record: Record, index: int, failure: str | None, after: str | None, *, keep_turn: bool = False) -> Row:
-        if record.conversation is not None and not (keep_turn and record.turn is not None):
-            record.turn = self.turns.next(record.conversation)
+    def _row(self, record: Record, index: int, failure: str | None, after: str | None) -> Row:
         limits = self.limits.limits_for(record.host, record.path, record.model)
         return Row(record, index, failure, limits.rule, limits.max_images, limits.max_body_bytes, after)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import anthropic, bedrock, gemini, ollama, openai_chat, openai_responses
-from ._base import DOCUMENT, IMAGE, JsonPath, Media, WireFormat, split_data_url
+from ._base import DOCUMENT, IMAGE, HistoryParts, JsonPath, Media, WireFormat, split_data_url
 
 FORMATS: dict[str, WireFormat] = {
     module.NAME: module
@@ -24,6 +24,15 @@ def streamed_path(path: str) -> bool:
     return path.partition("?")[0].endswith(_STREAM_SUFFIXES)
 
 
+def counted_turn_path(wire_format: str, path: str) -> str | None:
+    """For a token-count call (its format's COUNT_ENDINGS), the path of the turn it measures; None for any other path."""
+    path = path.partition("?")[0]
+    for count_ending, turn_ending in FORMATS[wire_format].COUNT_ENDINGS:
+        if path.endswith(count_ending):
+            return path[: len(path) - len(count_ending)] + turn_ending
+    return None
+
+
 # Shape detection order: the most distinctive shapes first, OpenAI chat (the most generic) last.
 _SHAPE_ORDER = (gemini, openai_responses, ollama, bedrock, anthropic, openai_chat)
 
@@ -39,5 +48,6 @@ def detect_shape(body: Any) -> str | None:
 
 
 __all__ = [
-    "DOCUMENT", "ENDPOINTS", "FORMATS", "IMAGE", "JsonPath", "Media", "WireFormat", "detect_shape", "split_data_url", "streamed_path",
+    "DOCUMENT", "ENDPOINTS", "FORMATS", "IMAGE", "HistoryParts", "JsonPath", "Media", "WireFormat", "counted_turn_path", "detect_shape",
+    "split_data_url", "streamed_path",
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 JsonPath = tuple[str | int, ...]
 
@@ -44,6 +44,9 @@ class WireFormat(Protocol):
     NAME: str
     ENDPOINTS: tuple[str, ...]  # URL path globs of its endpoints, most specific first
     STREAM_SUFFIXES: tuple[str, ...]  # path endings that ask for a streamed answer
+    # Token-count calls: (path ending of the count call, path ending of the turn it measures). A count call is
+    # pruned as that turn would be and recorded as kind count_tokens, never as a turn.
+    COUNT_ENDINGS: tuple[tuple[str, str], ...]
 
     def find_media(self, body: dict[str, Any]) -> list[Media]:
         """Every image and document in document order."""
@@ -67,9 +70,18 @@ class WireFormat(Protocol):
         """Whether a body with no known endpoint path looks like this format."""
         ...
 
-    def conversation_anchor(self, body: dict[str, Any]) -> Any:
-        """The part of the body that stays the same on every turn of one conversation."""
+    def history(self, body: dict[str, Any]) -> HistoryParts:
+        """Where the body keeps its conversation: the messages, and what sets them up."""
         ...
+
+
+class HistoryParts(NamedTuple):
+    """A request's conversation as its format lays it out (trimflow._conversation digests it)."""
+
+    request: dict[str, Any]  # the request proper, where session fields live (a wrapper's inner request)
+    head: Any  # what sets the conversation up outside its messages: system prompt, instructions (None if none)
+    items: list[Any]  # the messages (items, contents), oldest first
+    path: JsonPath  # where `items` sits in the body: a media path below it names its item
 
 
 def kind_of_mime(mime: str | None) -> str:
@@ -151,10 +163,6 @@ def dicts(value: Any) -> list[tuple[int, dict[str, Any]]]:
     return [(i, item) for i, item in enumerate(value) if isinstance(item, dict)]
 
 
-def first_items(body: dict[str, Any], *keys: str, count: int = 1) -> list[Any]:
-    """The stable head of a conversation: these top-level values plus the first items of the last key's list."""
-    *fixed, listed = keys
-    head = [body.get(key) for key in fixed]
-    items = body.get(listed)
-    head.append(items[:count] if isinstance(items, list) else items)
-    return head
+def listed(value: Any) -> list[Any]:
+    """`value` when it is a list, else no items (malformed input passes)."""
+    return value if isinstance(value, list) else []

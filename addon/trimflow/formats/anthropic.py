@@ -10,22 +10,28 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import unquote
 
-from ._base import DOCUMENT, IMAGE, JsonPath, Media, dicts, first_items, kind_of_mime, replace_images, replace_parts
+from ._base import DOCUMENT, IMAGE, HistoryParts, JsonPath, Media, dicts, kind_of_mime, listed, replace_images, replace_parts
 
 NAME = "anthropic"
 
 # URL path globs of this format's endpoints (fnmatch, whole path, query excluded).
 # Vertex AI (the body has anthropic_version and no model), Bedrock InvokeModel with a Claude body, then the
-# direct API. /v1/messages/count_tokens and /v1/messages/batches are not matched: a glob matches the whole path.
+# direct API and its token counting. /v1/messages/batches is not matched: a glob matches the whole path.
 ENDPOINTS: tuple[str, ...] = (
     "*/publishers/anthropic/models/*:rawPredict",
     "*/publishers/anthropic/models/*:streamRawPredict",
     "*/model/*/invoke",
     "*/model/*/invoke-with-response-stream",
     "*/v1/messages",
+    "*/v1/messages/count_tokens",
 )
 # Path endings that ask for a streamed answer whatever the body says.
 STREAM_SUFFIXES: tuple[str, ...] = (":streamRawPredict", "/invoke-with-response-stream")
+# Token counting, and the turn it measures: the direct API, and Vertex's count-tokens model (its own rawPredict path).
+COUNT_ENDINGS: tuple[tuple[str, str], ...] = (
+    ("/v1/messages/count_tokens", "/v1/messages"),
+    ("/publishers/anthropic/models/count-tokens:rawPredict", "/publishers/anthropic/models/count-tokens:rawPredict"),
+)
 
 
 def find_media(body: dict[str, Any]) -> list[Media]:
@@ -102,5 +108,5 @@ def matches_shape(body: dict[str, Any]) -> bool:
     return False
 
 
-def conversation_anchor(body: dict[str, Any]) -> Any:
-    return first_items(body, "system", "messages")
+def history(body: dict[str, Any]) -> HistoryParts:
+    return HistoryParts(body, body.get("system"), listed(body.get("messages")), ("messages",))

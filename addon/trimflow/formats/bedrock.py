@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import unquote
 
-from ._base import DOCUMENT, IMAGE, JsonPath, Media, dicts, first_items, replace_images, replace_parts
+from ._base import DOCUMENT, IMAGE, HistoryParts, JsonPath, Media, dicts, listed, replace_images, replace_parts
 
 NAME = "bedrock-converse"
 
@@ -19,6 +19,8 @@ NAME = "bedrock-converse"
 ENDPOINTS: tuple[str, ...] = ("*/model/*/converse", "*/model/*/converse-stream")
 # Path endings that ask for a streamed answer whatever the body says.
 STREAM_SUFFIXES: tuple[str, ...] = ("/converse-stream",)
+# Bedrock's CountTokens wraps the request in another shape (input.converse): not read.
+COUNT_ENDINGS: tuple[tuple[str, str], ...] = ()
 
 _KINDS = {"image": IMAGE, "document": DOCUMENT, "video": "video"}
 
@@ -83,5 +85,5 @@ def matches_shape(body: dict[str, Any]) -> bool:
     return False
 
 
-def conversation_anchor(body: dict[str, Any]) -> Any:
-    return first_items(body, "system", "messages")
+def history(body: dict[str, Any]) -> HistoryParts:
+    return HistoryParts(body, body.get("system"), listed(body.get("messages")), ("messages",))

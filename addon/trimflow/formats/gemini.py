@@ -1,8 +1,9 @@
-"""Gemini and Vertex generateContent / streamGenerateContent.
+"""Gemini and Vertex generateContent / streamGenerateContent, and countTokens.
 
 Media are parts of `contents[].parts[]` and of `functionResponse.parts[]` (Gemini 3 tool results),
 spelled `inline_data{mime_type,data}` or `inlineData{mimeType,data}` (and mixes of the two); `file_data`/`fileData` point
-at stored files. The model is named in the URL path only.
+at stored files. The model is named in the URL path only. A countTokens body is `{"contents": [...]}` (what
+Google's SDK, and so Gemini CLI, sends to the Gemini API) or wraps a whole request in `generateContentRequest`.
 """
 
 from __future__ import annotations
@@ -10,22 +11,33 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ._base import JsonPath, Media, dicts, first_items, kind_of_mime, replace_images, replace_parts
+from ._base import HistoryParts, JsonPath, Media, dicts, kind_of_mime, listed, replace_images, replace_parts
 
 NAME = "gemini"
 
 # URL path globs of this format's endpoints (fnmatch, whole path, query excluded).
 # Gemini API and Vertex Gemini (.../publishers/google/models/{m}:generateContent).
-ENDPOINTS: tuple[str, ...] = ("*:generateContent", "*:streamGenerateContent")
+ENDPOINTS: tuple[str, ...] = ("*:generateContent", "*:streamGenerateContent", "*:countTokens")
 # Path endings that ask for a streamed answer whatever the body says.
 STREAM_SUFFIXES: tuple[str, ...] = (":streamGenerateContent",)
+# Token counting (Gemini CLI calls it before each turn), and the turn it measures.
+COUNT_ENDINGS: tuple[tuple[str, str], ...] = ((":countTokens", ":generateContent"),)
+
+
+def request_of(body: dict[str, Any]) -> tuple[dict[str, Any], JsonPath]:
+    """The request inside a body, and its path: countTokens may wrap it in `generateContentRequest`."""
+    wrapped = body.get("generateContentRequest")
+    if "contents" not in body and isinstance(wrapped, dict):
+        return wrapped, ("generateContentRequest",)
+    return body, ()
 
 
 def find_media(body: dict[str, Any]) -> list[Media]:
+    request, root = request_of(body)
     found: list[Media] = []
-    for c, content in dicts(body.get("contents")):
+    for c, content in dicts(request.get("contents")):
         for p, part in dicts(content.get("parts")):
-            path = ("contents", c, "parts", p)
+            path = (*root, "contents", c, "parts", p)
             _add(found, path, part)
             for key in ("functionResponse", "function_response"):
                 response = part.get(key)
@@ -103,5 +115,7 @@ def matches_shape(body: dict[str, Any]) -> bool:
     return isinstance(contents, list) and any("parts" in item for _, item in dicts(contents))
 
 
-def conversation_anchor(body: dict[str, Any]) -> Any:
-    return first_items(body, "systemInstruction", "system_instruction", "contents")
+def history(body: dict[str, Any]) -> HistoryParts:
+    request, root = request_of(body)
+    head = request.get("systemInstruction", request.get("system_instruction"))
+    return HistoryParts(request, head, listed(request.get("contents")), (*root, "contents"))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ._base import IMAGE, JsonPath, Media, dicts, first_items, rebuild
+from ._base import IMAGE, HistoryParts, JsonPath, Media, dicts, listed, rebuild
 
 NAME = "ollama"
 
@@ -17,6 +17,7 @@ NAME = "ollama"
 ENDPOINTS: tuple[str, ...] = ("*/api/chat",)
 # Ollama streams unless the body says "stream": false; the path never says.
 STREAM_SUFFIXES: tuple[str, ...] = ()
+COUNT_ENDINGS: tuple[tuple[str, str], ...] = ()
 
 
 def find_media(body: dict[str, Any]) -> list[Media]:
@@ -69,5 +70,6 @@ def matches_shape(body: dict[str, Any]) -> bool:
     return any(isinstance(message.get("images"), list) for _, message in dicts(body.get("messages")))
 
 
-def conversation_anchor(body: dict[str, Any]) -> Any:
-    return first_items(body, "messages", count=2)
+def history(body: dict[str, Any]) -> HistoryParts:
+    # The system prompt is the first message.
+    return HistoryParts(body, None, listed(body.get("messages")), ("messages",))

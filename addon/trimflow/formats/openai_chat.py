@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ._base import DOCUMENT, IMAGE, JsonPath, Media, data_url, dicts, first_items, replace_images, replace_parts, url_media
+from ._base import DOCUMENT, IMAGE, HistoryParts, JsonPath, Media, data_url, dicts, listed, replace_images, replace_parts, url_media
 
 NAME = "openai-chat"
 
@@ -19,6 +19,7 @@ NAME = "openai-chat"
 ENDPOINTS: tuple[str, ...] = ("*/chat/completions",)
 # Streaming is asked in the body ("stream": true), never by the path.
 STREAM_SUFFIXES: tuple[str, ...] = ()
+COUNT_ENDINGS: tuple[tuple[str, str], ...] = ()
 
 
 def find_media(body: dict[str, Any]) -> list[Media]:
@@ -86,5 +87,6 @@ def matches_shape(body: dict[str, Any]) -> bool:
     return isinstance(messages, list) and isinstance(body.get("model"), str)
 
 
-def conversation_anchor(body: dict[str, Any]) -> Any:
-    return first_items(body, "messages", count=2)
+def history(body: dict[str, Any]) -> HistoryParts:
+    # The system (or developer) prompt is the first message.
+    return HistoryParts(body, None, listed(body.get("messages")), ("messages",))

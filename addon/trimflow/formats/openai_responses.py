@@ -7,18 +7,23 @@ live on the provider, where no proxy can prune them.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
-from ._base import DOCUMENT, IMAGE, JsonPath, Media, data_url, dicts, replace_images, replace_parts, url_media
+import orjson
+
+from ._base import DOCUMENT, IMAGE, HistoryParts, JsonPath, Media, data_url, dicts, replace_images, replace_parts, url_media
 
 NAME = "openai-responses"
 
 # URL path globs of this format's endpoints (fnmatch, whole path, query excluded).
-# /v1/responses, Codex's /backend-api/codex/responses and .../responses/compact.
-ENDPOINTS: tuple[str, ...] = ("*/responses/compact", "*/responses")
+# /v1/responses, Codex's /backend-api/codex/responses, .../responses/compact, and the input token count.
+ENDPOINTS: tuple[str, ...] = ("*/responses/compact", "*/responses/input_tokens", "*/responses")
 # Streaming is asked in the body ("stream": true), never by the path.
 STREAM_SUFFIXES: tuple[str, ...] = ()
+# POST /v1/responses/input_tokens counts the tokens of a Responses request body.
+COUNT_ENDINGS: tuple[tuple[str, str], ...] = (("/responses/input_tokens", "/responses"),)
 
 
 def request_of(body: dict[str, Any]) -> tuple[dict[str, Any], JsonPath]:
@@ -89,7 +94,45 @@ def server_side_history(body: dict[str, Any]) -> bool:
     return bool(request.get("previous_response_id"))
 
 
-def conversation_anchor(body: dict[str, Any]) -> Any:
+# Server events that end a response on the WebSocket. Each event's type is its first key.
+_ANSWER_EVENT = re.compile(rb'\s*\{\s*"type"\s*:\s*"(response\.completed|response\.incomplete|response\.failed|error)"')
+# The HTTP status each stands for: a response that ran (completed, or cut short by a limit such as max_output_tokens)
+# is a 200; a failed one a server error; an `error` event carries its own status (400 when it does not).
+_ANSWER_STATUS = {b"response.completed": 200, b"response.incomplete": 200, b"response.failed": 500}
+
+
+def websocket_answer(message: bytes) -> tuple[int, int | None, str | None] | None:
+    """(status, input tokens, response id) from a server WebSocket message that ends a response, else None."""
+    found = _ANSWER_EVENT.match(message)
+    if found is None:
+        return None
+    try:
+        event = orjson.loads(message)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(event, dict):
+        return None
+    status = _ANSWER_STATUS.get(found.group(1))
+    if status is None:
+        given = event.get("status")
+        status = given if isinstance(given, int) and not isinstance(given, bool) else 400
+    response = event.get("response")
+    response = response if isinstance(response, dict) else {}
+    usage = response.get("usage")
+    tokens = usage.get("input_tokens") if isinstance(usage, dict) else None
+    rid = response.get("id")
+    return status, tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else None, rid if isinstance(rid, str) else None
+
+
+def is_warmup(body: dict[str, Any]) -> bool:
+    """A WebSocket `response.create` with `generate: false` only prepares the next turn: no output, not a turn."""
     request, _ = request_of(body)
+    return request.get("generate") is False or body.get("generate") is False
+
+
+def history(body: dict[str, Any]) -> HistoryParts:
+    request, root = request_of(body)
     items = request.get("input")
-    return [request.get("instructions"), items[:2] if isinstance(items, list) else items]
+    # A plain string input is one user message.
+    listed = items if isinstance(items, list) else [items] if isinstance(items, str) else []
+    return HistoryParts(request, request.get("instructions"), listed, (*root, "input"))

@@ -16,7 +16,7 @@ from .._decode import DecodeError, decode_body
 from .._metrics import MetricsFile
 from .._record import Record
 from .._usage import UsageScanner, input_tokens_of
-from ..formats import streamed_path
+from ..formats import openai_responses, streamed_path
 from .options import check_writable, exits_at_startup
 from .state import Flows, write
 
@@ -65,7 +65,7 @@ class Metrics:
             return
         if flow.response.headers.get("content-type", "").startswith(_STREAMED_TYPES) or streamed_path(flow.request.path):
             # Pass events through as they come (mitmproxy buffers by default) and read usage on the way.
-            flow.response.stream = UsageScanner()
+            flow.response.stream = AnswerScanner()
 
     def response(self, flow: http.HTTPFlow) -> None:
         state = self.flows.get(flow)
@@ -76,14 +76,17 @@ class Metrics:
             return
         record.status = flow.response.status_code
         scanner = flow.response.stream
-        if isinstance(scanner, UsageScanner):
+        content = b""
+        if isinstance(scanner, AnswerScanner):
             record.usage_input_tokens = scanner.input_tokens
+            content = scanner.head
         elif flow.response.raw_content is not None:
             try:  # bounded like requests: an upstream's compressed answer is not inflated past the limit
                 content = decode_body(flow.response.raw_content, flow.response.headers.get("content-encoding"), self.flows.max_decoded_bytes)
             except DecodeError:
                 content = b""  # usage unknown; the client gets the answer as it came
             record.usage_input_tokens = input_tokens_of(content)
+        self.flows.responded(record, state.thread, content[:ANSWER_HEAD])
         write(flow, state)  # before mitmproxy's save addon, later in its chain, writes the flow
         self._finish(record, None)
 
@@ -98,11 +101,33 @@ class Metrics:
             self._finish(record, state.error)
 
     def websocket_message(self, flow: http.HTTPFlow) -> None:
-        """The record the prune addon made of a client's `response.create` message, if it made one."""
+        """A client's `response.create` the prune addon made a record of waits for the server's answer to it;
+        the server event that ends that response (one at a time per connection) gives its status and usage."""
         state = self.flows.get(flow)
-        if state is not None and state.record is not None:
-            record, state.record = state.record, None
-            self._finish(record, None)
+        if state is None or flow.websocket is None:
+            return
+        if state.record is not None:
+            state.waiting.append((state.record, state.thread))
+            state.record = state.thread = None
+            return
+        message = flow.websocket.messages[-1]
+        if message.from_client or not state.waiting:
+            return
+        answer = openai_responses.websocket_answer(message.content)
+        if answer is None:
+            return
+        record, thread = state.waiting.pop(0)
+        record.status, record.usage_input_tokens, response_id = answer
+        self.flows.conversations.responded(thread, response_id)
+        self._finish(record, None)
+
+    def websocket_end(self, flow: http.HTTPFlow) -> None:
+        """Requests still waiting when the connection closed: their records, with no answer."""
+        state = self.flows.get(flow)
+        if state is not None and state.waiting:
+            waiting, state.waiting = state.waiting, []
+            for record, _ in waiting:
+                self._finish(record, "connection closed before the answer")
 
     def _finish(self, record: Record, error: str | None) -> None:
         """Logs the flow's line and writes its record shortly after the answer has gone out (see FLUSH_DELAY)."""
@@ -120,3 +145,19 @@ class Metrics:
             log.info("trimflow: %s", record.summary())
             if self.file is not None:
                 self.file.write(record, error)
+
+
+ANSWER_HEAD = 4096  # bytes of an answer kept for its id (a Responses answer names it first)
+
+
+class AnswerScanner(UsageScanner):
+    """A UsageScanner that also keeps the first bytes of the answer, where a Responses answer names its id."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = b""
+
+    def feed(self, chunk: bytes) -> None:
+        if len(self.head) < ANSWER_HEAD:
+            self.head += chunk[: ANSWER_HEAD - len(self.head)]
+        super().feed(chunk)

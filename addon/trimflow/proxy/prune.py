@@ -15,6 +15,7 @@ import logging
 from mitmproxy import ctx, exceptions, http
 
 from .. import ENFORCE, MODES, NeedsWorker, Outcome, prune
+from .._conversation import History
 from .._decode import DEFAULT_MAX_DECODED_BYTES, DecodeError, decode_body, is_identity
 from .._decode import OPTION as DECODE_OPTION
 from .._record import Record, utc_timestamp
@@ -88,10 +89,11 @@ class Prune:
             if flow.request.raw_content is None:
                 self._warn_streamed(flow, state)
                 return
+            history = None
             try:
                 record, outcome = self._prune_flow(flow, state, inline=True)
             except NeedsWorker:
-                record, outcome = await asyncio.to_thread(self._prune_in_worker, flow, state)
+                record, outcome, history = await asyncio.to_thread(self._prune_in_worker, flow, state)
             if outcome is not None and outcome.record_pending:
                 # Nothing to change: mitmproxy forwards the request as soon as this hook returns, and the
                 # record is worked out on the next turn of the loop, while the provider answers.
@@ -105,15 +107,16 @@ class Prune:
             log.warning("trimflow: %s%s forwarded untouched: internal error %s", flow.request.pretty_host, path_of(flow), type(exc).__name__)
             return
         if record is not None:
-            self.flows.keep(flow, state, record)
+            self.flows.keep(flow, state, record, history if outcome is None else outcome.history)
 
-    def _prune_in_worker(self, flow: http.HTTPFlow, state: FlowState) -> tuple[Record | None, Outcome | None]:
+    def _prune_in_worker(self, flow: http.HTTPFlow, state: FlowState) -> tuple[Record | None, Outcome | None, History | None]:
         record, outcome = self._prune_flow(flow, state, inline=False)
+        history = outcome.history if outcome is not None and record is not None else None  # digested here, off the loop
         if outcome is not None and outcome.changed and not is_identity(flow.request.headers.get("content-encoding")):
             # Compressing the new body is slow: done here, and nothing is left for the loop to forward.
             flow.request.content = outcome.body
             outcome = None
-        return record, outcome
+        return record, outcome, history
 
     def _prune_flow(self, flow: http.HTTPFlow, state: FlowState, inline: bool) -> tuple[Record | None, Outcome | None]:
         """The record, and the outcome whose body the caller forwards. With `inline` (on the event loop)
@@ -182,7 +185,7 @@ class Prune:
             return
         if outcome.changed:
             message.content = outcome.body
-        self.flows.number(record)
+        state.thread = self.flows.number(record, outcome.history)
         state.record = record  # for the metrics addon's websocket_message, next in the chain
 
 

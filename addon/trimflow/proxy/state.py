@@ -15,7 +15,7 @@ import weakref
 from mitmproxy import http
 
 from .. import Outcome
-from .._conversation import TurnCounter
+from .._conversation import Conversations, History, Thread, response_id_of
 from .._decode import DEFAULT_MAX_DECODED_BYTES
 from .._record import Record
 from .._rules import RulesFile, Target
@@ -29,16 +29,20 @@ META = "trimflow"  # flow.metadata key holding the flow's record as a dict (the 
 
 class FlowState:
     """One LLM flow: its Target, resolved once; its record; the outcome whose record is still to be
-    worked out (Outcome.record_pending); the error that ended the flow, if one did. For a WebSocket
-    flow, `record` holds the last client message's record until the metrics addon takes it."""
+    worked out (Outcome.record_pending); the error that ended the flow, if one did; its place in its
+    conversation (`thread`, which learns the answer's id). For a WebSocket flow, `record` and `thread`
+    hold the last client message's until the metrics addon takes them into `waiting`, where each
+    waits for the server's answer to it."""
 
-    __slots__ = ("target", "record", "pending", "error")
+    __slots__ = ("target", "record", "pending", "error", "thread", "waiting")
 
     def __init__(self, target: Target) -> None:
         self.target = target
         self.record: Record | None = None
         self.pending: Outcome | None = None
         self.error: str | None = None
+        self.thread: Thread | None = None
+        self.waiting: list[tuple[Record, Thread | None]] = []
 
 
 class Flows:
@@ -47,7 +51,7 @@ class Flows:
     def __init__(self) -> None:
         self.rules: RulesFile | None = None
         self.max_decoded_bytes = DEFAULT_MAX_DECODED_BYTES
-        self.turns = TurnCounter()
+        self.conversations = Conversations()
         self._states: weakref.WeakKeyDictionary[http.HTTPFlow, FlowState | None] = weakref.WeakKeyDictionary()
 
     def state(self, flow: http.HTTPFlow) -> FlowState | None:
@@ -92,20 +96,29 @@ class Flows:
             return None
         if record is not None:
             log_reason(flow, record)
-            self.keep(flow, state, record)
+            self.keep(flow, state, record, outcome.history)
         return record
 
-    def keep(self, flow: http.HTTPFlow, state: FlowState, record: Record) -> None:
+    def keep(self, flow: http.HTTPFlow, state: FlowState, record: Record, history: History | None) -> None:
         """Make `record` the flow's record: numbered in its conversation, written to the flow."""
-        self.number(record)
+        state.thread = self.number(record, history)
         state.record = record
         write(flow, state)
         flow.comment = flow_comment(record)
 
-    def number(self, record: Record) -> None:
-        """The record's turn in its conversation."""
-        if record.conversation is not None:
-            record.turn = self.turns.next(record.conversation)
+    def number(self, record: Record, history: History | None) -> Thread | None:
+        """The record's conversation, turn and segment, from its history (trimflow._conversation); returns its
+        place in the conversation, for `responded`. A body that could not be read has none."""
+        if history is None:
+            return None
+        assignment = self.conversations.assign(history, record.kind)
+        record.conversation, record.turn, record.segment = assignment.conversation, assignment.turn, assignment.segment
+        return assignment.thread
+
+    def responded(self, record: Record, thread: Thread | None, answer_head: bytes) -> None:
+        """A Responses answer names its id: a later request naming it as previous_response_id continues this conversation."""
+        if thread is not None and record.format == openai_responses.NAME:
+            self.conversations.responded(thread, response_id_of(answer_head))
 
 
 def write(flow: http.HTTPFlow, state: FlowState) -> None:
