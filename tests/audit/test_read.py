@@ -15,7 +15,7 @@ from wsproto.frame_protocol import Opcode
 from trimflow import ENFORCE, prune_request
 from trimflow._conversation import Conversations
 from trimflow.audit._read import classify_failure, record_from_dict
-from trimflow.testing import session_body
+from trimflow.testing import PATHS, session_body
 
 from ..helpers import rules_with
 from .helpers import (
@@ -272,3 +272,112 @@ def test_several_inputs_at_once(tmp_path, capsys) -> None:
 )
 def test_failures_are_recognised_by_status_and_text(status, text, category) -> None:
     assert classify_failure(status, text) == category
+
+
+# --- conversations told apart by their history ------------------------------------------------------------------
+
+
+def conversations_of(report: dict, kind: str = "turn") -> dict[str, list[int]]:
+    """Each conversation's turn numbers, in file order, over the records of one kind."""
+    turns: dict[str, list[int]] = {}
+    for r in rows(report):
+        if r["kind"] == kind:
+            turns.setdefault(r["conversation"], []).append(r["turn"])
+    return turns
+
+
+@pytest.mark.parametrize("kind", ["mitm", "har", "jsonl"])
+def test_two_identical_runs_back_to_back_are_two_conversations(tmp_path, capsys, kind) -> None:
+    # The same CI test run twice through one proxy: the second run's history starts over.
+    flows = session(4) + session(4)
+    if kind == "mitm":
+        path = write_dump(tmp_path / "runs.mitm", flows)
+    elif kind == "har":
+        path = write_har(tmp_path / "runs.har", flows)
+    else:  # what the proxy wrote: its numbering, as the audit keeps it
+        proxy = Conversations()
+        records = [proxied_flow(t, max_images=8, conversations=proxy).metadata["trimflow"] for t in [1, 2, 3, 4] * 2]
+        path = tmp_path / "runs.jsonl"
+        path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    _, report, _ = audit_json(capsys, path)
+    assert list(conversations_of(report).values()) == [[1, 2, 3, 4], [1, 2, 3, 4]]
+    assert len(report["summary"]["conversations"]) == 2
+
+
+def test_old_records_that_merged_two_runs_are_renumbered_from_their_bodies(tmp_path, capsys) -> None:
+    # Records written before conversations were told apart by history: one id for both runs, no kind.
+    flows = session(3) + session(3)
+    for turn, flow in enumerate(flows, 1):
+        record = prune_request(flow.request.url, flow.request.headers, flow.request.content, rules_with(max_images=8)).record.to_dict()
+        del record["kind"], record["segment"]
+        flow.metadata["trimflow"] = {**record, "conversation": "0ld0ne00", "turn": turn}
+    _, report, _ = audit_json(capsys, write_dump(tmp_path / "old.mitm", flows))
+    assert list(conversations_of(report).values()) == [[1, 2, 3], [1, 2, 3]]
+
+
+@pytest.mark.parametrize("wire_format", sorted(PATHS))
+def test_a_history_without_a_system_message_is_one_conversation(tmp_path, capsys, wire_format) -> None:
+    flows = []
+    for turn in range(1, 6):
+        body = session_body(wire_format, turn, SHOT, "image/png")
+        body.pop("system", None), body.pop("systemInstruction", None), body.pop("instructions", None)
+        if "messages" in body:
+            body["messages"] = [m for m in body["messages"] if m.get("role") != "system"]
+        flows.append(llm_flow(wire_format, body=orjson.dumps(body)))
+    _, report, _ = audit_json(capsys, write_dump(tmp_path / "run.mitm", flows))
+    assert list(conversations_of(report).values()) == [[1, 2, 3, 4, 5]]
+
+
+def test_a_har_recorded_through_trimflow_is_one_conversation(tmp_path, capsys) -> None:
+    # A HAR keeps no trimflow record: the audit reads the pruned bodies, whose placeholders it leaves out.
+    flows = [proxied_flow(t, max_images=2) for t in range(1, 8)]
+    assert b"[trimflow: image #" in flows[-1].request.content
+    _, report, _ = audit_json(capsys, write_har(tmp_path / "through.har", flows))
+    assert list(conversations_of(report).values()) == [[1, 2, 3, 4, 5, 6, 7]]
+
+
+@pytest.mark.parametrize("kind", ["mitm", "har"])
+def test_gemini_token_counts_are_in_their_conversation_and_are_no_turns(tmp_path, capsys, kind) -> None:
+    host, count_path = "generativelanguage.googleapis.com", PATHS["gemini"].replace(":generateContent", ":countTokens")
+    flows = []
+    for turn in range(1, 4):
+        contents = session_body("gemini", turn, SHOT, "image/png")["contents"]
+        flows.append(llm_flow("gemini", host=host, path=count_path, body=orjson.dumps({"contents": contents}), answer=b'{"totalTokens": 99}'))
+        flows.append(llm_flow("gemini", turn, host=host))
+    path = write_dump(tmp_path / "gemini.mitm", flows) if kind == "mitm" else write_har(tmp_path / "gemini.har", flows)
+    _, report, _ = audit_json(capsys, path)
+    ((conversation, turns),) = conversations_of(report).items()
+    assert turns == [1, 2, 3]
+    counts = [r for r in rows(report) if r["kind"] == "count_tokens"]
+    assert [(r["conversation"], r["turn"], r["images_before"]) for r in counts] == [(None, None, 1), (conversation, None, 2), (conversation, None, 3)]
+    assert len(report["summary"]["conversations"]) == 2  # the first count extends nothing yet: listed apart, never a turn
+
+
+def test_a_codex_websocket_session_has_its_answers_and_no_warmup_turn(tmp_path, capsys) -> None:
+    flow = tflow.twebsocketflow(messages=False)
+    flow.request.host, flow.request.path = "chatgpt.com", "/backend-api/codex/responses"
+
+    def event(payload: dict, from_client: bool, at: float) -> WebSocketMessage:
+        return WebSocketMessage(Opcode.TEXT, from_client, orjson.dumps(payload), at)
+
+    def completed(rid: str, tokens: int) -> dict:
+        return {"type": "response.completed", "response": {"id": rid, "status": "completed", "usage": {"input_tokens": tokens}}}
+
+    first = {"type": "response.create", **session_body("openai-responses", 2, SHOT, "image/png"), "previous_response_id": "resp_w"}
+    second = {"type": "response.create", "model": "gpt-5", "previous_response_id": "resp_1", "input": [{"role": "user", "content": "more"}]}
+    flow.websocket.messages = [
+        event({"type": "response.create", "model": "gpt-5", "instructions": "You are Codex.", "input": [], "generate": False}, True, 1.0),
+        event(completed("resp_w", 11), False, 1.1),
+        event(first, True, 2.0),
+        event({"type": "response.output_text.delta", "delta": "..."}, False, 2.1),
+        event(completed("resp_1", 2222), False, 2.2),
+        event(second, True, 3.0),
+        event({"type": "error", "status": 400, "error": {"message": "Max images exceeded"}}, False, 3.1),
+    ]
+    _, report, _ = audit_json(capsys, write_dump(tmp_path / "codex.mitm", [flow]))
+    records = rows(report)
+    assert [(r["kind"], r["turn"], r["status"], r["usage_input_tokens"]) for r in records] == [
+        ("warmup", None, 200, 11), ("turn", 1, 200, 2222), ("turn", 2, 400, None),
+    ]
+    assert len({r["conversation"] for r in records}) == 1
+    assert only_conversation(report)["failures"] == [{"turn": 2, "status": 400, "category": "too many images"}]

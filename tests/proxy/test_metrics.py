@@ -6,16 +6,19 @@ from __future__ import annotations
 import logging
 
 import orjson
+import pytest
 from mitmproxy import http, io
 from mitmproxy.addons import save
 from mitmproxy.proxy.layers import http as http_layer
 from mitmproxy.test import taddons, tflow, tutils
+from mitmproxy.websocket import WebSocketMessage
+from wsproto.frame_protocol import Opcode
 
 from trimflow import proxy
-from trimflow.testing import PATHS
+from trimflow.testing import PATHS, session_body
 
 from ..helpers import answer_sent, requested
-from .flows import json_answer, llm_flow, write_rules
+from .flows import SHOT, json_answer, llm_flow, write_rules
 
 
 def test_options_have_defaults_and_help() -> None:
@@ -140,3 +143,93 @@ async def test_a_recording_holds_the_final_record(tmp_path) -> None:
     record = recorded.metadata[proxy.META]
     assert (record["images_before"], record["images_after"], record["status"], record["usage_input_tokens"]) == (3, 2, 200, 99)
 
+
+
+# --- conversations: WebSocket answers, Responses chains, reruns ----------------------------------------------
+
+
+def ws_send(flow, payload: dict, from_client: bool) -> None:
+    flow.websocket.messages.append(WebSocketMessage(Opcode.TEXT, from_client, orjson.dumps(payload)))
+
+
+def completed(response_id: str, input_tokens: int) -> dict:
+    return {"type": "response.completed", "sequence_number": 9,
+            "response": {"id": response_id, "object": "response", "status": "completed", "usage": {"input_tokens": input_tokens}}}
+
+
+async def test_websocket_records_carry_their_answer_and_a_warmup_is_no_turn(addon, tmp_path) -> None:
+    """Codex over its WebSocket: a warm-up (generate: false), then turns that chain to the answer before them."""
+    addon.tctx.configure(addon, trimflow_metrics=str(tmp_path / "m.jsonl"))
+    flow = tflow.twebsocketflow(messages=False)
+    flow.request.path = "/backend-api/codex/responses"
+    warmup = {"type": "response.create", "model": "gpt-5", "instructions": "You are Codex.", "input": [], "generate": False}
+    turns = [
+        {**session_body("openai-responses", 3, SHOT, "image/png"), "previous_response_id": "resp_warm"},
+        {"model": "gpt-5", "previous_response_id": "resp_1", "input": [{"role": "user", "content": [{"type": "input_text", "text": "go on"}]}]},
+    ]
+    for request, answer in zip([warmup, *turns], [completed("resp_warm", 5), completed("resp_1", 1234), completed("resp_2", 2345)],
+                               strict=True):
+        ws_send(flow, {"type": "response.create", **request}, True)
+        await addon.websocket_message(flow)
+        for event in ({"type": "response.created", "response": {"id": answer["response"]["id"]}},
+                      {"type": "response.output_text.delta", "delta": '"type":"response.completed"'}, answer):
+            ws_send(flow, event, False)
+            await addon.websocket_message(flow)
+    await answer_sent()
+    records = [orjson.loads(line) for line in (tmp_path / "m.jsonl").read_bytes().splitlines()]
+    assert [(r["kind"], r["turn"], r["status"], r["usage_input_tokens"]) for r in records] == [
+        ("warmup", None, 200, 5), ("turn", 1, 200, 1234), ("turn", 2, 200, 2345),
+    ]
+    assert len({r["conversation"] for r in records}) == 1 and records[0]["conversation"] is not None
+    assert records[1]["images_before"] == 3 and records[1]["images_after"] == 2
+
+
+async def test_a_websocket_error_event_and_a_closed_connection_are_recorded(addon, tmp_path) -> None:
+    addon.tctx.configure(addon, trimflow_metrics=str(tmp_path / "m.jsonl"))
+    flow = tflow.twebsocketflow(messages=False)
+    flow.request.path = "/v1/responses"
+    for _ in range(2):
+        ws_send(flow, {"type": "response.create", **session_body("openai-responses", 1, SHOT, "image/png")}, True)
+        await addon.websocket_message(flow)
+    ws_send(flow, {"type": "error", "status": 400, "error": {"code": "previous_response_not_found", "message": "no"}}, False)
+    await addon.websocket_message(flow)
+    addon.get(proxy.Metrics).websocket_end(flow)  # the second never got its answer
+    await answer_sent()
+    lines = (tmp_path / "m.jsonl").read_bytes().splitlines()
+    assert [(r["status"], r.get("error")) for r in map(orjson.loads, lines)] == [(400, None), (None, "connection closed before the answer")]
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["json", "sse"])
+async def test_a_responses_chain_over_http_follows_the_answers_id(addon, streamed: bool) -> None:
+    first = llm_flow("openai-responses", turns=2)
+    await requested(addon, first)
+    if streamed:
+        first.response = tutils.tresp(content=None, headers=http.Headers(content_type="text/event-stream"))
+        addon.responseheaders(first)
+        for event in (b'event: response.created\ndata: {"type":"response.created","response":{"id":"resp_http_1"}}\n\n',
+                      b'event: response.completed\ndata: {"type":"response.completed","response":{"id":"resp_http_1"}}\n\n'):
+            first.response.stream(event)
+    else:
+        first.response = json_answer(b'{"id":"resp_http_1","object":"response","output":[{"id":"msg_9"}]}')
+        addon.responseheaders(first)
+    addon.response(first)
+    chained = llm_flow("openai-responses", body=orjson.dumps(
+        {"model": "gpt-4.1", "previous_response_id": "resp_http_1", "input": [{"role": "user", "content": "and now?"}]}))
+    await requested(addon, chained)
+    unknown = llm_flow("openai-responses", body=orjson.dumps(
+        {"model": "gpt-4.1", "previous_response_id": "resp_never_seen", "input": [{"role": "user", "content": "and now?"}]}))
+    await requested(addon, unknown)
+    a, b, c = (f.metadata[proxy.META] for f in (first, chained, unknown))
+    assert (a["turn"], b["turn"], b["conversation"]) == (1, 2, a["conversation"])
+    assert c["turn"] == 1 and c["conversation"] != a["conversation"]
+
+
+async def test_two_identical_runs_through_the_proxy_are_two_conversations(addon) -> None:
+    numbers = []
+    for _ in range(2):
+        for turns in range(1, 5):
+            flow = llm_flow("openai-chat", turns=turns)
+            await requested(addon, flow)
+            numbers.append((flow.metadata[proxy.META]["conversation"], flow.metadata[proxy.META]["turn"]))
+    assert [t for _, t in numbers] == [1, 2, 3, 4] * 2
+    assert len({c for c, _ in numbers[:4]}) == len({c for c, _ in numbers[4:]}) == 1 and numbers[0][0] != numbers[4][0]

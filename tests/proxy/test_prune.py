@@ -265,3 +265,22 @@ def test_plain_headers_read_as_mitmproxy_reads_them() -> None:
     plain = prune_module.plain_headers(request)
     names = ("content-type", "x-session-id", "accept")
     assert [plain[name] for name in names] == [request.headers[name.title()] for name in names]  # any case, joined alike
+
+
+async def test_gemini_token_counts_are_pruned_as_their_turn_and_are_no_turn(addon) -> None:
+    """Gemini CLI calls :countTokens with the next request's contents before each turn."""
+    host, count_path = "generativelanguage.googleapis.com", PATHS["gemini"].replace(":generateContent", ":countTokens")
+    records = []
+    for turns in range(1, 5):
+        contents = session_body("gemini", turns, SHOT, "image/png")["contents"]
+        count = llm_flow("gemini", host=host, path=count_path, body=orjson.dumps({"contents": contents}))
+        turn = llm_flow("gemini", turns=turns, host=host)
+        for flow in (count, turn):
+            await requested(addon, flow)
+            records.append(flow.metadata["trimflow"])
+        assert images_in(count) == images_in(turn) == min(turns, 2)  # the count measures what the turn sends
+    counts, turns_ = records[0::2], records[1::2]
+    assert [(r["kind"], r["turn"]) for r in counts] == [("count_tokens", None)] * 4
+    assert [(r["kind"], r["turn"]) for r in turns_] == [("turn", t) for t in (1, 2, 3, 4)]
+    (conversation,) = {r["conversation"] for r in turns_}
+    assert [r["conversation"] for r in counts] == [None, conversation, conversation, conversation]
