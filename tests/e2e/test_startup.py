@@ -52,6 +52,15 @@ def test_a_bad_rules_file_is_its_file_line_problem_alone(tmp_path: Path) -> None
     assert lines == [f"trimflow: {rules}:5: unknown field 'max_image' in rule 'gpt'; did you mean 'max_images'?"]
 
 
+
+def test_a_metrics_file_that_cannot_be_written_is_one_line(tmp_path: Path) -> None:
+    code, lines = start_wrong(tmp_path, "--set", f"trimflow_metrics={tmp_path}")
+    assert code != 0
+    # The rules load before the metrics option is checked: that info line comes first.
+    assert [line for line in lines if "trimflow: rules from" not in line] == [
+        f"trimflow: trimflow_metrics: cannot write {tmp_path}: Is a directory"
+    ]
+
 def test_a_bad_value_in_config_yaml_is_caught_too(tmp_path: Path) -> None:
     (tmp_path / "confdir").mkdir()
     (tmp_path / "confdir" / "config.yaml").write_text("trimflow_keep_memory: maybe\n")

@@ -121,15 +121,24 @@ def test_while_mitmproxy_starts_an_option_error_ends_it_with_its_line(tmp_path) 
         checker.finish()
 
 
-def test_an_unwritable_metrics_file_is_an_option_error(tmp_path, addon) -> None:
-    with pytest.raises(exceptions.OptionsError, match=r"^trimflow: trimflow_metrics: cannot write .*: Is a directory$"):
-        addon.tctx.configure(addon, trimflow_metrics=str(tmp_path))
-    blocker = tmp_path / "file"
-    blocker.write_text("")
-    with pytest.raises(exceptions.OptionsError, match=r"cannot write .*file/m\.jsonl: File exists$"):
-        addon.tctx.configure(addon, trimflow_metrics=str(blocker / "m.jsonl"))
-    addon.tctx.configure(addon, trimflow_metrics=str(tmp_path / "new" / "m.jsonl"))  # a new folder is made, as the writer would
-    assert (tmp_path / "new" / "m.jsonl").exists()
+def test_a_metrics_file_that_cannot_be_written_stops_mitmproxy_at_start_only(tmp_path) -> None:
+    checker = ErrorCheck()
+    instance = proxy.make_addons()
+    metrics = next(a for a in instance if isinstance(a, proxy.Metrics))
+    (tmp_path / "file").write_text("")
+    try:
+        with taddons.context(checker, *instance) as tctx:
+            with pytest.raises(SystemExit, match=r"^trimflow: trimflow_metrics: cannot write .*: Is a directory$"):
+                tctx.configure(metrics, trimflow_metrics=str(tmp_path))
+            with pytest.raises(SystemExit, match=r"^trimflow: trimflow_metrics: cannot write .*file/m\.jsonl: File exists$"):
+                tctx.configure(metrics, trimflow_metrics=str(tmp_path / "file" / "m.jsonl"))
+            tctx.configure(metrics, trimflow_metrics=str(tmp_path / "new" / "m.jsonl"))  # a new folder is made, as the writer would
+            assert (tmp_path / "new" / "m.jsonl").exists()
+            checker.finish()
+            # Running, writing fails open: forwarding goes on and the first failed write logs one error (tests/hostile).
+            tctx.configure(metrics, trimflow_metrics=str(tmp_path))
+    finally:
+        checker.finish()
 
 
 def test_a_profiles_file_given_is_checked_while_simulation_is_off(tmp_path, addon) -> None:

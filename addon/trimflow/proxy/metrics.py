@@ -17,7 +17,7 @@ from .._metrics import MetricsFile
 from .._record import Record
 from .._usage import UsageScanner, input_tokens_of
 from ..formats import openai_responses, streamed_path
-from .options import check_writable, exits_at_startup
+from .options import check_writable, exits_at_startup, starting
 from .state import Flows, write
 
 log = logging.getLogger("trimflow")
@@ -47,7 +47,8 @@ class Metrics:
     def configure(self, updated: set[str]) -> None:
         if "trimflow_metrics" in updated:
             path = ctx.options.trimflow_metrics
-            if path:
+            if path and starting():
+                # A path that cannot be written stops mitmproxy at start; later, writing fails open (one error line).
                 check_writable("trimflow_metrics", path)
             self._flush()  # into the file they were meant for
             if self.file is not None:
