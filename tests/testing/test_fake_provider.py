@@ -10,6 +10,7 @@ import gzip
 import http.client
 import io
 import json
+import math
 import re
 import signal
 import socket
@@ -32,7 +33,7 @@ from PIL import Image
 from trimflow._rules import builtin_rules
 from trimflow.formats import ENDPOINTS, streamed_path
 from trimflow.testing import PATHS, REPLY_TEXT, FakeProvider, Received, count_images, estimate_usage
-from trimflow.testing._fake_provider import main, route
+from trimflow.testing._fake_provider import base64_bytes, main, route
 
 from ..certs import make_server_cert
 
@@ -247,6 +248,22 @@ def test_gemini_json(provider: FakeProvider, gemini: genai.Client) -> None:
     assert r.usage_metadata.total_token_count == (
         r.usage_metadata.prompt_token_count + r.usage_metadata.candidates_token_count
     )
+
+
+def test_url_safe_base64_is_image_data(provider: FakeProvider, gemini: genai.Client) -> None:
+    """google-genai sends inline data in the URL-safe alphabet: the estimate counts it as the image, not as text."""
+    encoded = base64.urlsafe_b64encode(PNG)
+    assert b"-" in encoded and b"_" in encoded  # both URL-safe characters are really in play
+    part = {"inline_data": {"mime_type": "image/png", "data": encoded.decode()}}
+    body = json.dumps({"contents": [{"role": "user", "parts": [part, {"text": "what is this?"}]}]}).encode()
+    assert base64_bytes(body) == len(encoded)
+    assert estimate_usage(body).input_tokens == math.ceil((len(body) - len(encoded)) / 4) + 1600
+    gemini.models.generate_content(model="gemini-2.5-flash", contents=gemini_contents())
+    sent = last(provider).body
+    data = json.loads(sent)["contents"][0]["parts"][0]["inlineData"]["data"]
+    assert data == encoded.decode()  # the SDK's own encoding of the same PNG
+    assert base64_bytes(sent) == len(data)
+    assert estimate_usage(sent).input_tokens == math.ceil((len(sent) - len(data)) / 4) + 1600
 
 
 def test_gemini_stream_sse(provider: FakeProvider, gemini: genai.Client) -> None:

@@ -21,7 +21,8 @@ Usage is a deterministic estimate from the request body, realistic in magnitude:
     output_tokens = ceil(len(REPLY_TEXT) / 4)
 
 ``body_bytes`` is the decoded body length; ``base64_bytes`` the total length of runs of 256 or more base64
-characters (image payloads); ``images`` counts image markers with a regex scan, without parsing:
+characters (image payloads, in the standard or the URL-safe alphabet: google-genai sends ``-`` and ``_``);
+``images`` counts image markers with a regex scan, without parsing:
 ``"type":"image_url"`` (OpenAI chat), ``"type":"input_image"`` (Responses), ``"type":"image"``
 (Anthropic), ``"inline_data":``/``"inlineData":`` (Gemini), ``"image":{`` (Bedrock) and the strings in
 each Ollama ``"images":[...]`` list.
@@ -100,7 +101,7 @@ class Received:
 
 # --- usage estimate ----------------------------------------------------------------------------------------
 
-_B64_RUN = re.compile(rb"[A-Za-z0-9+/]{256,}={0,2}")
+_B64_RUN = re.compile(rb"[A-Za-z0-9+/_-]{256,}={0,2}")  # both alphabets: standard (+/) and URL-safe (-_)
 _IMAGE_MARKER = re.compile(
     rb'"type"\s*:\s*"(?:image_url|input_image|image)"'  # OpenAI chat, Responses, Anthropic
     rb'|"(?:inline_data|inlineData)"\s*:'  # Gemini, both spellings
