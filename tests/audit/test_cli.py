@@ -33,9 +33,14 @@ def test_unusable_input_exits_2_with_one_line(tmp_path, capsys, make, args, says
     assert len(reason) == 1 and says in reason[0], err
 
 
-def test_an_empty_recording_passes_with_a_warning(tmp_path, capsys) -> None:
-    code, _, err = audit(capsys, write_bytes(tmp_path / "empty.mitm", b""), "--fail-on", "images>8")
-    assert code == 0 and "no LLM requests found" in err
+def test_an_empty_recording_fails_without_a_fail_on_and_passes_with_allow_empty(tmp_path, capsys) -> None:
+    empty = write_bytes(tmp_path / "empty.mitm", b"")
+    code, _, err = audit(capsys, empty)
+    assert code == 1 and err == f"trimflow audit: FAIL {empty}: no LLM request measured (0 flows); did the client go through " \
+                                 "the proxy? (--allow-empty lets this pass)\n"
+    code, _, err = audit(capsys, empty, "--allow-empty")
+    assert code == 0 and err == f"trimflow audit: warning: {empty}: no LLM request measured (0 flows); did the client go " \
+                                 "through the proxy?\n"
 
 
 def test_out_writes_a_file(recording, tmp_path, capsys) -> None:

@@ -1,11 +1,21 @@
-"""trimflow.audit._html: one self-contained page, a point per turn, and the what-if drawn beside the recording."""
+"""trimflow.audit._html: one self-contained page, a point per turn, the what-if drawn beside the recording, and
+labels that never cover one another (measured in headless Chromium)."""
 
 from __future__ import annotations
 
+import itertools
+import json
 import re
+import shutil
+import subprocess
 from html.parser import HTMLParser
+from pathlib import Path
 
-from .helpers import audit, write_rules
+import pytest
+
+from trimflow.audit._html import LABEL_ASCENT, LABEL_HEIGHT, stack_labels
+
+from .helpers import audit, session, write_dump, write_rules
 
 
 class _Elements(HTMLParser):
@@ -38,3 +48,89 @@ def test_html_what_if_draws_both_series(recording, tmp_path, capsys) -> None:
     parser.feed(page)
     after = [a for t, a in parser.tags if t == "circle" and a["data-series"] == "after"]
     assert [int(a["data-value"]) for a in after if a["data-label"].startswith("turn") and "images" in a["data-label"]] == [1, 2, 2, 2, 2]
+
+
+# --- labels ---------------------------------------------------------------------------------------------------
+
+
+def test_stacked_labels_keep_apart_and_inside() -> None:
+    assert stack_labels([100, 200], 40, 210) == [100, 200]  # far apart: each at its line
+    assert stack_labels([100, 101, 102], 40, 210) == [100, 100 + LABEL_HEIGHT, 100 + 2 * LABEL_HEIGHT]
+    assert stack_labels([30, 31], 40, 210) == [40, 40 + LABEL_HEIGHT]  # none above the top
+    assert stack_labels([205, 206], 40, 210) == [210 - LABEL_HEIGHT, 210]  # moved up from the bottom
+    # Lines at 100 and 101: the first label sits above its line, the second goes below both instead of across one.
+    assert stack_labels([96, 97], 40, 210, [100, 101]) == [96, 101 + LABEL_ASCENT + 1]
+
+
+# Writes the box of every text of every chart into the chart, for --dump-dom to carry out.
+_MEASURE = """<script>
+document.querySelectorAll("svg.chart").forEach(function (svg) {
+  var boxes = [];
+  svg.querySelectorAll("text").forEach(function (text) {
+    var r = text.getBoundingClientRect();
+    boxes.push({cls: text.getAttribute("class") || "", text: text.textContent, left: r.left, top: r.top, right: r.right, bottom: r.bottom});
+  });
+  svg.setAttribute("data-boxes", JSON.stringify(boxes));
+});
+</script>"""
+
+
+def chromium() -> str:
+    for name in ("chromium", "chromium-browser"):
+        found = shutil.which(name)
+        if found:
+            return found
+    pytest.fail("chromium is not installed: the label test needs Debian's chromium package (apt-get install -y chromium)")
+
+
+def text_boxes(page: Path, workdir: Path) -> dict[str, list[dict]]:
+    """Per chart (by data-chart), the boxes of its texts as Chromium lays them out."""
+    measured = workdir / "measured.html"
+    measured.write_text(page.read_text().replace("</body>", _MEASURE + "</body>"))
+    done = subprocess.run(
+        [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run",
+         f"--user-data-dir={workdir / 'profile'}", "--window-size=1400,1000", "--dump-dom", measured.resolve().as_uri()],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    parser = _Elements()
+    parser.feed(done.stdout)
+    charts = [attrs for tag, attrs in parser.tags if tag == "svg" and attrs.get("data-boxes")]
+    assert charts, "the measuring script did not run"
+    return {attrs["data-chart"]: json.loads(attrs["data-boxes"]) for attrs in charts}
+
+
+def overlap(a: dict, b: dict) -> bool:
+    return a["left"] < b["right"] and b["left"] < a["right"] and a["top"] < b["bottom"] and b["top"] < a["bottom"]
+
+
+def test_limit_labels_of_close_limits_do_not_overlap_in_chromium(tmp_path, capsys) -> None:
+    dump = write_dump(tmp_path / "run.mitm", session(10))
+    # Rules and two profiles whose limits sit a few pixels apart on the charts, and one far above them.
+    rules = write_rules(tmp_path / "rules.yaml", "defaults:\n  max_images: 8\n  max_body_bytes: 600KB\n")
+    answer = "    status: 413\n    content_type: text/plain\n    body: too big\n"
+    profiles = write_rules(tmp_path / "profiles.yaml", "profiles:\n"
+                           f"  gateway-9:\n    max_images: 9\n    max_body_bytes: 610KB\n{answer}"
+                           f"  edge-16m:\n    max_images: 10\n    max_body_bytes: 16MB\n{answer}")
+    page = tmp_path / "report.html"
+    code, _, err = audit(capsys, dump, "--rules", rules, "--profiles", profiles, "--profile", "gateway-9", "--profile", "edge-16m",
+                         "--format", "html", "--out", page)
+    assert code == 0, err
+    parser = _Elements()
+    parser.feed(page.read_text())
+    lines: dict[str, list[float]] = {}
+    for tag, attrs in parser.tags:
+        if tag == "svg":
+            chart = lines.setdefault(attrs["data-chart"], [])
+        elif tag == "line" and attrs.get("class") == "limit":
+            chart.append(float(attrs["y1"]))
+    # The control: each chart's limit lines are closer than a label is tall, so labels at their lines would collide.
+    assert {name: len(ys) for name, ys in lines.items()} == {"body": 2, "images": 3}  # 16MB is far above the body chart
+    assert all(max(abs(a - b) for a, b in itertools.pairwise(ys)) < LABEL_HEIGHT for ys in lines.values())
+    for chart, texts in text_boxes(page, tmp_path).items():
+        labels = [t for t in texts if t["cls"] == "limit-label"]
+        assert len(labels) == 3, (chart, labels)  # the body chart's third says which limit is above it
+        assert all(t["bottom"] - t["top"] < LABEL_HEIGHT for t in labels)
+        for i, a in enumerate(texts):
+            for b in texts[i + 1 :]:
+                assert not overlap(a, b), (chart, a, b)

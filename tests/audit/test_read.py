@@ -135,15 +135,40 @@ def test_websocket_response_create_messages_are_requests(tmp_path, capsys) -> No
     assert (record["format"], record["images_before"], record["turn"]) == ("openai-responses", 3, 1)
 
 
-def test_a_dump_cut_short_keeps_what_was_read_and_warns(tmp_path, capsys) -> None:
+def test_a_dump_cut_short_keeps_what_was_read_and_says_where_it_ends(tmp_path, capsys) -> None:
     dump = write_dump(tmp_path / "run.mitm", session(3))
     with open(dump, "ab") as f:
         f.write(b"123456:not a whole flow")
     code, report, err = audit_json(capsys, dump)
-    assert code == 0
+    assert code == 1  # the gate fails on an input cut short
     assert len(rows(report)) == 3
-    assert "unreadable after flow 3" in report["summary"]["inputs"][0]["truncated"]
-    assert "warning: " in err and "unreadable after flow 3" in err
+    assert report["summary"]["inputs"][0]["truncated"] == "cut short: the file ends inside flow 4"
+    assert f"FAIL {dump}: cut short: the file ends inside flow 4" in err
+
+
+def test_a_dump_unreadable_in_the_middle_is_not_called_cut_short(tmp_path, capsys) -> None:
+    dump = write_dump(tmp_path / "run.mitm", session(3))
+    data = dump.read_bytes()
+    second = data.index(b":", 1) + 1  # the first flow's length, then its payload: where the second flow starts
+    first_end = int(data[: second - 1]) + second + 1
+    dump.write_bytes(data[:first_end] + b"x" + data[first_end + 1 :])  # the second flow's length made unreadable
+    _, report, _ = audit_json(capsys, dump)
+    assert len(rows(report)) == 1
+    assert report["summary"]["inputs"][0]["truncated"] == "unreadable after flow 1 (invalid data); the rest of the file was skipped"
+
+
+def test_a_metrics_jsonl_whose_last_line_is_cut_keeps_the_lines_before(tmp_path, capsys) -> None:
+    lines = [orjson.dumps(prune_request("https://api.anthropic.com/v1/messages", {}, body_of("anthropic", t),
+                                        rules_with(max_images=2), ENFORCE).record.to_dict()) + b"\n" for t in (1, 2, 3)]
+    whole = b"".join(lines)
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(whole[:-30])
+    _, report, _ = audit_json(capsys, path)
+    assert len(rows(report)) == 2 and report["summary"]["unreadable"] == {}
+    assert report["summary"]["inputs"][0]["truncated"] == "cut short: line 3, the last, ends inside its record"
+    path.write_bytes(whole + b"not a record\n")  # a bad line in the middle of a file is unreadable, not a cut
+    _, report, _ = audit_json(capsys, path, "--allow-empty")
+    assert len(rows(report)) == 3 and report["summary"]["inputs"][0]["truncated"] is None
 
 
 # --- a recording made through trimflow ------------------------------------------------------------------------

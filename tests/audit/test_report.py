@@ -4,10 +4,30 @@ from __future__ import annotations
 
 import base64
 import re
+from html.parser import HTMLParser
 
+import orjson
 import pytest
+from markdown_it import MarkdownIt
 
-from .helpers import LIMIT_413, PROMPT, QUERY_SECRET, SECRET, SHOT, audit, audit_json, llm_flow, rows, session, write_dump
+from trimflow import ENFORCE, prune_request
+
+from ..helpers import rules_with
+from .helpers import (
+    LIMIT_413,
+    PROMPT,
+    QUERY_SECRET,
+    SECRET,
+    SHOT,
+    audit,
+    audit_json,
+    body_of,
+    llm_flow,
+    rows,
+    session,
+    write_bytes,
+    write_dump,
+)
 
 
 def test_text_is_a_table_per_conversation(recording, capsys) -> None:
@@ -19,7 +39,7 @@ def test_text_is_a_table_per_conversation(recording, capsys) -> None:
     assert [row[0] for row in table] == ["1", "2", "3", "4", "5"]
     assert [row[2] for row in table] == ["1", "2", "3", "4", "5"]
     assert "api.anthropic.com/v1/messages" in out
-    assert "growth per turn: body +" in out
+    assert "growth per turn over all 5 turns: body +" in out
     assert re.search(r"max_images 8 \(rule [\w-]+\): would be crossed at turn 9 \(projected", out)
 
 
@@ -59,3 +79,82 @@ def test_no_format_prints_a_credential_query_prompt_or_base64(recording, capsys,
         assert PROMPT not in text and "request_too_large" not in text
         assert base64.b64encode(SHOT)[:40].decode() not in text
         assert not re.search(r"[A-Za-z0-9+/]{200,}", text)
+
+
+# --- Markdown as GitHub renders it ----------------------------------------------------------------------------
+
+
+class _Blocks(HTMLParser):
+    """The block elements of rendered Markdown, and the text that ended up in paragraphs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[str] = []
+        self.open: list[str] = []
+        self.paragraph_text = ""
+
+    def handle_starttag(self, tag, attrs) -> None:
+        self.tags.append(tag)
+        self.open.append(tag)
+
+    def handle_endtag(self, tag) -> None:
+        while self.open and self.open.pop() != tag:
+            pass
+
+    def handle_data(self, data) -> None:
+        if "p" in self.open:
+            self.paragraph_text += data
+
+
+def render_markdown(text: str) -> _Blocks:
+    # GitHub's flavour: CommonMark with tables; linkify is off (it needs a package of its own and adds no block).
+    html = MarkdownIt("gfm-like", {"linkify": False}).disable("linkify").render(text)
+    blocks = _Blocks()
+    blocks.feed(html)
+    return blocks
+
+
+@pytest.mark.parametrize("gate", [(), ("--fail-on", "images>8")], ids=["no-gate", "gate"])
+@pytest.mark.parametrize("empty_inputs", [0, 1, 2])
+def test_markdown_renders_tables_and_warnings_as_blocks(recording, tmp_path, capsys, empty_inputs, gate) -> None:
+    empties = [write_bytes(tmp_path / f"empty{i}.mitm", b"") for i in range(empty_inputs)]
+    code, out, err = audit(capsys, recording, *empties, "--allow-empty", "--format", "markdown", *gate)
+    assert code == 0, err
+    assert out.count("> **Warning:**") == empty_inputs
+    blocks = render_markdown(out)
+    assert blocks.tags.count("blockquote") == empty_inputs
+    assert blocks.tags.count("table") == 2  # the totals, and the one conversation's turns
+    assert blocks.tags.count("ul") == 1 + bool(gate)  # the conversation's facts, and the gate
+    assert "|" not in blocks.paragraph_text, blocks.paragraph_text  # no table read as the text of a paragraph
+
+
+def test_markdown_lists_the_inputs_that_fail_the_gate(recording, tmp_path, capsys) -> None:
+    cut = write_bytes(tmp_path / "cut.mitm", recording.read_bytes()[:-50])
+    empty = write_bytes(tmp_path / "empty.mitm", b"")
+    code, out, _ = audit(capsys, recording, cut, empty, "--format", "markdown")
+    assert code == 1
+    assert "### Gate: ❌ failed (0 of 0 --fail-on broken, 2 inputs failing)" in out
+    assert f"- ❌ {cut}: cut short: the file ends inside flow 5" in out
+    assert "> **Warning:**" not in out  # each problem is said once, in the gate
+    blocks = render_markdown(out)
+    assert blocks.tags.count("table") == 1 + out.count("### Conversation") and "|" not in blocks.paragraph_text
+
+
+# --- what the figures are -------------------------------------------------------------------------------------
+
+
+def test_trimflows_jsonl_is_reported_as_pruned_by_trimflow(recording, tmp_path, capsys) -> None:
+    lines = []
+    for t in range(1, 5):
+        outcome = prune_request("https://api.anthropic.com/v1/messages", {}, body_of("anthropic", t), rules_with(max_images=2), ENFORCE)
+        lines.append(orjson.dumps(outcome.record.to_dict() | {"turn": t, "status": 200}) + b"\n")
+    metrics = write_bytes(tmp_path / "metrics.jsonl", b"".join(lines))
+    for fmt in ("text", "markdown", "html"):
+        _, out, _ = audit(capsys, metrics, "--format", fmt)
+        assert "no pruning applied" not in out
+        assert "as trimflow pruned them: before is what the client sent, after what trimflow forwarded" in out
+        assert "from its metrics JSONL" in out
+    _, out, _ = audit(capsys, recording)
+    assert "as recorded (no pruning applied)" in out
+    _, out, _ = audit(capsys, recording, metrics)
+    assert "as trimflow pruned them (4 of 9 requests; the rest as recorded)" in out

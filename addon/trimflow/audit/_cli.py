@@ -2,11 +2,12 @@
 rules file would change, and a CI gate on all of it.
 
     scripts/audit FILE... [--rules FILE] [--profile NAME]... [--format text|json|markdown|html]
-                  [--fail-on EXPR]... [--out PATH]
+                  [--fail-on EXPR]... [--allow-empty] [--out PATH]
 
 Inputs are mitmproxy dumps (`mitmdump -w`), HAR files and trimflow's metrics JSONL, several at once.
 Exit 0 when every --fail-on expression holds nowhere, 1 when one is true somewhere (each named with
-its conversation and turn on stderr), 2 for unusable input (a one-line reason on stderr).
+its conversation and turn on stderr) or when an input holds no LLM request (unless --allow-empty) or
+is cut short (one line each on stderr), 2 for unusable input (a one-line reason on stderr).
 """
 
 from __future__ import annotations
@@ -56,6 +57,9 @@ def parser() -> _Parser:
     p.add_argument("--format", choices=tuple(FORMATS), default="text", help="report format (default: text)")
     p.add_argument("--fail-on", action="append", default=[], metavar="EXPR",
                    help="exit 1 when EXPR is true for any request or conversation, e.g. 'images>8' (repeatable; quote it)")
+    p.add_argument("--allow-empty", action="store_true",
+                   help="pass an input with no LLM request (by default it fails: the client may not have gone through "
+                        "the proxy); an input cut short fails all the same")
     p.add_argument("--out", metavar="PATH", help="write the report to PATH instead of stdout")
     return p
 
@@ -85,15 +89,18 @@ def main(argv: list[str] | None = None) -> int:
         summary = summarize(reader.rows(inputs), reader.tallies, args.rules, limits_source, profiles)
     except InputError as exc:
         return _fail(str(exc))
-    gate = Gate(expressions, _gate.evaluate(expressions, summary)) if expressions else None
+    input_failures = _gate.check_inputs(summary, allow_empty=args.allow_empty)
+    gate = Gate(expressions, _gate.evaluate(expressions, summary), input_failures) if expressions or input_failures else None
     report = FORMATS[args.format](summary, gate)
     try:
         _write(report, args.out)
     except OSError as exc:
         return _fail(f"cannot write {args.out}: {exc.strerror or type(exc).__name__}")
-    for warning in _report.warnings(summary):
+    for warning in _report.warnings(summary, gate):
         print(f"trimflow audit: warning: {warning}", file=sys.stderr)
     if gate is not None and not gate.ok:
+        for failure in gate.input_failures:
+            print(f"trimflow audit: FAIL {failure.text}", file=sys.stderr)
         for breach in gate.breaches:
             print(f"trimflow audit: FAIL {breach.line()}", file=sys.stderr)
         return EXIT_GATE

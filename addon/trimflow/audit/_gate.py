@@ -10,6 +10,11 @@
 
 Plain names are the request as recorded; "after." is the request after the rules' pruning (as
 forwarded, for a recording made through trimflow). status, input_tokens and turns have no after.
+growth and image_growth are the steady rate: the slope over each conversation's last 5 turns.
+
+The gate also fails, with or without --fail-on, on an input with no LLM request (unless --allow-empty)
+and on an input cut short (a dump or JSONL file that ends inside a flow or a line, a HAR file whose
+JSON stops before its end): its figures are missing the part that was lost.
 """
 
 from __future__ import annotations
@@ -17,14 +22,14 @@ from __future__ import annotations
 import math
 import operator
 import re
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .._sizes import format_size, parse_size
 from ..errors import ExpressionError
 from ._read import Row
-from ._summary import Conversation, Summary
+from ._summary import CUT, EMPTY, Conversation, InputProblem, Summary
 
 _OPS: dict[str, Callable[[Any, Any], bool]] = {
     ">=": operator.ge, "<=": operator.le, "!=": operator.ne, "==": operator.eq,
@@ -68,15 +73,31 @@ class Expression:
         return actual is not None and _OPS[self.op](actual, self.value)
 
     def show(self, actual: float) -> str:
-        """A measured value in the expression's own units."""
+        """A measured value in the expression's own units, with enough digits that a value on the other side
+        of the limit never reads as the limit itself (2,141,104 bytes against >2MB is not "2.0MB")."""
         kind = FIELDS[self.field].kind
-        if self.field == "growth":
-            return f"{format_size(round(actual))}/turn"
+        per_turn = "/turn" if kind == RATE or self.field == "growth" else ""
+        for text, value in self._figures(actual, kind):
+            if self.holds_for(actual) == self.holds_for(value):
+                return text + per_turn
+        return repr(actual) + per_turn
+
+    @staticmethod
+    def _figures(actual: float, kind: str) -> Iterator[tuple[str, float]]:
+        """Ever more exact texts for a value, each with the value a reader would take it for."""
         if kind == SIZE:
-            return format_size(int(actual))
-        if kind == RATE:
-            return f"{actual:.2f}/turn"
-        return str(int(actual))
+            whole = round(actual)
+            short = format_size(whole)
+            magnitude = float(parse_size(short.lstrip("-")) or 0)  # "2.0MB" reads as 2MB, whatever it was rounded from
+            yield short, -magnitude if short.startswith("-") else magnitude
+            yield f"{whole:,} bytes", float(whole)
+            for digits in range(1, 7):
+                yield f"{actual:,.{digits}f} bytes", float(f"{actual:.{digits}f}")
+        elif kind == RATE:
+            for digits in range(2, 9):
+                yield f"{actual:.{digits}f}", float(f"{actual:.{digits}f}")
+        else:
+            yield str(int(actual)), float(int(actual))
 
     def name(self) -> str:
         return ("after." if self.after else "") + self.field
@@ -104,21 +125,34 @@ class Breach:
 
 @dataclass
 class Gate:
-    """The --fail-on expressions and where they broke."""
+    """The --fail-on expressions and where they broke, and the inputs the gate fails on by themselves."""
 
     expressions: list[Expression] = field(default_factory=list)
     breaches: list[Breach] = field(default_factory=list)
+    input_failures: list[InputProblem] = field(default_factory=list)  # an input with no LLM request, or cut short
 
     @property
     def ok(self) -> bool:
-        return not self.breaches
+        return not self.breaches and not self.input_failures
 
     def broken(self, expr: Expression) -> list[Breach]:
         return [b for b in self.breaches if b.expression == expr.text]
 
     def to_dict(self) -> dict[str, Any]:
         return {"expressions": [e.text for e in self.expressions], "ok": self.ok,
-                "broken": [b.to_dict() for b in self.breaches]}
+                "broken": [b.to_dict() for b in self.breaches], "input_failures": [p.text for p in self.input_failures]}
+
+
+def check_inputs(summary: Summary, *, allow_empty: bool) -> list[InputProblem]:
+    """The inputs that fail the gate whatever the expressions: one cut short always (what it lost is not
+    in the figures), one with no LLM request unless allow_empty."""
+    failures = []
+    for problem in summary.input_problems():
+        if problem.kind == CUT:
+            failures.append(problem)
+        elif problem.kind == EMPTY and not allow_empty:
+            failures.append(replace(problem, text=f"{problem.text} (--allow-empty lets this pass)"))
+    return failures
 
 
 def parse(text: str) -> Expression:

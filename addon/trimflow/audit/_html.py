@@ -6,7 +6,7 @@ after pruning, with the limits drawn. Inline SVG made here, inline CSS and a few
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from html import escape
 
 from .._sizes import format_size
@@ -18,7 +18,8 @@ from ._report import (
     counts_text,
     crossing_text,
     failure_text,
-    growth_text,
+    gate_verdict,
+    growth_lines,
     inputs_text,
     mode_text,
     notes,
@@ -31,6 +32,9 @@ from ._summary import Conversation, Summary
 
 WIDTH, HEIGHT = 560, 250
 LEFT, RIGHT, TOP, BOTTOM = 62, 18, 44, 34
+LABEL_HEIGHT = 14  # an 11px label's box (about 13px) and a pixel to spare: stacked labels are this far apart
+LABEL_ASCENT, LABEL_DESCENT = 11, 3  # how far an 11px label's box reaches above and below its baseline
+ABOVE_BASELINE = TOP - 12  # the line naming the limits above the chart, under the title
 
 _CSS = """
 :root { --fg:#1d2430; --muted:#5b6575; --line:#d8dde5; --before:#2563c9; --after:#e07a10; --limit:#c62828; --ok:#1b7f3b; }
@@ -54,7 +58,8 @@ svg text { font: 11px system-ui, sans-serif; fill: var(--muted); } svg .title { 
 .series { fill: none; stroke-width: 2; } .series.before { stroke: var(--before); } .series.after { stroke: var(--after); stroke-dasharray: 6 4; }
 circle.pt { stroke: #fff; stroke-width: 1; } circle.before { fill: var(--before); } circle.after { fill: var(--after); }
 circle.pt:hover, circle.pt.hl { r: 5; }
-.limit { stroke: var(--limit); stroke-width: 1.5; stroke-dasharray: 3 3; } text.limit-label { fill: var(--limit); }
+.limit { stroke: var(--limit); stroke-width: 1.5; stroke-dasharray: 3 3; }
+text.limit-label { fill: var(--limit); paint-order: stroke; stroke: #fff; stroke-width: 3px; stroke-linejoin: round; }
 .failure { stroke: var(--limit); stroke-width: 6; stroke-opacity: .15; }
 .key-before { fill: var(--before); } .key-after { fill: var(--after); }
 .readout { min-height: 1.45em; color: var(--muted); font-variant-numeric: tabular-nums; }
@@ -97,7 +102,7 @@ def html(summary: Summary, gate: Gate | None) -> str:
         f'<p class="muted">inputs: {escape(inputs_text(summary))}</p>',
         f'<p class="muted">{escape(mode_text(summary))}</p>',
     ]
-    parts += [f'<p class="warn">{escape(w)}</p>' for w in warnings(summary)]
+    parts += [f'<p class="warn">{escape(w)}</p>' for w in warnings(summary, gate)]
     if gate is not None:
         parts.append(_gate(gate))
     parts += [
@@ -121,18 +126,19 @@ def _card(label: str, value: str, note: str) -> str:
 
 
 def _gate(gate: Gate) -> str:
-    items = []
+    items = [f'<li class="fail">FAIL {escape(p.text)}</li>' for p in gate.input_failures]
     for expr in gate.expressions:
         hits = gate.broken(expr)
         if not hits:
             items.append(f"<li>ok <code>{escape(expr.text)}</code></li>")
         items += [f'<li class="fail">FAIL <code>{escape(b.expression)}</code>: {escape(b.line().split(": ", 1)[1])}</li>' for b in hits]
     verdict = "passed" if gate.ok else "failed"
-    return f'<div class="gate{"" if gate.ok else " fail"}"><b>Gate {verdict}</b><ul>{"".join(items)}</ul></div>'
+    return (f'<div class="gate{"" if gate.ok else " fail"}"><b>Gate {verdict}</b> <span class="muted">({escape(gate_verdict(gate))})</span>'
+            f'<ul>{"".join(items)}</ul></div>')
 
 
 def _section(conversation: Conversation) -> str:
-    facts = [growth_text(conversation)] + [crossing_text(c, with_after=conversation.has_after) for c in conversation.crossings]
+    facts = growth_lines(conversation) + [crossing_text(c, with_after=conversation.has_after) for c in conversation.crossings]
     if conversation.failures:
         facts.append(f"failures: {failure_text(conversation)}")
     facts += [f"note: {n}" for n in notes(conversation)]
@@ -222,12 +228,16 @@ def _chart(title: str, kind: str, rows: list[Row], before: Callable[[Row], int],
             tx = x(row.record.turn or 0)
             svg.append(f'<line class="failure" x1="{tx:.1f}" x2="{tx:.1f}" y1="{TOP}" y2="{TOP + plot_h}">'
                        f"<title>turn {row.record.turn}: {escape(row.failure)}</title></line>")
-    for label, value in on_chart:
+    on_chart.sort(key=lambda item: -item[1])  # top to bottom
+    for _, value in on_chart:
         svg.append(f'<line class="limit" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y(value):.1f}" y2="{y(value):.1f}"/>')
-        # At the left: a growing conversation's points are low there.
-        svg.append(f'<text class="limit-label" x="{LEFT + 4}" y="{y(value) - 4:.1f}">{escape(label)}</text>')
     if above:
-        svg.append(f'<text class="limit-label" x="{LEFT}" y="{TOP - 14}">{escape("limits above the chart: " + ", ".join(above))}</text>')
+        svg.append(f'<text class="limit-label" x="{LEFT}" y="{ABOVE_BASELINE}">{escape("limits above the chart: " + ", ".join(above))}</text>')
+    # At the left (a growing conversation's points are low there), just above each line, stacked apart where lines are close.
+    lowest = ABOVE_BASELINE + LABEL_HEIGHT if above else TOP - 4
+    baselines = stack_labels([y(value) - 4 for _, value in on_chart], lowest, TOP + plot_h - 3, [y(value) for _, value in on_chart])
+    for (label, _), baseline in zip(on_chart, baselines, strict=True):
+        svg.append(f'<text class="limit-label" x="{LEFT + 4}" y="{baseline:.1f}">{escape(label)}</text>')
     for series, metric in series_list:
         points = " ".join(f"{x(r.record.turn or 0):.1f},{y(metric(r)):.1f}" for r in rows)
         svg.append(f'<polyline class="series {series}" points="{points}"/>')
@@ -241,6 +251,23 @@ def _chart(title: str, kind: str, rows: list[Row], before: Callable[[Row], int],
                        f"<title>{escape(label)}</title></circle>")
     svg.append("</svg>")
     return "\n".join(svg)
+
+
+def stack_labels(wanted: list[float], top: float, bottom: float, lines: Sequence[float] = ()) -> list[float]:
+    """Baselines for labels in one column, wanted top to bottom: each as near its wanted baseline as its
+    neighbours allow, LABEL_HEIGHT apart, not across one of `lines` (a label pushed off its own line goes
+    below the next one instead), none above `top` and, room permitting, none below `bottom`."""
+    out: list[float] = []
+    for baseline in wanted:
+        baseline = max(baseline, top, out[-1] + LABEL_HEIGHT if out else top)
+        crossing = [y for y in lines if baseline - LABEL_ASCENT < y < baseline + LABEL_DESCENT]
+        while crossing:
+            baseline = max(crossing) + LABEL_ASCENT + 1
+            crossing = [y for y in lines if baseline - LABEL_ASCENT < y < baseline + LABEL_DESCENT]
+        out.append(baseline)
+    for i in range(len(out) - 1, -1, -1):  # pushed past the bottom: move the stack up
+        out[i] = min(out[i], bottom if i == len(out) - 1 else out[i + 1] - LABEL_HEIGHT)
+    return out
 
 
 def _nice_top(value: float, *, binary: bool) -> tuple[float, int]:

@@ -230,6 +230,10 @@ class Reader:
             except Exception:  # noqa: BLE001 - FlowReadException, or a malformed flow state
                 # A fixed reason: mitmproxy's own message may quote the file's content.
                 what, reason = ("a HAR file", "not valid HAR JSON") if tally.kind == "har" else ("a mitmproxy dump", "invalid data")
+                if cut_short(Path(tally.path), tally.kind):
+                    tally.truncated = (f"cut short: the file ends inside flow {tally.flows + 1}" if tally.kind == "mitm"
+                                       else "cut short: the file ends before its JSON does")
+                    return
                 if tally.flows == 0:
                     raise InputError(f"{tally.path}: not {what} ({reason})") from None
                 tally.truncated = f"unreadable after flow {tally.flows} ({reason}); the rest of the file was skipped"
@@ -379,8 +383,8 @@ class Reader:
     # --- trimflow's JSONL
 
     def _jsonl_rows(self, f: Any, index: int, tally: InputTally) -> Iterator[Row]:
-        for line in f:
-            line = line.strip()
+        for raw in f:
+            line = raw.strip()
             if not line:
                 continue
             tally.flows += 1
@@ -388,6 +392,9 @@ class Reader:
                 data = orjson.loads(line)
                 record = record_from_dict(data)
             except (orjson.JSONDecodeError, ValueError, TypeError):
+                if not raw.endswith(b"\n") and line.startswith(b"{"):  # the writer ends every record with a newline
+                    tally.truncated = f"cut short: line {tally.flows}, the last, ends inside its record"
+                    return
                 if tally.llm_requests == 0 and tally.flows == 1:
                     raise InputError(f"{tally.path}: not trimflow metrics JSONL (line 1 is not a metrics record)") from None
                 tally.unreadable["line is not a metrics record"] += 1
@@ -404,6 +411,31 @@ class Reader:
     def _row(self, record: Record, index: int, failure: str | None, after: str | None) -> Row:
         limits = self.limits.limits_for(record.host, record.path, record.model)
         return Row(record, index, failure, limits.rule, limits.max_images, limits.max_body_bytes, after)
+
+
+def cut_short(path: Path, kind: str) -> bool:
+    """Whether a dump or HAR file that mitmproxy stopped reading ends inside a flow (or its JSON document)."""
+    with open(path, "rb") as f:
+        if kind == "har":
+            data = f.read()
+            try:
+                orjson.loads(data)
+            except orjson.JSONDecodeError as exc:
+                return "end of data" in str(exc) or exc.pos >= len(data.rstrip())
+            return False
+        # A dump is a run of tnetstrings, each `LENGTH:PAYLOAD` and a type byte: follow the lengths to the end.
+        size = f.seek(0, 2)
+        at = f.seek(0)
+        while at < size:
+            head = f.read(13)
+            digits, colon, _ = head.partition(b":")
+            if not colon:
+                return head.isdigit() and at + len(head) == size  # the file ends inside a length
+            if not digits.isdigit():
+                return False
+            at += len(digits) + 1 + int(digits) + 1
+            f.seek(at)
+        return at > size
 
 
 def _utc(timestamp: float | None) -> str:

@@ -13,7 +13,7 @@ import orjson
 
 from .._sizes import format_size
 from ._gate import Gate
-from ._read import Row
+from ._read import PROXY, Row
 from ._summary import Conversation, Crossing, Summary, Totals
 
 # --- shared wording
@@ -49,10 +49,11 @@ def pruned_cell(row: Row) -> str:
     return ", ".join(parts) or "-"
 
 
-def growth_text(conversation: Conversation) -> str:
+def growth_lines(conversation: Conversation) -> list[str]:
+    """The steady rate (the gate's growth), and the whole-run slope beside it when the two cover different turns."""
     g = conversation.growth
     if g.get("body_bytes") is None:
-        return "growth per turn: -" + (" (one turn)" if conversation.first_turn is not None else " (no turn numbers)")
+        return ["growth per turn: -" + (" (one turn)" if conversation.first_turn is not None else " (no turn numbers)")]
 
     def body(v: float | None) -> str:
         return "-" if v is None else ("+" if v >= 0 else "-") + format_size(abs(round(v)))
@@ -60,10 +61,17 @@ def growth_text(conversation: Conversation) -> str:
     def images(v: float | None) -> str:
         return "-" if v is None else f"{v:+.2f}"
 
-    text = f"growth per turn: body {body(g['body_bytes'])}, images {images(g['images'])}"
-    if conversation.has_after:
-        text += f" (after pruning: body {body(g['after.body_bytes'])}, images {images(g['after.images'])})"
-    return text
+    def figures(g: dict[str, float | None]) -> str:
+        text = f"body {body(g['body_bytes'])}, images {images(g['images'])}"
+        if conversation.has_after:
+            text += f" (after pruning: body {body(g['after.body_bytes'])}, images {images(g['after.images'])})"
+        return text
+
+    numbered = sum(1 for row in conversation.rows if row.record.turn is not None)
+    if conversation.steady_turns >= numbered:
+        return [f"growth per turn over all {numbered} turns: {figures(g)}"]
+    return [f"growth per turn, steady over the last {conversation.steady_turns} turns: {figures(g)}",
+            f"whole-run slope over {numbered} turns (not the gate's growth): {figures(conversation.growth_whole_run)}"]
 
 
 def limit_value(crossing: Crossing) -> str:
@@ -116,10 +124,16 @@ def counts_text(summary: Summary) -> str:
 def mode_text(summary: Summary) -> str:
     if summary.what_if:
         return f"what-if: {summary.rules_source} applied offline to every recorded request; limits from the same file"
-    if any(t.proxy_records for t in summary.inputs):
-        return (f"as recorded through trimflow: before is what the client sent, after what trimflow forwarded "
-                f"(or would have, in observe mode), from its record in each flow; limits for crossings from {summary.limits_source}")
-    return f"as recorded (no pruning applied); limits for crossings from {summary.limits_source}"
+    limits = f"limits for crossings from {summary.limits_source}"
+    recorded = [row for row in summary.rows() if row.after == PROXY]
+    if not recorded:
+        return f"as recorded (no pruning applied); {limits}"
+    kinds = {summary.inputs[row.source].kind for row in recorded}
+    sources = (["its metrics JSONL"] if "jsonl" in kinds else []) + (["its record in each flow"] if kinds - {"jsonl"} else [])
+    where = " and ".join(sources)
+    share = "" if len(recorded) == summary.totals.requests else f" ({len(recorded):,} of {summary.totals.requests:,} requests; the rest as recorded)"
+    return (f"as trimflow pruned them{share}: before is what the client sent, after what trimflow forwarded "
+            f"(or would have, in observe mode), from {where}; {limits}")
 
 
 def totals_text(t: Totals, arrow: str = "->") -> str:
@@ -132,11 +146,10 @@ def totals_text(t: Totals, arrow: str = "->") -> str:
             f"images {t.images_before:,}{arrow}{t.images_after:,}")
 
 
-def warnings(summary: Summary) -> list[str]:
-    out = [f"{t.path}: {t.truncated}" for t in summary.inputs if t.truncated]
-    if not summary.totals.requests:
-        out.append("no LLM requests found in the inputs")
-    return out
+def warnings(summary: Summary, gate: Gate | None = None) -> list[str]:
+    """Inputs the figures cannot stand on that the gate does not already fail on."""
+    failed = {(p.kind, p.path) for p in gate.input_failures} if gate is not None else set()
+    return [p.text for p in summary.input_problems() if (p.kind, p.path) not in failed]
 
 
 def notes(conversation: Conversation) -> list[str]:
@@ -177,11 +190,11 @@ def turn_cells(row: Row, arrow: str = "->") -> list[str]:
 
 def text(summary: Summary, gate: Gate | None) -> str:
     lines = ["trimflow audit", f"inputs: {inputs_text(summary)}", counts_text(summary), mode_text(summary)]
-    lines += [f"warning: {w}" for w in warnings(summary)]
+    lines += [f"warning: {w}" for w in warnings(summary, gate)]
     for conversation in summary.conversations:
         lines += ["", f"conversation {conversation.id} · {conversation_title(conversation)}"]
         lines += ["  " + line for line in _table([list(TURN_COLUMNS)] + [turn_cells(r) for r in conversation.rows])]
-        lines.append("  " + growth_text(conversation))
+        lines += ["  " + line for line in growth_lines(conversation)]
         lines += [f"  {crossing_text(c, with_after=conversation.has_after)}" for c in conversation.crossings]
         if conversation.failures:
             lines.append(f"  failures: {failure_text(conversation)}")
@@ -193,9 +206,18 @@ def text(summary: Summary, gate: Gate | None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def gate_lines(gate: Gate) -> list[str]:
+def gate_verdict(gate: Gate) -> str:
     broken = {b.expression for b in gate.breaches}
-    lines = [f"gate: {'ok' if gate.ok else 'FAIL'} ({len(broken)} of {len(gate.expressions)} --fail-on broken)"]
+    text = f"{len(broken)} of {len(gate.expressions)} --fail-on broken"
+    if gate.input_failures:
+        n = len(gate.input_failures)
+        text += f", {n} input{'s' if n != 1 else ''} failing"
+    return text
+
+
+def gate_lines(gate: Gate) -> list[str]:
+    lines = [f"gate: {'ok' if gate.ok else 'FAIL'} ({gate_verdict(gate)})"]
+    lines += [f"  FAIL  {p.text}" for p in gate.input_failures]
     for expr in gate.expressions:
         hits = gate.broken(expr)
         if not hits:
@@ -242,13 +264,17 @@ def _md(text: str) -> str:
 
 
 def markdown(summary: Summary, gate: Gate | None) -> str:
+    """GitHub-flavoured Markdown: every block (blockquote, list, table, HTML) stands between blank lines, so
+    none runs on into the next (a table straight after a blockquote would be read as its lazy continuation)."""
     arrow = " → "
     t = summary.totals
     lines = ["## trimflow audit", "", f"{_md(counts_text(summary))}.  ", f"Inputs: {_md(inputs_text(summary))}.  ",
              f"{_md(mode_text(summary))}.", ""]
-    lines += [f"> **Warning:** {_md(w)}" for w in warnings(summary)]
+    for w in warnings(summary, gate):
+        lines += [f"> **Warning:** {_md(w)}", ""]
     if gate is not None:
-        lines += [f"### Gate: {'✅ passed' if gate.ok else '❌ failed'}", ""]
+        lines += [f"### Gate: {'✅ passed' if gate.ok else '❌ failed'} ({_md(gate_verdict(gate))})", ""]
+        lines += [f"- ❌ {_md(p.text)}" for p in gate.input_failures]
         for expr in gate.expressions:
             hits = gate.broken(expr)
             if not hits:
@@ -266,7 +292,7 @@ def markdown(summary: Summary, gate: Gate | None) -> str:
     ]
     for conversation in summary.conversations:
         lines += [f"### Conversation `{conversation.id}`", "", _md(conversation_title(conversation)), ""]
-        lines.append(f"- {_md(growth_text(conversation))}")
+        lines += [f"- {_md(line)}" for line in growth_lines(conversation)]
         lines += [f"- {_md(crossing_text(c, with_after=conversation.has_after))}" for c in conversation.crossings]
         if conversation.failures:
             lines.append(f"- failures: {_md(failure_text(conversation))}")

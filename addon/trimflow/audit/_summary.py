@@ -1,9 +1,12 @@
 """The audit's summary: per conversation, growth per turn, the turn each limit is (or would be) crossed,
 and the failures the recording holds; totals over all requests.
 
-Growth is the least-squares slope of a figure over the conversation's turn numbers: a whole-history
-session grows by about one screenshot per turn, and the slope reads through the odd turn where
-pruning (or a retry) breaks the line, where (last - first) / (turns - 1) would follow the endpoints.
+Growth is the steady rate: the least-squares slope of a figure over the last STEADY_TURNS turns of the
+conversation (all of them when it has fewer). Pruning holds a body flat once it reaches its cap, so a fit
+over the whole run mixes the turns before the cap with the flat ones after it and reports growth the
+next turns will not have; the recent turns are what predicts the next ones. Five turns are enough for
+the slope to read through one odd turn (a retry, a pruning step) and few enough that a cap reached five
+turns ago reads as flat. The slope over the whole run is kept beside it, named as such.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ from typing import Any
 
 from ._read import InputTally, Row
 
-GROWTH_METHOD = "least-squares slope over the conversation's turns"
+STEADY_TURNS = 5
+GROWTH_METHOD = (f"steady rate: least-squares slope over the last {STEADY_TURNS} turns of each conversation "
+                 "(all of them when it has fewer); growth_per_turn_whole_run: the slope over all its turns")
 UNKNOWN_CONVERSATION = "-"  # requests the engine could not read (not JSON): no conversation key
 
 
@@ -94,7 +99,11 @@ class Conversation:
     id: str
     rows: list[Row]  # in turn order
     totals: Totals = field(default_factory=Totals)
-    growth: dict[str, float | None] = field(default_factory=dict)  # body_bytes, images, after.body_bytes, after.images per turn
+    # Per turn, keyed body_bytes, images, after.body_bytes and after.images: the steady rate (over the last
+    # steady_turns turns) and the slope over the whole run.
+    growth: dict[str, float | None] = field(default_factory=dict)
+    growth_whole_run: dict[str, float | None] = field(default_factory=dict)
+    steady_turns: int = 0  # how many turns the steady rate is fitted over
     crossings: list[Crossing] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
 
@@ -138,10 +147,24 @@ class Conversation:
             "last_turn": self.last_turn,
             "limits_rule": last.limits_rule,
             "growth_per_turn": self.growth,
+            "growth_per_turn_turns": self.steady_turns,
+            "growth_per_turn_whole_run": self.growth_whole_run,
             "limits": [c.to_dict() for c in self.crossings],
             "failures": [f.to_dict() for f in self.failures],
             "totals": self.totals.to_dict(),
         }
+
+
+EMPTY, CUT = "empty", "cut"
+
+
+@dataclass(frozen=True, slots=True)
+class InputProblem:
+    """An input the figures cannot stand on: one with no LLM request (EMPTY), or one cut short (CUT)."""
+
+    kind: str
+    path: str
+    text: str  # one line, naming the file
 
 
 @dataclass
@@ -172,6 +195,21 @@ class Summary:
                 out[reason] = out.get(reason, 0) + n
         return out
 
+    def input_problems(self) -> list[InputProblem]:
+        problems = []
+        for t in self.inputs:
+            if t.truncated:
+                problems.append(InputProblem(CUT, t.path, f"{t.path}: {t.truncated}"))
+            elif not t.llm_requests:
+                unit = "line" if t.kind == "jsonl" else "flow"
+                held = f"{t.flows:,} {unit}{'s' if t.flows != 1 else ''}"
+                unreadable = sum(t.unreadable.values())
+                if t.skipped or unreadable:
+                    held += f": {t.skipped:,} not LLM, {unreadable:,} unreadable"
+                problems.append(InputProblem(EMPTY, t.path, f"{t.path}: no LLM request measured ({held}); "
+                                                            "did the client go through the proxy?"))
+        return problems
+
     def rows(self) -> Iterable[Row]:
         for conversation in self.conversations:
             yield from conversation.rows
@@ -187,6 +225,7 @@ class Summary:
             "limits_source": self.limits_source,
             "profiles": self.profiles,
             "growth_method": GROWTH_METHOD,
+            "steady_turns": STEADY_TURNS,
             "totals": self.totals.to_dict(),
             "conversations": [c.to_dict() for c in self.conversations],
         }
@@ -218,8 +257,9 @@ def _conversation(cid: str, rows: list[Row], profiles: list[ProfileLimits]) -> C
     conversation = Conversation(cid, rows)
     for row in rows:
         conversation.totals.add(row)
-    turns = [float(row.record.turn) for row in rows if row.record.turn is not None]
     numbered = [row for row in rows if row.record.turn is not None]
+    recent = numbered[-STEADY_TURNS:]
+    conversation.steady_turns = len(recent)
     series: dict[str, Callable[[Row], float]] = {
         "body_bytes": lambda row: row.record.body_bytes_before,
         "images": lambda row: row.record.images_before,
@@ -227,7 +267,8 @@ def _conversation(cid: str, rows: list[Row], profiles: list[ProfileLimits]) -> C
         "after.images": lambda row: row.record.images_after,
     }
     for name, value in series.items():
-        conversation.growth[name] = slope(turns, [value(row) for row in numbered])
+        conversation.growth[name] = slope(_turns(recent), [value(row) for row in recent])
+        conversation.growth_whole_run[name] = slope(_turns(numbered), [value(row) for row in numbered])
     last = rows[-1]
     sources = [(f"rule {last.limits_rule}", last)] + [(f"profile {p.name}", p) for p in profiles]
     for source, limits in sources:
@@ -237,7 +278,7 @@ def _conversation(cid: str, rows: list[Row], profiles: list[ProfileLimits]) -> C
         ):
             value = getattr(limits, limit)
             if value is not None and numbered:
-                conversation.crossings.append(_crossing(limit, value, source, numbered, turns, before, after))
+                conversation.crossings.append(_crossing(limit, value, source, numbered, before, after))
     conversation.failures = [Failure(row.record.turn, row.record.status, row.failure) for row in rows if row.failure]
     return conversation
 
@@ -254,14 +295,19 @@ def slope(xs: list[float], ys: list[float]) -> float | None:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
 
 
-def _crossing(limit: str, value: int, source: str, rows: list[Row], turns: list[float], before: Callable[[Row], int],
+def _turns(rows: list[Row]) -> list[float]:
+    return [float(row.record.turn or 0) for row in rows]
+
+
+def _crossing(limit: str, value: int, source: str, rows: list[Row], before: Callable[[Row], int],
               after: Callable[[Row], int]) -> Crossing:
     recorded = next((row.record.turn for row in rows if before(row) > value), None)
     after_at = next((row.record.turn for row in rows if after(row) > value), None)
     if recorded is not None:
         return Crossing(limit, value, source, recorded, False, after_at)
-    # Not crossed yet: extend the fitted line to the first whole turn above the limit.
-    ys = [float(before(row)) for row in rows]
+    # Not crossed yet: extend the line fitted to the steady rate to the first whole turn above the limit.
+    recent = rows[-STEADY_TURNS:]
+    turns, ys = _turns(recent), [float(before(row)) for row in recent]
     b = slope(turns, ys)
     if b is None or b <= 0:
         return Crossing(limit, value, source, None, False, after_at)
