@@ -6,15 +6,13 @@ from __future__ import annotations
 import itertools
 import json
 import re
-import shutil
 import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
 
-import pytest
-
 from trimflow.audit._html import LABEL_ASCENT, LABEL_HEIGHT, stack_labels
 
+from ..browser import headless
 from .helpers import audit, session, write_dump, write_rules
 
 
@@ -75,21 +73,12 @@ document.querySelectorAll("svg.chart").forEach(function (svg) {
 </script>"""
 
 
-def chromium() -> str:
-    for name in ("chromium", "chromium-browser"):
-        found = shutil.which(name)
-        if found:
-            return found
-    pytest.fail("chromium is not installed: the label test needs Debian's chromium package (apt-get install -y chromium)")
-
-
 def text_boxes(page: Path, workdir: Path) -> dict[str, list[dict]]:
     """Per chart (by data-chart), the boxes of its texts as Chromium lays them out."""
     measured = workdir / "measured.html"
     measured.write_text(page.read_text().replace("</body>", _MEASURE + "</body>"))
     done = subprocess.run(
-        [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run",
-         f"--user-data-dir={workdir / 'profile'}", "--window-size=1400,1000", "--dump-dom", measured.resolve().as_uri()],
+        headless(workdir / "profile", "--window-size=1400,1000", "--dump-dom", measured.resolve().as_uri()),
         capture_output=True, text=True, timeout=120,
     )
     assert done.returncode == 0, done.stderr[-2000:]

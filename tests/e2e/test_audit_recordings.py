@@ -2,7 +2,7 @@
 in front of the FakeProvider, driven by a synthetic screenshot session over http.client. The audit's
 numbers are checked against what the client sent and what the provider got; the same recording
 exported to HAR by mitmdump itself must give the same report; the HTML report is rendered in
-headless Chromium (Debian's `chromium` package, installed by .ci/run).
+headless Chromium (Debian's `chromium` package, installed by scripts/setup).
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import gzip
 import http.client
 import json
 import re
-import shutil
 import subprocess
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
@@ -23,6 +22,7 @@ import pytest
 from trimflow.audit import main
 from trimflow.testing import PATHS, FakeProvider, Received, count_images, estimate_usage, image, session_body
 
+from ..browser import headless
 from ..mitmdump import Mitmdump, mitmdump_binary
 
 pytestmark = pytest.mark.e2e
@@ -233,22 +233,12 @@ def test_nothing_printed_holds_the_key_or_the_query(recordings, capsys) -> None:
 # --- the HTML report in headless Chromium ---------------------------------------------------------------------
 
 
-def chromium() -> str:
-    for name in ("chromium", "chromium-browser"):
-        found = shutil.which(name)
-        if found:
-            return found
-    pytest.fail("chromium is not installed: the HTML report test needs Debian's chromium package "
-                "(apt-get install -y chromium), which .ci/run installs")
-
-
 def render(page: Path, workdir: Path) -> tuple[str, list[str]]:
     """The DOM after the page's script ran, and the URLs of the network requests the page started."""
     netlog = workdir / "netlog.json"
     done = subprocess.run(
-        [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={workdir / 'profile'}",
-         "--host-resolver-rules=MAP * ~NOTFOUND", f"--log-net-log={netlog}", "--dump-dom", page.resolve().as_uri()],
+        headless(workdir / "profile", "--disable-component-update", "--disable-sync", "--host-resolver-rules=MAP * ~NOTFOUND",
+                 f"--log-net-log={netlog}", "--dump-dom", page.resolve().as_uri()),
         capture_output=True, text=True, timeout=120,
     )
     assert done.returncode == 0, done.stderr[-2000:]

@@ -8,7 +8,6 @@ from __future__ import annotations
 import html
 import http.client
 import re
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -21,12 +20,12 @@ import pytest
 from trimflow._sizes import format_size_change
 from trimflow.testing import FakeProvider, image, session_body
 
+from ..browser import headless
 from ..mitmdump import ADDON, free_port, mitmdump_binary
 from .helpers import post
 
 pytestmark = pytest.mark.e2e
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 COLUMNS = ("status", "method", "path", "size", "comment")
 COMMENT_CELL = re.compile(r'<td class="col-comment">([^<]*)')
 
@@ -77,7 +76,6 @@ def mitmweb(tmp_path: Path, provider: FakeProvider) -> Iterator[tuple[int, str, 
             process.wait(5)
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="no chromium")
 def test_the_flow_list_shows_the_comment_with_its_figures_first(tmp_path: Path, mitmweb: tuple[int, str, Path]) -> None:
     port, url, metrics = mitmweb
     body = orjson.dumps(session_body("openai-chat", 5, image(120, 80, "PNG", seed=5), "image/png"))
@@ -88,8 +86,7 @@ def test_the_flow_list_shows_the_comment_with_its_figures_first(tmp_path: Path, 
 
     def comment_cells() -> list[str]:
         dom = subprocess.run(
-            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run",
-             f"--user-data-dir={tmp_path / 'chromium'}", "--virtual-time-budget=5000", "--dump-dom", url],
+            headless(tmp_path / "chromium", "--virtual-time-budget=5000", "--dump-dom", url),
             capture_output=True, text=True, timeout=60,
         ).stdout
         return [html.unescape(cell) for cell in COMMENT_CELL.findall(dom)]
