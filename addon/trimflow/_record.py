@@ -65,11 +65,16 @@ class Record:
     def to_json(self) -> bytes:
         return orjson.dumps(self)
 
+    @property
+    def place(self) -> str:
+        """Where the request stands in its conversation: "turn 4", "segment 2 turn 1", or its kind
+        ("count_tokens", "warmup") for a request that is no turn."""
+        segment = f"segment {self.segment} " if self.segment is not None and self.segment > 1 else ""
+        return f"{segment}turn {self.turn if self.turn is not None else '-'}" if self.kind == "turn" else self.kind
+
     def summary(self) -> str:
         """The per-turn log line: sizes and counts only."""
-        segment = f" segment {self.segment}" if self.segment is not None and self.segment > 1 else ""
-        numbered = f"turn {self.turn if self.turn is not None else '-'}" if self.kind == "turn" else self.kind
-        parts = [f"conv {self.conversation or '-'}{segment} {numbered}"]
+        parts = [f"conv {self.conversation or '-'} {self.place}"]
         parts.append(self.model or self.format)
         if self.reason:
             parts.append(f"untouched ({self.reason})")

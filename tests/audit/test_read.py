@@ -376,6 +376,8 @@ def test_gemini_token_counts_are_in_their_conversation_and_are_no_turns(tmp_path
     counts = [r for r in rows(report) if r["kind"] == "count_tokens"]
     assert [(r["conversation"], r["turn"], r["images_before"]) for r in counts] == [(None, None, 1), (conversation, None, 2), (conversation, None, 3)]
     assert len(report["summary"]["conversations"]) == 2  # the first count extends nothing yet: listed apart, never a turn
+    summary = next(c for c in report["summary"]["conversations"] if c["conversation"] == conversation)
+    assert (summary["turns"], summary["first_turn"], summary["last_turn"]) == (3, 1, 3)  # its two counts are no turns
 
 
 def test_a_codex_websocket_session_has_its_answers_and_no_warmup_turn(tmp_path, capsys) -> None:

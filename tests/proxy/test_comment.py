@@ -28,3 +28,10 @@ def test_observe_over_budget_and_untouched_bodies_say_so_after_the_figures() -> 
     assert comment.startswith("3->3 img, 9.4->9.4 MB; trimflow rule -, anthropic, ~0->0 tok")
     assert comment.endswith("observe: forwarded untouched, OVER BUDGET, untouched (body is not JSON)")
     assert "conv" not in comment
+
+
+def test_a_token_count_and_a_later_segment_say_where_they_stand() -> None:
+    count = record(kind="count_tokens", turn=None, images_before=2, images_after=2, body_bytes_before=KiB, body_bytes_after=KiB)
+    assert "conv 3f2a count_tokens," in flow_comment(count) and "turn" not in flow_comment(count)
+    restarted = record(segment=2, turn=1, images_before=1, images_after=1, body_bytes_before=KiB, body_bytes_after=KiB)
+    assert "conv 3f2a segment 2 turn 1," in flow_comment(restarted)

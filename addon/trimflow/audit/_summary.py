@@ -113,8 +113,14 @@ class Conversation:
         return any(row.after is not None for row in self.rows)
 
     @property
+    def numbered(self) -> list[Row]:
+        """The rows with a turn number: token counts, warm-ups and unreadable bodies have none."""
+        return [row for row in self.rows if row.record.turn is not None]
+
+    @property
     def turns(self) -> int:
-        return len(self.rows)
+        """Requests that are turns (numbered or not), leaving out token counts and warm-ups."""
+        return sum(1 for row in self.rows if row.record.kind == "turn")
 
     @property
     def last(self) -> Row:
@@ -122,11 +128,13 @@ class Conversation:
 
     @property
     def first_turn(self) -> int | None:
-        return self.rows[0].record.turn
+        numbered = self.numbered
+        return numbered[0].record.turn if numbered else None
 
     @property
     def last_turn(self) -> int | None:
-        return self.rows[-1].record.turn
+        numbered = self.numbered
+        return numbered[-1].record.turn if numbered else None
 
     def models(self) -> list[str]:
         seen: dict[str, None] = {}
@@ -257,7 +265,7 @@ def _conversation(cid: str, rows: list[Row], profiles: list[ProfileLimits]) -> C
     conversation = Conversation(cid, rows)
     for row in rows:
         conversation.totals.add(row)
-    numbered = [row for row in rows if row.record.turn is not None]
+    numbered = conversation.numbered
     recent = numbered[-STEADY_TURNS:]
     conversation.steady_turns = len(recent)
     series: dict[str, Callable[[Row], float]] = {

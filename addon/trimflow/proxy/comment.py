@@ -14,7 +14,7 @@ def flow_comment(record: Record) -> str:
     figures = f"{record.images_before}->{record.images_after} img, {format_size_change(record.body_bytes_before, record.body_bytes_after)}"
     rest = [f"trimflow rule {record.rule or '-'}", record.model or record.format]
     if record.conversation is not None:
-        rest.append(f"conv {record.conversation} turn {record.turn if record.turn is not None else '-'}")
+        rest.append(f"conv {record.conversation} {record.place}")
     done = (
         (record.thinned, "thinned"), (record.shrunk, "shrunk"), (record.deduplicated, "repeated"),
         (record.pruned_for_image_limit, "too big"), (record.mime_mismatches, "mime mismatch"),
