@@ -158,14 +158,34 @@ class Settings:
 
 
 QUICK = Settings(
-    engine_reps=7, scaling_reps=5, scaling_mb=(1, 2, 4, 8, 16, 32, 64), latency_reps=5, throughput_runs=2,
-    throughput_requests=48, memory_rounds=1, stream_runs=2, stream_events=40, stream_interval_ms=20,
-    shrink_scale=0.5, shrink_repeats=1, shrink_turns=30,
+    engine_reps=7,
+    scaling_reps=5,
+    scaling_mb=(1, 2, 4, 8, 16, 32, 64),
+    latency_reps=5,
+    throughput_runs=2,
+    throughput_requests=48,
+    memory_rounds=1,
+    stream_runs=2,
+    stream_events=40,
+    stream_interval_ms=20,
+    shrink_scale=0.5,
+    shrink_repeats=1,
+    shrink_turns=30,
 )
 FULL = Settings(
-    engine_reps=31, scaling_reps=11, scaling_mb=(1, 2, 4, 8, 16, 32, 64), latency_reps=41, throughput_runs=6,
-    throughput_requests=96, memory_rounds=3, stream_runs=4, stream_events=100, stream_interval_ms=20,
-    shrink_scale=1.0, shrink_repeats=2, shrink_turns=30,
+    engine_reps=31,
+    scaling_reps=11,
+    scaling_mb=(1, 2, 4, 8, 16, 32, 64),
+    latency_reps=41,
+    throughput_runs=6,
+    throughput_requests=96,
+    memory_rounds=3,
+    stream_runs=4,
+    stream_events=100,
+    stream_interval_ms=20,
+    shrink_scale=1.0,
+    shrink_repeats=2,
+    shrink_turns=30,
 )
 
 
@@ -302,8 +322,13 @@ def scaling_figures(bodies: Bodies, settings: Settings) -> list[Figure]:
         record = prune_request(URL, HEADERS, bodies.scaling[mb], RULES).record
         pruned = record.pruned if record else 0
         figures.append(
-            Figure(f"scaling_{mb}mb_ms", f"engine, {mb} MB body (24 turns, {pruned} pruned)", ms, "ms",
-                   note=f"floor {floor_ms:.1f} ms ({ms / floor_ms:.2f}x)")
+            Figure(
+                f"scaling_{mb}mb_ms",
+                f"engine, {mb} MB body (24 turns, {pruned} pruned)",
+                ms,
+                "ms",
+                note=f"floor {floor_ms:.1f} ms ({ms / floor_ms:.2f}x)",
+            )
         )
     for n in range(1, len(sizes)):
         small, big = sizes[n - 1], sizes[n]
@@ -311,8 +336,14 @@ def scaling_figures(bodies: Bodies, settings: Settings) -> list[Figure]:
         per_doubling = (engine[n] / engine[n - 1]) ** (1 / steps)
         floor_doubling = (floor[n] / floor[n - 1]) ** (1 / steps)
         figures.append(
-            Figure(f"scaling_{small}_to_{big}mb", f"engine time per doubling, {small} -> {big} MB", per_doubling, "x", 2.2,
-                   note=f"floor {floor_doubling:.2f}x")
+            Figure(
+                f"scaling_{small}_to_{big}mb",
+                f"engine time per doubling, {small} -> {big} MB",
+                per_doubling,
+                "x",
+                2.2,
+                note=f"floor {floor_doubling:.2f}x",
+            )
         )
     return figures
 
@@ -759,8 +790,13 @@ def streaming_figures(addon: Proxy, plain_stream: Proxy, bodies: Bodies, setting
     what = f"{settings.stream_runs} x {settings.stream_events} events, every {settings.stream_interval_ms:g} ms"
     mb = len(bodies.pruned_16mb) / MB
     return [
-        Figure("stream_addon_ms", f"SSE event delay with addon ({what})", a, "ms",
-               note="addon mitmdump on its defaults: trimflow streams LLM responses itself"),
+        Figure(
+            "stream_addon_ms",
+            f"SSE event delay with addon ({what})",
+            a,
+            "ms",
+            note="addon mitmdump on its defaults: trimflow streams LLM responses itself",
+        ),
         Figure("stream_plain_ms", "SSE event delay plain mitmdump, stream_large_bodies=1", p, "ms"),
         Figure("stream_added_ms", "SSE delay added by the addon (median)", a - p, "ms", 5.0),
         Figure(
@@ -798,16 +834,27 @@ def shrink_figures(settings: Settings) -> list[Figure]:
     except Exception as exc:  # noqa: BLE001 - the module is new: report it, keep the other figures
         return [Figure("shrink", f"shrink: failed ({type(exc).__name__})", None, "", note=str(exc)[:200])]
     figures = [
-        Figure(f"shrink_{name}_ms_per_mp", f"shrink {name}", entry["ms_per_megapixel"], "ms/MP",
-               note=f"{entry['megapixels']} MP -> {entry['result']}")
+        Figure(
+            f"shrink_{name}_ms_per_mp", f"shrink {name}", entry["ms_per_megapixel"], "ms/MP", note=f"{entry['megapixels']} MP -> {entry['result']}"
+        )
         for name, entry in speed.items()
     ]
     turns = session["turns"]
     figures += [
-        Figure("shrink_session_hit_rate", f"shrink cache hit rate, {turns}-turn session", session["hit_rate"], "",
-               note=f"{session['hits']} hits, {session['misses']} misses"),
-        Figure("shrink_session_overhead_ms", f"engine overhead per turn, {turns}-turn session (median)", session["overhead_ms_median"], "ms",
-               note=f"max {session['overhead_ms_max']} ms"),
+        Figure(
+            "shrink_session_hit_rate",
+            f"shrink cache hit rate, {turns}-turn session",
+            session["hit_rate"],
+            "",
+            note=f"{session['hits']} hits, {session['misses']} misses",
+        ),
+        Figure(
+            "shrink_session_overhead_ms",
+            f"engine overhead per turn, {turns}-turn session (median)",
+            session["overhead_ms_median"],
+            "ms",
+            note=f"max {session['overhead_ms_max']} ms",
+        ),
     ]
     return figures
 

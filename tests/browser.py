@@ -33,5 +33,14 @@ def headless(profile: Path, *args: str) -> list[str]:
     --no-proxy-server: the pages are local, and the user's proxy variables must not reach them (Chromium on
     Linux reads http_proxy and friends). --no-sandbox: CI runs as root, where the sandbox refuses to start.
     """
-    return [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run",
-            "--no-proxy-server", f"--user-data-dir={profile}", *args]
+    return [
+        chromium(),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--no-first-run",
+        "--no-proxy-server",
+        f"--user-data-dir={profile}",
+        *args,
+    ]

@@ -46,18 +46,26 @@ def anthropic(*images: tuple[str, str]) -> dict:
     for n, (data, mime) in enumerate(images, 1):
         if n > 1:
             messages.append({"role": "assistant", "content": [{"type": "text", "text": f"ok {n - 1}"}]})
-        messages.append({"role": "user", "content": [
-            {"type": "text", "text": f"turn {n}"},
-            {"type": "image", "source": {"type": "base64", "media_type": mime, "data": data}},
-        ]})
+        messages.append(
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": f"turn {n}"},
+                    {"type": "image", "source": {"type": "base64", "media_type": mime, "data": data}},
+                ],
+            }
+        )
     return {"model": "claude-sonnet-4-5", "max_tokens": 100, "messages": messages}
 
 
 def chat(*urls: str) -> dict:
-    return {"model": "gpt-4o", "messages": [
-        {"role": "user", "content": [{"type": "text", "text": f"turn {n}"}, {"type": "image_url", "image_url": {"url": u}}]}
-        for n, u in enumerate(urls, 1)
-    ]}
+    return {
+        "model": "gpt-4o",
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": f"turn {n}"}, {"type": "image_url", "image_url": {"url": u}}]}
+            for n, u in enumerate(urls, 1)
+        ],
+    }
 
 
 def prune_with(fmt: str, body: dict | bytes, mode: str = "enforce", **limits):

@@ -168,8 +168,9 @@ def test_interleaved_conversations_each_keep_their_turns() -> None:
 
 
 @pytest.mark.parametrize("fmt", ALL_FORMATS)
-@pytest.mark.parametrize("limits", [{"max_images": 2}, {"max_images": 8, "dedupe": True}, {"max_images": 8, "max_image_side": 12}],
-                         ids=["pruned", "repeats", "shrunk"])
+@pytest.mark.parametrize(
+    "limits", [{"max_images": 2}, {"max_images": 8, "dedupe": True}, {"max_images": 8, "max_image_side": 12}], ids=["pruned", "repeats", "shrunk"]
+)
 def test_a_body_trimflow_rewrote_digests_as_the_client_sent_it(fmt: str, limits: dict) -> None:
     # A recording made behind trimflow holds what it forwarded: the audit must number it as the proxy did.
     body = session(fmt, 5)

@@ -46,9 +46,7 @@ def test_pruning_a_skeleton_writes_what_a_full_parse_would() -> None:
     out = doc.dumps(module.replace_media(doc.parsed, dict.fromkeys(paths, "[gone]")))
     full = orjson.loads(body)
     assert out == orjson.dumps(module.replace_media(full, dict.fromkeys(paths, "[gone]")))
-    assert doc.size(module.replace_media(doc.parsed, {paths[0]: "[gone]"})) == len(
-        orjson.dumps(module.replace_media(full, {paths[0]: "[gone]"}))
-    )
+    assert doc.size(module.replace_media(doc.parsed, {paths[0]: "[gone]"})) == len(orjson.dumps(module.replace_media(full, {paths[0]: "[gone]"})))
 
 
 @pytest.mark.parametrize(

@@ -40,10 +40,16 @@ def test_text_only_follow_up_after_the_limit_was_exceeded() -> None:
 
 
 def test_an_image_only_message_keeps_a_placeholder_and_text_stays() -> None:
-    body = {"model": "gpt-4o", "messages": [
-        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(SHOT, "image/png")}}]},
-        {"role": "user", "content": [{"type": "text", "text": "keep me"}, {"type": "image_url", "image_url": {"url": data_url(SHOT, "image/png")}}]},
-    ]}
+    body = {
+        "model": "gpt-4o",
+        "messages": [
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(SHOT, "image/png")}}]},
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "keep me"}, {"type": "image_url", "image_url": {"url": data_url(SHOT, "image/png")}}],
+            },
+        ],
+    }
     out = orjson.loads(run(body, max_images=0, keep_recent=0).body)
     first, second = out["messages"]
     assert len(first["content"]) == 1 and first["content"][0]["type"] == "text" and first["content"][0]["text"]
@@ -52,11 +58,14 @@ def test_an_image_only_message_keeps_a_placeholder_and_text_stays() -> None:
 
 def test_images_only_in_tool_results_and_a_tool_image_before_the_newest_user_image() -> None:
     tool_shot, user_shot = data_url(image(30, 30, "PNG", seed=7), "image/png"), data_url(SHOT, "image/png")
-    body = {"model": "gpt-4o", "messages": [
-        {"role": "user", "content": "go"},
-        {"role": "tool", "tool_call_id": "a", "content": [{"type": "image_url", "image_url": {"url": tool_shot}}]},
-        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": user_shot}}]},
-    ]}
+    body = {
+        "model": "gpt-4o",
+        "messages": [
+            {"role": "user", "content": "go"},
+            {"role": "tool", "tool_call_id": "a", "content": [{"type": "image_url", "image_url": {"url": tool_shot}}]},
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": user_shot}}]},
+        ],
+    }
     assert images_left(run(body, max_images=1).body) == [user_shot]
     only_tool = {"model": "gpt-4o", "messages": body["messages"][:2]}
     assert images_left(run(only_tool, max_images=1).body) == [tool_shot]
@@ -79,10 +88,18 @@ def test_documents_are_counted_but_never_pruned_by_an_image_limit() -> None:
 
 
 def test_remote_images_count_and_are_pruned_with_no_media_bytes() -> None:
-    body = {"model": "gpt-4o", "messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "https://example.invalid/1.png"}},
-        {"type": "image_url", "image_url": {"url": data_url(SHOT, "image/png")}},
-    ]}]}
+    body = {
+        "model": "gpt-4o",
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image_url", "image_url": {"url": "https://example.invalid/1.png"}},
+                    {"type": "image_url", "image_url": {"url": data_url(SHOT, "image/png")}},
+                ],
+            }
+        ],
+    }
     outcome = run(body, max_images=1)
     assert outcome.record.images_before == 2 and outcome.record.images_after == 1
     assert b"example.invalid" not in outcome.body
@@ -221,9 +238,29 @@ def test_the_record_holds_no_body_text_and_no_base64() -> None:
     record = run(body, max_images=1).record.to_json()
     assert b"SECRET" not in record and b64(SHOT)[:20].encode() not in record
     fields = orjson.loads(record)
-    for name in ("ts", "conversation", "turn", "host", "path", "format", "model", "rule", "mode", "images_before", "images_after",
-                 "media_bytes_before", "media_bytes_after", "body_bytes_before", "body_bytes_after", "est_tokens_before",
-                 "est_tokens_after", "pruned", "status", "usage_input_tokens", "overhead_ms"):
+    for name in (
+        "ts",
+        "conversation",
+        "turn",
+        "host",
+        "path",
+        "format",
+        "model",
+        "rule",
+        "mode",
+        "images_before",
+        "images_after",
+        "media_bytes_before",
+        "media_bytes_after",
+        "body_bytes_before",
+        "body_bytes_after",
+        "est_tokens_before",
+        "est_tokens_after",
+        "pruned",
+        "status",
+        "usage_input_tokens",
+        "overhead_ms",
+    ):
         assert name in fields
     assert fields["est_tokens_after"] < fields["est_tokens_before"]
 
@@ -291,8 +328,16 @@ def test_the_record_reports_every_new_figure_and_no_base64(png_over_5mb: str, sc
     body = anthropic((png_over_5mb, "image/png"), (b64(screens[0]), "image/png"), (b64(screens[0]), "image/jpeg"))
     record = prune_with("anthropic", body, max_image_bytes=FIVE_MB, thumbnail_side=256, dedupe=True).record
     fields = orjson.loads(record.to_json())
-    for name in ("shrunk", "shrunk_bytes_saved", "thinned", "thinned_bytes_saved", "deduplicated",
-                 "pruned_for_image_limit", "pruned_for_tokens", "mime_mismatches"):
+    for name in (
+        "shrunk",
+        "shrunk_bytes_saved",
+        "thinned",
+        "thinned_bytes_saved",
+        "deduplicated",
+        "pruned_for_image_limit",
+        "pruned_for_tokens",
+        "mime_mismatches",
+    ):
         assert name in fields
     # #2 repeats #3 and goes; #1 is old: thinned (which also meets the 5 MB limit); #3 is whole.
     assert (record.deduplicated, record.thinned, record.shrunk, record.mime_mismatches) == (1, 1, 0, 1)

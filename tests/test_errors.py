@@ -18,16 +18,31 @@ def test_every_error_is_a_trimflow_error_exported_by_the_package(name: str) -> N
 
 @pytest.mark.parametrize(
     ("module", "name"),
-    [(_rules, "RulesError"), (_profiles, "ProfilesError"), (_profiles, "UnknownProfile"), (_jsoncodec, "BodyError"),
-     (_decode, "DecodeError"), (_gate, "ExpressionError"), (_read, "InputError")],
+    [
+        (_rules, "RulesError"),
+        (_profiles, "ProfilesError"),
+        (_profiles, "UnknownProfile"),
+        (_jsoncodec, "BodyError"),
+        (_decode, "DecodeError"),
+        (_gate, "ExpressionError"),
+        (_read, "InputError"),
+    ],
 )
 def test_the_modules_that_raise_an_error_still_name_it(module, name: str) -> None:
     assert getattr(module, name) is getattr(errors, name)
 
 
 def test_value_errors_stay_value_errors() -> None:
-    for cls in (errors.RulesError, errors.ProfilesError, errors.UnknownProfile, errors.BodyError, errors.DecodeError,
-                errors.ExpressionError, _decode.UnsupportedEncoding, _decode.BodyTooLarge):
+    for cls in (
+        errors.RulesError,
+        errors.ProfilesError,
+        errors.UnknownProfile,
+        errors.BodyError,
+        errors.DecodeError,
+        errors.ExpressionError,
+        _decode.UnsupportedEncoding,
+        _decode.BodyTooLarge,
+    ):
         assert issubclass(cls, ValueError), cls
     assert issubclass(errors.ProfilesError, errors.RulesError)  # one `except RulesError` refuses either bad file
 

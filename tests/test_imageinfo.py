@@ -415,8 +415,11 @@ def test_sniff_media_reads_past_a_large_exif_block_and_skips_remote_media() -> N
     raw = bytearray(encode(Image.new("RGB", (50, 60)), "JPEG"))
     exif = b"\xff\xe1" + (40_000).to_bytes(2, "big") + bytes(39_998)  # an APP1 segment ~40 KB long
     raw[2:2] = exif
-    body = {"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/jpeg",
-                                                                                 "data": b64(bytes(raw))}}]}]}
+    body = {
+        "messages": [
+            {"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/jpeg", "data": b64(bytes(raw))}}]}
+        ]
+    }
     (media,) = FORMATS["anthropic"].find_media(body)
     assert len(b64(bytes(raw))) > SNIFF_FIRST
     assert sniff_media(media) == ImageInfo("image/jpeg", 50, 60)

@@ -62,17 +62,29 @@ def test_the_import_reader_resolves_relative_imports(tmp_path: Path) -> None:
     """The checks below are only as good as this: every spelling of importing a test module is caught."""
     (tmp_path / "tests" / "formats").mkdir(parents=True)
     probe = tmp_path / "tests" / "formats" / "test_probe.py"
-    probe.write_text("from .test_formats import CASES\nfrom . import test_other, cases\nfrom ..test_rules import load\n"
-                     "from .. import helpers\nimport tests.test_engine\nfrom tests.hostile.test_hostile import X\n"
-                     "from tests.formats import test_formats as t\nfrom .cases import PNG\nimport os\n")
+    probe.write_text(
+        "from .test_formats import CASES\nfrom . import test_other, cases\nfrom ..test_rules import load\n"
+        "from .. import helpers\nimport tests.test_engine\nfrom tests.hostile.test_hostile import X\n"
+        "from tests.formats import test_formats as t\nfrom .cases import PNG\nimport os\n"
+    )
     found = list(imports(probe, tmp_path))
     assert sorted({name for _, name in found if is_test_module(name)}) == [
-        "tests.formats.test_formats", "tests.formats.test_formats.CASES", "tests.formats.test_other",
-        "tests.hostile.test_hostile", "tests.hostile.test_hostile.X", "tests.test_engine", "tests.test_rules",
+        "tests.formats.test_formats",
+        "tests.formats.test_formats.CASES",
+        "tests.formats.test_other",
+        "tests.hostile.test_hostile",
+        "tests.hostile.test_hostile.X",
+        "tests.test_engine",
+        "tests.test_rules",
         "tests.test_rules.load",
     ]
     assert {name for _, name in found if not is_test_module(name)} == {
-        "tests.formats", "tests.formats.cases", "tests", "tests.helpers", "tests.formats.cases.PNG", "os",
+        "tests.formats",
+        "tests.formats.cases",
+        "tests",
+        "tests.helpers",
+        "tests.formats.cases.PNG",
+        "os",
     }
 
 

@@ -42,8 +42,11 @@ def test_the_wheel_ships_the_rules_and_prunes_with_them_from_an_empty_folder(tmp
         shutil.copytree(ROOT / name, source / name, symlinks=True, ignore=skip)
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(tmp_path / "dist"), str(source)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(tmp_path / "dist"), str(source)],
+        check=True,
+        capture_output=True,
+    )
     (wheel,) = (tmp_path / "dist").glob("trimflow-*.whl")
     installed = tmp_path / "installed"
     with zipfile.ZipFile(wheel) as archive:
@@ -55,10 +58,20 @@ def test_the_wheel_ships_the_rules_and_prunes_with_them_from_an_empty_folder(tmp
     empty.mkdir()
     run = subprocess.run(
         [sys.executable, "-m", "trimflow", "prune", "--url", "https://api.openai.com/v1/chat/completions"],
-        input=_ten_images_body(), capture_output=True, cwd=empty, env={"PYTHONPATH": str(installed)}, check=True,
+        input=_ten_images_body(),
+        capture_output=True,
+        cwd=empty,
+        env={"PYTHONPATH": str(installed)},
+        check=True,
     )
     record = json.loads(run.stderr.decode().strip().splitlines()[-1])
     assert (record["rule"], record["images_before"], record["images_after"]) == ("defaults", 10, 8)  # max_images: 8
-    where = subprocess.run([sys.executable, "-c", "import trimflow; print(trimflow.DEFAULT_RULES_PATH)"],
-                           capture_output=True, cwd=empty, env={"PYTHONPATH": str(installed)}, check=True, text=True)
+    where = subprocess.run(
+        [sys.executable, "-c", "import trimflow; print(trimflow.DEFAULT_RULES_PATH)"],
+        capture_output=True,
+        cwd=empty,
+        env={"PYTHONPATH": str(installed)},
+        check=True,
+        text=True,
+    )
     assert Path(where.stdout.strip()) == installed / "trimflow" / "rules" / "default.yaml"

@@ -27,10 +27,18 @@ def facts_in(fmt: str, body: dict) -> list[MediaFacts]:
 
 def test_every_field_of_an_inline_image() -> None:
     png = image(300, 200, "PNG", seed=1)
-    body = {"model": "gpt-4o", "messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": data_url(image(10, 10, "PNG", seed=2), "image/png")}},
-        {"type": "image_url", "image_url": {"url": data_url(png, "image/png")}},
-    ]}]}
+    body = {
+        "model": "gpt-4o",
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image_url", "image_url": {"url": data_url(image(10, 10, "PNG", seed=2), "image/png")}},
+                    {"type": "image_url", "image_url": {"url": data_url(png, "image/png")}},
+                ],
+            }
+        ],
+    }
     second = facts_in("openai-chat", body)[1]
     text = render(EVERY_FIELD, second, "too many images")
     wire = len(data_url(png, "image/png"))
@@ -67,7 +75,10 @@ def test_the_sniffed_type_wins_over_the_declared_one() -> None:
 
 
 def test_remote_media_has_no_size_and_no_dims() -> None:
-    body = {"model": "gpt-4o", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://example.invalid/a.png"}}]}]}
+    body = {
+        "model": "gpt-4o",
+        "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://example.invalid/a.png"}}]}],
+    }
     [facts] = facts_in("openai-chat", body)
     assert facts.media.remote
     assert render(DEFAULT_PLACEHOLDER, facts, "too many images") == "[trimflow: image #1 omitted (unknown type, unknown size, remote)]"
@@ -75,8 +86,14 @@ def test_remote_media_has_no_size_and_no_dims() -> None:
 
 
 def test_a_repeat_names_the_later_ordinal() -> None:
-    [facts] = facts_in("openai-chat", {"messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": data_url(image(20, 10, "PNG", seed=5), "image/png")}}]}]})
+    [facts] = facts_in(
+        "openai-chat",
+        {
+            "messages": [
+                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(image(20, 10, "PNG", seed=5), "image/png")}}]}
+            ]
+        },
+    )
     assert "later" in REPEAT_FIELDS and "later" not in PLACEHOLDER_FIELDS
     assert render("#{ordinal} as #{later}", facts, "repeated", later=4) == "#1 as #4"
 

@@ -49,8 +49,17 @@ PROVIDER_TEXTS = {
 }
 
 SHIPPED = (
-    "axum-2mb", "anthropic-32mb", "anthropic-100-media", "anthropic-image-5mb", "anthropic-image-8000px",
-    "anthropic-many-image-2000px", "copilot-gemini-10", "generic-8", "bedrock-20", "azure-50", "cloudflare-413",
+    "axum-2mb",
+    "anthropic-32mb",
+    "anthropic-100-media",
+    "anthropic-image-5mb",
+    "anthropic-image-8000px",
+    "anthropic-many-image-2000px",
+    "copilot-gemini-10",
+    "generic-8",
+    "bedrock-20",
+    "azure-50",
+    "cloudflare-413",
     "gemini-cli-1mb",
 )
 
@@ -67,8 +76,7 @@ def document_block() -> dict:
 
 
 def anthropic_request(*messages: list[dict]) -> bytes:
-    return orjson.dumps({"model": "claude-sonnet-4-5", "max_tokens": 64,
-                         "messages": [{"role": "user", "content": blocks} for blocks in messages]})
+    return orjson.dumps({"model": "claude-sonnet-4-5", "max_tokens": 64, "messages": [{"role": "user", "content": blocks} for blocks in messages]})
 
 
 def images(fmt: str, n: int, model: str | None = None) -> bytes:
@@ -139,8 +147,7 @@ def test_anthropic_100_media_counts_images_and_documents() -> None:
     assert run(profile, anthropic_request([image_block()] * 100 + [document_block()]), "anthropic") is not None
     v = run(profile, anthropic_request([image_block()] * 104 + [document_block()]), "anthropic")
     assert (v.status, v.content_type, v.limit) == (400, "application/json", "max_media")
-    assert orjson.loads(v.body) == {"type": "error", "error": {"type": "invalid_request_error",
-                                                               "message": PROVIDER_TEXTS["anthropic-media"]}}
+    assert orjson.loads(v.body) == {"type": "error", "error": {"type": "invalid_request_error", "message": PROVIDER_TEXTS["anthropic-media"]}}
 
 
 def test_anthropic_image_5mb_names_the_image_and_its_base64_length() -> None:
@@ -155,14 +162,16 @@ def test_anthropic_image_5mb_names_the_image_and_its_base64_length() -> None:
     huge = padded_png(15_908_784 * 3 // 4)
     v = run(profile, anthropic_request([text, text, image_block(huge)]), "anthropic")
     assert (v.status, v.content_type, v.limit) == (400, "application/json", "max_image_base64_bytes")
-    assert orjson.loads(v.body) == {"type": "error", "error": {"type": "invalid_request_error",
-                                                               "message": PROVIDER_TEXTS["anthropic-5mb"]}}
+    assert orjson.loads(v.body) == {"type": "error", "error": {"type": "invalid_request_error", "message": PROVIDER_TEXTS["anthropic-5mb"]}}
 
 
 def test_anthropic_paths_follow_tool_results_like_anthropics_errors() -> None:
     # "messages.168.content.0.tool_result.content.1.image.source.base64: image exceeds 5 MB maximum"
-    body = {"messages": [{"role": "user", "content": [
-        {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "text", "text": "shot"}, image_block()]}]}]}
+    body = {
+        "messages": [
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [{"type": "text", "text": "shot"}, image_block()]}]}
+        ]
+    }
     (media,) = anthropic.find_media(body)
     assert image_path(body, media.path) == "messages.0.content.0.tool_result.content.1.image"
 
@@ -231,8 +240,7 @@ def test_gemini_cli_1mb_reports_the_actual_size() -> None:
     assert run("gemini-cli-1mb", body_of_size(1_048_576), "gemini") is None
     v = run("gemini-cli-1mb", body_of_size(1_056_562), "gemini")
     assert (v.status, v.content_type) == (413, "application/json")
-    assert orjson.loads(v.body) == {"error": {"message": PROVIDER_TEXTS["gemini-cli"], "code": 413,
-                                              "status": "Request Entity Too Large"}}
+    assert orjson.loads(v.body) == {"error": {"message": PROVIDER_TEXTS["gemini-cli"], "code": 413, "status": "Request Entity Too Large"}}
 
 
 # --- the check itself --------------------------------------------------------------------------
@@ -261,8 +269,14 @@ def test_a_body_that_is_not_json_is_checked_for_size_only() -> None:
 
 
 def test_remote_images_count_but_have_no_size() -> None:
-    body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": f"https://example.test/{i}.png"}} for i in range(9)]}]})
+    body = orjson.dumps(
+        {
+            "model": "m",
+            "messages": [
+                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": f"https://example.test/{i}.png"}} for i in range(9)]}
+            ],
+        }
+    )
     assert run("generic-8", body).limit == "max_images"
     assert run("anthropic-image-8000px", body) is None
 
@@ -301,10 +315,10 @@ profiles:
         (GOOD.replace("{images}", "{imgs}"), 6, "unknown field {imgs}; did you mean 'images'?"),
         (GOOD.replace("{images}", "{image_bytes:,}"), 6, "are '?' when the broken limit is not about one image"),
         (GOOD.replace("application/json", "text/plain"), 6, "a mapping or list body is sent as JSON, but content_type is 'text/plain'"),
-        (GOOD.replace("    body: {error: {message: \"too many: {images} > {limit}\"}}\n", ""), 3, "profile 'mine' has no body"),
+        (GOOD.replace('    body: {error: {message: "too many: {images} > {limit}"}}\n', ""), 3, "profile 'mine' has no body"),
         (GOOD.replace("max_images: 3", "many_images_threshold: 20"), 3, "many_images_threshold needs many_images_max_side too"),
         (GOOD.replace("    max_images: 3\n", ""), 3, "profile 'mine' has no limit"),
-        (GOOD.replace("  mine:", "  \"off\":"), 2, "profile name 'off' is reserved"),
+        (GOOD.replace("  mine:", '  "off":'), 2, "profile name 'off' is reserved"),
         (GOOD + GOOD.replace("profiles:\n", ""), 7, "duplicate key 'mine' in profiles (first on line 2)"),
         (GOOD.replace("status: 400", "status: [400"), 5, "YAML syntax error"),
         ("rules: []\n", 1, "unknown top-level key 'rules' in the profiles file"),
@@ -354,8 +368,6 @@ def test_an_unknown_profile_lists_the_known_names() -> None:
 # --- the addon's options -----------------------------------------------------------------------
 
 
-
-
 def test_simulate_is_off_by_default_and_validated(tmp_path) -> None:
     addon = TrimflowAddons()
     with taddons.context(addon) as tctx:
@@ -373,16 +385,22 @@ def test_simulate_is_off_by_default_and_validated(tmp_path) -> None:
 
 
 @pytest.mark.parametrize(("mode", "answered"), [("observe", True), ("enforce", False)])
-async def test_the_addon_answers_for_the_provider_when_the_forwarded_request_breaks_the_profile(
-        tmp_path, mode: str, answered: bool) -> None:
+async def test_the_addon_answers_for_the_provider_when_the_forwarded_request_breaks_the_profile(tmp_path, mode: str, answered: bool) -> None:
     rules = tmp_path / "rules.yaml"
     rules.write_text("defaults:\n  max_images: 8\n  keep_recent: 1\n")
     addon = TrimflowAddons()
     with taddons.context(addon) as tctx:
         tctx.configure(addon, trimflow_rules=str(rules), trimflow_mode=mode, trimflow_simulate="generic-8")
-        request = tutils.treq(host="api.openai.com", port=443, scheme=b"https", method=b"POST", authority=b"",
-                              path=PATHS["openai-chat"].encode(), content=images("openai-chat", 9),
-                              headers=http.Headers(content_type="application/json"))
+        request = tutils.treq(
+            host="api.openai.com",
+            port=443,
+            scheme=b"https",
+            method=b"POST",
+            authority=b"",
+            path=PATHS["openai-chat"].encode(),
+            content=images("openai-chat", 9),
+            headers=http.Headers(content_type="application/json"),
+        )
         flow = tflow.tflow(req=request)
         await requested(addon, flow)
         record = flow.metadata[proxy.META]

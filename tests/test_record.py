@@ -19,8 +19,9 @@ SECRET_KEY = "sk-test-SECRET-record-81c2"
 
 
 def record(**fields) -> Record:
-    return Record("2025-01-01T00:00:00.000Z", "c0ffee00", 3, "api.example.test", "/v1/messages", "anthropic", "claude-x", "defaults",
-                  "enforce", **fields)
+    return Record(
+        "2025-01-01T00:00:00.000Z", "c0ffee00", 3, "api.example.test", "/v1/messages", "anthropic", "claude-x", "defaults", "enforce", **fields
+    )
 
 
 def every_field_set() -> Record:
@@ -59,8 +60,16 @@ def test_a_fresh_record_says_none_for_what_only_the_answer_tells() -> None:
 
 
 def test_summary_names_the_conversation_turn_model_and_the_figures() -> None:
-    line = record(images_before=12, images_after=8, body_bytes_before=16 * 2**20, body_bytes_after=3 * 2**20 + 2**19,
-                  est_tokens_before=23_456, est_tokens_after=9_100, status=200, usage_input_tokens=9_000).summary()
+    line = record(
+        images_before=12,
+        images_after=8,
+        body_bytes_before=16 * 2**20,
+        body_bytes_after=3 * 2**20 + 2**19,
+        est_tokens_before=23_456,
+        est_tokens_after=9_100,
+        status=200,
+        usage_input_tokens=9_000,
+    ).summary()
     assert line.startswith("conv c0ffee00 turn 3 claude-x images 12->8 body ")
     assert "body 16.0MB->3.5MB" in line
     assert "~23k->9k tok" in line
@@ -93,8 +102,20 @@ def test_summary_flags_observe_over_budget_and_untouched(fields: dict, shown: st
 
 
 def test_summary_shows_the_estimate_over_the_provider_count() -> None:
-    record = Record("t", "c", 1, "h", "/v1/messages", "anthropic", "claude-x", "defaults", "enforce",
-                    est_tokens_before=3000, est_tokens_after=2160, usage_input_tokens=2000)
+    record = Record(
+        "t",
+        "c",
+        1,
+        "h",
+        "/v1/messages",
+        "anthropic",
+        "claude-x",
+        "defaults",
+        "enforce",
+        est_tokens_before=3000,
+        est_tokens_after=2160,
+        usage_input_tokens=2000,
+    )
     assert record.est_to_usage_ratio() == pytest.approx(1.08)
     assert record.summary().endswith("in=2000 est/in=1.08")
     observed = Record("t", "c", 1, "h", "/", "anthropic", None, None, "observe", est_tokens_before=3000, est_tokens_after=10, usage_input_tokens=2000)

@@ -70,7 +70,7 @@ def test_yaml_bad_indentation(tmp_path):
 
 
 def test_yaml_unprintable_character(tmp_path):
-    assert_error(tmp_path, "defaults:\n  placeholder: \"a\x07\"\n", 2, "YAML syntax error")
+    assert_error(tmp_path, 'defaults:\n  placeholder: "a\x07"\n', 2, "YAML syntax error")
 
 
 def test_yaml_several_documents(tmp_path):
@@ -86,9 +86,7 @@ def test_empty_file(tmp_path, text):
     assert_error(tmp_path, text, 1, "empty rules file")
 
 
-@pytest.mark.parametrize(
-    ("text", "shown"), [("- a\n- b\n", "a list"), ("just text\n", "'just text'"), ("42\n", "42")]
-)
+@pytest.mark.parametrize(("text", "shown"), [("- a\n- b\n", "a list"), ("just text\n", "'just text'"), ("42\n", "42")])
 def test_top_level_not_a_mapping(tmp_path, text, shown):
     assert_error(tmp_path, text, 1, f"the rules file must be a mapping, got {shown}")
 
@@ -229,8 +227,7 @@ def test_match_not_a_mapping(tmp_path):
 @pytest.mark.parametrize(
     ("lines", "line", "message"),
     [
-        ("      model: 5\n", 4, "match.model of rule 'a' must be a glob (quoted text) or a list of globs, "
-                             "got 5"),
+        ("      model: 5\n", 4, "match.model of rule 'a' must be a glob (quoted text) or a list of globs, got 5"),
         ("      host: null\n", 4, "match.host of rule 'a' must be a glob"),
         ("      model: 1.5\n", 4, "got 1.5"),  # an unquoted version number is a float
         ("      model:\n        - gpt*\n        - 4\n", 6, "match.model of rule 'a' must be a glob"),
@@ -495,8 +492,7 @@ def test_matching_is_cheap():
     rules = Rules(
         "<perf>",
         Limits(),
-        tuple(Rule(f"r{i}", host=["*.example.com"], model=[g, f"*/{g}"]) for i, g in enumerate(globs))
-        + (Rule("last", path=["*/chat/completions"]),),
+        tuple(Rule(f"r{i}", host=["*.example.com"], model=[g, f"*/{g}"]) for i, g in enumerate(globs)) + (Rule("last", path=["*/chat/completions"]),),
         BUILTIN_ENDPOINTS,
     )
     n = 2000
@@ -603,9 +599,7 @@ def test_format_names_match_the_format_modules():
 
     assert FORMAT_NAMES == tuple(FORMATS)
     assert {e.format for e in BUILTIN_ENDPOINTS} == set(FORMAT_NAMES)
-    assert [(e.path, e.format) for e in BUILTIN_ENDPOINTS] == [
-        (glob, name) for name, module in FORMATS.items() for glob in module.ENDPOINTS
-    ]
+    assert [(e.path, e.format) for e in BUILTIN_ENDPOINTS] == [(glob, name) for name, module in FORMATS.items() for glob in module.ENDPOINTS]
 
 
 # --- the shipped files --------------------------------------------------------------------------
@@ -619,15 +613,23 @@ def test_default_rules_path():
 def test_shipped_default():
     r = load_rules(DEFAULT_RULES_PATH)
     assert r.source == str(DEFAULT_RULES_PATH)
-    gemini = r.limits_for(
-        "generativelanguage.googleapis.com", "/v1beta/models/gemini-2.5-pro:generateContent", "gemini-2.5-pro"
-    )
+    gemini = r.limits_for("generativelanguage.googleapis.com", "/v1beta/models/gemini-2.5-pro:generateContent", "gemini-2.5-pro")
     assert (gemini.rule, gemini.max_images) == ("gemini", 10)
     assert r.limits_for("openrouter.ai", "/api/v1/chat/completions", "google/gemini-2.5-pro").max_images == 10
     assert r.limits_for("api.githubcopilot.com", "/chat/completions", "gemini-3.1-pro-preview").max_images == 10
     claude = r.limits_for("api.anthropic.com", "/v1/messages", "claude-sonnet-4")
-    assert claude == Limits("claude", 8, 16 * MiB, 1, 1, DEFAULT_PLACEHOLDER, max_image_bytes=5 * MiB,
-                            max_image_side=8000, many_images_threshold=20, many_images_max_side=2000)
+    assert claude == Limits(
+        "claude",
+        8,
+        16 * MiB,
+        1,
+        1,
+        DEFAULT_PLACEHOLDER,
+        max_image_bytes=5 * MiB,
+        max_image_side=8000,
+        many_images_threshold=20,
+        many_images_max_side=2000,
+    )
     assert gemini.max_body_bytes == 16 * MiB
     assert r.limits_for("h", "/", None).max_images == 8
 
@@ -685,13 +687,9 @@ def test_examples_give_their_limits():
     assert 1_900_000 <= seed.max_body_bytes < 2 * MiB
     anth = load_rules(ex / "anthropic-max.yaml").limits_for("api.anthropic.com", "/v1/messages", "claude-x")
     assert anth.max_images == 100 and anth.max_body_bytes < 32_000_000
-    bedrock = load_rules(ex / "bedrock.yaml").limits_for(
-        "bedrock-runtime.us-east-1.amazonaws.com", "/model/x/converse", "x"
-    )
+    bedrock = load_rules(ex / "bedrock.yaml").limits_for("bedrock-runtime.us-east-1.amazonaws.com", "/model/x/converse", "x")
     assert bedrock.max_images == 20 and bedrock.max_body_bytes < 20_000_000
-    azure = load_rules(ex / "azure-openai.yaml").limits_for(
-        "myres.openai.azure.com", "/openai/deployments/gpt4o/chat/completions", None
-    )
+    azure = load_rules(ex / "azure-openai.yaml").limits_for("myres.openai.azure.com", "/openai/deployments/gpt4o/chat/completions", None)
     assert azure.max_images == 50
     vllm = load_rules(ex / "vllm.yaml").limits_for("localhost:8000", "/v1/chat/completions", "qwen")
     assert vllm.max_images == 5
@@ -786,7 +784,9 @@ def test_the_image_fields_are_rules_fields_and_off_by_default() -> None:
 
 
 def test_every_field_parses_in_defaults_and_rules(tmp_path: Path) -> None:
-    rules = load(tmp_path, """
+    rules = load(
+        tmp_path,
+        """
 defaults:
   max_image_bytes: 5MiB
   max_image_side: 8000
@@ -802,7 +802,8 @@ rules:
     max_image_bytes: 1048576
     thumbnail_side: null
     dedupe: false
-""")
+""",
+    )
     d = rules.defaults
     assert (d.max_image_bytes, d.max_image_side, d.many_images_threshold, d.many_images_max_side) == (5 * MiB, 8000, 20, 2000)
     assert (d.thumbnail_side, d.max_est_tokens, d.dedupe) == (512, 150_000, True)
@@ -857,23 +858,27 @@ def test_dedupe_wants_a_boolean(tmp_path: Path, value: str) -> None:
 
 def test_repeat_placeholder_knows_later_and_placeholder_does_not(tmp_path: Path) -> None:
     check_placeholder("#{ordinal} = #{later} ({reason})", "repeat_placeholder")
-    assert_error(tmp_path, "defaults:\n  repeat_placeholder: '#{latr}'\n", 2,
-                 "repeat_placeholder has an unknown field {latr}; did you mean 'later'?")
+    assert_error(tmp_path, "defaults:\n  repeat_placeholder: '#{latr}'\n", 2, "repeat_placeholder has an unknown field {latr}; did you mean 'later'?")
     assert_error(tmp_path, "defaults:\n  placeholder: '#{later}'\n", 2, "placeholder has an unknown field {later}")
     assert_error(tmp_path, "defaults:\n  repeat_placeholder: '  '\n", 2, "repeat_placeholder must not be empty")
     assert_error(tmp_path, "defaults:\n  repeat_placeholder: 3\n", 2, "repeat_placeholder must be a text template, got 3")
 
 
 def test_the_many_image_rule_needs_both_fields(tmp_path: Path) -> None:
-    assert_error(tmp_path, "defaults:\n  max_images: 8\n  many_images_threshold: 20\n", 3,
-                 "many_images_threshold is set in defaults but many_images_max_side is not")
+    assert_error(
+        tmp_path,
+        "defaults:\n  max_images: 8\n  many_images_threshold: 20\n",
+        3,
+        "many_images_threshold is set in defaults but many_images_max_side is not",
+    )
     text = "defaults:\n  max_images: 8\nrules:\n  - name: r\n    many_images_max_side: 2000\n"
     assert_error(tmp_path, text, 5, "many_images_max_side is set in rule 'r' but many_images_threshold is not")
 
 
 def test_the_many_image_pair_may_be_split_between_defaults_and_a_rule(tmp_path: Path) -> None:
-    rules = load(tmp_path, "defaults:\n  many_images_max_side: 2000\n  many_images_threshold: 20\n"
-                           "rules:\n  - name: r\n    many_images_threshold: 5\n")
+    rules = load(
+        tmp_path, "defaults:\n  many_images_max_side: 2000\n  many_images_threshold: 20\nrules:\n  - name: r\n    many_images_threshold: 5\n"
+    )
     assert rules.limits_for("h", "/", None).many_images_threshold == 5
     # A rule that unsets one half of the pair is named with its own line.
     text = "defaults:\n  many_images_max_side: 2000\n  many_images_threshold: 20\nrules:\n  - name: r\n    many_images_threshold: null\n"
@@ -957,8 +962,18 @@ def test_regex_looking_patterns_load_with_a_warning_naming_the_line_and_the_glob
 
 @pytest.mark.parametrize(
     ("glob", "key"),
-    [("*.openai.com", "host"), ("api.*.com", "host"), ("api.openai.*", "host"), ("gpt-4.*", "model"), ("[a-z]*-sonnet", "model"),
-     ("claude-[0-9]*", "model"), ("gpt-[!4]*", "model"), ("*/v1/chat/completions", "path"), ("/v1/messages", "path"), ("*", "model")],
+    [
+        ("*.openai.com", "host"),
+        ("api.*.com", "host"),
+        ("api.openai.*", "host"),
+        ("gpt-4.*", "model"),
+        ("[a-z]*-sonnet", "model"),
+        ("claude-[0-9]*", "model"),
+        ("gpt-[!4]*", "model"),
+        ("*/v1/chat/completions", "path"),
+        ("/v1/messages", "path"),
+        ("*", "model"),
+    ],
 )
 def test_globs_that_mean_what_they_say_get_no_warning(glob, key):
     assert regex_warning(glob, key) is None
@@ -966,8 +981,14 @@ def test_globs_that_mean_what_they_say_get_no_warning(glob, key):
 
 @pytest.mark.parametrize(
     ("regex", "key", "glob"),
-    [("^gpt-4o", "model", "gpt-4o*"), ("openai.com$", "host", "*openai.com"), ("gpt-4\\d", "model", "gpt-4[0-9]"),
-     ("claude-[0-9]+", "model", "claude-[0-9]*"), ("gpt-4o.+", "model", "gpt-4o?*"), ("^.*sonnet.*$", "model", "*sonnet*")],
+    [
+        ("^gpt-4o", "model", "gpt-4o*"),
+        ("openai.com$", "host", "*openai.com"),
+        ("gpt-4\\d", "model", "gpt-4[0-9]"),
+        ("claude-[0-9]+", "model", "claude-[0-9]*"),
+        ("gpt-4o.+", "model", "gpt-4o?*"),
+        ("^.*sonnet.*$", "model", "*sonnet*"),
+    ],
 )
 def test_a_simple_regular_expression_gets_its_glob(regex, key, glob):
     warning = regex_warning(regex, key)
@@ -976,8 +997,7 @@ def test_a_simple_regular_expression_gets_its_glob(regex, key, glob):
 
 def test_a_regular_expression_without_a_glob_spelling_is_told_to_be_rewritten():
     warning = regex_warning("(gpt|o1)-.*", "model")
-    assert warning is not None and warning.endswith("(has .*, has |); rules use globs, matched against the whole model name: "
-                                                    "rewrite it as a glob")
+    assert warning is not None and warning.endswith("(has .*, has |); rules use globs, matched against the whole model name: rewrite it as a glob")
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)

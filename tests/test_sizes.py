@@ -49,9 +49,7 @@ def test_parse_size_none_means_no_limit(text):
     assert parse_size(text) is None
 
 
-@pytest.mark.parametrize(
-    "text", ["12x", "", " ", "k", "MiB", "1 2k", "1ib", "1e3", "1kk", "16 MiBs", "0x10", "1,000", "one"]
-)
+@pytest.mark.parametrize("text", ["12x", "", " ", "k", "MiB", "1 2k", "1ib", "1e3", "1kk", "16 MiBs", "0x10", "1,000", "one"])
 def test_parse_size_rejects_garbage(text):
     with pytest.raises(ValueError, match=r"use bytes or a k/m/g, KB/MB/GB or KiB/MiB/GiB suffix"):
         parse_size(text)
@@ -110,7 +108,6 @@ def test_format_size(n, expected):
     assert format_size(n) == expected
 
 
-
 @pytest.mark.parametrize(
     ("before", "after", "expected"),
     [
@@ -122,6 +119,7 @@ def test_format_size(n, expected):
 )
 def test_format_size_change(before, after, expected):
     assert format_size_change(before, after) == expected
+
 
 _SHORT = re.compile(r"\d+B|\d+KB|\d+(\.\d)?(MB|GB|TB)")
 

@@ -90,8 +90,10 @@ def test_anthropic_counts_cache_reads_and_writes_into_the_prompt() -> None:
 
 
 def test_the_last_value_of_a_stream_wins() -> None:
-    stream = (b'event: message_start\ndata: {"message":{"usage":{"input_tokens":1,"output_tokens":1}}}\n\n'
-              b'event: message_delta\ndata: {"usage":{"input_tokens":950,"output_tokens":40}}\n\n')
+    stream = (
+        b'event: message_start\ndata: {"message":{"usage":{"input_tokens":1,"output_tokens":1}}}\n\n'
+        b'event: message_delta\ndata: {"usage":{"input_tokens":950,"output_tokens":40}}\n\n'
+    )
     assert input_tokens_of(stream) == 950
     gemini = b'data: {"usageMetadata":{"promptTokenCount":10}}\r\n\r\ndata: {"usageMetadata":{"promptTokenCount":12}}\r\n\r\n'
     assert input_tokens_of(gemini) == 12
@@ -137,8 +139,10 @@ def event_stream_frame(event: str, payload: bytes) -> bytes:
 
 
 def test_bedrock_event_stream_frames() -> None:
-    frames = (event_stream_frame("messageStart", b'{"role":"assistant"}')
-              + event_stream_frame("contentBlockDelta", b'{"contentBlockIndex":0,"delta":{"text":"ok"}}')
-              + event_stream_frame("metadata", b'{"usage":{"inputTokens":1234,"outputTokens":2,"totalTokens":1236},"metrics":{"latencyMs":9}}'))
+    frames = (
+        event_stream_frame("messageStart", b'{"role":"assistant"}')
+        + event_stream_frame("contentBlockDelta", b'{"contentBlockIndex":0,"delta":{"text":"ok"}}')
+        + event_stream_frame("metadata", b'{"usage":{"inputTokens":1234,"outputTokens":2,"totalTokens":1236},"metrics":{"latencyMs":9}}')
+    )
     for i in range(len(frames) + 1):
         assert scanned([frames[:i], frames[i:]]) == 1234, i

@@ -165,9 +165,12 @@ def test_a_list_where_a_mapping_belongs_and_a_mapping_where_a_list_belongs() -> 
         ("name: n\n  bad: indent\n", 2, "YAML syntax error: mapping values are not allowed here"),
         ("name: a\n---\nname: b\n", 2, "YAML syntax error: but found another document"),
         ("name: a\nitems: *nowhere\n", 2, "YAML syntax error: found undefined alias 'nowhere'"),
-        ("\n\nname: \"a\x07\"\n", 3, "YAML syntax error: special characters are not allowed"),
-        ("name: !!python/object:os.system x\n", 1,
-         "YAML error: could not determine a constructor for the tag 'tag:yaml.org,2002:python/object:os.system'"),
+        ('\n\nname: "a\x07"\n', 3, "YAML syntax error: special characters are not allowed"),
+        (
+            "name: !!python/object:os.system x\n",
+            1,
+            "YAML error: could not determine a constructor for the tag 'tag:yaml.org,2002:python/object:os.system'",
+        ),
     ],
 )
 def test_yaml_errors_name_the_line_yaml_reports(text: str, line: int, problem: str) -> None:

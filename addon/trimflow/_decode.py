@@ -55,8 +55,7 @@ class BodyTooLarge(DecodeError):
     def __init__(self, encoding: str, wire_bytes: int, limit: int, produced: int) -> None:
         self.encoding, self.wire_bytes, self.limit, self.produced = encoding, wire_bytes, limit, produced
         super().__init__(
-            f"the {encoding} body of {format_size(wire_bytes)} decodes to more than {format_size(limit)} "
-            f"({OPTION}); not decoded further"
+            f"the {encoding} body of {format_size(wire_bytes)} decodes to more than {format_size(limit)} ({OPTION}); not decoded further"
         )
 
 

@@ -216,9 +216,7 @@ def _prune(
 
     def record_of(plan: Plan, out: bytes | _document.Written, started: float) -> Record:
         # The conversation is the session id's when one names it; the proxy and the audit assign the rest (Outcome.history).
-        record = Record(
-            utc_timestamp(), session_key(headers, module.history(parsed).request), None, host, path, fmt, model, limits.rule, mode
-        )
+        record = Record(utc_timestamp(), session_key(headers, module.history(parsed).request), None, host, path, fmt, model, limits.rule, mode)
         if counted is not None:
             record.kind = COUNT_TOKENS
         elif fmt == openai_responses.NAME and openai_responses.is_warmup(parsed):

@@ -76,9 +76,7 @@ class Limits:
     many_images_threshold: int | None = _limit(
         None, COUNT, "with more images than this, many_images_max_side applies", minimum=0, pair="many_images_max_side"
     )
-    many_images_max_side: int | None = _limit(
-        None, SIDE, "long side limit when many images are sent", minimum=MIN_SIDE, pair="many_images_threshold"
-    )
+    many_images_max_side: int | None = _limit(None, SIDE, "long side limit when many images are sent", minimum=MIN_SIDE, pair="many_images_threshold")
     thumbnail_side: int | None = _limit(None, SIDE, "images older than the newest keep_recent go as thumbnails this big", minimum=MIN_SIDE)
     max_est_tokens: int | None = _limit(None, COUNT, "budget on the estimated prompt tokens, pruning like max_body_bytes", minimum=0)
     dedupe: bool = _limit(False, BOOL, "an image byte-identical to a later one becomes repeat_placeholder", nullable=False)
@@ -418,6 +416,5 @@ def _same_payload(a: Media, b: Media) -> bool:
         return False
     # Same bytes behind different data URL headers: compare in slices rather than copy 10 MB twice.
     return all(
-        a.data[a.data_offset + k : a.data_offset + k + _CHUNK] == b.data[b.data_offset + k : b.data_offset + k + _CHUNK]
-        for k in range(0, n, _CHUNK)
+        a.data[a.data_offset + k : a.data_offset + k + _CHUNK] == b.data[b.data_offset + k : b.data_offset + k + _CHUNK] for k in range(0, n, _CHUNK)
     )

@@ -50,7 +50,16 @@ PROFILE_LIMIT_FIELDS = (
 )
 RESPONSE_FIELDS = ("status", "content_type", "body")
 TEMPLATE_FIELDS = (
-    "limit", "body_bytes", "images", "documents", "media", "model", "image_path", "image_bytes", "width", "height",
+    "limit",
+    "body_bytes",
+    "images",
+    "documents",
+    "media",
+    "model",
+    "image_path",
+    "image_bytes",
+    "width",
+    "height",
 )
 _IMAGE_FIELDS = ("image_path", "image_bytes", "width", "height")
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -59,10 +68,30 @@ _TOP_KEYS = ("profiles",)
 # Values a template is tried with at load time: numbers as ints (so {body_bytes:,} is checked as it
 # will be used), and per-image fields as '?' as they are for a limit that is not about one image.
 _SAMPLES: tuple[Mapping[str, Any], ...] = (
-    {"limit": 100, "body_bytes": 2_100_000, "images": 101, "documents": 1, "media": 102, "model": "m",
-     "image_path": "messages.0.content.2.image", "image_bytes": 6_000_000, "width": 9000, "height": 800},
-    {"limit": 100, "body_bytes": 2_100_000, "images": 101, "documents": 1, "media": 102, "model": "m",
-     "image_path": "?", "image_bytes": "?", "width": "?", "height": "?"},
+    {
+        "limit": 100,
+        "body_bytes": 2_100_000,
+        "images": 101,
+        "documents": 1,
+        "media": 102,
+        "model": "m",
+        "image_path": "messages.0.content.2.image",
+        "image_bytes": 6_000_000,
+        "width": 9000,
+        "height": 800,
+    },
+    {
+        "limit": 100,
+        "body_bytes": 2_100_000,
+        "images": 101,
+        "documents": 1,
+        "media": 102,
+        "model": "m",
+        "image_path": "?",
+        "image_bytes": "?",
+        "width": "?",
+        "height": "?",
+    },
 )
 
 
@@ -144,8 +173,7 @@ class Profiles:
 # --- the check ---------------------------------------------------------------------------------
 
 
-def check(profile: Profile, body: bytes, media: Sequence[Media] = (), *, model: str | None = None,
-          parsed: Any = None) -> Violation | None:
+def check(profile: Profile, body: bytes, media: Sequence[Media] = (), *, model: str | None = None, parsed: Any = None) -> Violation | None:
     """The first limit of `profile` that this request breaks, with the filled answer; None if it passes.
 
     `body` is the request as forwarded, `media` what the format found in it (formats' find_media) and
@@ -159,7 +187,10 @@ def check(profile: Profile, body: bytes, media: Sequence[Media] = (), *, model: 
         "documents": len(media) - len(images),
         "media": len(media),
         "model": model or "unknown",
-        "image_path": "?", "image_bytes": "?", "width": "?", "height": "?",
+        "image_path": "?",
+        "image_bytes": "?",
+        "width": "?",
+        "height": "?",
     }
 
     def broken(limit: str, image: Media | None = None, dims: tuple[int | None, int | None] = (None, None)) -> Violation:
@@ -282,8 +313,9 @@ class _ProfilesReader(NodeReader[Profiles]):
     error_class = ProfilesError
 
     def top(self, root: Node | None) -> Profiles:
-        top = self.top_mapping(root, "the profiles file", _TOP_KEYS,
-                               "empty profiles file: write `profiles:` with at least one profile (see rules/profiles.yaml)")
+        top = self.top_mapping(
+            root, "the profiles file", _TOP_KEYS, "empty profiles file: write `profiles:` with at least one profile (see rules/profiles.yaml)"
+        )
         assert root is not None  # top_mapping refuses an empty file
         if "profiles" not in top:
             raise self.error(root, "no `profiles:` section")
@@ -326,8 +358,10 @@ class _ProfilesReader(NodeReader[Profiles]):
         body_node = fields["body"][1]
         body = self.body(body_node, what)
         if not isinstance(body, str) and "json" not in content_type.lower():
-            raise self.error(body_node, f"{what}: a mapping or list body is sent as JSON, but content_type is "
-                                        f"{content_type!r}; use application/json or a text body")
+            raise self.error(
+                body_node,
+                f"{what}: a mapping or list body is sent as JSON, but content_type is {content_type!r}; use application/json or a text body",
+            )
         return Profile(name, status, content_type, body, line=line_of(name_node), **values)
 
     def limit(self, key: str, node: Node, what: str) -> int:
@@ -358,8 +392,7 @@ class _ProfilesReader(NodeReader[Profiles]):
         if isinstance(value, str):
             self.template(node, value)
         elif value is not None and not isinstance(value, (bool, int, float)):
-            raise self.error(node, f"the body of {what} holds {self.describe(node)}: use text, numbers, "
-                                   "true/false/null, mappings and lists")
+            raise self.error(node, f"the body of {what} holds {self.describe(node)}: use text, numbers, true/false/null, mappings and lists")
         return value
 
     def template(self, node: Node, text: str) -> None:
@@ -369,11 +402,13 @@ class _ProfilesReader(NodeReader[Profiles]):
                 text.format_map(sample)
             except KeyError as e:
                 name = str(e.args[0])
-                raise self.error(node, f"unknown field {{{name}}}{did_you_mean(name, TEMPLATE_FIELDS)}; "
-                                       f"fields: {fields}") from None
+                raise self.error(node, f"unknown field {{{name}}}{did_you_mean(name, TEMPLATE_FIELDS)}; fields: {fields}") from None
             except IndexError:
                 raise self.error(node, f"a field without a name ({{}}); use one of {fields}") from None
             except (ValueError, AttributeError, TypeError) as e:
-                hint = (f"; {', '.join('{' + f + '}' for f in _IMAGE_FIELDS)} are '?' when the broken limit is "
-                        "not about one image") if sample["image_bytes"] == "?" else "; write {{ and }} for a literal brace"
+                hint = (
+                    (f"; {', '.join('{' + f + '}' for f in _IMAGE_FIELDS)} are '?' when the broken limit is not about one image")
+                    if sample["image_bytes"] == "?"
+                    else "; write {{ and }} for a literal brace"
+                )
                 raise self.error(node, f"not a valid template ({e}){hint}") from None

@@ -52,8 +52,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rules", help=f"rules file (default: {DEFAULT_RULES_PATH} unless a limit flag is given)")
     # Limit flags override the rules' values; absent flags leave them (SUPPRESS: no attribute at all).
     p.add_argument("--max-images", type=_count, default=argparse.SUPPRESS, help="keep at most this many images ('none': no limit)")
-    p.add_argument("--max-body-bytes", type=_size, default=argparse.SUPPRESS, metavar="SIZE",
-                   help="body budget: bytes or k/m/g, KB/MB/GB, KiB/MiB/GiB (binary); 'none': no limit")
+    p.add_argument(
+        "--max-body-bytes",
+        type=_size,
+        default=argparse.SUPPRESS,
+        metavar="SIZE",
+        help="body budget: bytes or k/m/g, KB/MB/GB, KiB/MiB/GiB (binary); 'none': no limit",
+    )
     p.add_argument("--keep-recent", type=_count, default=argparse.SUPPRESS, help="never prune the newest N images")
     p.add_argument("--mode", choices=MODES, default=ENFORCE, help="observe: report only, output the body unchanged")
     return p

@@ -42,21 +42,38 @@ FORMAT_NAMES: tuple[str, ...] = tuple(FORMATS)
 # passes: numbers are ints so a format spec such as {bytes:,} is checked as it will be used, and
 # the second set has width/height unknown ("?") as they are for an unreadable image.
 _PLACEHOLDER_SAMPLES: tuple[Mapping[str, Any], ...] = (
-    {"kind": "image", "ordinal": 3, "mime": "image/png", "dims": "1024x768", "size": "669KB",
-     "bytes": 685_000, "width": 1024, "height": 768, "reason": "max_images"},
-    {"kind": "document", "ordinal": 1, "mime": "unknown type", "dims": "unknown size", "size": "remote",
-     "bytes": 120, "width": "?", "height": "?", "reason": "max_body_bytes"},
+    {
+        "kind": "image",
+        "ordinal": 3,
+        "mime": "image/png",
+        "dims": "1024x768",
+        "size": "669KB",
+        "bytes": 685_000,
+        "width": 1024,
+        "height": 768,
+        "reason": "max_images",
+    },
+    {
+        "kind": "document",
+        "ordinal": 1,
+        "mime": "unknown type",
+        "dims": "unknown size",
+        "size": "remote",
+        "bytes": 120,
+        "width": "?",
+        "height": "?",
+        "reason": "max_body_bytes",
+    },
 )
 
 # The limit fields and what each value may be come from Limits' field metadata (kind, min, nullable,
 # pair): a new limit is one field of Limits, and the rules file accepts and checks it.
-_LIMIT_META: Mapping[str, Mapping[str, Any]] = MappingProxyType({
-    f.name: f.metadata for f in dataclasses.fields(Limits) if f.metadata.get("kind") is not None
-})
+_LIMIT_META: Mapping[str, Mapping[str, Any]] = MappingProxyType(
+    {f.name: f.metadata for f in dataclasses.fields(Limits) if f.metadata.get("kind") is not None}
+)
 # Fields that only mean something together, each pair once in field order: one set without the other is an error.
 _PAIRS: tuple[tuple[str, str], ...] = tuple(
-    (name, meta["pair"]) for name, meta in _LIMIT_META.items()
-    if meta.get("pair") and LIMIT_FIELDS.index(name) < LIMIT_FIELDS.index(meta["pair"])
+    (name, meta["pair"]) for name, meta in _LIMIT_META.items() if meta.get("pair") and LIMIT_FIELDS.index(name) < LIMIT_FIELDS.index(meta["pair"])
 )
 # Wording only, for a limit that has an entry: the example a size error gives, and why a value under
 # the minimum is refused. A limit without one gets _SIZE_EXAMPLE and no reason.
@@ -91,8 +108,7 @@ def regex_warning(glob: str, key: str) -> str | None:
     if not signs:
         if not unclosed:
             return None
-        return (f"'{glob}' has a '[' that is never closed, which a glob matches as a literal '['; "
-                "close the set, or write '[[]' for a literal '['")
+        return f"'{glob}' has a '[' that is never closed, which a glob matches as a literal '['; close the set, or write '[[]' for a literal '['"
     if unclosed:
         signs.append("has a '[' never closed")
     instead = _glob_for(glob, key)
@@ -110,10 +126,13 @@ def _regex_signs(glob: str, key: str) -> list[str]:
     if key != "path" and len(glob) > 2 and glob[0] == glob[-1] == "/":
         signs.append("is wrapped in /.../")
     for m in re.finditer(r"\.[*+]", glob):
-        before, after = glob[: m.start()], glob[m.end():]
-        if m.group() == ".*" and (
-            (key == "host" and before and (not after or after.startswith(".")))  # a whole label: api.*.com
-            or (key == "model" and before[-1:].isdigit())  # the rest of a version: gpt-4.*
+        before, after = glob[: m.start()], glob[m.end() :]
+        if (
+            m.group() == ".*"
+            and (
+                (key == "host" and before and (not after or after.startswith(".")))  # a whole label: api.*.com
+                or (key == "model" and before[-1:].isdigit())  # the rest of a version: gpt-4.*
+            )
         ):
             continue
         signs.append(f"has {m.group()}")
@@ -217,9 +236,7 @@ class Endpoint:
         return self._hit(_bare_host(host), path.partition("?")[0])
 
     def _hit(self, host: str, path: str) -> bool:
-        return (self._path_re is None or self._path_re.match(path) is not None) and (
-            self._host_re is None or self._host_re.match(host) is not None
-        )
+        return (self._path_re is None or self._path_re.match(path) is not None) and (self._host_re is None or self._host_re.match(host) is not None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,9 +297,7 @@ class Rules:
     def __post_init__(self) -> None:
         object.__setattr__(self, "rules", tuple(self.rules))
         object.__setattr__(self, "endpoints", tuple(self.endpoints))
-        table = tuple(
-            (r, dataclasses.replace(self.defaults, rule=r.name, **r.overrides)) for r in self.rules
-        )
+        table = tuple((r, dataclasses.replace(self.defaults, rule=r.name, **r.overrides)) for r in self.rules)
         object.__setattr__(self, "_table", table)
 
     def format_for(self, host: str, path: str) -> str | None:
@@ -293,9 +308,7 @@ class Rules:
                 return ep.format
         return None
 
-    def target(
-        self, host: str, path: str, *, method: str = "POST", content_type: str | None = None, wire_format: str | None = None
-    ) -> Target | None:
+    def target(self, host: str, path: str, *, method: str = "POST", content_type: str | None = None, wire_format: str | None = None) -> Target | None:
         """The request's Target when it is (or may be) an LLM request, else None: the one test the proxy,
         the audit and the tools share. A POST to an endpoint is one; any other POST may be, by its
         body's shape, when detect_by_shape is on and its content type (when known) is JSON.
@@ -363,8 +376,7 @@ def check_placeholder(template: str, field: str = "placeholder") -> None:
             template.format(**sample, **({"later": 7} if "later" in known else {}))
         except KeyError as e:
             name = str(e.args[0])
-            raise ValueError(f"{field} has an unknown field {{{name}}}"
-                             f"{did_you_mean(name, known)}; fields: {fields}") from None
+            raise ValueError(f"{field} has an unknown field {{{name}}}{did_you_mean(name, known)}; fields: {fields}") from None
         except IndexError:
             raise ValueError(f"{field} has a field without a name ({{}}); use one of {fields}") from None
         except ValueError as e:
@@ -449,8 +461,7 @@ class _RulesReader(NodeReader[Rules]):
     error_class = RulesError
 
     def top(self, root: Node | None) -> Rules:
-        top = self.top_mapping(root, "the rules file", _TOP_KEYS,
-                               "empty rules file: write at least `defaults:` (see rules/default.yaml)")
+        top = self.top_mapping(root, "the rules file", _TOP_KEYS, "empty rules file: write at least `defaults:` (see rules/default.yaml)")
 
         defaults = Limits()
         if "defaults" in top and not self.is_null(top["defaults"][1]):
@@ -479,8 +490,7 @@ class _RulesReader(NodeReader[Rules]):
             if not isinstance(detect, bool):
                 raise self.error(node, f"detect_by_shape must be true or false, got {self.describe(node)}")
             if not detect and not endpoints:
-                raise self.error(node, "no endpoints and detect_by_shape: false: "
-                                       "no request would ever be trimmed")
+                raise self.error(node, "no endpoints and detect_by_shape: false: no request would ever be trimmed")
 
         return Rules(self.source, defaults, tuple(rules), endpoints, detect, tuple(self.warnings))
 
@@ -505,8 +515,7 @@ class _RulesReader(NodeReader[Rules]):
         if kind == SIZE:
             example = _SIZE_EXAMPLES.get(key, _SIZE_EXAMPLE)
             if not is_int and not isinstance(value, str):
-                raise self.error(node, f"{key} must be a size like {example}{',' if nullable else ''}{or_null}, "
-                                       f"got {self.describe(node)}")
+                raise self.error(node, f"{key} must be a size like {example}{',' if nullable else ''}{or_null}, got {self.describe(node)}")
             try:
                 size = parse_size(value)
             except ValueError as e:
@@ -515,8 +524,9 @@ class _RulesReader(NodeReader[Rules]):
                 raise self.error(node, f"{key} must be a size like {example}, got {self.describe(node)}")
             if size is not None and lowest is not None and size < lowest:
                 reason = _UNDER_MIN_REASONS.get(key)
-                raise self.error(node, f"{key} must be at least {lowest} ({_binary_size(lowest)})"
-                                       f"{': ' + reason if reason else ''}, got {self.describe(node)}")
+                raise self.error(
+                    node, f"{key} must be at least {lowest} ({_binary_size(lowest)}){': ' + reason if reason else ''}, got {self.describe(node)}"
+                )
             return size
         if kind == TEMPLATE:
             if not isinstance(value, str):
@@ -538,8 +548,9 @@ class _RulesReader(NodeReader[Rules]):
             if (getattr(limits, first) is None) != (getattr(limits, second) is None):
                 given, missing = (first, second) if getattr(limits, first) is not None else (second, first)
                 node = fields[given][0] if given in fields else fallback
-                raise self.error(node, f"{given} is set in {what} but {missing} is not: the two only work together "
-                                       f"({first}: {_LIMIT_META[first]['doc']})")
+                raise self.error(
+                    node, f"{given} is set in {what} but {missing} is not: the two only work together ({first}: {_LIMIT_META[first]['doc']})"
+                )
 
     def rule(self, node: Node, index: int, seen: dict[str, int]) -> Rule:
         what = f"rule #{index}"
@@ -570,18 +581,16 @@ class _RulesReader(NodeReader[Rules]):
         if isinstance(node, SequenceNode):
             items = list(node.value)
             if not items:
-                raise self.error(node, f"{what} is an empty list, which would never match; "
-                                       "remove it to match any")
+                raise self.error(node, f"{what} is an empty list, which would never match; remove it to match any")
         else:
             items = [node]
         out = []
         for item in items:
             value = self.scalar(item)
             if not isinstance(value, str):
-                raise self.error(item, f"{what} must be a glob (quoted text) or a list of globs, "
-                                       f"got {self.describe(item)}")
+                raise self.error(item, f"{what} must be a glob (quoted text) or a list of globs, got {self.describe(item)}")
             if not value:
-                raise self.error(item, f"{what} has an empty glob; use \"*\" to match anything")
+                raise self.error(item, f'{what} has an empty glob; use "*" to match anything')
             self.check_glob(item, value, key, what)
             out.append(value)
         return tuple(out)
@@ -601,8 +610,7 @@ class _RulesReader(NodeReader[Rules]):
         self.reject_unknown(fields, _ENDPOINT_KEYS, "an endpoint", noun="key")
         for key in ("path", "format"):
             if key not in fields:
-                raise self.error(node, f"endpoint has no {key}: write {{path: \"*/chat/completions\", "
-                                       f"format: openai-chat}}")
+                raise self.error(node, f'endpoint has no {key}: write {{path: "*/chat/completions", format: openai-chat}}')
         values: dict[str, str] = {}
         for key, (_, vnode) in fields.items():
             value = self.scalar(vnode)
@@ -614,6 +622,5 @@ class _RulesReader(NodeReader[Rules]):
         if values["format"] not in FORMAT_NAMES:
             fmt_node = fields["format"][1]
             fmt = values["format"]
-            raise self.error(fmt_node, f"unknown format {fmt!r}{did_you_mean(fmt, FORMAT_NAMES)}"
-                                       f" (formats: {', '.join(FORMAT_NAMES)})")
+            raise self.error(fmt_node, f"unknown format {fmt!r}{did_you_mean(fmt, FORMAT_NAMES)} (formats: {', '.join(FORMAT_NAMES)})")
         return Endpoint(**values)

@@ -258,9 +258,7 @@ def _fit(width: int, height: int, long_side: int) -> tuple[int, int]:
     return max(1, round(width * long_side / height)), long_side
 
 
-def _ladder(
-    im: Image.Image, source: str, width: int, height: int, long_side: int, max_bytes: int | None, png_level: int
-) -> Shrunk:
+def _ladder(im: Image.Image, source: str, width: int, height: int, long_side: int, max_bytes: int | None, png_level: int) -> Shrunk:
     steps = _LADDER[source]
     while long_side >= MIN_SIDE:
         size = _fit(width, height, long_side)

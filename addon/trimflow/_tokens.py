@@ -54,9 +54,7 @@ def anthropic_image_tokens(width: int, height: int, *, max_edge: int = 1568, max
     return min(_ceil_div(w, 28) * _ceil_div(h, 28), max_tokens)
 
 
-def openai_tile_tokens(
-    width: int, height: int, detail: str | None = "auto", base: int = 85, per_tile: int = 170
-) -> int:
+def openai_tile_tokens(width: int, height: int, detail: str | None = "auto", base: int = 85, per_tile: int = 170) -> int:
     """OpenAI 512 px tiles (gpt-4o, gpt-4.1, gpt-4.5, o1/o3, gpt-5, gpt-4o-mini).
 
     ``detail="low"`` costs ``base``. Otherwise (high, auto, or anything unknown - assume the dearer
@@ -156,9 +154,7 @@ def _openai_tokens(model: str, width: int, height: int, detail: str | None) -> i
 
 
 @functools.lru_cache(maxsize=1024)  # a pure function of a few values; a session repeats the same sizes
-def image_tokens(
-    fmt: str, model: str | None, width: int | None, height: int | None, detail: str | None = None
-) -> int:
+def image_tokens(fmt: str, model: str | None, width: int | None, height: int | None, detail: str | None = None) -> int:
     """Estimated tokens of one image in a request of wire format ``fmt`` to ``model``.
 
     - anthropic, bedrock-converse (Claude on Bedrock): Anthropic's formula.

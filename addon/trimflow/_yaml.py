@@ -52,7 +52,7 @@ def closest(word: str, choices: Iterable[str]) -> str | None:
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
-    """"; did you mean 'x'?" for the closest choice, or "" when none is close."""
+    """ "; did you mean 'x'?" for the closest choice, or "" when none is close."""
     close = closest(word, choices)
     return f"; did you mean {close!r}?" if close else ""
 
@@ -167,8 +167,7 @@ class NodeReader(Generic[T]):
         self._mappings[id(node)] = out
         return out
 
-    def reject_unknown(self, fields: Mapping[str, tuple[Node, Node]], allowed: tuple[str, ...], what: str,
-                       noun: str = "field") -> None:
+    def reject_unknown(self, fields: Mapping[str, tuple[Node, Node]], allowed: tuple[str, ...], what: str, noun: str = "field") -> None:
         for key, (knode, _) in fields.items():
             if key not in allowed:
                 hint = did_you_mean(key, allowed) or f" (known: {', '.join(allowed)})"

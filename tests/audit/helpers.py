@@ -29,12 +29,23 @@ def body_of(wire_format: str, turn: int, system: str | None = None) -> bytes:
     return orjson.dumps(body)
 
 
-def llm_flow(wire_format: str = "anthropic", turn: int = 1, *, status: int | None = 200, answer: bytes = OK_ANSWER,
-             encoding: str | None = None, host: str = "api.anthropic.com", path: str | None = None,
-             body: bytes | None = None, system: str | None = None, method: bytes = b"POST") -> http.HTTPFlow:
+def llm_flow(
+    wire_format: str = "anthropic",
+    turn: int = 1,
+    *,
+    status: int | None = 200,
+    answer: bytes = OK_ANSWER,
+    encoding: str | None = None,
+    host: str = "api.anthropic.com",
+    path: str | None = None,
+    body: bytes | None = None,
+    system: str | None = None,
+    method: bytes = b"POST",
+) -> http.HTTPFlow:
     headers = http.Headers(content_type="application/json", x_api_key=SECRET)
-    request = tutils.treq(host=host, port=443, scheme=b"https", method=method, authority=b"",
-                          path=(path or PATHS[wire_format]).encode(), headers=headers, content=b"")
+    request = tutils.treq(
+        host=host, port=443, scheme=b"https", method=method, authority=b"", path=(path or PATHS[wire_format]).encode(), headers=headers, content=b""
+    )
     if encoding:
         request.headers["content-encoding"] = encoding
     request.content = body if body is not None else body_of(wire_format, turn, system)  # encoded as the header says

@@ -36,11 +36,13 @@ def test_unusable_input_exits_2_with_one_line(tmp_path, capsys, make, args, says
 def test_an_empty_recording_fails_without_a_fail_on_and_passes_with_allow_empty(tmp_path, capsys) -> None:
     empty = write_bytes(tmp_path / "empty.mitm", b"")
     code, _, err = audit(capsys, empty)
-    assert code == 1 and err == f"trimflow audit: FAIL {empty}: no LLM request measured (0 flows); did the client go through " \
-                                 "the proxy? (--allow-empty lets this pass)\n"
+    assert (
+        code == 1
+        and err
+        == f"trimflow audit: FAIL {empty}: no LLM request measured (0 flows); did the client go through the proxy? (--allow-empty lets this pass)\n"
+    )
     code, _, err = audit(capsys, empty, "--allow-empty")
-    assert code == 0 and err == f"trimflow audit: warning: {empty}: no LLM request measured (0 flows); did the client go " \
-                                 "through the proxy?\n"
+    assert code == 0 and err == f"trimflow audit: warning: {empty}: no LLM request measured (0 flows); did the client go through the proxy?\n"
 
 
 def test_out_writes_a_file(recording, tmp_path, capsys) -> None:
@@ -53,8 +55,9 @@ def test_out_writes_a_file(recording, tmp_path, capsys) -> None:
 def test_scripts_audit_runs_the_module(tmp_path) -> None:
     dump = write_dump(tmp_path / "run.mitm", session(2))
     root = Path(__file__).resolve().parents[2]
-    done = subprocess.run([sys.executable, "-m", "trimflow", "audit", str(dump), "--fail-on", "images>1"],
-                          capture_output=True, text=True, cwd=root, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "trimflow", "audit", str(dump), "--fail-on", "images>1"], capture_output=True, text=True, cwd=root, timeout=60
+    )
     assert done.returncode == 1 and "FAIL images>1" in done.stderr
     assert (root / "scripts" / "audit").stat().st_mode & 0o111
     assert "-m trimflow audit" in (root / "scripts" / "audit").read_text()

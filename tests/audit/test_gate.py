@@ -58,16 +58,16 @@ def test_bad_expressions_say_why(text, says) -> None:
 
 def test_the_gate_passes_when_every_expression_holds_nowhere(tmp_path, capsys) -> None:
     dump = write_dump(tmp_path / "run.mitm", session(5))
-    code, out, err = audit(capsys, dump, "--fail-on", "images>8", "--fail-on", "body>16MB", "--fail-on", "status=413",
-                           "--fail-on", "growth>1MB/turn")
+    code, out, err = audit(capsys, dump, "--fail-on", "images>8", "--fail-on", "body>16MB", "--fail-on", "status=413", "--fail-on", "growth>1MB/turn")
     assert code == 0, err
     assert "gate: ok (0 of 4 --fail-on broken)" in out
 
 
 def test_the_gate_fails_naming_the_expression_conversation_and_turn(tmp_path, capsys) -> None:
     dump = write_dump(tmp_path / "run.mitm", session(10) + [llm_flow(turn=11, status=413, answer=LIMIT_413)])
-    code, out, err = audit(capsys, dump, "--fail-on", "images>8", "--fail-on", "status=413", "--fail-on", "body>16MB",
-                           "--fail-on", "image_growth>=1/turn")
+    code, out, err = audit(
+        capsys, dump, "--fail-on", "images>8", "--fail-on", "status=413", "--fail-on", "body>16MB", "--fail-on", "image_growth>=1/turn"
+    )
     assert code == 1
     conversation = re.search(r"conversation (\w+) ·", out).group(1)
     assert f"FAIL images>8: conversation {conversation} turn 9 (images 9, and 2 later turns)" in err
@@ -164,8 +164,10 @@ def test_an_input_with_no_llm_request_fails_the_gate_unless_allowed(tmp_path, ca
     [
         (lambda d: cut(write_dump(d / "run.mitm", session(3)), 40), "run.mitm: cut short: the file ends inside flow 3"),
         (lambda d: cut(write_dump(d / "run.mitm", session(1)), 40), "run.mitm: cut short: the file ends inside flow 1"),
-        (lambda d: cut(write_dump(d / "run.mitm", session(2)), write_dump(d / "one.mitm", session(2)[1:]).stat().st_size - 3),
-         "run.mitm: cut short: the file ends inside flow 2"),  # cut inside the second flow's length
+        (
+            lambda d: cut(write_dump(d / "run.mitm", session(2)), write_dump(d / "one.mitm", session(2)[1:]).stat().st_size - 3),
+            "run.mitm: cut short: the file ends inside flow 2",
+        ),  # cut inside the second flow's length
         (lambda d: cut(write_har(d / "run.har", session(3)), 100), "run.har: cut short: the file ends before its JSON does"),
         (lambda d: cut(jsonl_of(d / "metrics.jsonl", 3), 20), "metrics.jsonl: cut short: line 3, the last, ends inside its record"),
         (lambda d: cut(jsonl_of(d / "metrics.jsonl", 1), 20), "metrics.jsonl: cut short: line 1, the last, ends inside its record"),

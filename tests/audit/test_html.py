@@ -79,7 +79,9 @@ def text_boxes(page: Path, workdir: Path) -> dict[str, list[dict]]:
     measured.write_text(page.read_text().replace("</body>", _MEASURE + "</body>"))
     done = subprocess.run(
         headless(workdir / "profile", "--window-size=1400,1000", "--dump-dom", measured.resolve().as_uri()),
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     parser = _Elements()
@@ -98,12 +100,16 @@ def test_limit_labels_of_close_limits_do_not_overlap_in_chromium(tmp_path, capsy
     # Rules and two profiles whose limits sit a few pixels apart on the charts, and one far above them.
     rules = write_rules(tmp_path / "rules.yaml", "defaults:\n  max_images: 8\n  max_body_bytes: 600KB\n")
     answer = "    status: 413\n    content_type: text/plain\n    body: too big\n"
-    profiles = write_rules(tmp_path / "profiles.yaml", "profiles:\n"
-                           f"  gateway-9:\n    max_images: 9\n    max_body_bytes: 610KB\n{answer}"
-                           f"  edge-16m:\n    max_images: 10\n    max_body_bytes: 16MB\n{answer}")
+    profiles = write_rules(
+        tmp_path / "profiles.yaml",
+        "profiles:\n"
+        f"  gateway-9:\n    max_images: 9\n    max_body_bytes: 610KB\n{answer}"
+        f"  edge-16m:\n    max_images: 10\n    max_body_bytes: 16MB\n{answer}",
+    )
     page = tmp_path / "report.html"
-    code, _, err = audit(capsys, dump, "--rules", rules, "--profiles", profiles, "--profile", "gateway-9", "--profile", "edge-16m",
-                         "--format", "html", "--out", page)
+    code, _, err = audit(
+        capsys, dump, "--rules", rules, "--profiles", profiles, "--profile", "gateway-9", "--profile", "edge-16m", "--format", "html", "--out", page
+    )
     assert code == 0, err
     parser = _Elements()
     parser.feed(page.read_text())

@@ -128,8 +128,10 @@ def test_websocket_response_create_messages_are_requests(tmp_path, capsys) -> No
     flow = tflow.twebsocketflow(messages=False)
     flow.request.host, flow.request.path = "chatgpt.com", "/backend-api/codex/responses"
     body = {"type": "response.create", **session_body("openai-responses", 3, SHOT, "image/png")}
-    flow.websocket.messages = [WebSocketMessage(Opcode.TEXT, True, orjson.dumps(body), 946681204),
-                               WebSocketMessage(Opcode.TEXT, False, b'{"type":"response.completed"}', 946681205)]
+    flow.websocket.messages = [
+        WebSocketMessage(Opcode.TEXT, True, orjson.dumps(body), 946681204),
+        WebSocketMessage(Opcode.TEXT, False, b'{"type":"response.completed"}', 946681205),
+    ]
     _, report, _ = audit_json(capsys, write_dump(tmp_path / "run.mitm", [flow]))
     (record,) = rows(report)
     assert (record["format"], record["images_before"], record["turn"]) == ("openai-responses", 3, 1)
@@ -158,8 +160,13 @@ def test_a_dump_unreadable_in_the_middle_is_not_called_cut_short(tmp_path, capsy
 
 
 def test_a_metrics_jsonl_whose_last_line_is_cut_keeps_the_lines_before(tmp_path, capsys) -> None:
-    lines = [orjson.dumps(prune_request("https://api.anthropic.com/v1/messages", {}, body_of("anthropic", t),
-                                        rules_with(max_images=2), ENFORCE).record.to_dict()) + b"\n" for t in (1, 2, 3)]
+    lines = [
+        orjson.dumps(
+            prune_request("https://api.anthropic.com/v1/messages", {}, body_of("anthropic", t), rules_with(max_images=2), ENFORCE).record.to_dict()
+        )
+        + b"\n"
+        for t in (1, 2, 3)
+    ]
     whole = b"".join(lines)
     path = tmp_path / "metrics.jsonl"
     path.write_bytes(whole[:-30])
@@ -285,8 +292,11 @@ def test_several_inputs_at_once(tmp_path, capsys) -> None:
         (400, b"HTTP 400 \xe2\x80\x93 Max images exceeded", "too many images"),
         (400, b'{"error":{"message":"too many images: maximum allowed for model gemini-3.1-pro-preview is 10, got 11"}}', "too many images"),
         (400, b'{"message":"too many images and documents: 104 + 1 > 100"}', "too many images"),
-        (400, b'{"message":"messages.0.content.2.image.source.base64: image exceeds 5 MB maximum: 15908784 bytes > 5242880 bytes"}',
-         "image too large"),
+        (
+            400,
+            b'{"message":"messages.0.content.2.image.source.base64: image exceeds 5 MB maximum: 15908784 bytes > 5242880 bytes"}',
+            "image too large",
+        ),
         (400, b"Bad request (400): Request size cannot exceed 8999999 bytes", "body too large"),
         (400, b'{"error":{"message":"Request payload size exceeds the limit: 314572800 bytes."}}', "body too large"),
         (400, b'{"error":"unknown field"}', "http 400"),
@@ -404,7 +414,9 @@ def test_a_codex_websocket_session_has_its_answers_and_no_warmup_turn(tmp_path, 
     _, report, _ = audit_json(capsys, write_dump(tmp_path / "codex.mitm", [flow]))
     records = rows(report)
     assert [(r["kind"], r["turn"], r["status"], r["usage_input_tokens"]) for r in records] == [
-        ("warmup", None, 200, 11), ("turn", 1, 200, 2222), ("turn", 2, 400, None),
+        ("warmup", None, 200, 11),
+        ("turn", 1, 200, 2222),
+        ("turn", 2, 400, None),
     ]
     assert len({r["conversation"] for r in records}) == 1
     assert only_conversation(report)["failures"] == [{"turn": 2, "status": 400, "category": "too many images"}]

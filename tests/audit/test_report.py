@@ -47,8 +47,18 @@ def test_json_has_records_and_summary(recording, capsys) -> None:
     _, report, _ = audit_json(capsys, recording)
     assert set(report) == {"records", "summary"}
     record = rows(report)[0]
-    assert {"conversation", "turn", "images_before", "images_after", "body_bytes_before", "body_bytes_after",
-            "est_tokens_before", "status", "usage_input_tokens", "failure"} <= set(record)
+    assert {
+        "conversation",
+        "turn",
+        "images_before",
+        "images_after",
+        "body_bytes_before",
+        "body_bytes_after",
+        "est_tokens_before",
+        "status",
+        "usage_input_tokens",
+        "failure",
+    } <= set(record)
     assert report["summary"]["gate"] is None
     assert set(report["summary"]) >= {"inputs", "totals", "conversations", "what_if_rules", "limits_source", "growth_method"}
 
@@ -63,8 +73,10 @@ def test_markdown_has_the_gate_totals_and_turn_tables(recording, capsys) -> None
 
 
 def test_failures_are_listed_per_conversation_without_the_answer_text(tmp_path, capsys) -> None:
-    flows = session(3) + [llm_flow(turn=4, status=413, answer=LIMIT_413),
-                          llm_flow(turn=5, status=400, answer=b'{"message":"too many images: got 5 ' + PROMPT.encode() + b'"}')]
+    flows = session(3) + [
+        llm_flow(turn=4, status=413, answer=LIMIT_413),
+        llm_flow(turn=5, status=400, answer=b'{"message":"too many images: got 5 ' + PROMPT.encode() + b'"}'),
+    ]
     code, out, _ = audit(capsys, write_dump(tmp_path / "run.mitm", flows))
     assert code == 0
     assert "failures: turn 4: 413 body too large; turn 5: 400 too many images" in out

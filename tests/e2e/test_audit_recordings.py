@@ -168,8 +168,7 @@ def test_the_addons_metrics_jsonl_gives_the_same_figures(recordings, capsys) -> 
     recording = recordings["trimflow"]
     from_dump = audit_json(capsys, recording.dump)
     from_jsonl = audit_json(capsys, recording.metrics)
-    keys = ("conversation", "turn", "images_before", "images_after", "body_bytes_before", "body_bytes_after", "status",
-            "usage_input_tokens")
+    keys = ("conversation", "turn", "images_before", "images_after", "body_bytes_before", "body_bytes_after", "status", "usage_input_tokens")
     project = lambda report: sorted(tuple(r[k] for k in keys) for r in report["records"])  # noqa: E731
     assert project(from_jsonl) == project(from_dump)
 
@@ -177,8 +176,12 @@ def test_the_addons_metrics_jsonl_gives_the_same_figures(recordings, capsys) -> 
 def test_a_har_export_by_mitmdump_gives_the_same_report(recordings, capsys, tmp_path) -> None:
     dump = recordings["plain"].dump
     har = tmp_path / "plain.har"
-    done = subprocess.run([mitmdump_binary(), "-n", "-q", "-r", str(dump), "--set", f"hardump={har}",
-                           "--set", f"confdir={tmp_path / 'confdir'}"], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [mitmdump_binary(), "-n", "-q", "-r", str(dump), "--set", f"hardump={har}", "--set", f"confdir={tmp_path / 'confdir'}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0 and har.exists(), done.stdout + done.stderr
     from_dump = audit_json(capsys, dump)
     from_har = audit_json(capsys, har)
@@ -237,9 +240,18 @@ def render(page: Path, workdir: Path) -> tuple[str, list[str]]:
     """The DOM after the page's script ran, and the URLs of the network requests the page started."""
     netlog = workdir / "netlog.json"
     done = subprocess.run(
-        headless(workdir / "profile", "--disable-component-update", "--disable-sync", "--host-resolver-rules=MAP * ~NOTFOUND",
-                 f"--log-net-log={netlog}", "--dump-dom", page.resolve().as_uri()),
-        capture_output=True, text=True, timeout=120,
+        headless(
+            workdir / "profile",
+            "--disable-component-update",
+            "--disable-sync",
+            "--host-resolver-rules=MAP * ~NOTFOUND",
+            f"--log-net-log={netlog}",
+            "--dump-dom",
+            page.resolve().as_uri(),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     log = json.loads(netlog.read_text())

@@ -65,12 +65,22 @@ def recorded(tmp_path_factory) -> Iterator[dict[str, Path]]:
     work = tmp_path_factory.mktemp("conversations")
     paths = {"mitm": work / "through.mitm", "jsonl": work / "metrics.jsonl", "har": work / "through.har"}
     with FakeProvider() as provider:
-        proxy = Mitmdump(work / "http", "--mode", f"reverse:{provider.url}", "-w", str(paths["mitm"]),
-                         options={"trimflow_metrics": str(paths["jsonl"]), "trimflow_rules": str(write_rules(work / "rules.yaml"))})
+        proxy = Mitmdump(
+            work / "http",
+            "--mode",
+            f"reverse:{provider.url}",
+            "-w",
+            str(paths["mitm"]),
+            options={"trimflow_metrics": str(paths["jsonl"]), "trimflow_rules": str(write_rules(work / "rules.yaml"))},
+        )
         with proxy:
             drive_http(proxy.port)
-    har = subprocess.run([mitmdump_binary(), "-n", "-q", "-r", str(paths["mitm"]), "--set", f"hardump={paths['har']}",
-                          "--set", f"confdir={work / 'confdir'}"], capture_output=True, text=True, timeout=120)
+    har = subprocess.run(
+        [mitmdump_binary(), "-n", "-q", "-r", str(paths["mitm"]), "--set", f"hardump={paths['har']}", "--set", f"confdir={work / 'confdir'}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert har.returncode == 0 and paths["har"].exists(), har.stdout + har.stderr
     yield paths
 
@@ -163,8 +173,14 @@ class ResponsesSocket:
 def test_a_codex_websocket_session_records_its_answers_and_no_warmup_turn(tmp_path, capsys) -> None:
     metrics, dump = tmp_path / "ws.jsonl", tmp_path / "ws.mitm"
     with ResponsesSocket() as upstream:
-        proxy = Mitmdump(tmp_path / "ws", "--mode", f"reverse:http://127.0.0.1:{upstream.port}", "-w", str(dump),
-                         options={"trimflow_metrics": str(metrics), "trimflow_rules": str(write_rules(tmp_path / "rules.yaml"))})
+        proxy = Mitmdump(
+            tmp_path / "ws",
+            "--mode",
+            f"reverse:http://127.0.0.1:{upstream.port}",
+            "-w",
+            str(dump),
+            options={"trimflow_metrics": str(metrics), "trimflow_rules": str(write_rules(tmp_path / "rules.yaml"))},
+        )
         with proxy, connect(f"ws://127.0.0.1:{proxy.port}/backend-api/codex/responses", open_timeout=10) as ws:
             previous = None
             messages = [{"model": "gpt-5", "instructions": "You are Codex.", "input": [], "generate": False}]

@@ -33,8 +33,13 @@ defaults:
 
 def anthropic_body(images: list[bytes], mime: str) -> bytes:
     blocks = [{"type": "image", "source": {"type": "base64", "media_type": mime, "data": b64(shot)}} for shot in images]
-    return orjson.dumps({"model": "claude-sonnet-4-6", "max_tokens": 64,
-                         "messages": [{"role": "user", "content": [*blocks, {"type": "text", "text": "What changed?"}]}]})
+    return orjson.dumps(
+        {
+            "model": "claude-sonnet-4-6",
+            "max_tokens": 64,
+            "messages": [{"role": "user", "content": [*blocks, {"type": "text", "text": "What changed?"}]}],
+        }
+    )
 
 
 def post(port: int, body: bytes) -> tuple[int, bytes]:

@@ -368,8 +368,13 @@ def test_upstream_faults_never_stop_the_proxy_and_each_flow_gets_its_real_outcom
     body = session_json("openai-chat", f"fault-{fault}")
     with new_records(raw_proxy, 1) as new:
         try:
-            status, answer, broken = send_raw(raw_proxy.port, PATHS["openai-chat"], body, {"content-type": "application/json", "x-fault": fault},
-                                              timeout=2 if fault == "stall" else 30)
+            status, answer, broken = send_raw(
+                raw_proxy.port,
+                PATHS["openai-chat"],
+                body,
+                {"content-type": "application/json", "x-fault": fault},
+                timeout=2 if fault == "stall" else 30,
+            )
         except TimeoutError:
             status, answer, broken = None, b"", True
     if client_sees == "timeout":
@@ -441,6 +446,7 @@ def test_gzip_bombs_are_forwarded_untouched_never_inflated(tmp_path: Path, raw_u
     rules.write_text(RULES_TEXT)
     proxy = start_proxy(tmp_path, "--mode", f"reverse:{raw_upstream.url}", rules=rules, trimflow_max_decoded_bytes="1MiB")
     try:
+
         def refusals() -> int:
             return sum("forwarded untouched" in line and "decodes to more than 1.0MB" in line for line in proxy.log().splitlines())
 

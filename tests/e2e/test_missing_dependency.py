@@ -19,7 +19,10 @@ def test_a_missing_package_is_named_in_one_line_and_mitmdump_exits(tmp_path: Pat
     blocker.write_text(f"import sys\nsys.modules[{module!r}] = None\n")
     done = subprocess.run(
         [mitmdump_binary(), "--listen-host", "127.0.0.1", "--listen-port", "0", "-s", str(blocker), "-s", str(ADDON)],
-        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
     )
     output = done.stdout + done.stderr
     assert done.returncode != 0, output

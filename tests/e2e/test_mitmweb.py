@@ -49,10 +49,26 @@ def mitmweb(tmp_path: Path, provider: FakeProvider) -> Iterator[tuple[int, str, 
     metrics = tmp_path / "metrics.jsonl"
     port, web_port = free_port(), free_port()
     command = [
-        str(Path(mitmdump_binary()).with_name("mitmweb")), "--no-web-open-browser", "--web-host", "127.0.0.1", "--web-port", str(web_port),
-        "--listen-host", "127.0.0.1", "--listen-port", str(port), "--mode", f"reverse:{provider.url}",
-        "--set", f"confdir={tmp_path / 'confdir'}", "-s", str(ADDON),
-        "--set", f"trimflow_rules={rules}", "--set", f"trimflow_metrics={metrics}",
+        str(Path(mitmdump_binary()).with_name("mitmweb")),
+        "--no-web-open-browser",
+        "--web-host",
+        "127.0.0.1",
+        "--web-port",
+        str(web_port),
+        "--listen-host",
+        "127.0.0.1",
+        "--listen-port",
+        str(port),
+        "--mode",
+        f"reverse:{provider.url}",
+        "--set",
+        f"confdir={tmp_path / 'confdir'}",
+        "-s",
+        str(ADDON),
+        "--set",
+        f"trimflow_rules={rules}",
+        "--set",
+        f"trimflow_metrics={metrics}",
     ]
     for column in COLUMNS:  # a list option: one --set per item
         command += ["--set", f"web_columns={column}"]
@@ -60,6 +76,7 @@ def mitmweb(tmp_path: Path, provider: FakeProvider) -> Iterator[tuple[int, str, 
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
+
         def web_url() -> str | None:
             text = log_path.read_text(errors="replace")
             assert process.poll() is None, text
@@ -87,7 +104,9 @@ def test_the_flow_list_shows_the_comment_with_its_figures_first(tmp_path: Path, 
     def comment_cells() -> list[str]:
         dom = subprocess.run(
             headless(tmp_path / "chromium", "--virtual-time-budget=5000", "--dump-dom", url),
-            capture_output=True, text=True, timeout=60,
+            capture_output=True,
+            text=True,
+            timeout=60,
         ).stdout
         return [html.unescape(cell) for cell in COMMENT_CELL.findall(dom)]
 
@@ -118,7 +137,5 @@ def test_a_bad_option_set_in_the_running_mitmweb_is_refused_with_its_line(tmp_pa
     bad = tmp_path / "bad.yaml"
     bad.write_text("defaults:\n  max_images: lots\n")
     assert put_options(url, {"trimflow_mode": "bogus"}) == (400, "trimflow: trimflow_mode must be one of enforce, observe, not 'bogus'")
-    assert put_options(url, {"trimflow_rules": str(bad)}) == (
-        400, f"trimflow: {bad}:2: max_images must be a whole number >= 0 or null, got 'lots'"
-    )
+    assert put_options(url, {"trimflow_rules": str(bad)}) == (400, f"trimflow: {bad}:2: max_images must be a whole number >= 0 or null, got 'lots'")
     assert put_options(url, {"trimflow_mode": "observe"}) == (200, "")  # still running, and a good value still takes

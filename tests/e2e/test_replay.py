@@ -62,8 +62,7 @@ def upstream(provider: FakeProvider) -> Iterator[FakeProvider]:
 
 
 def test_screenshot_backend_observe_with_axum_2mb_fails_at_turn_3_like_the_backend(tmp_path: Path, upstream: FakeProvider) -> None:
-    proxy = start_proxy(tmp_path, "--mode", f"reverse:{upstream.url}", rules=None,
-                        trimflow_mode="observe", trimflow_simulate="axum-2mb")
+    proxy = start_proxy(tmp_path, "--mode", f"reverse:{upstream.url}", rules=None, trimflow_mode="observe", trimflow_simulate="axum-2mb")
     try:
         rows = list(replay(proxy.url, BACKEND, 4, path=V2))
     finally:
@@ -78,8 +77,7 @@ def test_screenshot_backend_observe_with_axum_2mb_fails_at_turn_3_like_the_backe
     assert len(upstream.received) == 2
 
     records = proxy.records()
-    assert [(r["turn"], r["status"], r["simulated"]) for r in records] == [
-        (1, 200, None), (2, 200, None), (3, 413, "axum-2mb"), (4, 413, "axum-2mb")]
+    assert [(r["turn"], r["status"], r["simulated"]) for r in records] == [(1, 200, None), (2, 200, None), (3, 413, "axum-2mb"), (4, 413, "axum-2mb")]
     assert all(r["mode"] == "observe" and r["pruned"] == 0 for r in records)
 
     # The provider itself, enforcing the same profile, fails the same bodies at the same turn.
@@ -97,8 +95,7 @@ def test_screenshot_backend_screenshots_alone_are_just_under_2mib_at_turn_3() ->
 
 def test_screenshot_backend_enforce_with_the_example_rules_never_fails_in_30_turns(tmp_path: Path, upstream: FakeProvider) -> None:
     assert first_failure(direct("axum-2mb", LONG_SESSION, 8, V2)) == 8  # what happens without trimflow
-    proxy = start_proxy(tmp_path, "--mode", f"reverse:{upstream.url}", rules=BACKEND_RULES,
-                        trimflow_mode="enforce", trimflow_simulate="axum-2mb")
+    proxy = start_proxy(tmp_path, "--mode", f"reverse:{upstream.url}", rules=BACKEND_RULES, trimflow_mode="enforce", trimflow_simulate="axum-2mb")
     try:
         rows = list(replay(proxy.url, LONG_SESSION, 30, path=V2))
     finally:
@@ -125,11 +122,10 @@ def test_screenshot_backend_enforce_with_the_example_rules_never_fails_in_30_tur
     ],
 )
 def test_count_profiles_fail_at_the_providers_turn_and_the_default_rules_prevent_it(
-        tmp_path: Path, upstream: FakeProvider, mode: str, profile: str, wire_format: str, model: str | None,
-        turns: int, fails_at: int | None) -> None:
+    tmp_path: Path, upstream: FakeProvider, mode: str, profile: str, wire_format: str, model: str | None, turns: int, fails_at: int | None
+) -> None:
     session = Session(wire_format, 8, model=model)  # count limits: small screenshots keep it quick
-    proxy = start_proxy(tmp_path, "--mode", f"reverse:{upstream.url}", rules=None,
-                        trimflow_mode=mode, trimflow_simulate=profile)
+    proxy = start_proxy(tmp_path, "--mode", f"reverse:{upstream.url}", rules=None, trimflow_mode=mode, trimflow_simulate=profile)
     try:
         rows = list(replay(proxy.url, session, turns))
     finally:
@@ -138,7 +134,7 @@ def test_count_profiles_fail_at_the_providers_turn_and_the_default_rules_prevent
     assert first_failure(rows) == fails_at
     if fails_at is None:
         return
-    assert all(not r.ok for r in rows[fails_at - 1:])
+    assert all(not r.ok for r in rows[fails_at - 1 :])
     provider_rows = direct(profile, session, turns)
     assert first_failure(provider_rows) == fails_at
     assert rows[fails_at - 1].error == provider_rows[fails_at - 1].error
@@ -150,13 +146,28 @@ def test_the_scripts_reproduce_a_failure_from_the_command_line() -> None:
     """scripts/fake-provider --profile and scripts/replay --json as a user runs them."""
     port = free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    provider = subprocess.Popen([str(ROOT / "scripts" / "fake-provider"), "--port", str(port), "--profile", "generic-8"],
-                                stderr=subprocess.PIPE, text=True, env=env)
+    provider = subprocess.Popen(
+        [str(ROOT / "scripts" / "fake-provider"), "--port", str(port), "--profile", "generic-8"], stderr=subprocess.PIPE, text=True, env=env
+    )
     try:
         assert "refusing like profile generic-8" in provider.stderr.readline()
-        done = subprocess.run([str(ROOT / "scripts" / "replay"), "--target", f"http://127.0.0.1:{port}", "--turns", "9",
-                               "--image-kb", "4", "--format", "openai-chat", "--json"],
-                              capture_output=True, timeout=120, env=env)
+        done = subprocess.run(
+            [
+                str(ROOT / "scripts" / "replay"),
+                "--target",
+                f"http://127.0.0.1:{port}",
+                "--turns",
+                "9",
+                "--image-kb",
+                "4",
+                "--format",
+                "openai-chat",
+                "--json",
+            ],
+            capture_output=True,
+            timeout=120,
+            env=env,
+        )
     finally:
         provider.terminate()
         provider.communicate(timeout=10)
@@ -168,7 +179,8 @@ def test_the_scripts_reproduce_a_failure_from_the_command_line() -> None:
 
 
 def test_fake_provider_refuses_an_unknown_profile_with_the_known_names() -> None:
-    done = subprocess.run([sys.executable, "-m", "trimflow", "fake-provider", "--port", "0", "--profile", "axum-2mib"],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "trimflow", "fake-provider", "--port", "0", "--profile", "axum-2mib"], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 2
     assert "unknown profile 'axum-2mib'" in done.stderr and "did you mean 'axum-2mb'?" in done.stderr

@@ -40,9 +40,18 @@ def run_script(tmp_path_factory: pytest.TempPathFactory, provider: FakeProvider)
     """scripts/run, launched when this module starts so mitmdump boots while the scripts/prune tests run."""
     workdir = tmp_path_factory.mktemp("run")
     port = free_port()
-    command = [str(ROOT / "scripts" / "run"), "--listen-port", str(port), "--mode", f"reverse:{provider.url}",
-               # Its own confdir: the test must not create a CA in the user's ~/.mitmproxy.
-               "--set", f"confdir={workdir / 'confdir'}", "--set", f"trimflow_metrics={workdir / 'metrics.jsonl'}"]
+    command = [
+        str(ROOT / "scripts" / "run"),
+        "--listen-port",
+        str(port),
+        "--mode",
+        f"reverse:{provider.url}",
+        # Its own confdir: the test must not create a CA in the user's ~/.mitmproxy.
+        "--set",
+        f"confdir={workdir / 'confdir'}",
+        "--set",
+        f"trimflow_metrics={workdir / 'metrics.jsonl'}",
+    ]
     with open(workdir / "run.log", "wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=workdir)
     yield Running(process, port, workdir)

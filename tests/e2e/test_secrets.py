@@ -77,8 +77,15 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     recording, har = workdir / "flows.mitm", workdir / "flows.har"
     images = shots(4, seed=71)
     with FakeProvider(check=echo_key) as provider:
-        proxy = start_proxy(workdir, "--mode", f"reverse:{provider.url}", "-w", str(recording), rules=write_rules(workdir / "rules.yaml", 2),
-                            termlog_verbosity="debug")
+        proxy = start_proxy(
+            workdir,
+            "--mode",
+            f"reverse:{provider.url}",
+            "-w",
+            str(recording),
+            rules=write_rules(workdir / "rules.yaml", 2),
+            termlog_verbosity="debug",
+        )
         try:
             port = proxy.port
             chat, anthropic, gemini = (session(f, images) for f in ("openai-chat", "anthropic", "gemini"))
@@ -88,17 +95,32 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
                 post(port, f"{PATHS['gemini']}?key={GOOGLE_QUERY_KEY}", with_body_keys(gemini)),
                 post(port, f"{PATHS['gemini']}?alt=sse&key={GOOGLE_HEADER_KEY}", with_body_keys(gemini), {"x-goog-api-key": GOOGLE_HEADER_KEY}),
                 post(port, "/openai/deployments/gpt-4o/chat/completions?api-version=2024-06-01", with_body_keys(chat), {"api-key": AZURE_KEY}),
-                post(port, PATHS["bedrock-converse"], with_body_keys(session("bedrock-converse", images)), {
-                    "Authorization": f"AWS4-HMAC-SHA256 Credential={AWS_ACCESS_KEY}/20250101/us-east-1/bedrock/aws4_request, "
-                    "SignedHeaders=host;x-amz-date, Signature=" + "ab" * 32,
-                    "x-amz-security-token": AWS_SESSION_TOKEN, "x-amz-content-sha256": "UNSIGNED-PAYLOAD"}),
+                post(
+                    port,
+                    PATHS["bedrock-converse"],
+                    with_body_keys(session("bedrock-converse", images)),
+                    {
+                        "Authorization": f"AWS4-HMAC-SHA256 Credential={AWS_ACCESS_KEY}/20250101/us-east-1/bedrock/aws4_request, "
+                        "SignedHeaders=host;x-amz-date, Signature=" + "ab" * 32,
+                        "x-amz-security-token": AWS_SESSION_TOKEN,
+                        "x-amz-content-sha256": "UNSIGNED-PAYLOAD",
+                    },
+                ),
                 # Bodies trimflow cannot handle, with the key next to the fault: their reasons must not quote it.
-                post(port, PATHS["openai-chat"], b'{"api_key": "' + BODY_KEY.encode() + b'", "messages": [,]}',
-                     {"Authorization": f"Bearer {OPENAI_KEY}"}),
+                post(
+                    port,
+                    PATHS["openai-chat"],
+                    b'{"api_key": "' + BODY_KEY.encode() + b'", "messages": [,]}',
+                    {"Authorization": f"Bearer {OPENAI_KEY}"},
+                ),
                 post(port, PATHS["anthropic"], b'{"api_key":"' + BODY_KEY.encode() + b'"\xff}', {"x-api-key": ANTHROPIC_KEY}),
                 post(port, PATHS["openai-chat"], with_body_keys(chat), {"Authorization": f"Bearer {OPENAI_KEY}", "Content-Encoding": "gzip"}),
-                post(port, PATHS["openai-chat"], gzip.compress(with_body_keys(chat))[:-30],
-                     {"Authorization": f"Bearer {OPENAI_KEY}", "Content-Encoding": "gzip"}),
+                post(
+                    port,
+                    PATHS["openai-chat"],
+                    gzip.compress(with_body_keys(chat))[:-30],
+                    {"Authorization": f"Bearer {OPENAI_KEY}", "Content-Encoding": "gzip"},
+                ),
                 # The provider's error quotes the key back.
                 post(port, PATHS["openai-chat"], with_body_keys(chat), {"Authorization": f"Bearer {OPENAI_KEY}", ECHO: "1"}),
                 post(port, PATHS["anthropic"], with_body_keys(anthropic), {"x-api-key": ANTHROPIC_KEY, ECHO: "1"}),

@@ -20,9 +20,23 @@ BOOL_HINT = "(--set trimflow_keep_memory=false; --set trimflow_keep_memory alone
 def start_wrong(workdir: Path, *args: str) -> tuple[int, list[str]]:
     """mitmdump's exit code and its output lines, but the one saying it loads the script."""
     done = subprocess.run(
-        [mitmdump_binary(), "--listen-host", "127.0.0.1", "--listen-port", str(free_port()), "--set", f"confdir={workdir / 'confdir'}",
-         "-s", str(ADDON), *args],
-        capture_output=True, text=True, timeout=60, cwd=workdir, stdin=subprocess.DEVNULL,
+        [
+            mitmdump_binary(),
+            "--listen-host",
+            "127.0.0.1",
+            "--listen-port",
+            str(free_port()),
+            "--set",
+            f"confdir={workdir / 'confdir'}",
+            "-s",
+            str(ADDON),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=workdir,
+        stdin=subprocess.DEVNULL,
     )
     lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip() and "Loading script" not in line]
     return done.returncode, lines
@@ -52,14 +66,12 @@ def test_a_bad_rules_file_is_its_file_line_problem_alone(tmp_path: Path) -> None
     assert lines == [f"trimflow: {rules}:5: unknown field 'max_image' in rule 'gpt'; did you mean 'max_images'?"]
 
 
-
 def test_a_metrics_file_that_cannot_be_written_is_one_line(tmp_path: Path) -> None:
     code, lines = start_wrong(tmp_path, "--set", f"trimflow_metrics={tmp_path}")
     assert code != 0
     # The rules load before the metrics option is checked: that info line comes first.
-    assert [line for line in lines if "trimflow: rules from" not in line] == [
-        f"trimflow: trimflow_metrics: cannot write {tmp_path}: Is a directory"
-    ]
+    assert [line for line in lines if "trimflow: rules from" not in line] == [f"trimflow: trimflow_metrics: cannot write {tmp_path}: Is a directory"]
+
 
 def test_a_bad_value_in_config_yaml_is_caught_too(tmp_path: Path) -> None:
     (tmp_path / "confdir").mkdir()

@@ -16,21 +16,32 @@ CASES = {
             "model": "gpt-4o",
             "messages": [
                 {"role": "system", "content": "be brief"},
-                {"role": "user", "content": [
-                    {"type": "text", "text": "look"},
-                    {"type": "image_url", "image_url": {"url": data_url(PNG, "image/png"), "detail": "high"}},
-                ]},
-                {"role": "assistant", "content": None,
-                 "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "shot", "arguments": "{}"}}]},
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "look"},
+                        {"type": "image_url", "image_url": {"url": data_url(PNG, "image/png"), "detail": "high"}},
+                    ],
+                },
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "shot", "arguments": "{}"}}],
+                },
                 {"role": "tool", "tool_call_id": "c1", "content": [{"type": "image_url", "image_url": {"url": data_url(JPEG, "image/jpeg")}}]},
-                {"role": "user", "content": [
-                    {"type": "image_url", "image_url": {"url": "https://example.invalid/a.png"}},
-                    {"type": "file", "file": {"filename": "a.pdf", "file_data": data_url(PDF, "application/pdf")}},
-                    {"type": "input_audio", "input_audio": {"data": b64(b"RIFF0000"), "format": "wav"}},
-                    "not a part", 7, None,
-                    {"type": "image_url"},
-                    {"type": "image_url", "image_url": "data:image/png;base64," + b64(PNG)},
-                ]},
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "image_url", "image_url": {"url": "https://example.invalid/a.png"}},
+                        {"type": "file", "file": {"filename": "a.pdf", "file_data": data_url(PDF, "application/pdf")}},
+                        {"type": "input_audio", "input_audio": {"data": b64(b"RIFF0000"), "format": "wav"}},
+                        "not a part",
+                        7,
+                        None,
+                        {"type": "image_url"},
+                        {"type": "image_url", "image_url": "data:image/png;base64," + b64(PNG)},
+                    ],
+                },
             ],
             "temperature": 0.25,
             "x_unknown": {"kept": [1, 2.5, "é"]},
@@ -49,21 +60,31 @@ CASES = {
             "model": "gpt-4.1",
             "instructions": "be brief",
             "input": [
-                {"role": "user", "content": [
-                    {"type": "input_text", "text": "look"},
-                    {"type": "input_image", "image_url": data_url(PNG, "image/png"), "detail": "low"},
-                ]},
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "input_text", "text": "look"},
+                        {"type": "input_image", "image_url": data_url(PNG, "image/png"), "detail": "low"},
+                    ],
+                },
                 {"type": "function_call", "call_id": "c1", "name": "shot", "arguments": "{}"},
-                {"type": "function_call_output", "call_id": "c1", "output": [
-                    {"type": "input_text", "text": "screen:"},
-                    {"type": "input_image", "image_url": data_url(JPEG, "image/jpeg")},
-                ]},
+                {
+                    "type": "function_call_output",
+                    "call_id": "c1",
+                    "output": [
+                        {"type": "input_text", "text": "screen:"},
+                        {"type": "input_image", "image_url": data_url(JPEG, "image/jpeg")},
+                    ],
+                },
                 {"type": "function_call_output", "call_id": "c2", "output": "plain text output"},
-                {"role": "user", "content": [
-                    {"type": "input_image", "file_id": "file-abc"},
-                    {"type": "input_file", "filename": "a.pdf", "file_data": data_url(PDF, "application/pdf")},
-                    42,
-                ]},
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "input_image", "file_id": "file-abc"},
+                        {"type": "input_file", "filename": "a.pdf", "file_data": data_url(PDF, "application/pdf")},
+                        42,
+                    ],
+                },
                 "garbage item",
             ],
             "store": False,
@@ -81,23 +102,36 @@ CASES = {
             "max_tokens": 100,
             "system": [{"type": "text", "text": "be brief", "cache_control": {"type": "ephemeral"}}],
             "messages": [
-                {"role": "user", "content": [
-                    {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(PNG)},
-                     "cache_control": {"type": "ephemeral"}},
-                    {"type": "text", "text": "look"},
-                ]},
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "image",
+                            "source": {"type": "base64", "media_type": "image/png", "data": b64(PNG)},
+                            "cache_control": {"type": "ephemeral"},
+                        },
+                        {"type": "text", "text": "look"},
+                    ],
+                },
                 {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "computer", "input": {"action": "screenshot"}}]},
-                {"role": "user", "content": [
-                    {"type": "tool_result", "tool_use_id": "t1", "content": [
-                        {"type": "text", "text": "done"},
-                        {"type": "image", "source": {"type": "base64", "media_type": "image/jpeg", "data": b64(JPEG)}},
-                    ]},
-                    {"type": "tool_result", "tool_use_id": "t0", "content": "string result"},
-                    {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": b64(PDF)}},
-                    {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "plain"}},
-                    {"type": "image", "source": {"type": "url", "url": "https://example.invalid/x.png"}},
-                    {"type": "image", "source": "broken"},
-                ]},
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": "t1",
+                            "content": [
+                                {"type": "text", "text": "done"},
+                                {"type": "image", "source": {"type": "base64", "media_type": "image/jpeg", "data": b64(JPEG)}},
+                            ],
+                        },
+                        {"type": "tool_result", "tool_use_id": "t0", "content": "string result"},
+                        {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": b64(PDF)}},
+                        {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "plain"}},
+                        {"type": "image", "source": {"type": "url", "url": "https://example.invalid/x.png"}},
+                        {"type": "image", "source": "broken"},
+                    ],
+                },
                 {"role": "user", "content": "plain string content"},
             ],
         },
@@ -114,14 +148,23 @@ CASES = {
             "contents": [
                 {"role": "user", "parts": [{"text": "look"}, {"inline_data": {"mime_type": "image/png", "data": b64(PNG)}}]},
                 {"role": "model", "parts": [{"functionCall": {"name": "shot", "args": {}}}]},
-                {"role": "user", "parts": [
-                    {"functionResponse": {"name": "shot", "response": {"ok": True}, "parts": [
-                        {"inlineData": {"mimeType": "image/jpeg", "data": b64(JPEG)}},
-                    ]}},
-                    {"inlineData": {"mimeType": "application/pdf", "data": b64(PDF)}},
-                    {"fileData": {"mimeType": "image/png", "fileUri": "gs://bucket/x.png"}},
-                    {"file_data": {"mime_type": "video/mp4", "file_uri": "https://example.invalid/v.mp4"}},
-                ]},
+                {
+                    "role": "user",
+                    "parts": [
+                        {
+                            "functionResponse": {
+                                "name": "shot",
+                                "response": {"ok": True},
+                                "parts": [
+                                    {"inlineData": {"mimeType": "image/jpeg", "data": b64(JPEG)}},
+                                ],
+                            }
+                        },
+                        {"inlineData": {"mimeType": "application/pdf", "data": b64(PDF)}},
+                        {"fileData": {"mimeType": "image/png", "fileUri": "gs://bucket/x.png"}},
+                        {"file_data": {"mime_type": "video/mp4", "file_uri": "https://example.invalid/v.mp4"}},
+                    ],
+                },
             ],
             "generationConfig": {"temperature": 0.1},
         },
@@ -139,11 +182,19 @@ CASES = {
             "messages": [
                 {"role": "user", "content": [{"text": "look"}, {"image": {"format": "png", "source": {"bytes": b64(PNG)}}}]},
                 {"role": "assistant", "content": [{"toolUse": {"toolUseId": "t1", "name": "shot", "input": {}}}]},
-                {"role": "user", "content": [
-                    {"toolResult": {"toolUseId": "t1", "content": [{"image": {"format": "jpeg", "source": {"bytes": b64(JPEG)}}}, {"text": "ok"}]}},
-                    {"document": {"format": "pdf", "name": "a", "source": {"bytes": b64(PDF)}}},
-                    {"image": {"format": "png", "source": {"s3Location": {"uri": "s3://b/x.png"}}}},
-                ]},
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "toolResult": {
+                                "toolUseId": "t1",
+                                "content": [{"image": {"format": "jpeg", "source": {"bytes": b64(JPEG)}}}, {"text": "ok"}],
+                            }
+                        },
+                        {"document": {"format": "pdf", "name": "a", "source": {"bytes": b64(PDF)}}},
+                        {"image": {"format": "png", "source": {"s3Location": {"uri": "s3://b/x.png"}}}},
+                    ],
+                },
             ],
         },
         [

@@ -22,12 +22,25 @@ def test_the_placeholder_keeps_cache_control_and_stays_in_tool_result() -> None:
 
 
 def test_new_bytes_carry_their_media_type_and_cache_control_survives() -> None:
-    anth = {"messages": [{"role": "user", "content": [
-        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}, "cache_control": {"type": "ephemeral"}},
-    ]}]}
+    anth = {
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "image",
+                        "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"},
+                        "cache_control": {"type": "ephemeral"},
+                    },
+                ],
+            }
+        ]
+    }
     out = ANTHROPIC.replace_data(anth, {("messages", 0, "content", 0): (NEW, "image/jpeg")})
     assert out["messages"][0]["content"][0] == {
-        "type": "image", "source": {"type": "base64", "media_type": "image/jpeg", "data": NEW}, "cache_control": {"type": "ephemeral"},
+        "type": "image",
+        "source": {"type": "base64", "media_type": "image/jpeg", "data": NEW},
+        "cache_control": {"type": "ephemeral"},
     }
 
 

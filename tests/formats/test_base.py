@@ -45,8 +45,17 @@ def test_data_url_writes_what_split_data_url_reads() -> None:
 
 @pytest.mark.parametrize(
     ("mime", "kind"),
-    [("image/png", "image"), ("IMAGE/JPEG", "image"), ("audio/wav", "audio"), ("video/mp4", "video"),
-     ("application/pdf", DOCUMENT), ("text/plain", DOCUMENT), ("image", "image"), ("", DOCUMENT), (None, DOCUMENT)],
+    [
+        ("image/png", "image"),
+        ("IMAGE/JPEG", "image"),
+        ("audio/wav", "audio"),
+        ("video/mp4", "video"),
+        ("application/pdf", DOCUMENT),
+        ("text/plain", DOCUMENT),
+        ("image", "image"),
+        ("", DOCUMENT),
+        (None, DOCUMENT),
+    ],
 )
 def test_kind_of_mime(mime: str | None, kind: str) -> None:
     assert kind_of_mime(mime) == kind

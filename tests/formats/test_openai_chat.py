@@ -20,10 +20,17 @@ def test_the_placeholder_is_a_text_part() -> None:
 
 
 def test_new_bytes_go_in_the_data_url_in_either_spelling_of_image_url() -> None:
-    chat = {"messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "data:image/png;name=a.png;base64,AAAA", "detail": "high"}},
-        {"type": "image_url", "image_url": "data:image/png;base64,AAAA"},
-    ]}]}
+    chat = {
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image_url", "image_url": {"url": "data:image/png;name=a.png;base64,AAAA", "detail": "high"}},
+                    {"type": "image_url", "image_url": "data:image/png;base64,AAAA"},
+                ],
+            }
+        ]
+    }
     paths = {("messages", 0, "content", 0): (NEW, "image/jpeg"), ("messages", 0, "content", 1): (NEW, "image/jpeg")}
     out = CHAT.replace_data(chat, paths)
     assert out["messages"][0]["content"] == [

@@ -160,14 +160,24 @@ class Hostile:
 
 
 CHAT, ANTHROPIC, GEMINI, RESPONSES, BEDROCK, OLLAMA = "openai-chat", "anthropic", "gemini", "openai-responses", "bedrock-converse", "ollama"
-_WRONG_CHAT_CONTENT = [42, None, "str", [1, 2], {"type": "image_url"}, {"type": "image_url", "image_url": 7},
-                       {"type": "image_url", "image_url": {"url": None}}, {"type": "image_url", "image_url": {"url": 5}},
-                       {"type": "image_url", "image_url": {"url": ["data:image/png;base64,AAAA"]}}, {"type": 7}]
+_WRONG_CHAT_CONTENT = [
+    42,
+    None,
+    "str",
+    [1, 2],
+    {"type": "image_url"},
+    {"type": "image_url", "image_url": 7},
+    {"type": "image_url", "image_url": {"url": None}},
+    {"type": "image_url", "image_url": {"url": 5}},
+    {"type": "image_url", "image_url": {"url": ["data:image/png;base64,AAAA"]}},
+    {"type": 7},
+]
 
 HOSTILE: list[Hostile] = [
     # Not JSON at all.
-    Hostile("invalid-json", CHAT, lambda m: b'{"model":"gpt-4o","messages":[{"role":"user","content":"' + m.encode() + b'"}],,}',
-            UNTOUCHED, "not JSON"),
+    Hostile(
+        "invalid-json", CHAT, lambda m: b'{"model":"gpt-4o","messages":[{"role":"user","content":"' + m.encode() + b'"}],,}', UNTOUCHED, "not JSON"
+    ),
     Hostile("truncated-json", CHAT, lambda m: session_json(CHAT, m)[:-2000], UNTOUCHED, "not JSON"),
     Hostile("trailing-garbage", CHAT, lambda m: session_json(CHAT, m) + b" {}", UNTOUCHED, "not JSON"),
     Hostile("json-with-comments", CHAT, lambda m: b"/* " + m.encode() + b" */" + session_json(CHAT, m), UNTOUCHED, "not JSON"),
@@ -182,44 +192,130 @@ HOSTILE: list[Hostile] = [
     Hostile("top-level-string", ANTHROPIC, lambda m: orjson.dumps(m), UNTOUCHED, "JSON string, not an object"),
     Hostile("top-level-number", GEMINI, lambda m: b"12345", UNTOUCHED, "JSON number, not an object"),
     Hostile("top-level-null", RESPONSES, lambda m: b"null", UNTOUCHED, "not an object"),
-    Hostile("nested-10000-lists", CHAT, lambda m: b'{"model":"gpt-4o","m":"' + m.encode() + b'","messages":' + deep("list") + b"}",
-            UNTOUCHED, "nested too deeply"),
-    Hostile("nested-10000-objects", ANTHROPIC, lambda m: b'{"model":"claude","m":"' + m.encode() + b'","messages":[],"x":' + deep("dict") + b"}",
-            UNTOUCHED, "nested too deeply"),
+    Hostile(
+        "nested-10000-lists",
+        CHAT,
+        lambda m: b'{"model":"gpt-4o","m":"' + m.encode() + b'","messages":' + deep("list") + b"}",
+        UNTOUCHED,
+        "nested too deeply",
+    ),
+    Hostile(
+        "nested-10000-objects",
+        ANTHROPIC,
+        lambda m: b'{"model":"claude","m":"' + m.encode() + b'","messages":[],"x":' + deep("dict") + b"}",
+        UNTOUCHED,
+        "nested too deeply",
+    ),
     # Valid JSON the fast parser refuses or misreads: the exact parser takes it, values kept as sent.
-    Hostile("integers-over-64-bits", CHAT, lambda m: _with(CHAT, m, b'"seed":123456789012345678901234567890,"n":-9223372036854775809'), PRUNED,
-            keep=(b"123456789012345678901234567890", b"-9223372036854775809")),
-    Hostile("integers-over-64-bits-with-nan", CHAT, lambda m: _with(CHAT, m, b'"seed":123456789012345678901234567890,"t":NaN'), PRUNED,
-            keep=(b"123456789012345678901234567890",)),
-    Hostile("nan-and-infinity", ANTHROPIC, lambda m: _with(ANTHROPIC, m, b'"temperature":NaN,"top_p":-Infinity,"top_k":Infinity'), PRUNED,
-            keep=(b'"temperature":NaN', b'"top_p":-Infinity', b'"top_k":Infinity')),
+    Hostile(
+        "integers-over-64-bits",
+        CHAT,
+        lambda m: _with(CHAT, m, b'"seed":123456789012345678901234567890,"n":-9223372036854775809'),
+        PRUNED,
+        keep=(b"123456789012345678901234567890", b"-9223372036854775809"),
+    ),
+    Hostile(
+        "integers-over-64-bits-with-nan",
+        CHAT,
+        lambda m: _with(CHAT, m, b'"seed":123456789012345678901234567890,"t":NaN'),
+        PRUNED,
+        keep=(b"123456789012345678901234567890",),
+    ),
+    Hostile(
+        "nan-and-infinity",
+        ANTHROPIC,
+        lambda m: _with(ANTHROPIC, m, b'"temperature":NaN,"top_p":-Infinity,"top_k":Infinity'),
+        PRUNED,
+        keep=(b'"temperature":NaN', b'"top_p":-Infinity', b'"top_k":Infinity'),
+    ),
     # A double overflows: read as inf, it would be written back as Infinity, which is not JSON.
     Hostile("number-overflowing-a-double", GEMINI, lambda m: _with(GEMINI, m, b'"x":1e400'), UNTOUCHED, "number too large"),
-    Hostile("lone-surrogates", CHAT, lambda m: session_json(CHAT, m).replace(m.encode(), m.encode() + rb" \ud800 \udfff"), PRUNED,
-            keep=(rb"\ud800", rb"\udfff")),
+    Hostile(
+        "lone-surrogates",
+        CHAT,
+        lambda m: session_json(CHAT, m).replace(m.encode(), m.encode() + rb" \ud800 \udfff"),
+        PRUNED,
+        keep=(rb"\ud800", rb"\udfff"),
+    ),
     Hostile("nul-and-control-escapes", BEDROCK, lambda m: session_json(BEDROCK, m).replace(m.encode(), m.encode() + rb" \u0000\u001f\b"), PRUNED),
-    Hostile("duplicate-keys", CHAT, lambda m: (session_json(CHAT, m, turns=1)[:-1] + b',"messages":'
-                                               + orjson.dumps(orjson.loads(session_json(CHAT, m, turns=4))["messages"]) + b"}"),
-            PRUNED),  # the last one wins, as in Python, Go and JavaScript; the pruned body holds it once
+    Hostile(
+        "duplicate-keys",
+        CHAT,
+        lambda m: (
+            session_json(CHAT, m, turns=1)[:-1] + b',"messages":' + orjson.dumps(orjson.loads(session_json(CHAT, m, turns=4))["messages"]) + b"}"
+        ),
+        PRUNED,
+    ),  # the last one wins, as in Python, Go and JavaScript; the pruned body holds it once
     # LLM requests of the wrong shape: nothing to prune, forwarded as sent.
     Hostile("messages-a-string", CHAT, lambda m: orjson.dumps({"model": "gpt-4o", "messages": m}), AS_SENT),
     Hostile("messages-an-object", ANTHROPIC, lambda m: orjson.dumps({"model": "claude", "messages": {"0": {"role": "user", "content": m}}}), AS_SENT),
     Hostile("messages-null", OLLAMA, lambda m: orjson.dumps({"model": "llava", "messages": None, "m": m}), AS_SENT),
-    Hostile("content-of-wrong-types", CHAT, lambda m: orjson.dumps({"model": "gpt-4o", "messages": (
-        [{"role": "user", "content": c} for c in _WRONG_CHAT_CONTENT]
-        + [{"role": "user", "content": _WRONG_CHAT_CONTENT}, {"role": "user", "content": m}, 5, None, "x"])}), AS_SENT),
-    Hostile("anthropic-wrong-types", ANTHROPIC, lambda m: orjson.dumps({"model": "claude", "messages": [
-        {"role": "user", "content": [{"type": "image", "source": "x"}, {"type": "image", "source": {"type": "base64", "data": 5}},
-                                     {"type": "tool_result", "content": 7},
-                                     {"type": "tool_result", "content": [None, 1, {"type": "image", "source": None}]},
-                                     {"type": "document", "source": {"type": "text", "data": m}}]}]}), AS_SENT),
-    Hostile("gemini-wrong-types", GEMINI, lambda m: orjson.dumps({"contents": [
-        {"parts": {"text": m}}, {"parts": [{"inlineData": []}, {"inlineData": {"data": 5}}, {"inline_data": None}, 7]}, "x", None]}), AS_SENT),
+    Hostile(
+        "content-of-wrong-types",
+        CHAT,
+        lambda m: orjson.dumps(
+            {
+                "model": "gpt-4o",
+                "messages": (
+                    [{"role": "user", "content": c} for c in _WRONG_CHAT_CONTENT]
+                    + [{"role": "user", "content": _WRONG_CHAT_CONTENT}, {"role": "user", "content": m}, 5, None, "x"]
+                ),
+            }
+        ),
+        AS_SENT,
+    ),
+    Hostile(
+        "anthropic-wrong-types",
+        ANTHROPIC,
+        lambda m: orjson.dumps(
+            {
+                "model": "claude",
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "image", "source": "x"},
+                            {"type": "image", "source": {"type": "base64", "data": 5}},
+                            {"type": "tool_result", "content": 7},
+                            {"type": "tool_result", "content": [None, 1, {"type": "image", "source": None}]},
+                            {"type": "document", "source": {"type": "text", "data": m}},
+                        ],
+                    }
+                ],
+            }
+        ),
+        AS_SENT,
+    ),
+    Hostile(
+        "gemini-wrong-types",
+        GEMINI,
+        lambda m: orjson.dumps(
+            {"contents": [{"parts": {"text": m}}, {"parts": [{"inlineData": []}, {"inlineData": {"data": 5}}, {"inline_data": None}, 7]}, "x", None]}
+        ),
+        AS_SENT,
+    ),
     Hostile("responses-input-a-string", RESPONSES, lambda m: orjson.dumps({"model": "gpt-4.1", "input": m}), AS_SENT),
-    Hostile("ollama-images-wrong-types", OLLAMA, lambda m: orjson.dumps({"model": "llava", "messages": [
-        {"role": "user", "content": m, "images": "AAAA"}, {"role": "user", "images": [1, None, {}]}]}), AS_SENT),
-    Hostile("bedrock-wrong-types", BEDROCK, lambda m: orjson.dumps({"messages": [
-        {"role": "user", "content": {"text": m}}, {"role": "user", "content": [{"image": {"source": {"bytes": 5}}}, {"image": "x"}]}]}), AS_SENT),
+    Hostile(
+        "ollama-images-wrong-types",
+        OLLAMA,
+        lambda m: orjson.dumps(
+            {"model": "llava", "messages": [{"role": "user", "content": m, "images": "AAAA"}, {"role": "user", "images": [1, None, {}]}]}
+        ),
+        AS_SENT,
+    ),
+    Hostile(
+        "bedrock-wrong-types",
+        BEDROCK,
+        lambda m: orjson.dumps(
+            {
+                "messages": [
+                    {"role": "user", "content": {"text": m}},
+                    {"role": "user", "content": [{"image": {"source": {"bytes": 5}}}, {"image": "x"}]},
+                ]
+            }
+        ),
+        AS_SENT,
+    ),
     # Media that is not what it claims.
     Hostile("data-url-with-garbage-base64", CHAT, lambda m: _chat(m, [_image_part("data:image/png;base64,!!!not@@base64%%")] * 4), PRUNED),
     Hostile("data-url-without-base64", CHAT, lambda m: _chat(m, [_image_part("data:image/png,raw bytes")] * 3), PRUNED),
@@ -230,22 +326,62 @@ HOSTILE: list[Hostile] = [
     Hostile("sigv4-signed-bedrock", BEDROCK, lambda m: session_json(BEDROCK, m), UNTOUCHED, "SigV4", signed=True),
     # Content-Encoding: the engine never sees these bytes, the addon decodes them first.
     Hostile("gzip-body", ANTHROPIC, lambda m: session_json(ANTHROPIC, m), PRUNED, coding="gzip", encode=gzip.compress, engine=False),
-    Hostile("zstd-body", RESPONSES, lambda m: session_json(RESPONSES, m), PRUNED, coding="zstd",
-            encode=lambda b: zstandard.ZstdCompressor().compress(b), engine=False),  # what Codex sends
+    Hostile(
+        "zstd-body",
+        RESPONSES,
+        lambda m: session_json(RESPONSES, m),
+        PRUNED,
+        coding="zstd",
+        encode=lambda b: zstandard.ZstdCompressor().compress(b),
+        engine=False,
+    ),  # what Codex sends
     Hostile("deflate-body", CHAT, lambda m: session_json(CHAT, m), PRUNED, coding="deflate", encode=zlib.compress, engine=False),
-    Hostile("gzip-bomb", CHAT, lambda m: b"", UNTOUCHED, "decodes to more than 16.0MB", coding="gzip", encode=lambda _: gzip_bomb(64 * MiB),
-            engine=False),  # with the addon's limit at 16MiB (the fixture): cheap, yet four times over it
+    Hostile(
+        "gzip-bomb", CHAT, lambda m: b"", UNTOUCHED, "decodes to more than 16.0MB", coding="gzip", encode=lambda _: gzip_bomb(64 * MiB), engine=False
+    ),  # with the addon's limit at 16MiB (the fixture): cheap, yet four times over it
     Hostile("wrong-content-encoding", CHAT, lambda m: session_json(CHAT, m), UNTOUCHED, "gzip", coding="gzip", engine=False),
-    Hostile("truncated-gzip", ANTHROPIC, lambda m: session_json(ANTHROPIC, m), UNTOUCHED, "", coding="gzip",
-            encode=lambda b: gzip.compress(b)[:-1000], engine=False),
+    Hostile(
+        "truncated-gzip",
+        ANTHROPIC,
+        lambda m: session_json(ANTHROPIC, m),
+        UNTOUCHED,
+        "",
+        coding="gzip",
+        encode=lambda b: gzip.compress(b)[:-1000],
+        engine=False,
+    ),
     Hostile("unknown-content-encoding", CHAT, lambda m: session_json(CHAT, m), UNTOUCHED, "compress", coding="compress", engine=False),
-    Hostile("stacked-content-encodings", CHAT, lambda m: session_json(CHAT, m), UNTOUCHED, "gzip, gzip", coding="gzip, gzip",
-            encode=lambda b: gzip.compress(gzip.compress(b)), engine=False),
+    Hostile(
+        "stacked-content-encodings",
+        CHAT,
+        lambda m: session_json(CHAT, m),
+        UNTOUCHED,
+        "gzip, gzip",
+        coding="gzip, gzip",
+        encode=lambda b: gzip.compress(gzip.compress(b)),
+        engine=False,
+    ),
     # Python codec names mitmproxy's decoder applies (bz2 is a bomb of its own): not HTTP codings.
-    Hostile("bz2-content-encoding", CHAT, lambda m: session_json(CHAT, m), UNTOUCHED, "bz2", coding="bz2",
-            encode=lambda b: __import__("bz2").compress(b), engine=False),
-    Hostile("base64-content-encoding", CHAT, lambda m: session_json(CHAT, m), UNTOUCHED, "base64", coding="base64",
-            encode=base64.encodebytes, engine=False),
+    Hostile(
+        "bz2-content-encoding",
+        CHAT,
+        lambda m: session_json(CHAT, m),
+        UNTOUCHED,
+        "bz2",
+        coding="bz2",
+        encode=lambda b: __import__("bz2").compress(b),
+        engine=False,
+    ),
+    Hostile(
+        "base64-content-encoding",
+        CHAT,
+        lambda m: session_json(CHAT, m),
+        UNTOUCHED,
+        "base64",
+        coding="base64",
+        encode=base64.encodebytes,
+        engine=False,
+    ),
 ]
 assert len({case.id for case in HOSTILE}) == len(HOSTILE)
 

@@ -73,11 +73,17 @@ def test_engine_prunes_or_returns_the_same_bytes_with_a_reason(case: Hostile) ->
 # --- the addon ----------------------------------------------------------------------------------------------
 
 
-
-
 def make_flow(path: str, wire: bytes, headers: dict[str, str]) -> http.HTTPFlow:
-    request = tutils.treq(host=HOST, port=443, scheme=b"https", method=b"POST", authority=b"", path=path.encode(),
-                          headers=http.Headers([(k.encode(), v.encode()) for k, v in headers.items()]), content=b"")
+    request = tutils.treq(
+        host=HOST,
+        port=443,
+        scheme=b"https",
+        method=b"POST",
+        authority=b"",
+        path=path.encode(),
+        headers=http.Headers([(k.encode(), v.encode()) for k, v in headers.items()]),
+        content=b"",
+    )
     request.raw_content = wire  # as it came off the wire, content-encoding and all
     request.headers["content-length"] = str(len(wire))
     return tflow.tflow(req=request)
@@ -167,8 +173,6 @@ async def test_a_gzip_bomb_of_gigabytes_is_never_inflated_by_the_addon(addon, ca
         await requested(addon, flow)
     assert flow.request.raw_content is bomb
     assert "decodes to more than 256MB" in caplog.text
-
-
 
 
 async def test_a_compressed_answer_past_the_limit_is_not_inflated_for_its_usage(addon) -> None:

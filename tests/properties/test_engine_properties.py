@@ -28,10 +28,13 @@ def render(fmt: str, conv: list, extra: dict) -> dict[str, Any]:
     """The conversation in one wire format, tool results nested where the format has them."""
     if fmt == "openai-chat":
         msgs = [
-            {"role": role, "content": [
-                {"type": "text", "text": v} if k == "text" else {"type": "image_url", "image_url": {"url": data_url(POOL[v], "image/png")}}
-                for k, v in parts
-            ]}
+            {
+                "role": role,
+                "content": [
+                    {"type": "text", "text": v} if k == "text" else {"type": "image_url", "image_url": {"url": data_url(POOL[v], "image/png")}}
+                    for k, v in parts
+                ],
+            }
             for role, _tool, parts in conv
         ]
         return {"model": "gpt-4o", "messages": msgs, **extra}
@@ -48,7 +51,8 @@ def render(fmt: str, conv: list, extra: dict) -> dict[str, Any]:
         msgs = []
         for i, (role, tool, parts) in enumerate(conv):
             blocks = [
-                {"type": "text", "text": v} if k == "text"
+                {"type": "text", "text": v}
+                if k == "text"
                 else {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(POOL[v])}}
                 for k, v in parts
             ]

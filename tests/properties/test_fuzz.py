@@ -27,6 +27,8 @@ _HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large]
 
 def fuzz(examples: int) -> settings:
     return settings(max_examples=examples, deadline=None, suppress_health_check=_HEALTH)
+
+
 PDF = [b"%PDF-1.4\n" + bytes([i]) * 40 for i in range(4)]  # distinct document payloads
 
 # --- valid requests ---------------------------------------------------------------------------------------------
@@ -73,8 +75,13 @@ def render_rich(fmt: str, conv: list, extra: dict) -> dict[str, Any]:
     for i, (role, tool, parts, more) in enumerate(conv):
         rendered = [{**x, **build(k, v)} for k, v, x in parts]
         items.append({**more, **_WRAP[fmt](i, role, tool, rendered)})
-    top = {"openai-chat": ("messages", {"model": "gpt-4o"}), "openai-responses": ("input", {"model": "gpt-4.1"}),
-           "anthropic": ("messages", {"model": "claude-x", "max_tokens": 10}), "gemini": ("contents", {}), "bedrock-converse": ("messages", {})}
+    top = {
+        "openai-chat": ("messages", {"model": "gpt-4o"}),
+        "openai-responses": ("input", {"model": "gpt-4.1"}),
+        "anthropic": ("messages", {"model": "claude-x", "max_tokens": 10}),
+        "gemini": ("contents", {}),
+        "bedrock-converse": ("messages", {}),
+    }
     key, fixed = top[fmt]
     return {**extra, **fixed, key: items}
 
@@ -142,18 +149,26 @@ _PARTS = {
 }
 _WRAP = {
     "openai-chat": lambda i, role, tool, parts: (
-        {"role": "tool", "tool_call_id": f"c{i}", "content": parts} if tool else {"role": role, "content": parts}),
+        {"role": "tool", "tool_call_id": f"c{i}", "content": parts} if tool else {"role": role, "content": parts}
+    ),
     "openai-responses": lambda i, role, tool, parts: (
-        {"type": "function_call_output", "call_id": f"c{i}", "output": parts} if tool else {"role": role, "content": parts}),
+        {"type": "function_call_output", "call_id": f"c{i}", "output": parts} if tool else {"role": role, "content": parts}
+    ),
     "anthropic": lambda i, role, tool, parts: (
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"t{i}", "content": parts, "is_error": False}]}
-        if tool else {"role": role, "content": parts}),
+        if tool
+        else {"role": role, "content": parts}
+    ),
     "gemini": lambda i, role, tool, parts: (
         {"role": "user", "parts": [{"functionResponse": {"name": "screenshot", "response": {"ok": True}, "parts": parts}}]}
-        if tool else {"role": "user" if role == "user" else "model", "parts": parts}),
+        if tool
+        else {"role": "user" if role == "user" else "model", "parts": parts}
+    ),
     "bedrock-converse": lambda i, role, tool, parts: (
         {"role": "user", "content": [{"toolResult": {"toolUseId": f"t{i}", "content": parts, "status": "success"}}]}
-        if tool else {"role": role, "content": parts}),
+        if tool
+        else {"role": role, "content": parts}
+    ),
 }
 
 
@@ -230,8 +245,16 @@ def _set(value: Any, path: tuple, new: Any) -> Any:
 
 # Values of every JSON type swapped in for whatever was there (huge integers included).
 swap_value = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=False, allow_infinity=False), text,
-    st.just([]), st.just({}), st.lists(st.integers(0, 3), max_size=2), st.just({"type": "image_url"}), st.just("data:image/png;base64,!!"),
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=False, allow_infinity=False),
+    text,
+    st.just([]),
+    st.just({}),
+    st.lists(st.integers(0, 3), max_size=2),
+    st.just({"type": "image_url"}),
+    st.just("data:image/png;base64,!!"),
 )
 
 

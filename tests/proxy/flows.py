@@ -18,12 +18,26 @@ def write_rules(path: Path, max_images: int, extra: str = "") -> Path:
     return path
 
 
-def llm_flow(wire_format: str = "openai-chat", turns: int = 5, *, host: str = "api.openai.com", path: str | None = None,
-             headers: dict | None = None, body: bytes | None = None) -> http.HTTPFlow:
+def llm_flow(
+    wire_format: str = "openai-chat",
+    turns: int = 5,
+    *,
+    host: str = "api.openai.com",
+    path: str | None = None,
+    headers: dict | None = None,
+    body: bytes | None = None,
+) -> http.HTTPFlow:
     content = body if body is not None else orjson.dumps(session_body(wire_format, turns, SHOT, "image/png"))
-    request = tutils.treq(host=host, port=443, scheme=b"https", method=b"POST", authority=b"",
-                          path=(path or PATHS[wire_format]).encode(), content=content,
-                          headers=http.Headers(content_type="application/json", **(headers or {})))
+    request = tutils.treq(
+        host=host,
+        port=443,
+        scheme=b"https",
+        method=b"POST",
+        authority=b"",
+        path=(path or PATHS[wire_format]).encode(),
+        content=content,
+        headers=http.Headers(content_type="application/json", **(headers or {})),
+    )
     return tflow.tflow(req=request)
 
 

@@ -16,14 +16,31 @@ def record(**fields) -> Record:
 
 
 def test_the_figures_lead_then_the_rule_model_turn_and_what_was_done() -> None:
-    pruned = record(images_before=10, images_after=8, body_bytes_before=562 * KiB, body_bytes_after=450 * KiB,
-                    thinned=2, est_tokens_before=120_400, est_tokens_after=98_000)
+    pruned = record(
+        images_before=10,
+        images_after=8,
+        body_bytes_before=562 * KiB,
+        body_bytes_after=450 * KiB,
+        thinned=2,
+        est_tokens_before=120_400,
+        est_tokens_after=98_000,
+    )
     assert flow_comment(pruned) == "10->8 img, 562->450 KB; trimflow rule claude, claude-sonnet-4, conv 3f2a turn 4, 2 thinned, ~120k->98k tok"
 
 
 def test_observe_over_budget_and_untouched_bodies_say_so_after_the_figures() -> None:
-    observed = record(mode="observe", over_budget=True, images_before=3, images_after=3, body_bytes_before=9_856_000,
-                      body_bytes_after=9_856_000, reason="body is not JSON", model=None, conversation=None, rule=None)
+    observed = record(
+        mode="observe",
+        over_budget=True,
+        images_before=3,
+        images_after=3,
+        body_bytes_before=9_856_000,
+        body_bytes_after=9_856_000,
+        reason="body is not JSON",
+        model=None,
+        conversation=None,
+        rule=None,
+    )
     comment = flow_comment(observed)
     assert comment.startswith("3->3 img, 9.4->9.4 MB; trimflow rule -, anthropic, ~0->0 tok")
     assert comment.endswith("observe: forwarded untouched, OVER BUDGET, untouched (body is not JSON)")

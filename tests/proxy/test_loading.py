@@ -18,8 +18,13 @@ from ..helpers import ROOT, load_addon_module
 PACKAGE = ROOT / "addon" / "trimflow"
 ORDER = [proxy.Keys, proxy.Prune, proxy.Simulate, proxy.Metrics, proxy.Memory, proxy.Options]
 OPTIONS = {
-    "trimflow_rules", "trimflow_mode", "trimflow_max_decoded_bytes", "trimflow_simulate", "trimflow_profiles",
-    "trimflow_metrics", "trimflow_keep_memory",
+    "trimflow_rules",
+    "trimflow_mode",
+    "trimflow_max_decoded_bytes",
+    "trimflow_simulate",
+    "trimflow_profiles",
+    "trimflow_metrics",
+    "trimflow_keep_memory",
 }
 
 

@@ -36,8 +36,10 @@ async def test_sse_responses_stream_through_and_usage_is_read(addon, tmp_path) -
     addon.responseheaders(flow)
     scanner = flow.response.stream
     assert callable(scanner)
-    events = [b'event: message_start\ndata: {"type":"message_start","message":{"usage":{"input_tokens":1200,"cache_read_input_tokens":300}}}\n\n',
-              b'event: message_delta\ndata: {"type":"message_delta","usage":{"output_tokens":9}}\n\n']
+    events = [
+        b'event: message_start\ndata: {"type":"message_start","message":{"usage":{"input_tokens":1200,"cache_read_input_tokens":300}}}\n\n',
+        b'event: message_delta\ndata: {"type":"message_delta","usage":{"output_tokens":9}}\n\n',
+    ]
     assert [scanner(e) for e in events] == events  # bytes pass through unchanged
     addon.response(flow)
     await answer_sent()
@@ -109,8 +111,12 @@ async def test_the_line_and_record_come_after_the_hook_and_none_is_lost_at_exit(
 async def test_no_key_reaches_logs_or_metrics(addon, tmp_path, caplog) -> None:
     addon.tctx.configure(addon, trimflow_metrics=str(tmp_path / "m.jsonl"))
     secret = "sk-ant-TOPSECRET0123456789"
-    flow = llm_flow("gemini", host="generativelanguage.googleapis.com",
-                    path=PATHS["gemini"] + "?key=AIzaTOPSECRET", headers={"x-api-key": secret, "authorization": f"Bearer {secret}"})
+    flow = llm_flow(
+        "gemini",
+        host="generativelanguage.googleapis.com",
+        path=PATHS["gemini"] + "?key=AIzaTOPSECRET",
+        headers={"x-api-key": secret, "authorization": f"Bearer {secret}"},
+    )
     with caplog.at_level(logging.DEBUG):
         addon.requestheaders(flow)
         await requested(addon, flow)
@@ -144,7 +150,6 @@ async def test_a_recording_holds_the_final_record(tmp_path) -> None:
     assert (record["images_before"], record["images_after"], record["status"], record["usage_input_tokens"]) == (3, 2, 200, 99)
 
 
-
 # --- conversations: WebSocket answers, Responses chains, reruns ----------------------------------------------
 
 
@@ -153,8 +158,11 @@ def ws_send(flow, payload: dict, from_client: bool) -> None:
 
 
 def completed(response_id: str, input_tokens: int) -> dict:
-    return {"type": "response.completed", "sequence_number": 9,
-            "response": {"id": response_id, "object": "response", "status": "completed", "usage": {"input_tokens": input_tokens}}}
+    return {
+        "type": "response.completed",
+        "sequence_number": 9,
+        "response": {"id": response_id, "object": "response", "status": "completed", "usage": {"input_tokens": input_tokens}},
+    }
 
 
 async def test_websocket_records_carry_their_answer_and_a_warmup_is_no_turn(addon, tmp_path) -> None:
@@ -167,18 +175,22 @@ async def test_websocket_records_carry_their_answer_and_a_warmup_is_no_turn(addo
         {**session_body("openai-responses", 3, SHOT, "image/png"), "previous_response_id": "resp_warm"},
         {"model": "gpt-5", "previous_response_id": "resp_1", "input": [{"role": "user", "content": [{"type": "input_text", "text": "go on"}]}]},
     ]
-    for request, answer in zip([warmup, *turns], [completed("resp_warm", 5), completed("resp_1", 1234), completed("resp_2", 2345)],
-                               strict=True):
+    for request, answer in zip([warmup, *turns], [completed("resp_warm", 5), completed("resp_1", 1234), completed("resp_2", 2345)], strict=True):
         ws_send(flow, {"type": "response.create", **request}, True)
         await addon.websocket_message(flow)
-        for event in ({"type": "response.created", "response": {"id": answer["response"]["id"]}},
-                      {"type": "response.output_text.delta", "delta": '"type":"response.completed"'}, answer):
+        for event in (
+            {"type": "response.created", "response": {"id": answer["response"]["id"]}},
+            {"type": "response.output_text.delta", "delta": '"type":"response.completed"'},
+            answer,
+        ):
             ws_send(flow, event, False)
             await addon.websocket_message(flow)
     await answer_sent()
     records = [orjson.loads(line) for line in (tmp_path / "m.jsonl").read_bytes().splitlines()]
     assert [(r["kind"], r["turn"], r["status"], r["usage_input_tokens"]) for r in records] == [
-        ("warmup", None, 200, 5), ("turn", 1, 200, 1234), ("turn", 2, 200, 2345),
+        ("warmup", None, 200, 5),
+        ("turn", 1, 200, 1234),
+        ("turn", 2, 200, 2345),
     ]
     assert len({r["conversation"] for r in records}) == 1 and records[0]["conversation"] is not None
     assert records[1]["images_before"] == 3 and records[1]["images_after"] == 2
@@ -206,18 +218,24 @@ async def test_a_responses_chain_over_http_follows_the_answers_id(addon, streame
     if streamed:
         first.response = tutils.tresp(content=None, headers=http.Headers(content_type="text/event-stream"))
         addon.responseheaders(first)
-        for event in (b'event: response.created\ndata: {"type":"response.created","response":{"id":"resp_http_1"}}\n\n',
-                      b'event: response.completed\ndata: {"type":"response.completed","response":{"id":"resp_http_1"}}\n\n'):
+        for event in (
+            b'event: response.created\ndata: {"type":"response.created","response":{"id":"resp_http_1"}}\n\n',
+            b'event: response.completed\ndata: {"type":"response.completed","response":{"id":"resp_http_1"}}\n\n',
+        ):
             first.response.stream(event)
     else:
         first.response = json_answer(b'{"id":"resp_http_1","object":"response","output":[{"id":"msg_9"}]}')
         addon.responseheaders(first)
     addon.response(first)
-    chained = llm_flow("openai-responses", body=orjson.dumps(
-        {"model": "gpt-4.1", "previous_response_id": "resp_http_1", "input": [{"role": "user", "content": "and now?"}]}))
+    chained = llm_flow(
+        "openai-responses",
+        body=orjson.dumps({"model": "gpt-4.1", "previous_response_id": "resp_http_1", "input": [{"role": "user", "content": "and now?"}]}),
+    )
     await requested(addon, chained)
-    unknown = llm_flow("openai-responses", body=orjson.dumps(
-        {"model": "gpt-4.1", "previous_response_id": "resp_never_seen", "input": [{"role": "user", "content": "and now?"}]}))
+    unknown = llm_flow(
+        "openai-responses",
+        body=orjson.dumps({"model": "gpt-4.1", "previous_response_id": "resp_never_seen", "input": [{"role": "user", "content": "and now?"}]}),
+    )
     await requested(addon, unknown)
     a, b, c = (f.metadata[proxy.META] for f in (first, chained, unknown))
     assert (a["turn"], b["turn"], b["conversation"]) == (1, 2, a["conversation"])

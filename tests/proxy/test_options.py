@@ -48,8 +48,7 @@ class Strings:
 def test_a_bool_option_takes_only_what_mitmproxy_parses(given: str) -> None:
     problem = bad_value("trimflow_keep_memory", bool, Strings(given))
     assert problem == (
-        f"trimflow_keep_memory must be true or false, not {given!r} "
-        "(--set trimflow_keep_memory=false; --set trimflow_keep_memory alone means true)"
+        f"trimflow_keep_memory must be true or false, not {given!r} (--set trimflow_keep_memory=false; --set trimflow_keep_memory alone means true)"
     )
 
 
@@ -61,15 +60,17 @@ def test_the_bool_values_mitmproxy_takes_pass(given: object) -> None:
 def test_a_config_yaml_value_of_the_wrong_type_and_a_value_given_twice_are_problems() -> None:
     assert bad_value("trimflow_keep_memory", bool, "maybe") is not None  # config.yaml: trimflow_keep_memory: maybe
     assert bad_value("trimflow_mode", str, 3) == "trimflow_mode must be text, not 3"
-    assert bad_value("trimflow_mode", str, Strings("enforce", "observe")) == (
-        "trimflow_mode is given 2 times ('enforce', 'observe'): give it once"
-    )
+    assert bad_value("trimflow_mode", str, Strings("enforce", "observe")) == ("trimflow_mode is given 2 times ('enforce', 'observe'): give it once")
 
 
 @pytest.mark.parametrize(
     ("name", "suggestion"),
-    [("trimflow_metrik", "trimflow_metrics"), ("trimflow-rules", "trimflow_rules"), ("trimflow_keep_mem", "trimflow_keep_memory"),
-     ("TRIMFLOW_MODE", "trimflow_mode")],
+    [
+        ("trimflow_metrik", "trimflow_metrics"),
+        ("trimflow-rules", "trimflow_rules"),
+        ("trimflow_keep_mem", "trimflow_keep_memory"),
+        ("TRIMFLOW_MODE", "trimflow_mode"),
+    ],
 )
 def test_a_misspelt_name_gets_the_closest_option(name: str, suggestion: str) -> None:
     assert unknown_option(name, OURS) == f"unknown option {name}; did you mean {suggestion}?"
@@ -81,8 +82,12 @@ def test_a_name_close_to_none_lists_the_options() -> None:
 
 def test_only_trimflow_names_are_checked_other_scripts_options_may_come_later() -> None:
     declared = {name: Declared(str) for name in OURS} | {"trimflow_keep_memory": Declared(bool)}
-    deferred = {"my_script_option": Strings("1"), "trimflow_metrik": Strings("x.jsonl"), "trimflow_keep_memory": Strings("maybe"),
-                "trimflow_mode": Strings("observe")}
+    deferred = {
+        "my_script_option": Strings("1"),
+        "trimflow_metrik": Strings("x.jsonl"),
+        "trimflow_keep_memory": Strings("maybe"),
+        "trimflow_mode": Strings("observe"),
+    }
     assert [name for name, _ in deferred_problems(deferred, declared)] == ["trimflow_metrik", "trimflow_keep_memory"]
 
 

@@ -245,9 +245,7 @@ def test_gemini_json(provider: FakeProvider, gemini: genai.Client) -> None:
     rec = last(provider)
     assert rec.path.endswith("/models/gemini-2.5-flash:generateContent")  # /v1 or /v1beta, per SDK version
     assert r.usage_metadata.prompt_token_count == estimate_usage(rec.body).input_tokens > 1600
-    assert r.usage_metadata.total_token_count == (
-        r.usage_metadata.prompt_token_count + r.usage_metadata.candidates_token_count
-    )
+    assert r.usage_metadata.total_token_count == (r.usage_metadata.prompt_token_count + r.usage_metadata.candidates_token_count)
 
 
 def test_url_safe_base64_is_image_data(provider: FakeProvider, gemini: genai.Client) -> None:
@@ -484,10 +482,18 @@ def test_cli_logs_sizes_but_no_secrets() -> None:
         url = first.split(" on ", 1)[1].strip()
         prompt = "SECRET-PROMPT-TEXT what is in this image?"
         body = json.dumps(
-            {"model": "gpt-4o", "messages": [{"role": "user", "content": [
-                {"type": "text", "text": prompt},
-                {"type": "image_url", "image_url": {"url": DATA_URL}},
-            ]}]}
+            {
+                "model": "gpt-4o",
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "text", "text": prompt},
+                            {"type": "image_url", "image_url": {"url": DATA_URL}},
+                        ],
+                    }
+                ],
+            }
         ).encode()
         headers = {"authorization": "Bearer sk-SECRETKEY123", "x-api-key": "sk-ant-SECRETKEY456"}
         status, _, _ = post(url + "/v1/chat/completions?key=QUERYSECRET789", body, headers)

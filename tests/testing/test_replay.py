@@ -133,15 +133,21 @@ def test_a_base_url_that_is_not_http_is_refused(base_url: str) -> None:
     [
         ("application/json", b'{"type":"error","error":{"type":"invalid_request_error","message":"too many images"}}', "too many images"),
         ("application/json", b'{"message":"Input is too long for requested model."}', "Input is too long for requested model."),
-        ("application/json; charset=utf-8", b'[{"error":{"code":400,"message":"Request payload size exceeds the limit"}}]',
-         "Request payload size exceeds the limit"),
+        (
+            "application/json; charset=utf-8",
+            b'[{"error":{"code":400,"message":"Request payload size exceeds the limit"}}]',
+            "Request payload size exceeds the limit",
+        ),
         ("application/json", b'{"detail":{"message":"nested under detail"}}', "nested under detail"),
         ("application/json", b'{"error":"no message field"}\nsecond line', '{"error":"no message field"}'),
         ("application/json", b"not json\nat all", "not json"),
         ("text/html", b"<HTML><TITLE>\n 502 Bad Gateway </TITLE></HTML>", "502 Bad Gateway"),
         ("text/html", b"<p>no title</p>", "<p>no title</p>"),
-        ("text/plain", b"\n  Failed to buffer the request body: length limit exceeded\nmore",
-         "Failed to buffer the request body: length limit exceeded"),
+        (
+            "text/plain",
+            b"\n  Failed to buffer the request body: length limit exceeded\nmore",
+            "Failed to buffer the request body: length limit exceeded",
+        ),
         ("", b"", ""),
     ],
 )
@@ -165,7 +171,9 @@ def test_the_cli_prints_json_rows_and_exits_1_when_a_turn_failed(capsys: pytest.
     assert status == 1
     rows = orjson.loads(out)
     assert [(r["turn"], r["images"], r["status"], r["error"]) for r in rows] == [
-        (1, 1, 200, None), (2, 2, 200, None), (3, 3, 413, "413 Request Entity Too Large"),
+        (1, 1, 200, None),
+        (2, 2, 200, None),
+        (3, 3, 413, "413 Request Entity Too Large"),
     ]
     assert "first failure at turn 3 (413); 1 of 3 turns failed" in err
 

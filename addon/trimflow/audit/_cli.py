@@ -43,23 +43,46 @@ class _Parser(argparse.ArgumentParser):
 
 
 def parser() -> _Parser:
-    p = _Parser(prog="scripts/audit", description=__doc__.split("\n\n")[0],
-                epilog=_gate.__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(
+        prog="scripts/audit",
+        description=__doc__.split("\n\n")[0],
+        epilog=_gate.__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("files", nargs="+", metavar="FILE", help=".mitm dump (mitmproxy 11 or 12), .har, or trimflow metrics .jsonl")
-    p.add_argument("--rules", metavar="FILE",
-                   help="what-if: apply this rules file offline to every recorded request and report before and after "
-                        f"(default: the recording as it is, with the limits of rules/{DEFAULT_RULES_PATH.name} for crossings)")
-    p.add_argument("--profile", action="append", default=[], metavar="NAME",
-                   help="also report when each conversation crosses this limit profile's image and body limits "
-                        "(repeatable; e.g. axum-2mb, generic-8)")
-    p.add_argument("--profiles", metavar="FILE", default=str(DEFAULT_PROFILES_PATH),
-                   help=f"the limit profiles file (default: rules/{DEFAULT_PROFILES_PATH.name})")
+    p.add_argument(
+        "--rules",
+        metavar="FILE",
+        help="what-if: apply this rules file offline to every recorded request and report before and after "
+        f"(default: the recording as it is, with the limits of rules/{DEFAULT_RULES_PATH.name} for crossings)",
+    )
+    p.add_argument(
+        "--profile",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also report when each conversation crosses this limit profile's image and body limits (repeatable; e.g. axum-2mb, generic-8)",
+    )
+    p.add_argument(
+        "--profiles",
+        metavar="FILE",
+        default=str(DEFAULT_PROFILES_PATH),
+        help=f"the limit profiles file (default: rules/{DEFAULT_PROFILES_PATH.name})",
+    )
     p.add_argument("--format", choices=tuple(FORMATS), default="text", help="report format (default: text)")
-    p.add_argument("--fail-on", action="append", default=[], metavar="EXPR",
-                   help="exit 1 when EXPR is true for any request or conversation, e.g. 'images>8' (repeatable; quote it)")
-    p.add_argument("--allow-empty", action="store_true",
-                   help="pass an input with no LLM request (by default it fails: the client may not have gone through "
-                        "the proxy); an input cut short fails all the same")
+    p.add_argument(
+        "--fail-on",
+        action="append",
+        default=[],
+        metavar="EXPR",
+        help="exit 1 when EXPR is true for any request or conversation, e.g. 'images>8' (repeatable; quote it)",
+    )
+    p.add_argument(
+        "--allow-empty",
+        action="store_true",
+        help="pass an input with no LLM request (by default it fails: the client may not have gone through "
+        "the proxy); an input cut short fails all the same",
+    )
     p.add_argument("--out", metavar="PATH", help="write the report to PATH instead of stdout")
     return p
 

@@ -32,8 +32,13 @@ from ._read import Row
 from ._summary import CUT, EMPTY, Conversation, InputProblem, Summary
 
 _OPS: dict[str, Callable[[Any, Any], bool]] = {
-    ">=": operator.ge, "<=": operator.le, "!=": operator.ne, "==": operator.eq,
-    ">": operator.gt, "<": operator.lt, "=": operator.eq,
+    ">=": operator.ge,
+    "<=": operator.le,
+    "!=": operator.ne,
+    "==": operator.eq,
+    ">": operator.gt,
+    "<": operator.lt,
+    "=": operator.eq,
 }
 _EXPR = re.compile(r"\s*(after\.)?([A-Za-z_]+)\s*(>=|<=|!=|==|>|<|=)\s*(\S(?:.*\S)?)\s*")
 
@@ -119,8 +124,7 @@ class Breach:
         return f"{self.expression}: {where} ({self.value}{more})"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"expression": self.expression, "conversation": self.conversation, "turn": self.turn,
-                "value": self.value, "turns": self.turns}
+        return {"expression": self.expression, "conversation": self.conversation, "turn": self.turn, "value": self.value, "turns": self.turns}
 
 
 @dataclass
@@ -139,8 +143,12 @@ class Gate:
         return [b for b in self.breaches if b.expression == expr.text]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"expressions": [e.text for e in self.expressions], "ok": self.ok,
-                "broken": [b.to_dict() for b in self.breaches], "input_failures": [p.text for p in self.input_failures]}
+        return {
+            "expressions": [e.text for e in self.expressions],
+            "ok": self.ok,
+            "broken": [b.to_dict() for b in self.breaches],
+            "input_failures": [p.text for p in self.input_failures],
+        }
 
 
 def check_inputs(summary: Summary, *, allow_empty: bool) -> list[InputProblem]:
@@ -158,8 +166,9 @@ def check_inputs(summary: Summary, *, allow_empty: bool) -> list[InputProblem]:
 def parse(text: str) -> Expression:
     match = _EXPR.fullmatch(text)
     if match is None:
-        raise ExpressionError(f"--fail-on {text!r}: expected FIELD OP VALUE, e.g. 'body>16MB' or 'images>=9' "
-                              f"(fields: {', '.join(FIELDS)}; ops: > >= < <= = !=)")
+        raise ExpressionError(
+            f"--fail-on {text!r}: expected FIELD OP VALUE, e.g. 'body>16MB' or 'images>=9' (fields: {', '.join(FIELDS)}; ops: > >= < <= = !=)"
+        )
     after, name, op, raw = bool(match.group(1)), match.group(2).lower(), match.group(3), match.group(4)
     spec = FIELDS.get(name)
     if spec is None:

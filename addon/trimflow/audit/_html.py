@@ -107,10 +107,12 @@ def html(summary: Summary, gate: Gate | None) -> str:
         parts.append(_gate(gate))
     parts += [
         '<div class="cards">',
-        _card("body", f"{format_size(t.body_bytes_before)} → {format_size(t.body_bytes_after)}",
-              f"saved {format_size(t.body_bytes_saved)} ({percent(t.body_bytes_saved, t.body_bytes_before)})"),
-        _card("estimated tokens", f"{tokens(t.est_tokens_before)} → {tokens(t.est_tokens_after)}",
-              f"saved {tokens(t.est_tokens_saved)}"),
+        _card(
+            "body",
+            f"{format_size(t.body_bytes_before)} → {format_size(t.body_bytes_after)}",
+            f"saved {format_size(t.body_bytes_saved)} ({percent(t.body_bytes_saved, t.body_bytes_before)})",
+        ),
+        _card("estimated tokens", f"{tokens(t.est_tokens_before)} → {tokens(t.est_tokens_after)}", f"saved {tokens(t.est_tokens_saved)}"),
         _card("images", f"{t.images_before:,} → {t.images_after:,}", f"{t.pruned:,} pruned"),
         _card("requests", f"{t.requests:,}", f"{len(summary.conversations)} conversations"),
         "</div>",
@@ -133,8 +135,10 @@ def _gate(gate: Gate) -> str:
             items.append(f"<li>ok <code>{escape(expr.text)}</code></li>")
         items += [f'<li class="fail">FAIL <code>{escape(b.expression)}</code>: {escape(b.line().split(": ", 1)[1])}</li>' for b in hits]
     verdict = "passed" if gate.ok else "failed"
-    return (f'<div class="gate{"" if gate.ok else " fail"}"><b>Gate {verdict}</b> <span class="muted">({escape(gate_verdict(gate))})</span>'
-            f'<ul>{"".join(items)}</ul></div>')
+    return (
+        f'<div class="gate{"" if gate.ok else " fail"}"><b>Gate {verdict}</b> <span class="muted">({escape(gate_verdict(gate))})</span>'
+        f"<ul>{''.join(items)}</ul></div>"
+    )
 
 
 def _section(conversation: Conversation) -> str:
@@ -162,10 +166,26 @@ def _section(conversation: Conversation) -> str:
 
         out += [
             '<div class="charts">',
-            _chart("Body size per turn", "body", numbered, lambda r: r.record.body_bytes_before,
-                   lambda r: r.record.body_bytes_after, limits("max_body_bytes", format_size), format_size, with_after),
-            _chart("Images per turn", "images", numbered, lambda r: r.record.images_before,
-                   lambda r: r.record.images_after, limits("max_images", str), str, with_after),
+            _chart(
+                "Body size per turn",
+                "body",
+                numbered,
+                lambda r: r.record.body_bytes_before,
+                lambda r: r.record.body_bytes_after,
+                limits("max_body_bytes", format_size),
+                format_size,
+                with_after,
+            ),
+            _chart(
+                "Images per turn",
+                "images",
+                numbered,
+                lambda r: r.record.images_before,
+                lambda r: r.record.images_after,
+                limits("max_images", str),
+                str,
+                with_after,
+            ),
             "</div>",
             '<p class="readout">Hover a point for its figures.</p>',
         ]
@@ -187,8 +207,16 @@ def _table(conversation: Conversation) -> str:
     return f"<details{opened}><summary>Turns ({conversation.turns})</summary><table><tr>{head}</tr>{''.join(rows)}</table></details>"
 
 
-def _chart(title: str, kind: str, rows: list[Row], before: Callable[[Row], int], after: Callable[[Row], int],
-           limits: list[tuple[int, str]], show: Callable[[int], str], with_after: bool) -> str:
+def _chart(
+    title: str,
+    kind: str,
+    rows: list[Row],
+    before: Callable[[Row], int],
+    after: Callable[[Row], int],
+    limits: list[tuple[int, str]],
+    show: Callable[[int], str],
+    with_after: bool,
+) -> str:
     """One chart; the after-pruning series only when some request has after figures of its own."""
     turns = [row.record.turn or 0 for row in rows]
     first, last = min(turns), max(turns)
@@ -207,10 +235,12 @@ def _chart(title: str, kind: str, rows: list[Row], before: Callable[[Row], int],
     def y(value: float) -> float:
         return TOP + plot_h - value / top * plot_h
 
-    svg = [f'<svg class="chart" data-chart="{kind}" viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" height="{HEIGHT}" '
-           f'role="img" aria-label="{escape(title)}">',
-           f'<text class="title" x="{LEFT}" y="16">{escape(title)}</text>',
-           f'<rect class="key-before" x="{WIDTH - 250}" y="8" width="12" height="4"/><text x="{WIDTH - 234}" y="14">as recorded</text>']
+    svg = [
+        f'<svg class="chart" data-chart="{kind}" viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" height="{HEIGHT}" '
+        f'role="img" aria-label="{escape(title)}">',
+        f'<text class="title" x="{LEFT}" y="16">{escape(title)}</text>',
+        f'<rect class="key-before" x="{WIDTH - 250}" y="8" width="12" height="4"/><text x="{WIDTH - 234}" y="14">as recorded</text>',
+    ]
     if with_after:
         svg.append(f'<rect class="key-after" x="{WIDTH - 150}" y="8" width="12" height="4"/><text x="{WIDTH - 134}" y="14">after pruning</text>')
     series_list = (("before", before), ("after", after)) if with_after else (("before", before),)
@@ -226,8 +256,10 @@ def _chart(title: str, kind: str, rows: list[Row], before: Callable[[Row], int],
     for row in rows:
         if row.failure:
             tx = x(row.record.turn or 0)
-            svg.append(f'<line class="failure" x1="{tx:.1f}" x2="{tx:.1f}" y1="{TOP}" y2="{TOP + plot_h}">'
-                       f"<title>turn {row.record.turn}: {escape(row.failure)}</title></line>")
+            svg.append(
+                f'<line class="failure" x1="{tx:.1f}" x2="{tx:.1f}" y1="{TOP}" y2="{TOP + plot_h}">'
+                f"<title>turn {row.record.turn}: {escape(row.failure)}</title></line>"
+            )
     on_chart.sort(key=lambda item: -item[1])  # top to bottom
     for _, value in on_chart:
         svg.append(f'<line class="limit" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y(value):.1f}" y2="{y(value):.1f}"/>')
@@ -244,11 +276,12 @@ def _chart(title: str, kind: str, rows: list[Row], before: Callable[[Row], int],
     for series, metric in reversed(series_list):  # before drawn last, on top: it is the recording
         for row in rows:
             turn = row.record.turn
-            label = f"turn {turn}: {kind} {show(before(row))}" + (
-                f" → {show(after(row))} after pruning" if after(row) != before(row) else "")
-            svg.append(f'<circle class="pt {series}" data-series="{series}" data-turn="{turn}" data-value="{metric(row)}" '
-                       f'data-label="{escape(label)}" cx="{x(turn or 0):.1f}" cy="{y(metric(row)):.1f}" r="3">'
-                       f"<title>{escape(label)}</title></circle>")
+            label = f"turn {turn}: {kind} {show(before(row))}" + (f" → {show(after(row))} after pruning" if after(row) != before(row) else "")
+            svg.append(
+                f'<circle class="pt {series}" data-series="{series}" data-turn="{turn}" data-value="{metric(row)}" '
+                f'data-label="{escape(label)}" cx="{x(turn or 0):.1f}" cy="{y(metric(row)):.1f}" r="3">'
+                f"<title>{escape(label)}</title></circle>"
+            )
     svg.append("</svg>")
     return "\n".join(svg)
 

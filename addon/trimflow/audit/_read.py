@@ -45,21 +45,20 @@ NO_RESPONSE = "no response"
 _FAILURE_TEXTS = (
     (IMAGE_TOO_LARGE, re.compile(r"image exceeds|image dimensions exceed")),
     (TOO_MANY_IMAGES, re.compile(r"too many images|max images exceeded|too much media|images?,? exceeding the maximum")),
-    (BODY_TOO_LARGE, re.compile(
-        r"request_too_large|request entity too large|payload too large|exceeds the maximum|length limit exceeded"
-        r"|request payload size exceeds|request size cannot exceed|maximum request body size"
-    )),
+    (
+        BODY_TOO_LARGE,
+        re.compile(
+            r"request_too_large|request entity too large|payload too large|exceeds the maximum|length limit exceeded"
+            r"|request payload size exceeds|request size cannot exceed|maximum request body size"
+        ),
+    ),
 )
 _FAILURE_SCAN = 64 * 1024  # error texts are short; a long answer is not read past this
 
 # The Record's before figures: what the client sent.
 BEFORE_FIELDS = ("images_before", "documents", "media_bytes_before", "body_bytes_before", "est_tokens_before")
-_INT_FIELDS = frozenset(
-    name for name, spec in Record.__dataclass_fields__.items() if spec.type in ("int", "int | None")
-)
-_STR_FIELDS = frozenset(
-    name for name, spec in Record.__dataclass_fields__.items() if spec.type in ("str", "str | None")
-)
+_INT_FIELDS = frozenset(name for name, spec in Record.__dataclass_fields__.items() if spec.type in ("int", "int | None"))
+_STR_FIELDS = frozenset(name for name, spec in Record.__dataclass_fields__.items() if spec.type in ("str", "str | None"))
 _ENCODING_NAME = re.compile(r"[A-Za-z0-9_, -]{1,40}")
 
 WHAT_IF = "what-if"  # the audit's own offline pruning with --rules
@@ -94,8 +93,13 @@ class InputTally:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "path": self.path, "kind": self.kind, "flows": self.flows, "llm_requests": self.llm_requests,
-            "skipped": self.skipped, "unreadable": dict(self.unreadable), "truncated": self.truncated,
+            "path": self.path,
+            "kind": self.kind,
+            "flows": self.flows,
+            "llm_requests": self.llm_requests,
+            "skipped": self.skipped,
+            "unreadable": dict(self.unreadable),
+            "truncated": self.truncated,
             "proxy_records": self.proxy_records,
         }
 
@@ -155,9 +159,15 @@ def record_from_dict(data: Any) -> Record:
             value = float(value) if isinstance(value, (int, float)) else 0.0
         values[name] = value
     record = Record(
-        values.pop("ts", None) or "", values.pop("conversation", None), values.pop("turn", None),
-        values.pop("host", None) or "", values.pop("path", None) or "/", values.pop("format"),
-        values.pop("model", None), values.pop("rule", None), values.pop("mode", None) or OBSERVE,
+        values.pop("ts", None) or "",
+        values.pop("conversation", None),
+        values.pop("turn", None),
+        values.pop("host", None) or "",
+        values.pop("path", None) or "/",
+        values.pop("format"),
+        values.pop("model", None),
+        values.pop("rule", None),
+        values.pop("mode", None) or OBSERVE,
     )
     for name, value in values.items():
         if value is not None or name in ("status", "usage_input_tokens", "reason"):
@@ -231,8 +241,11 @@ class Reader:
                 # A fixed reason: mitmproxy's own message may quote the file's content.
                 what, reason = ("a HAR file", "not valid HAR JSON") if tally.kind == "har" else ("a mitmproxy dump", "invalid data")
                 if cut_short(Path(tally.path), tally.kind):
-                    tally.truncated = (f"cut short: the file ends inside flow {tally.flows + 1}" if tally.kind == "mitm"
-                                       else "cut short: the file ends before its JSON does")
+                    tally.truncated = (
+                        f"cut short: the file ends inside flow {tally.flows + 1}"
+                        if tally.kind == "mitm"
+                        else "cut short: the file ends before its JSON does"
+                    )
                     return
                 if tally.flows == 0:
                     raise InputError(f"{tally.path}: not {what} ({reason})") from None
@@ -261,8 +274,7 @@ class Reader:
                 proxy_record = record_from_dict(proxy)
             except ValueError:
                 proxy_record = None
-        target = self.rules.target(request.pretty_host, path, method=request.method,
-                                   content_type=request.headers.get("content-type", ""))
+        target = self.rules.target(request.pretty_host, path, method=request.method, content_type=request.headers.get("content-type", ""))
         if proxy_record is None and target is None:
             tally.skipped += 1
             return []

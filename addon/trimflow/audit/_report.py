@@ -33,8 +33,12 @@ def percent(part: int, whole: int) -> str:
 
 # What the engine did beyond dropping images (Record fields; getattr: older records lack them).
 _ALSO_DONE = (("shrunk", "shrunk"), ("thinned", "thinned"), ("deduplicated", "repeats"))
-_PRUNE_CAUSES = (("pruned_for_count", "count"), ("pruned_for_body", "body"), ("pruned_for_tokens", "tokens"),
-                 ("pruned_for_image_limit", "image limit"))
+_PRUNE_CAUSES = (
+    ("pruned_for_count", "count"),
+    ("pruned_for_body", "body"),
+    ("pruned_for_tokens", "tokens"),
+    ("pruned_for_image_limit", "image limit"),
+)
 
 
 def pruned_cell(row: Row) -> str:
@@ -70,8 +74,10 @@ def growth_lines(conversation: Conversation) -> list[str]:
     numbered = sum(1 for row in conversation.rows if row.record.turn is not None)
     if conversation.steady_turns >= numbered:
         return [f"growth per turn over all {numbered} turns: {figures(g)}"]
-    return [f"growth per turn, steady over the last {conversation.steady_turns} turns: {figures(g)}",
-            f"whole-run slope over {numbered} turns (not the gate's growth): {figures(conversation.growth_whole_run)}"]
+    return [
+        f"growth per turn, steady over the last {conversation.steady_turns} turns: {figures(g)}",
+        f"whole-run slope over {numbered} turns (not the gate's growth): {figures(conversation.growth_whole_run)}",
+    ]
 
 
 def limit_value(crossing: Crossing) -> str:
@@ -94,15 +100,17 @@ def crossing_text(crossing: Crossing, *, with_after: bool) -> str:
 
 def failure_text(conversation: Conversation) -> str:
     return "; ".join(
-        f"turn {f.turn if f.turn is not None else '-'}: {f.status if f.status is not None else '-'} {f.category}"
-        for f in conversation.failures
+        f"turn {f.turn if f.turn is not None else '-'}: {f.status if f.status is not None else '-'} {f.category}" for f in conversation.failures
     )
 
 
 def conversation_title(conversation: Conversation) -> str:
     r = conversation.last.record
-    turns = (f"turns {conversation.first_turn}-{conversation.last_turn}" if conversation.first_turn is not None
-             else f"{conversation.turns} request{'s' if conversation.turns != 1 else ''}")
+    turns = (
+        f"turns {conversation.first_turn}-{conversation.last_turn}"
+        if conversation.first_turn is not None
+        else f"{conversation.turns} request{'s' if conversation.turns != 1 else ''}"
+    )
     return f"{r.format} · {', '.join(conversation.models())} · {r.host}{r.path} · {turns}"
 
 
@@ -114,8 +122,10 @@ def inputs_text(summary: Summary) -> str:
 def counts_text(summary: Summary) -> str:
     n = len(summary.conversations)
     unreadable = summary.unreadable()
-    text = (f"{summary.flows:,} flows: {summary.totals.requests:,} LLM requests in {n} conversation{'s' if n != 1 else ''}, "
-            f"{summary.skipped:,} skipped (not LLM), {sum(unreadable.values()):,} unreadable")
+    text = (
+        f"{summary.flows:,} flows: {summary.totals.requests:,} LLM requests in {n} conversation{'s' if n != 1 else ''}, "
+        f"{summary.skipped:,} skipped (not LLM), {sum(unreadable.values()):,} unreadable"
+    )
     if unreadable:
         text += " (" + "; ".join(f"{n} {reason}" for reason, n in unreadable.items()) + ")"
     return text
@@ -132,18 +142,24 @@ def mode_text(summary: Summary) -> str:
     sources = (["its metrics JSONL"] if "jsonl" in kinds else []) + (["its record in each flow"] if kinds - {"jsonl"} else [])
     where = " and ".join(sources)
     share = "" if len(recorded) == summary.totals.requests else f" ({len(recorded):,} of {summary.totals.requests:,} requests; the rest as recorded)"
-    return (f"as trimflow pruned them{share}: before is what the client sent, after what trimflow forwarded "
-            f"(or would have, in observe mode), from {where}; {limits}")
+    return (
+        f"as trimflow pruned them{share}: before is what the client sent, after what trimflow forwarded "
+        f"(or would have, in observe mode), from {where}; {limits}"
+    )
 
 
 def totals_text(t: Totals, arrow: str = "->") -> str:
     if (t.body_bytes_before, t.est_tokens_before, t.images_before) == (t.body_bytes_after, t.est_tokens_after, t.images_after):
-        return (f"{t.requests:,} requests · body {format_size(t.body_bytes_before)} · ~tokens {tokens(t.est_tokens_before)} · "
-                f"images {t.images_before:,} (nothing pruned)")
-    return (f"{t.requests:,} requests · body {format_size(t.body_bytes_before)}{arrow}{format_size(t.body_bytes_after)} "
-            f"(saved {format_size(t.body_bytes_saved)}, {percent(t.body_bytes_saved, t.body_bytes_before)}) · "
-            f"~tokens {tokens(t.est_tokens_before)}{arrow}{tokens(t.est_tokens_after)} (saved {tokens(t.est_tokens_saved)}) · "
-            f"images {t.images_before:,}{arrow}{t.images_after:,}")
+        return (
+            f"{t.requests:,} requests · body {format_size(t.body_bytes_before)} · ~tokens {tokens(t.est_tokens_before)} · "
+            f"images {t.images_before:,} (nothing pruned)"
+        )
+    return (
+        f"{t.requests:,} requests · body {format_size(t.body_bytes_before)}{arrow}{format_size(t.body_bytes_after)} "
+        f"(saved {format_size(t.body_bytes_saved)}, {percent(t.body_bytes_saved, t.body_bytes_before)}) · "
+        f"~tokens {tokens(t.est_tokens_before)}{arrow}{tokens(t.est_tokens_after)} (saved {tokens(t.est_tokens_saved)}) · "
+        f"images {t.images_before:,}{arrow}{t.images_after:,}"
+    )
 
 
 def warnings(summary: Summary, gate: Gate | None = None) -> list[str]:
@@ -268,8 +284,7 @@ def markdown(summary: Summary, gate: Gate | None) -> str:
     none runs on into the next (a table straight after a blockquote would be read as its lazy continuation)."""
     arrow = " → "
     t = summary.totals
-    lines = ["## trimflow audit", "", f"{_md(counts_text(summary))}.  ", f"Inputs: {_md(inputs_text(summary))}.  ",
-             f"{_md(mode_text(summary))}.", ""]
+    lines = ["## trimflow audit", "", f"{_md(counts_text(summary))}.  ", f"Inputs: {_md(inputs_text(summary))}.  ", f"{_md(mode_text(summary))}.", ""]
     for w in warnings(summary, gate):
         lines += [f"> **Warning:** {_md(w)}", ""]
     if gate is not None:
@@ -283,7 +298,8 @@ def markdown(summary: Summary, gate: Gate | None) -> str:
                 lines.append(f"- ❌ `{b.expression}`: {_md(b.line().split(': ', 1)[1])}")
         lines.append("")
     lines += [
-        "| | before | after | saved |", "|---|---:|---:|---:|",
+        "| | before | after | saved |",
+        "|---|---:|---:|---:|",
         f"| body | {format_size(t.body_bytes_before)} | {format_size(t.body_bytes_after)} | "
         f"{format_size(t.body_bytes_saved)} ({percent(t.body_bytes_saved, t.body_bytes_before)}) |",
         f"| ~tokens | {tokens(t.est_tokens_before)} | {tokens(t.est_tokens_after)} | {tokens(t.est_tokens_saved)} |",
@@ -297,8 +313,13 @@ def markdown(summary: Summary, gate: Gate | None) -> str:
         if conversation.failures:
             lines.append(f"- failures: {_md(failure_text(conversation))}")
         lines += [f"- note: {_md(n)}" for n in notes(conversation)]
-        lines += ["", "<details><summary>Turns</summary>", "", "| " + " | ".join(TURN_COLUMNS) + " |",
-                  "|" + "|".join("---:" if i in (0, 2, 3, 4, 5, 6, 7) else "---" for i in range(len(TURN_COLUMNS))) + "|"]
+        lines += [
+            "",
+            "<details><summary>Turns</summary>",
+            "",
+            "| " + " | ".join(TURN_COLUMNS) + " |",
+            "|" + "|".join("---:" if i in (0, 2, 3, 4, 5, 6, 7) else "---" for i in range(len(TURN_COLUMNS))) + "|",
+        ]
         lines += ["| " + " | ".join(_md(c) for c in turn_cells(row, arrow)) + " |" for row in conversation.rows]
         lines += ["", "</details>", ""]
     return "\n".join(lines) + "\n"

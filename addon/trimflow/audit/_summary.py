@@ -19,8 +19,10 @@ from typing import Any
 from ._read import InputTally, Row
 
 STEADY_TURNS = 5
-GROWTH_METHOD = (f"steady rate: least-squares slope over the last {STEADY_TURNS} turns of each conversation "
-                 "(all of them when it has fewer); growth_per_turn_whole_run: the slope over all its turns")
+GROWTH_METHOD = (
+    f"steady rate: least-squares slope over the last {STEADY_TURNS} turns of each conversation "
+    "(all of them when it has fewer); growth_per_turn_whole_run: the slope over all its turns"
+)
 UNKNOWN_CONVERSATION = "-"  # requests the engine could not read (not JSON): no conversation key
 
 
@@ -39,8 +41,14 @@ class Crossing:
     after_crossed_at: int | None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"limit": self.limit, "value": self.value, "source": self.source, "crossed_at": self.crossed_at,
-                "projected": self.projected, "after_crossed_at": self.after_crossed_at}
+        return {
+            "limit": self.limit,
+            "value": self.value,
+            "source": self.source,
+            "crossed_at": self.crossed_at,
+            "projected": self.projected,
+            "after_crossed_at": self.after_crossed_at,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,11 +94,15 @@ class Totals:
     def to_dict(self) -> dict[str, Any]:
         return {
             "requests": self.requests,
-            "body_bytes_before": self.body_bytes_before, "body_bytes_after": self.body_bytes_after,
+            "body_bytes_before": self.body_bytes_before,
+            "body_bytes_after": self.body_bytes_after,
             "body_bytes_saved": self.body_bytes_saved,
-            "est_tokens_before": self.est_tokens_before, "est_tokens_after": self.est_tokens_after,
+            "est_tokens_before": self.est_tokens_before,
+            "est_tokens_after": self.est_tokens_after,
             "est_tokens_saved": self.est_tokens_saved,
-            "images_before": self.images_before, "images_after": self.images_after, "pruned": self.pruned,
+            "images_before": self.images_before,
+            "images_after": self.images_after,
+            "pruned": self.pruned,
         }
 
 
@@ -214,8 +226,7 @@ class Summary:
                 unreadable = sum(t.unreadable.values())
                 if t.skipped or unreadable:
                     held += f": {t.skipped:,} not LLM, {unreadable:,} unreadable"
-                problems.append(InputProblem(EMPTY, t.path, f"{t.path}: no LLM request measured ({held}); "
-                                                            "did the client go through the proxy?"))
+                problems.append(InputProblem(EMPTY, t.path, f"{t.path}: no LLM request measured ({held}); did the client go through the proxy?"))
         return problems
 
     def rows(self) -> Iterable[Row]:
@@ -248,8 +259,9 @@ class ProfileLimits:
     max_body_bytes: int | None
 
 
-def summarize(rows: Iterable[Row], inputs: list[InputTally], rules_source: str | None, limits_source: str,
-              profiles: Iterable[ProfileLimits] = ()) -> Summary:
+def summarize(
+    rows: Iterable[Row], inputs: list[InputTally], rules_source: str | None, limits_source: str, profiles: Iterable[ProfileLimits] = ()
+) -> Summary:
     profiles = list(profiles)
     groups: dict[str, list[Row]] = {}
     totals = Totals()
@@ -307,8 +319,7 @@ def _turns(rows: list[Row]) -> list[float]:
     return [float(row.record.turn or 0) for row in rows]
 
 
-def _crossing(limit: str, value: int, source: str, rows: list[Row], before: Callable[[Row], int],
-              after: Callable[[Row], int]) -> Crossing:
+def _crossing(limit: str, value: int, source: str, rows: list[Row], before: Callable[[Row], int], after: Callable[[Row], int]) -> Crossing:
     recorded = next((row.record.turn for row in rows if before(row) > value), None)
     after_at = next((row.record.turn for row in rows if after(row) > value), None)
     if recorded is not None:

@@ -7,10 +7,7 @@ from typing import Any
 from . import anthropic, bedrock, gemini, ollama, openai_chat, openai_responses
 from ._base import DOCUMENT, IMAGE, HistoryParts, JsonPath, Media, WireFormat, split_data_url
 
-FORMATS: dict[str, WireFormat] = {
-    module.NAME: module
-    for module in (openai_chat, openai_responses, anthropic, gemini, bedrock, ollama)
-}
+FORMATS: dict[str, WireFormat] = {module.NAME: module for module in (openai_chat, openai_responses, anthropic, gemini, bedrock, ollama)}
 
 # Every format's endpoint path globs, as (glob, format name), in first-match order. No built-in glob's literal
 # ending is the ending of another's (a test checks), so no path matches two and the order changes no answer.
@@ -48,6 +45,16 @@ def detect_shape(body: Any) -> str | None:
 
 
 __all__ = [
-    "DOCUMENT", "ENDPOINTS", "FORMATS", "IMAGE", "HistoryParts", "JsonPath", "Media", "WireFormat", "counted_turn_path", "detect_shape",
-    "split_data_url", "streamed_path",
+    "DOCUMENT",
+    "ENDPOINTS",
+    "FORMATS",
+    "IMAGE",
+    "HistoryParts",
+    "JsonPath",
+    "Media",
+    "WireFormat",
+    "counted_turn_path",
+    "detect_shape",
+    "split_data_url",
+    "streamed_path",
 ]

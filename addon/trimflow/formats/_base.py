@@ -140,17 +140,13 @@ def rebuild(node: Any, edits: Mapping[JsonPath, Callable[[Any], Any]]) -> Any:
     return copy
 
 
-def replace_parts(
-    body: dict[str, Any], texts: Mapping[JsonPath, str], make_part: Callable[[Any, str], Any]
-) -> dict[str, Any]:
+def replace_parts(body: dict[str, Any], texts: Mapping[JsonPath, str], make_part: Callable[[Any, str], Any]) -> dict[str, Any]:
     """Replace each part at a path of `texts` with make_part(old_part, text)."""
     edits = {path: (lambda old, text=text: make_part(old, text)) for path, text in texts.items()}
     return rebuild(body, edits)
 
 
-def replace_images(
-    body: dict[str, Any], images: Mapping[JsonPath, tuple[str, str]], make_part: Callable[[Any, str, str], Any]
-) -> dict[str, Any]:
+def replace_images(body: dict[str, Any], images: Mapping[JsonPath, tuple[str, str]], make_part: Callable[[Any, str, str], Any]) -> dict[str, Any]:
     """Replace each part at a path of `images` with make_part(old_part, base64, mime)."""
     edits = {path: (lambda old, new=new: make_part(old, *new)) for path, new in images.items()}
     return rebuild(body, edits)

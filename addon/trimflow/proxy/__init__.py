@@ -31,5 +31,16 @@ def make_addons() -> list[object]:
 addons = make_addons()
 
 __all__ = [
-    "FLUSH_DELAY", "META", "FlowState", "Flows", "Keys", "Memory", "Metrics", "Options", "Prune", "Simulate", "addons", "make_addons",
+    "FLUSH_DELAY",
+    "META",
+    "FlowState",
+    "Flows",
+    "Keys",
+    "Memory",
+    "Metrics",
+    "Options",
+    "Prune",
+    "Simulate",
+    "addons",
+    "make_addons",
 ]

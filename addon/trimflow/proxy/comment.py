@@ -16,8 +16,11 @@ def flow_comment(record: Record) -> str:
     if record.conversation is not None:
         rest.append(f"conv {record.conversation} {record.place}")
     done = (
-        (record.thinned, "thinned"), (record.shrunk, "shrunk"), (record.deduplicated, "repeated"),
-        (record.pruned_for_image_limit, "too big"), (record.mime_mismatches, "mime mismatch"),
+        (record.thinned, "thinned"),
+        (record.shrunk, "shrunk"),
+        (record.deduplicated, "repeated"),
+        (record.pruned_for_image_limit, "too big"),
+        (record.mime_mismatches, "mime mismatch"),
     )
     rest.extend(f"{n} {what}" for n, what in done if n)
     rest.append(f"~{_thousands(record.est_tokens_before)}->{_thousands(record.est_tokens_after)} tok")

@@ -20,7 +20,9 @@ class Memory:
 
     def load(self, loader) -> None:
         loader.add_option(
-            "trimflow_keep_memory", bool, True,
+            "trimflow_keep_memory",
+            bool,
+            True,
             f"On Linux with glibc, keep up to {format_size(TRIM_THRESHOLD)} of freed memory in this process instead of "
             "returning it after each request: a pruned body otherwise makes glibc give the heap back and fault it in "
             "again while the next body is read (~2 ms per 16 MB request). Affects the whole process; turning it off takes a restart.",

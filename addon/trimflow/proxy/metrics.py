@@ -39,7 +39,9 @@ class Metrics:
 
     def load(self, loader) -> None:
         loader.add_option(
-            "trimflow_metrics", str, "",
+            "trimflow_metrics",
+            str,
+            "",
             "Append one JSON line per finished LLM request to this file (sizes and counts only). Empty: off.",
         )
 

@@ -113,8 +113,8 @@ def _looks_like_ours(name: str) -> bool:
 
 
 def unknown_option(name: str, known: list[str]) -> str:
-    suffix = name[len(PREFIX):].lower().replace("-", "_")
-    match = closest(suffix, [option[len(PREFIX):] for option in known])
+    suffix = name[len(PREFIX) :].lower().replace("-", "_")
+    match = closest(suffix, [option[len(PREFIX) :] for option in known])
     hint = f"; did you mean {PREFIX + match}?" if match else f" (trimflow's options: {', '.join(known)})"
     return f"unknown option {name}{hint}"
 

@@ -36,17 +36,23 @@ class Prune:
 
     def load(self, loader) -> None:
         loader.add_option(
-            "trimflow_rules", str, str(DEFAULT_RULES_PATH),
+            "trimflow_rules",
+            str,
+            str(DEFAULT_RULES_PATH),
             "YAML rules file: which endpoints are LLM APIs and the image and size limits per host and model. "
             "Reloaded when edited; an invalid edit keeps the last good rules.",
         )
         loader.add_option(
-            "trimflow_mode", str, ENFORCE,
+            "trimflow_mode",
+            str,
+            ENFORCE,
             "enforce: prune and forward. observe: measure and log what enforce would do, forward untouched.",
             choices=MODES,
         )
         loader.add_option(
-            DECODE_OPTION, str, format_size(DEFAULT_MAX_DECODED_BYTES),
+            DECODE_OPTION,
+            str,
+            format_size(DEFAULT_MAX_DECODED_BYTES),
             "Largest decoded size of a compressed LLM request body; a body that would inflate further "
             "(a gzip bomb) is forwarded untouched and never inflated in memory. Bytes or k/m/g (binary).",
         )
@@ -161,7 +167,8 @@ class Prune:
             log.warning(
                 "trimflow: an LLM request to %s was streamed by mitmproxy (stream_large_bodies=%s) and went upstream "
                 "unpruned; set stream_large_bodies above your largest LLM request",
-                host, ctx.options.stream_large_bodies,
+                host,
+                ctx.options.stream_large_bodies,
             )
 
     async def websocket_message(self, flow: http.HTTPFlow) -> None:

@@ -30,12 +30,16 @@ class Simulate:
 
     def load(self, loader) -> None:
         loader.add_option(
-            "trimflow_simulate", str, OFF,
+            "trimflow_simulate",
+            str,
+            OFF,
             "Name of a limit profile (see trimflow_profiles) to play the provider: a request that would be forwarded "
             "breaking it gets that provider's error answer instead, and its record says simulated. off: forward all.",
         )
         loader.add_option(
-            "trimflow_profiles", str, str(DEFAULT_PROFILES_PATH),
+            "trimflow_profiles",
+            str,
+            str(DEFAULT_PROFILES_PATH),
             "YAML file of limit profiles for trimflow_simulate; checked when given, used when trimflow_simulate is not off.",
         )
 

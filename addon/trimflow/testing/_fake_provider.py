@@ -166,12 +166,10 @@ class Route:
 
 # Endpoints that exist but that this fake does not speak: path ending -> why (answered 501).
 UNSUPPORTED = {
-    "/converse-stream": "converse-stream answers in AWS binary event-stream, which fake-provider does not implement; "
-    "use /converse",
+    "/converse-stream": "converse-stream answers in AWS binary event-stream, which fake-provider does not implement; use /converse",
     "/invoke-with-response-stream": "invoke-with-response-stream answers in AWS binary event-stream, which "
     "fake-provider does not implement; use /invoke",
-    "/responses/compact": "responses/compact answers a compacted conversation, which fake-provider does not "
-    "implement; use /responses",
+    "/responses/compact": "responses/compact answers a compacted conversation, which fake-provider does not implement; use /responses",
 }
 # Paths whose answer is JSON whatever the body says: these APIs stream on a sibling path instead.
 _NEVER_STREAMED = (":generateContent", "/converse", "/invoke")
@@ -269,9 +267,7 @@ def _responses_message(item_id: str, text: str, status: str) -> dict[str, Any]:
     return {"id": item_id, "type": "message", "status": status, "role": "assistant", "content": content}
 
 
-def _responses_object(
-    rid: str, request_json: dict[str, Any], model: str, status: str, output: list[Any], usage: Usage | None
-) -> dict[str, Any]:
+def _responses_object(rid: str, request_json: dict[str, Any], model: str, status: str, output: list[Any], usage: Usage | None) -> dict[str, Any]:
     return {
         "id": rid,
         "object": "response",
@@ -300,9 +296,7 @@ def _responses_object(
     }
 
 
-def _anthropic_message(
-    mid: str, model: str, content: list[Any], stop: str | None, usage: dict[str, Any]
-) -> dict[str, Any]:
+def _anthropic_message(mid: str, model: str, content: list[Any], stop: str | None, usage: dict[str, Any]) -> dict[str, Any]:
     return {
         "id": mid,
         "type": "message",
@@ -408,9 +402,7 @@ def _sse(data: dict[str, Any], event: str | None = None) -> bytes:
     return head + b"data: " + orjson.dumps(data) + b"\n\n"
 
 
-def iter_stream_events(
-    r: Route, request_json: dict[str, Any], usage: Usage, *, sse: bool = True
-) -> Iterator[bytes]:
+def iter_stream_events(r: Route, request_json: dict[str, Any], usage: Usage, *, sse: bool = True) -> Iterator[bytes]:
     """The streamed answer as wire frames, one event each: SSE events, NDJSON lines or Google JSON-array items.
 
     ``sse`` only matters for Gemini (``?alt=sse``); every other streaming format has a single framing.
@@ -884,15 +876,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--event-delay-ms", type=float, default=0.0, help="pause between streamed events")
     parser.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM)")
     parser.add_argument("--tls-key", help="the certificate's private key (PEM)")
-    parser.add_argument("--profile", help="refuse requests that break this limit profile, with the provider's own "
-                        "status, content type and text (names: rules/profiles.yaml)")
+    parser.add_argument(
+        "--profile",
+        help="refuse requests that break this limit profile, with the provider's own status, content type and text (names: rules/profiles.yaml)",
+    )
     parser.add_argument("--profiles", default=str(DEFAULT_PROFILES_PATH), help="the profiles file (default: %(default)s)")
     args = parser.parse_args(argv)
 
     if not is_loopback(args.host):
         print(
-            f"fake-provider: refusing to listen on {args.host!r}: only loopback hosts "
-            "(127.0.0.1, ::1, localhost) are allowed",
+            f"fake-provider: refusing to listen on {args.host!r}: only loopback hosts (127.0.0.1, ::1, localhost) are allowed",
             file=sys.stderr,
         )
         return 2

@@ -32,8 +32,10 @@ from ._synthetic import MIME, PATHS, b64, screenshot, session_body
 _MARKER_SHOT = b"trimflow replay screenshot"
 _MARKER = b64(_MARKER_SHOT).encode()
 _SYSTEM = b'"You are a desktop assistant."'  # the system prompt of every synthetic session
-_TOOL_TEXT = ("Tool computer(action, x, y, text): click, double_click, type or scroll at pixel x, y of the "
-              "current screen; returns a screenshot of the screen afterwards. ")
+_TOOL_TEXT = (
+    "Tool computer(action, x, y, text): click, double_click, type or scroll at pixel x, y of the "
+    "current screen; returns a screenshot of the screen afterwards. "
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,8 +64,7 @@ def request_path(wire_format: str, model: str | None = None) -> str:
 class Session:
     """The bodies of one synthetic screenshot session: turn N re-sends turns 1..N, one image each."""
 
-    def __init__(self, wire_format: str, image_kb: int, *, image_format: str = "WEBP", model: str | None = None,
-                 system_kb: int = 0) -> None:
+    def __init__(self, wire_format: str, image_kb: int, *, image_format: str = "WEBP", model: str | None = None, system_kb: int = 0) -> None:
         self.wire_format, self.image_kb, self.image_format, self.model = wire_format, image_kb, image_format, model
         self.mime = MIME[image_format]
         self.system = orjson.dumps(_system_text(system_kb)) if system_kb > 0 else None
@@ -97,8 +98,7 @@ def _system_text(kilobytes: int) -> str:
     return (text + _TOOL_TEXT * (target // len(_TOOL_TEXT) + 1))[:target]
 
 
-def replay(base_url: str, session: Session, turns: int, *, path: str | None = None,
-           timeout: float = 300.0) -> Iterator[Row]:
+def replay(base_url: str, session: Session, turns: int, *, path: str | None = None, timeout: float = 300.0) -> Iterator[Row]:
     """Send turns 1..`turns` of `session` to `base_url` + `path`; one Row per turn, failures included."""
     url = urlsplit(base_url)
     if url.scheme not in ("http", "https") or not url.hostname:
@@ -166,8 +166,7 @@ def _table_header() -> str:
 def _table_row(row: Row) -> str:
     status = "-" if row.status is None else str(row.status)
     upstream = "-" if row.upstream_bytes is None else f"{row.upstream_bytes:,}"
-    return (f"{row.turn:>4}  {row.sent_bytes:>12,}  {row.images:>6}  {status:>6}  {upstream:>14}  "
-            f"{'ok' if row.ok else row.error or ''}").rstrip()
+    return (f"{row.turn:>4}  {row.sent_bytes:>12,}  {row.images:>6}  {status:>6}  {upstream:>14}  {'ok' if row.ok else row.error or ''}").rstrip()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -186,9 +185,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", help="model name (in the body, or in the URL for gemini and bedrock-converse)")
     parser.add_argument("--path", help="request path instead of the format's usual one, e.g. /v2/chat/completions")
     parser.add_argument("--image-format", default="WEBP", choices=sorted(MIME), help="screenshot encoding (default WEBP)")
-    parser.add_argument("--system-kb", type=int, default=0,
-                        help="pad the system prompt to this many KB, standing in for an agent's instructions and tool "
-                        "definitions (default 0: a one-line prompt)")
+    parser.add_argument(
+        "--system-kb",
+        type=int,
+        default=0,
+        help="pad the system prompt to this many KB, standing in for an agent's instructions and tool definitions (default 0: a one-line prompt)",
+    )
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for each answer (default 300)")
     parser.add_argument("--json", action="store_true", help="print the rows as one JSON array instead of a table")
     args = parser.parse_args(argv)
@@ -199,11 +201,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--system-kb must not be negative")
 
     base_url = args.proxy or args.target
-    session = Session(args.format, args.image_kb, image_format=args.image_format, model=args.model,
-                      system_kb=args.system_kb)
+    session = Session(args.format, args.image_kb, image_format=args.image_format, model=args.model, system_kb=args.system_kb)
     via = "via proxy" if args.proxy else "direct to"
-    print(f"replay: {args.turns} turns of {args.format}, one ~{args.image_kb} KB {args.image_format} screenshot per "
-          f"turn, {via} {base_url}", file=sys.stderr, flush=True)
+    print(
+        f"replay: {args.turns} turns of {args.format}, one ~{args.image_kb} KB {args.image_format} screenshot per turn, {via} {base_url}",
+        file=sys.stderr,
+        flush=True,
+    )
     rows: list[Row] = []
     started = time.monotonic()
     try:
@@ -224,8 +228,10 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.monotonic() - started
     if failed:
         first = failed[0]
-        print(f"replay: first failure at turn {first.turn} ({first.status or 'no answer'}); "
-              f"{len(failed)} of {len(rows)} turns failed; {elapsed:.1f}s", file=sys.stderr)
+        print(
+            f"replay: first failure at turn {first.turn} ({first.status or 'no answer'}); {len(failed)} of {len(rows)} turns failed; {elapsed:.1f}s",
+            file=sys.stderr,
+        )
     else:
         print(f"replay: no failure in {len(rows)} turns; {elapsed:.1f}s", file=sys.stderr)
     return 1 if failed or len(rows) < args.turns else 0
