@@ -1,10 +1,12 @@
-"""Images shared by the tests of the engine, the policy and _shrink (each made once per run, some take
-seconds), and fixtures that watch _shrink's cache and encoder."""
+"""The suite's own environment; images shared by the tests of the engine, the policy and _shrink (each made
+once per run, some take seconds), and fixtures that watch _shrink's cache and encoder."""
 
 from __future__ import annotations
 
 import io
 import random
+import signal
+from collections.abc import Iterator
 
 import pytest
 from PIL import Image
@@ -13,6 +15,31 @@ from trimflow import _shrink
 from trimflow.testing import b64, image
 
 FIVE_MB = 5 * 2**20  # Anthropic's limit on one image
+
+PROXY_VARIABLES = tuple(name for base in ("http_proxy", "https_proxy", "all_proxy", "no_proxy") for name in (base, base.upper()))
+CA_VARIABLES = ("SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_user_environment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The suite runs alike whatever the user's shell exports: no proxy or CA variable of theirs reaches a
+    client or a process a test starts, and HOME is an empty folder (mitmdump runs without a confdir write
+    ~/.mitmproxy there, and no ~/.mitmproxy/config.yaml of theirs applies). A test that means a proxy gives
+    it to its client (tests/e2e/helpers.py), which test_proxy_forward checks with these variables set.
+
+    Run in the background (nohup, `&` in a script) the shell hands down SIGINT ignored, and so would every
+    process a test starts: the tests that stop one with ctrl-C's signal need it back to the default."""
+    interrupt = signal.getsignal(signal.SIGINT)
+    if interrupt is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a child starts with SIGINT at its default
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            for name in PROXY_VARIABLES + CA_VARIABLES:
+                mp.delenv(name, raising=False)
+            mp.setenv("HOME", str(tmp_path_factory.mktemp("home")))
+            yield
+    finally:
+        signal.signal(signal.SIGINT, interrupt)
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,6 @@
 """Helpers of the end-to-end tests: real mitmdump processes with the addon, screenshot sessions whose images
-are all different (so "the newest images were kept" is checkable), one turn through each SDK, raw HTTP.
+are all different (so "the newest images were kept" is checkable), the SDKs' HTTP clients, one turn through
+each SDK, raw HTTP.
 
 Processes are shared per module or session: each mitmdump start costs about a second.
 """
@@ -19,6 +20,11 @@ from typing import Any
 
 import orjson
 import pytest
+
+try:  # openai 3, anthropic 2 and google-genai 3 run on httpx2; their releases for older setups on httpx
+    import httpx2 as httpx
+except ImportError:
+    import httpx
 
 from trimflow import FORMATS
 from trimflow.testing import FakeProvider, Received, b64, image, session_body
@@ -96,6 +102,31 @@ def assert_record(record: dict[str, Any], wire_format: str, before: int, after: 
     assert record["status"] == 200
     assert record["reason"] is None
     assert usage is not None and record["usage_input_tokens"] == usage
+
+
+# --- the SDKs' HTTP clients: where they connect is said here, never left to the environment -----------------
+# trust_env=False: HTTP(S)_PROXY, ALL_PROXY, NO_PROXY and SSL_CERT_FILE are ignored. The SDKs' own default clients
+# read the proxy variables whatever they are given (anthropic's mounts NO_PROXY's hosts as direct, beating proxy=).
+
+
+def direct_http_client() -> httpx.Client:
+    """For an SDK that talks to its base_url itself (the reverse proxy, the fake provider): never via a proxy."""
+    return httpx.Client(trust_env=False, timeout=30)
+
+
+def proxied_http_client(proxy_url: str, verify: ssl.SSLContext) -> httpx.Client:
+    """For an SDK that goes through the proxy under test at `proxy_url`, trusting `verify` alone."""
+    return httpx.Client(proxy=proxy_url, verify=verify, trust_env=False, timeout=30)
+
+
+def genai_client_args(proxy_url: str | None = None, verify: ssl.SSLContext | None = None) -> dict[str, Any]:
+    """google-genai's client_args (handed to its httpx client): direct, or through `proxy_url` trusting `verify`."""
+    args: dict[str, Any] = {"trust_env": False}
+    if proxy_url is not None:
+        args["proxy"] = proxy_url
+    if verify is not None:
+        args["verify"] = verify
+    return args
 
 
 # --- one turn through each SDK: (reply text, prompt tokens the SDK saw) -------------------------------------

@@ -27,10 +27,12 @@ from .helpers import (
     anthropic_turn,
     assert_pruned_upstream,
     assert_record,
+    genai_client_args,
     open_connection,
     openai_chat_turn,
     openai_responses_turn,
     post,
+    proxied_http_client,
     session,
     shots,
     start_all,
@@ -83,15 +85,15 @@ def trust_mitmproxy(proxy: Proxy) -> ssl.SSLContext:
 
 @pytest.fixture(scope="module")
 def openai_client(proxy: Proxy, upstream: FakeProvider, trust_mitmproxy: ssl.SSLContext) -> Iterator[openai.OpenAI]:
-    # openai 3.x runs on httpx2, where verify takes an SSLContext (a path string is deprecated).
-    http_client = openai.DefaultHttpxClient(proxy=proxy.url, verify=trust_mitmproxy)
+    # Through the proxy under test whatever NO_PROXY says; verify takes an SSLContext (httpx2 deprecates a path).
+    http_client = proxied_http_client(proxy.url, trust_mitmproxy)
     with openai.OpenAI(api_key=OPENAI_KEY, base_url=f"{upstream.url}/v1", http_client=http_client, max_retries=0, timeout=30) as client:
         yield client
 
 
 @pytest.fixture(scope="module")
 def anthropic_client(proxy: Proxy, upstream: FakeProvider, trust_mitmproxy: ssl.SSLContext) -> Iterator[anthropic.Anthropic]:
-    http_client = anthropic.DefaultHttpxClient(proxy=proxy.url, verify=trust_mitmproxy)
+    http_client = proxied_http_client(proxy.url, trust_mitmproxy)
     with anthropic.Anthropic(api_key=ANTHROPIC_KEY, base_url=upstream.url, http_client=http_client, max_retries=0, timeout=30) as client:
         yield client
 
@@ -132,7 +134,7 @@ def test_anthropic_messages(proxy: Proxy, fresh: FakeProvider, anthropic_client:
 
 def test_google_genai_stream(proxy: Proxy, fresh: FakeProvider, upstream: FakeProvider, trust_mitmproxy: ssl.SSLContext) -> None:
     # google-genai passes client_args to its httpx2 client.
-    options = types.HttpOptions(base_url=upstream.url, timeout=30_000, client_args={"proxy": proxy.url, "verify": trust_mitmproxy})
+    options = types.HttpOptions(base_url=upstream.url, timeout=30_000, client_args=genai_client_args(proxy.url, trust_mitmproxy))
     with genai.Client(api_key=GOOGLE_KEY, http_options=options) as client:
         screens = [types.Part.from_bytes(data=shot, mime_type="image/png") for shot in shots(MAX_IMAGES + 1, seed=24)]
         contents = [types.Content(role="user", parts=[types.Part.from_text(text="What is on my screen?"), *screens])]
@@ -143,6 +145,40 @@ def test_google_genai_stream(proxy: Proxy, fresh: FakeProvider, upstream: FakePr
     assert (new[0]["format"], new[0]["status"]) == ("gemini", 200)
     assert (new[0]["images_before"], new[0]["images_after"]) == (MAX_IMAGES + 1, MAX_IMAGES)
     assert new[0]["usage_input_tokens"] == chunks[-1].usage_metadata.prompt_token_count
+
+
+def test_clients_told_their_proxy_go_through_it_whatever_the_environment_says(
+    proxy: Proxy, fresh: FakeProvider, upstream: FakeProvider, trust_mitmproxy: ssl.SSLContext, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """The suite clears the user's proxy and CA variables (tests/conftest.py); this is why that hides nothing: with a
+    dead proxy in every variable and NO_PROXY naming the upstream, each SDK's client still goes through the proxy
+    under test, and the httpx clients trust its CA whatever SSL_CERT_FILE says."""
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+        monkeypatch.setenv(name, "http://127.0.0.1:9")  # the discard port: nothing listens
+        monkeypatch.setenv(name.lower(), "http://127.0.0.1:9")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "missing-ca.pem"))
+    images = shots(MAX_IMAGES + 1, seed=27)
+    options = types.HttpOptions(base_url=upstream.url, timeout=30_000, client_args=genai_client_args(proxy.url, trust_mitmproxy))
+    with proxy.expect_records(3) as new:
+        http_client = proxied_http_client(proxy.url, trust_mitmproxy)
+        with anthropic.Anthropic(api_key=ANTHROPIC_KEY, base_url=upstream.url, http_client=http_client, max_retries=0, timeout=30) as client:
+            assert anthropic_turn(client, session("anthropic", images, model=CLAUDE), stream=False)[0] == REPLY_TEXT
+        http_client = proxied_http_client(proxy.url, trust_mitmproxy)
+        with openai.OpenAI(api_key=OPENAI_KEY, base_url=f"{upstream.url}/v1", http_client=http_client, max_retries=0, timeout=30) as client:
+            assert openai_chat_turn(client, session("openai-chat", images), stream=False)[0] == REPLY_TEXT
+        # google-genai reads SSL_CERT_FILE for its websocket context whatever it is given: only the guard keeps a user's out.
+        monkeypatch.delenv("SSL_CERT_FILE")
+        with genai.Client(api_key=GOOGLE_KEY, http_options=options) as client:
+            screens = [types.Part.from_bytes(data=shot, mime_type="image/png") for shot in images]
+            reply = client.models.generate_content(model="gemini-2.5-flash", contents=[types.Content(role="user", parts=screens)])
+            assert reply.text == REPLY_TEXT
+    assert len(fresh.received) == 3
+    assert sorted((r["format"], r["images_before"], r["images_after"]) for r in new) == [
+        ("anthropic", MAX_IMAGES + 1, MAX_IMAGES), ("gemini", MAX_IMAGES + 1, MAX_IMAGES), ("openai-chat", MAX_IMAGES + 1, MAX_IMAGES),
+    ]
 
 
 def test_sse_events_arrive_one_by_one_through_the_tls_tunnel(

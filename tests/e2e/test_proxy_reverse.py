@@ -34,6 +34,8 @@ from .helpers import (
     anthropic_turn,
     assert_pruned_upstream,
     assert_record,
+    direct_http_client,
+    genai_client_args,
     image_payloads,
     openai_chat_turn,
     openai_responses_turn,
@@ -89,20 +91,21 @@ def proxy(proxies: dict) -> Proxy:
 @pytest.fixture(scope="module")
 def openai_client(proxy: Proxy) -> Iterator[openai.OpenAI]:
     # No retries: a retried request would be a second upstream request and a second record.
-    with openai.OpenAI(api_key=OPENAI_KEY, base_url=f"{proxy.url}/v1", max_retries=0, timeout=30) as client:
+    with openai.OpenAI(api_key=OPENAI_KEY, base_url=f"{proxy.url}/v1", http_client=direct_http_client(), max_retries=0, timeout=30) as client:
         yield client
 
 
 @pytest.fixture(scope="module")
 def anthropic_client(proxy: Proxy) -> Iterator[anthropic.Anthropic]:
-    with anthropic.Anthropic(api_key=ANTHROPIC_KEY, base_url=proxy.url, max_retries=0, timeout=30) as client:
+    with anthropic.Anthropic(api_key=ANTHROPIC_KEY, base_url=proxy.url, http_client=direct_http_client(), max_retries=0, timeout=30) as client:
         yield client
 
 
 @pytest.fixture(scope="module")
 def genai_client(proxy: Proxy) -> Iterator[genai.Client]:
     # Held by the fixture while the tests use it: a collected genai.Client closes its HTTP client.
-    with genai.Client(api_key=GOOGLE_KEY, http_options=types.HttpOptions(base_url=proxy.url, timeout=30_000)) as client:
+    options = types.HttpOptions(base_url=proxy.url, timeout=30_000, client_args=genai_client_args())
+    with genai.Client(api_key=GOOGLE_KEY, http_options=options) as client:
         yield client
 
 
@@ -376,7 +379,7 @@ def _large_request(proxy: Proxy, seed: int) -> tuple[list[bytes], list]:
     images = shots(4, seed=seed, width=128, height=96)  # ~37 KB each: a ~200 KB body, far over 1k
     body = session("openai-chat", images)
     assert len(orjson.dumps(body)) > 190_000
-    with openai.OpenAI(api_key=OPENAI_KEY, base_url=f"{proxy.url}/v1", max_retries=0, timeout=30) as client:
+    with openai.OpenAI(api_key=OPENAI_KEY, base_url=f"{proxy.url}/v1", http_client=direct_http_client(), max_retries=0, timeout=30) as client:
         chunks = list(client.chat.completions.create(
             model=body["model"], messages=body["messages"], stream=True, stream_options={"include_usage": True}))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == REPLY_TEXT
