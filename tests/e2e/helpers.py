@@ -134,8 +134,9 @@ def genai_client_args(proxy_url: str | None = None, verify: ssl.SSLContext | Non
 
 def openai_chat_turn(client: Any, body: dict[str, Any], stream: bool) -> tuple[str, int]:
     if stream:
-        chunks = list(client.chat.completions.create(
-            model=body["model"], messages=body["messages"], stream=True, stream_options={"include_usage": True}))
+        chunks = list(
+            client.chat.completions.create(model=body["model"], messages=body["messages"], stream=True, stream_options={"include_usage": True})
+        )
         return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), chunks[-1].usage.prompt_tokens
     reply = client.chat.completions.create(model=body["model"], messages=body["messages"])
     return reply.choices[0].message.content, reply.usage.prompt_tokens

@@ -69,8 +69,7 @@ def fresh(upstream: FakeProvider) -> FakeProvider:
 def proxy(tmp_path_factory: pytest.TempPathFactory, certs: Path, upstream: FakeProvider) -> Iterator[Proxy]:
     workdir = tmp_path_factory.mktemp("forward")
     # Regular mode: no --mode argument. mitmdump trusts exactly the upstream's own certificate.
-    p = Proxy(workdir, rules=write_rules(workdir / "rules.yaml", MAX_IMAGES),
-              ssl_verify_upstream_trusted_ca=str(certs / "upstream-cert.pem"))
+    p = Proxy(workdir, rules=write_rules(workdir / "rules.yaml", MAX_IMAGES), ssl_verify_upstream_trusted_ca=str(certs / "upstream-cert.pem"))
     start_all(p.mitm)
     yield p
     stop_all(p.mitm)
@@ -148,7 +147,11 @@ def test_google_genai_stream(proxy: Proxy, fresh: FakeProvider, upstream: FakePr
 
 
 def test_clients_told_their_proxy_go_through_it_whatever_the_environment_says(
-    proxy: Proxy, fresh: FakeProvider, upstream: FakeProvider, trust_mitmproxy: ssl.SSLContext, monkeypatch: pytest.MonkeyPatch,
+    proxy: Proxy,
+    fresh: FakeProvider,
+    upstream: FakeProvider,
+    trust_mitmproxy: ssl.SSLContext,
+    monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
 ) -> None:
     """The suite clears the user's proxy and CA variables (tests/conftest.py); this is why that hides nothing: with a
@@ -177,13 +180,13 @@ def test_clients_told_their_proxy_go_through_it_whatever_the_environment_says(
             assert reply.text == REPLY_TEXT
     assert len(fresh.received) == 3
     assert sorted((r["format"], r["images_before"], r["images_after"]) for r in new) == [
-        ("anthropic", MAX_IMAGES + 1, MAX_IMAGES), ("gemini", MAX_IMAGES + 1, MAX_IMAGES), ("openai-chat", MAX_IMAGES + 1, MAX_IMAGES),
+        ("anthropic", MAX_IMAGES + 1, MAX_IMAGES),
+        ("gemini", MAX_IMAGES + 1, MAX_IMAGES),
+        ("openai-chat", MAX_IMAGES + 1, MAX_IMAGES),
     ]
 
 
-def test_sse_events_arrive_one_by_one_through_the_tls_tunnel(
-    proxy: Proxy, fresh: FakeProvider, trust_mitmproxy: ssl.SSLContext
-) -> None:
+def test_sse_events_arrive_one_by_one_through_the_tls_tunnel(proxy: Proxy, fresh: FakeProvider, trust_mitmproxy: ssl.SSLContext) -> None:
     body = {**session("anthropic", shots(3, seed=25), model=CLAUDE), "stream": True}
     arrivals: list[float] = []
     fresh.event_delay = 0.3
@@ -209,8 +212,13 @@ def test_mitmproxy_verifies_the_upstream_certificate(proxy: Proxy, certs: Path, 
     """An upstream with a certificate mitmdump was not told to trust is refused: TLS is checked on both legs."""
     cert, key = make_server_cert(certs, "stranger")
     with FakeProvider(certfile=str(cert), keyfile=str(key)) as stranger:
-        status, answer = post(proxy.port, "/v1/chat/completions", orjson.dumps(session("openai-chat", shots(1, seed=26))),
-                              tunnel=(stranger.host, stranger.port), context=trust_mitmproxy)
+        status, answer = post(
+            proxy.port,
+            "/v1/chat/completions",
+            orjson.dumps(session("openai-chat", shots(1, seed=26))),
+            tunnel=(stranger.host, stranger.port),
+            context=trust_mitmproxy,
+        )
         assert stranger.received == []
     assert status == 502
     assert b"certificate" in answer.lower()

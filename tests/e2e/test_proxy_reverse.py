@@ -123,8 +123,10 @@ def genai_contents(images: list[bytes]) -> list[types.Content]:
     """The session of trimflow._synthetic built with the SDK's own types, as a google-genai app does."""
     contents = []
     for turn, shot in enumerate(images, 1):
-        parts = [types.Part.from_text(text=f"Turn {turn}: here is my screen. What should I click next?"),
-                 types.Part.from_bytes(data=shot, mime_type="image/png")]
+        parts = [
+            types.Part.from_text(text=f"Turn {turn}: here is my screen. What should I click next?"),
+            types.Part.from_bytes(data=shot, mime_type="image/png"),
+        ]
         contents.append(types.Content(role="user", parts=parts))
         if turn < len(images):
             contents.append(types.Content(role="model", parts=[types.Part.from_text(text=f"On turn {turn} I see the settings page; click Save.")]))
@@ -237,8 +239,9 @@ def test_sse_events_arrive_one_by_one(proxy: Proxy, fresh: FakeProvider) -> None
     try:
         with proxy.expect_records(1) as new:
             conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=30)
-            conn.request("POST", "/v1/chat/completions", orjson.dumps(body),
-                         {"Content-Type": "application/json", "Authorization": f"Bearer {OPENAI_KEY}"})
+            conn.request(
+                "POST", "/v1/chat/completions", orjson.dumps(body), {"Content-Type": "application/json", "Authorization": f"Bearer {OPENAI_KEY}"}
+            )
             response = conn.getresponse()
             assert response.headers["content-type"].startswith("text/event-stream")
             while line := response.readline():
@@ -380,8 +383,9 @@ def _large_request(proxy: Proxy, seed: int) -> tuple[list[bytes], list]:
     body = session("openai-chat", images)
     assert len(orjson.dumps(body)) > 190_000
     with openai.OpenAI(api_key=OPENAI_KEY, base_url=f"{proxy.url}/v1", http_client=direct_http_client(), max_retries=0, timeout=30) as client:
-        chunks = list(client.chat.completions.create(
-            model=body["model"], messages=body["messages"], stream=True, stream_options={"include_usage": True}))
+        chunks = list(
+            client.chat.completions.create(model=body["model"], messages=body["messages"], stream=True, stream_options={"include_usage": True})
+        )
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == REPLY_TEXT
     return images, chunks
 
