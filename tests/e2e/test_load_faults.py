@@ -208,10 +208,15 @@ class RawUpstream:
         self.sock.listen(64)
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        threading.Thread(target=self._accept, daemon=True).start()
+        self.acceptor = threading.Thread(target=self._accept, daemon=True)
+        self.acceptor.start()
 
     def close(self) -> None:
         self.release.set()
+        # shutdown() wakes the accept() in _accept. A bare close() would leave it blocked on a descriptor number
+        # that the next socket opened reuses: restarted after a signal, it took a later test's connections.
+        self.sock.shutdown(socket.SHUT_RDWR)
+        self.acceptor.join(10)
         self.sock.close()
 
     def _accept(self) -> None:
