@@ -228,11 +228,11 @@ class Proxy:
             assert time.monotonic() < deadline, f"records still coming after {timeout} s"
             records = now
 
-    def records_after(self, before: int, count: int, timeout: float = 5.0) -> list[dict[str, Any]]:
+    def records_after(self, before: int, count: int, timeout: float = 30.0) -> list[dict[str, Any]]:
         """The records past the first `before`, once there are `count` of them; exactly `count`.
 
         A streamed flow's record is written when the stream ends, just after the client saw its last
-        byte, hence the wait.
+        byte, hence the wait (long: a busy machine may not run mitmdump for seconds; it ends as the records come).
         """
         deadline = time.monotonic() + timeout
         while len(self.records()) < before + count and time.monotonic() < deadline:
