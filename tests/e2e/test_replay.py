@@ -39,7 +39,7 @@ V2 = "/v2/chat/completions"  # the backend's path, which the example rules match
 BACKEND = Session("openai-chat", 500, system_kb=128)
 SCREENSHOTS_ONLY = Session("openai-chat", 500)
 # 30 turns of 500 KB screenshots is ~320 MB through the proxy and 30 images to draw: too slow for a shared
-# test machine (the README has that run, measured). 190 KB screenshots break 2 MiB at turn 8 (turn 7 is 5.6%
+# test machine (docs/reproducing.md has that run, measured). 190 KB screenshots break 2 MiB at turn 8 (turn 7 is 5.6%
 # under, turn 8 7% over); the test shows that failure directly, then the example rules prevent it for 30 turns.
 LONG_SESSION = Session("openai-chat", 190, system_kb=128)
 
