@@ -67,31 +67,21 @@ _TOP_KEYS = ("profiles",)
 
 # Values a template is tried with at load time: numbers as ints (so {body_bytes:,} is checked as it
 # will be used), and per-image fields as '?' as they are for a limit that is not about one image.
+_ONE_IMAGE_SAMPLE: Mapping[str, Any] = {
+    "limit": 100,
+    "body_bytes": 2_100_000,
+    "images": 101,
+    "documents": 1,
+    "media": 102,
+    "model": "m",
+    "image_path": "messages.0.content.2.image",
+    "image_bytes": 6_000_000,
+    "width": 9000,
+    "height": 800,
+}
 _SAMPLES: tuple[Mapping[str, Any], ...] = (
-    {
-        "limit": 100,
-        "body_bytes": 2_100_000,
-        "images": 101,
-        "documents": 1,
-        "media": 102,
-        "model": "m",
-        "image_path": "messages.0.content.2.image",
-        "image_bytes": 6_000_000,
-        "width": 9000,
-        "height": 800,
-    },
-    {
-        "limit": 100,
-        "body_bytes": 2_100_000,
-        "images": 101,
-        "documents": 1,
-        "media": 102,
-        "model": "m",
-        "image_path": "?",
-        "image_bytes": "?",
-        "width": "?",
-        "height": "?",
-    },
+    _ONE_IMAGE_SAMPLE,
+    {**_ONE_IMAGE_SAMPLE, "image_path": "?", "image_bytes": "?", "width": "?", "height": "?"},
 )
 
 
