@@ -84,10 +84,24 @@ def test_shipped_table_loads_and_every_entry_names_its_source_and_date():
         ("claude-sonnet-4-5@20250929", "claude-sonnet-4"),
         ("claude-3-5-haiku-20241022", "claude-haiku-3.5"),
         ("claude-haiku-4-5", "claude-haiku-4.5"),
+        ("claude-opus-5", "claude-opus-5"),
+        ("claude-sonnet-5[1m]", "claude-sonnet-5"),
+        ("gpt-5", "gpt-5"),
+        ("gpt-5-mini-2025-08-07", "gpt-5-mini"),
+        ("gpt-4.1-2025-04-14", "gpt-4.1"),
+        ("gpt-4.1-mini", "gpt-4.1-mini"),
+        ("gpt-4o", "gpt-4o"),
+        ("gpt-4o-mini", "gpt-4o-mini"),
     ],
 )
 def test_shipped_table_families(model, family):
     assert load_prices().for_model(model).family == family
+
+
+@pytest.mark.parametrize("model", ["claude-opus-5-5", "claude-sonnet-5-5", "gpt-5.4", "gpt-4o-2024-05-13", "o3", "gemini-2.5-pro", "llava"])
+def test_shipped_table_has_no_price_it_could_not_confirm(model):
+    # families whose figures were not found on the provider's pages stay out (rules/prices.yaml says which)
+    assert load_prices().for_model(model) is None
 
 
 def test_shipped_anthropic_rates_are_the_documented_multiples():
