@@ -505,3 +505,28 @@ def test_observe_and_enforce_give_the_same_history() -> None:
     enforce = prune_request(url, {}, body, rules_with(max_images=1))
     observe = prune_request(url, {}, body, rules_with(max_images=1), OBSERVE)
     assert enforce.history.messages == observe.history.messages
+
+
+# --- what a conversation's last turn leaves for the next (the cache-aware cut) ----------------------------------
+
+
+def test_recall_gives_the_last_turns_cut_and_how_long_ago_it_went() -> None:
+    clock = [100.0]
+    conversations = Conversations(clock=lambda: clock[0])
+    first, second = history(session("anthropic", 3), "anthropic"), history(session("anthropic", 4), "anthropic")
+    assert conversations.recall(first) is None  # nothing seen yet
+    conversations.assign(first, TURN, cut=2)
+    clock[0] = 130.0
+    recalled = conversations.recall(second)
+    assert recalled is not None and (recalled.cut, recalled.idle) == (2, 30.0)
+    assert conversations.recall(history(session("anthropic", 2), "anthropic")) is None  # a shorter history continues nothing
+    conversations.assign(second, COUNT_TOKENS, cut=9)  # a token count never moves the cut on
+    recalled = conversations.recall(second)
+    assert recalled is not None and recalled.cut == 2
+
+
+def test_recall_knows_nothing_of_a_history_the_provider_keeps() -> None:
+    conversations = Conversations()
+    body = session("openai-responses", 2)
+    conversations.assign(history(body, "openai-responses"), TURN, cut=1)
+    assert conversations.recall(history({**body, "previous_response_id": "resp_1"}, "openai-responses")) is None

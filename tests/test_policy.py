@@ -15,6 +15,7 @@ import pytest
 from PIL import Image
 
 from trimflow import _shrink, prune_request
+from trimflow._conversation import Conversations
 from trimflow._policy import LIMIT_FIELDS, Limits, count_pruned, nothing_to_change, prune_to_budgets
 from trimflow._rules import builtin_rules
 from trimflow._tokens import anthropic_image_tokens, image_tokens, text_tokens
@@ -96,6 +97,94 @@ def test_batch_pruning_moves_the_cut_every_few_turns() -> None:
     every_turn, batched = prefix_breaks(1), prefix_breaks(4)
     assert every_turn == 22  # turns 9..30 each move the cut
     assert batched == 6  # the cut moves on turns 9, 13, 17, 21, 25, 29
+
+
+# --- the cache-aware cut: low_water and cache_ttl -----------------------------------------------------------
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _drive(turns: int, gaps: dict[int, float] | None = None, fmt: str = "openai-chat", memory: bool = True, **limits) -> list[dict]:
+    """A session of `turns` turns through the engine as the proxy runs it (the conversations as memory, each turn
+    numbered with its cut), 30 s apart but for `gaps` (turn -> seconds before it). One row per turn: what went."""
+    shot, clock, rows, previous = screenshot(10), _Clock(), [], None
+    conversations = Conversations(clock=clock)
+    rules = rules_with(**limits)
+    for turn in range(1, turns + 1):
+        clock.now += (gaps or {}).get(turn, 30.0)
+        body = encode(session_body(fmt, turn, shot))
+        outcome = prune_request(url_for(fmt), {}, body, rules, memory=conversations if memory else None)
+        record = outcome.record
+        assert record is not None
+        if memory:
+            conversations.assign(outcome.history, record.kind, outcome.cut)
+        messages = [orjson.dumps(m) for m in orjson.loads(outcome.body)["messages"]]
+        broke = previous is not None and messages[: len(previous)] != previous
+        previous = messages
+        causes = (record.pruned_for_count, record.pruned_for_body, record.pruned_for_tokens, record.pruned_for_cache)
+        assert sum(causes) == record.pruned  # each pruned image has one cause
+        rows.append({"sent": record.images_after, "broke": broke, "cache": record.pruned_for_cache, "count": record.pruned_for_count})
+    return rows
+
+
+def test_low_water_cuts_to_the_mark_and_holds_the_cut_until_the_cap_breaks_again() -> None:
+    rows = _drive(30, max_images=8, low_water=0.5)
+    assert [r["sent"] for r in rows] == [1, 2, 3, 4, 5, 6, 7, 8] + [4, 5, 6, 7, 8] * 4 + [4, 5]
+    assert [turn for turn, r in enumerate(rows, 1) if r["broke"]] == [9, 14, 19, 24, 29]  # one break in five turns
+    # Turn 9: one image for the cap, four more for the cache; turn 10 holds five, of which the cap needs two.
+    assert (rows[8]["count"], rows[8]["cache"]) == (1, 4)
+    assert (rows[9]["count"], rows[9]["cache"]) == (2, 3)
+
+
+def test_low_water_moves_the_cut_as_often_as_rolling_would_without_a_memory() -> None:
+    """Each request on its own (the command-line prune): cut to the mark whenever over the cap."""
+    rows = _drive(12, memory=False, max_images=8, low_water=0.5)
+    assert [r["sent"] for r in rows] == [1, 2, 3, 4, 5, 6, 7, 8, 4, 4, 4, 4]
+
+
+def test_a_cold_cache_is_cut_to_the_mark_at_once_and_the_next_turns_hold_it() -> None:
+    rows = _drive(16, gaps={12: 600.0}, max_images=8, low_water=0.5, cache_ttl=300)
+    assert [r["sent"] for r in rows] == [1, 2, 3, 4, 5, 6, 7, 8, 4, 5, 6, 4, 5, 6, 7, 8]
+    assert [turn for turn, r in enumerate(rows, 1) if r["broke"]] == [9, 12]
+    warm = _drive(16, gaps={12: 200.0}, max_images=8, low_water=0.5, cache_ttl=300)
+    assert [r["sent"] for r in warm][11] == 7  # within the TTL: the cut holds
+
+
+def test_a_cold_cache_under_the_mark_changes_nothing() -> None:
+    rows = _drive(4, gaps={3: 3600.0}, max_images=8, low_water=0.5, cache_ttl=300)
+    assert [r["sent"] for r in rows] == [1, 2, 3, 4] and not any(r["broke"] for r in rows)
+
+
+def test_the_held_cut_never_takes_the_newest_images() -> None:
+    """A conversation whose next turn sends fewer new images than the held cut covers still keeps keep_recent."""
+    rows = _drive(12, max_images=2, keep_recent=2, low_water=0.5)
+    assert all(r["sent"] >= 2 for r in rows[1:])
+
+
+def test_low_water_holds_a_body_budget_cut_too() -> None:
+    shot = screenshot(10)
+    sizes = [len(encode(session_body("openai-chat", n, shot))) for n in range(1, 21)]
+    rows = _drive(20, max_images=None, max_body_bytes=sizes[9], low_water=0.5)
+    assert all(r["sent"] <= 10 for r in rows)
+    breaks = [turn for turn, r in enumerate(rows, 1) if r["broke"]]
+    assert breaks and breaks[0] == 11 and len(breaks) <= 3  # rolling would move the cut on every turn from 11 on
+    rolling = _drive(20, max_images=None, max_body_bytes=sizes[9])
+    assert sum(r["broke"] for r in rolling) == 10
+
+
+def test_a_new_conversation_starts_with_no_held_cut() -> None:
+    shot, conversations, rules = screenshot(10), Conversations(), rules_with(max_images=8, low_water=0.5)
+    for turns in (12, 3):  # a long session, then the same one run again: a shorter history continues nothing
+        body = encode(session_body("openai-chat", turns, shot))
+        outcome = prune_request(url_for("openai-chat"), {}, body, rules, memory=conversations)
+        conversations.assign(outcome.history, "turn", outcome.cut)
+    assert outcome.record is not None and outcome.record.images_after == 3 and outcome.cut == 0
 
 
 # --- repeats --------------------------------------------------------------------------------------------------
@@ -403,9 +492,18 @@ def test_every_limit_field_carries_what_the_rules_parser_checks() -> None:
     assert "rule" not in LIMIT_FIELDS and set(LIMIT_FIELDS) == set(fields) - {"rule"}
     for name in LIMIT_FIELDS:
         meta = fields[name].metadata
-        assert meta["kind"] in ("count", "size", "side", "bool", "template") and meta["doc"], name
+        assert meta["kind"] in ("count", "size", "side", "bool", "template", "fraction", "duration") and meta["doc"], name
         if meta["pair"] is not None:
             assert fields[meta["pair"]].metadata["pair"] == name  # pairs name each other
+        if meta["needs"] is not None:
+            assert meta["needs"] in LIMIT_FIELDS and fields[meta["needs"]].metadata["needs"] is None, name
+
+
+def test_the_low_water_mark_lowers_every_cap_and_budget_and_cuts_exactly() -> None:
+    limits = Limits(max_images=10, max_body_bytes=16 * 2**20, max_est_tokens=1001, prune_batch=4, low_water=0.5)
+    low = limits.at_low_water()
+    assert (low.max_images, low.max_body_bytes, low.max_est_tokens, low.prune_batch) == (5, 8 * 2**20, 500, 1)
+    assert Limits(max_images=8).at_low_water() == Limits(max_images=8)  # no mark: the limits as they are
 
 
 # --- the fast path --------------------------------------------------------------------------------------------

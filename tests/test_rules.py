@@ -875,6 +875,29 @@ def test_the_many_image_rule_needs_both_fields(tmp_path: Path) -> None:
     assert_error(tmp_path, text, 5, "many_images_max_side is set in rule 'r' but many_images_threshold is not")
 
 
+def test_the_cache_aware_cut_reads_a_share_and_a_duration(tmp_path: Path) -> None:
+    rules = load(tmp_path, "defaults:\n  max_images: 8\n  low_water: 0.5\n  cache_ttl: 5m\nrules:\n  - name: r\n    cache_ttl: 1h\n")
+    assert (rules.defaults.low_water, rules.defaults.cache_ttl) == (0.5, 300.0)
+    assert rules.limits_for("h", "/", None).cache_ttl == 3600.0
+    assert load(tmp_path, "defaults:\n  low_water: 1\n  cache_ttl: 90\n").defaults.cache_ttl == 90.0
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "message"),
+    [
+        ("defaults:\n  low_water: 0\n", 2, "low_water must be a share over 0 and at most 1, like 0.5 or null, got 0"),
+        ("defaults:\n  low_water: 50%\n", 2, "low_water must be a share over 0 and at most 1, like 0.5 or null, got '50%'"),
+        ("defaults:\n  low_water: true\n", 2, "low_water must be a share over 0 and at most 1"),
+        ("defaults:\n  low_water: 0.5\n  cache_ttl: soon\n", 3, "cache_ttl: invalid duration 'soon': use seconds or an s/m/h suffix, like 5m"),
+        ("defaults:\n  low_water: 0.5\n  cache_ttl: -5\n", 3, "cache_ttl: invalid duration -5: must not be negative"),
+        ("defaults:\n  cache_ttl: 5m\n", 2, "cache_ttl is set in defaults but low_water is not: cache_ttl needs it"),
+        ("defaults:\n  max_images: 8\nrules:\n  - name: r\n    cache_ttl: 5m\n", 5, "cache_ttl is set in rule 'r' but low_water is not"),
+    ],
+)
+def test_the_cache_aware_cut_refuses_what_it_cannot_mean(tmp_path: Path, text: str, line: int, message: str) -> None:
+    assert_error(tmp_path, text, line, message)
+
+
 def test_the_many_image_pair_may_be_split_between_defaults_and_a_rule(tmp_path: Path) -> None:
     rules = load(
         tmp_path, "defaults:\n  many_images_max_side: 2000\n  many_images_threshold: 20\nrules:\n  - name: r\n    many_images_threshold: 5\n"

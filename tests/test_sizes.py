@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trimflow._sizes import format_size, format_size_change, parse_size
+from trimflow._sizes import format_size, format_size_change, parse_duration, parse_size
 
 KiB, MiB, GiB, TiB = 1024, 1024**2, 1024**3, 1024**4
 
@@ -144,3 +144,28 @@ def test_format_parse_round_trip(n):
 def test_parse_size_units(number, unit, space):
     power = {"": 0, "b": 0, "k": 1, "m": 2, "g": 3, "t": 4}[unit[:1].lower()]
     assert parse_size(f"{number}{space}{unit}") == number * 1024**power
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        (300, 300.0),
+        (1.5, 1.5),
+        ("300", 300.0),
+        ("90s", 90.0),
+        ("5m", 300.0),
+        ("5 M", 300.0),
+        ("1h", 3600.0),
+        ("0.5h", 1800.0),
+        (None, None),
+        ("null", None),
+    ],
+)
+def test_parse_duration(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "5x", "m", "5mm", "-5m", "1e3", True, [5]])
+def test_parse_duration_rejects_garbage(text):
+    with pytest.raises(ValueError, match="duration"):
+        parse_duration(text)

@@ -17,7 +17,8 @@ trimflow wrote left out (so a session recorded behind trimflow, pruned, digests 
 without `cache_control` (agents move their cache breakpoints every turn), and with each payload the
 skeleton left in the body (trimflow._document: a string of 4 KiB or more) standing for its length,
 first and last 64 bytes. Nothing reads a payload's bytes in between: a 16 MB body costs its skeleton.
-What is kept: 8-byte digests, and per conversation only the position of its last history (no text, no id).
+What is kept: 8-byte digests, and per line of history the position of its last history, where its last
+turn's cut ended and when that turn went (no text, no id).
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -290,15 +292,25 @@ class _Conversation:
 
 
 class Thread:
-    """One line of history of a conversation (a segment): where its last request's history ended."""
+    """One line of history of a conversation (a segment): where its last request's history ended, and for
+    the cache-aware cut (trimflow._policy: low_water) where its last turn's cut ended and when that turn went."""
 
-    __slots__ = ("conversation", "segment", "head", "tip", "response", "used")
+    __slots__ = ("conversation", "segment", "head", "tip", "response", "used", "cut", "sent_at")
 
     def __init__(self, conversation: _Conversation, segment: int, head: int) -> None:
         self.conversation, self.segment, self.head = conversation, segment, head
         self.tip: int | None = None
         self.response: bytes | None = None  # digest of the id of its last answer (Responses)
         self.used = 0
+        self.cut = 0  # images pruned from the oldest, as a position: what the next turn holds
+        self.sent_at: float | None = None  # its last turn's time on the memory's clock
+
+
+class Recall(NamedTuple):
+    """What a conversation's last turn left for the next one: where its cut ended and how long ago it went."""
+
+    cut: int
+    idle: float
 
 
 class Conversations:
@@ -312,8 +324,9 @@ class Conversations:
     restarts with each process); the audit uses none, so its ids are the same on every run.
     """
 
-    def __init__(self, capacity: int = DEFAULT_CAPACITY, salt: bytes | None = None) -> None:
+    def __init__(self, capacity: int = DEFAULT_CAPACITY, salt: bytes | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.capacity = capacity
+        self.clock = clock  # seconds; a replay of recorded or simulated sessions gives its own
         self._salt = os.urandom(8) if salt is None else salt
         self._conversations: OrderedDict[str, _Conversation] = OrderedDict()
         self._by_tip: dict[int, list[Thread]] = {}
@@ -324,7 +337,22 @@ class Conversations:
     def __len__(self) -> int:
         return len(self._conversations)
 
-    def assign(self, history: History, kind: str = TURN) -> Assignment:
+    def recall(self, history: History) -> Recall | None:
+        """Where the cut of the conversation this history continues ended on its last turn, and how long ago
+        that turn went; None for a new conversation or a history the provider keeps (previous_response_id),
+        whose positions are not this request's. Reads only: `assign` moves the conversation on."""
+        if history.previous_response is not None:
+            return None
+        named = self._conversations.get(history.session) if history.session is not None else None
+        if history.session is not None and named is None:
+            return None
+        thread = self._continued(history, TURN, named)
+        if thread is None or thread.sent_at is None:
+            return None
+        return Recall(thread.cut, max(0.0, self.clock() - thread.sent_at))
+
+    def assign(self, history: History, kind: str = TURN, cut: int | None = None) -> Assignment:
+        """Number a request of `kind`; a turn also leaves `cut` (the engine's Outcome.cut) and its time for the next one."""
         self._clock += 1
         named = None
         if history.session is not None:
@@ -352,6 +380,8 @@ class Conversations:
             if kind == TURN:
                 conversation.turns += 1
                 turn = conversation.turns
+                thread.cut = cut or 0
+                thread.sent_at = self.clock()
         return Assignment(conversation.id, turn, thread.segment, thread)
 
     def responded(self, thread: Thread | None, response_id: str | None) -> None:

@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from . import _document, _jsoncodec
-from ._conversation import COUNT_TOKENS, WARMUP, History, history_of, session_key
+from ._conversation import COUNT_TOKENS, WARMUP, History, Recall, history_of, session_key
 from ._imageinfo import sniff_media
 from ._placeholder import MediaFacts
-from ._policy import BODY, COUNT_CAP, IMAGE_LIMIT, REPEAT, TOKENS, NeedsWorker, Plan, nothing_to_change
+from ._policy import BODY, CACHE, COUNT_CAP, IMAGE_LIMIT, REPEAT, TOKENS, NeedsWorker, Plan, nothing_to_change
 from ._record import Record, utc_timestamp
 from ._rules import Rules, Target
 from ._sizes import format_size
@@ -57,17 +57,21 @@ class Outcome:
     `history` (trimflow._conversation) is worked out on first use too: only the proxy and the audit number turns.
     """
 
-    __slots__ = ("_body", "_record", "_account", "_history")
+    __slots__ = ("_body", "_record", "_account", "_history", "cut")
 
     def __init__(
         self,
         body: bytes | _document.Written,
         record: Record | None,
         account: Callable[[], Record | None] | None = None,
-        history: Callable[[], History | None] | None = None,
+        history: Callable[[], History | None] | History | None = None,
+        cut: int = 0,
     ) -> None:
         self._body, self._record, self._account = body, record, account
         self._history: History | Callable[[], History | None] | None = history
+        # Where the cut of the oldest images ended (trimflow._policy: Plan.cut): the conversation keeps it
+        # for its next turn (Conversations.assign), which holds it while the limits allow.
+        self.cut = cut
 
     @property
     def record(self) -> Record | None:
@@ -108,6 +112,13 @@ def is_sigv4(headers: Mapping[str, str]) -> bool:
     return auth.startswith("AWS4-HMAC-SHA256") or "x-amz-content-sha256" in headers
 
 
+class CutMemory(Protocol):
+    """What the cache-aware cut (the `low_water` setting) needs to know of the conversation a request
+    continues: trimflow._conversation.Conversations, as the proxy keeps it."""
+
+    def recall(self, history: History) -> Recall | None: ...
+
+
 def prune_request(
     url: str,
     headers: Mapping[str, str],
@@ -115,11 +126,12 @@ def prune_request(
     rules: Rules,
     mode: str = ENFORCE,
     wire_format: str | None = None,
+    memory: CutMemory | None = None,
 ) -> Outcome:
     """Apply the rules to one request given by its URL (a Host header in `headers` names the host, as
-    for the proxy). `wire_format` forces a format (a Responses WebSocket message)."""
+    for the proxy). `wire_format` forces a format (a Responses WebSocket message); `memory` as for `prune`."""
     target = rules.target_for_url(url, headers, wire_format)
-    return Outcome(body, None) if target is None else prune(target, headers, body, rules, mode)
+    return Outcome(body, None) if target is None else prune(target, headers, body, rules, mode, memory=memory)
 
 
 def prune(
@@ -129,10 +141,14 @@ def prune(
     rules: Rules,
     mode: str = ENFORCE,
     inline: bool = False,
+    memory: CutMemory | None = None,
 ) -> Outcome:
     """Apply the rules to one request whose Target the caller resolved (Rules.target).
 
     With `inline`, raises NeedsWorker instead of starting slow work (see the module's docstring).
+    `memory`: the conversations the caller numbers turns in; with it, a rule with `low_water` holds the
+    conversation's last cut and knows when its cache went cold. The caller then numbers the turn with
+    the outcome's `cut` (Conversations.assign). Without it, each request is cut on its own.
     """
     started = time.perf_counter()
     host, path, fmt = target.host, target.path, target.format
@@ -170,7 +186,7 @@ def prune(
         return guarded
 
     try:
-        return _prune(doc, host, path, lowered, fmt, rules, mode, started, inline, guard if inline else None)
+        return _prune(doc, host, path, lowered, fmt, rules, mode, started, inline, guard if inline else None, memory)
     except NeedsWorker:
         raise
     except Exception as exc:  # noqa: BLE001 - the request must go through whatever the body holds
@@ -202,6 +218,7 @@ def _prune(
     started: float,
     inline: bool,
     guard: Callable[[Callable[[], Record]], Callable[[], Record | None]] | None = None,
+    memory: CutMemory | None = None,
 ) -> Outcome:
     """`guard`, given when inline: wraps the deferred record's computation so it fails as this would."""
     parsed, body = doc.parsed, doc.body
@@ -235,15 +252,23 @@ def _prune(
         except Exception:  # noqa: BLE001 - a request left unnumbered, never a request lost
             return None
 
-    if guard is not None and nothing_to_change(images, limits, len(body)):
+    held, cold, known = 0, False, None
+    if memory is not None and limits.low_water is not None and images:
+        # The cache-aware cut needs the conversation's last cut now, so the history is digested first.
+        known = history()
+        recalled = memory.recall(known) if known is not None else None
+        if recalled is not None:
+            held = recalled.cut
+            cold = limits.cache_ttl is not None and recalled.idle > limits.cache_ttl
+    if guard is not None and not held and not cold and nothing_to_change(images, limits, len(body)):
         # The plan of a request nothing changes is empty: only the record's facts are left to work out.
         record_later = guard(lambda: record_of(Plan(_facts(images), limits, fmt, model), body, time.perf_counter()))
-        return Outcome(body, None, record_later, history)
-    plan = Plan(_facts(images), limits, fmt, model, inline)
+        return Outcome(body, None, record_later, known or history)
+    plan = Plan(_facts(images), limits, fmt, model, inline, held, cold)
     out = plan.run(_DocumentWriter(module, doc), media_bytes)
     record = record_of(plan, out, started)
     forward = out if record.mode == ENFORCE else body
-    return Outcome(forward, record, history=history)
+    return Outcome(forward, record, history=known or history, cut=plan.cut())
 
 
 def _payload_ends(doc: _document.Document) -> Callable[[str], tuple[int, bytes, bytes] | None]:
@@ -283,6 +308,7 @@ def _fill(record: Record, plan: Plan, documents: int, media_bytes: int, body_byt
     record.pruned_for_body = causes.count(BODY)
     record.over_budget = plan.over_budget
     record.pruned_for_tokens = causes.count(TOKENS)
+    record.pruned_for_cache = causes.count(CACHE)
     record.pruned_for_image_limit = causes.count(IMAGE_LIMIT)
     record.deduplicated = causes.count(REPEAT)
     for i in plan.new:

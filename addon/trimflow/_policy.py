@@ -19,6 +19,13 @@ left, and every image ends as sent, re-encoded and sent, or a placeholder):
 5. Budgets (`max_body_bytes`, then `max_est_tokens`): the oldest survivors become placeholders
    while the body or the token estimate is over; never the newest `keep_recent`.
 
+The cut (steps 2 and 5 drop the oldest images) decides what a provider's prompt cache can reuse: the
+cached prefix ends at the first changed byte. With `low_water`, a conversation's cut is held from turn to
+turn (`Plan.held`, from trimflow._conversation) while every cap and budget allows it; when one would
+break, the steps run again with each at its low-water mark, so the following turns only append. With
+`cache_ttl` too, a conversation idle past it (its cache is cold: everything is written again anyway) is
+cut to the mark at once. Images dropped ahead of need that way have the cause CACHE.
+
 Each step also says, from the image count, the payload sizes and the body size alone, whether it
 might change the request (`might_change`); a request no step might change is forwarded without
 sniffing an image (`nothing_to_change`). A new limit is one step, or one step's two methods.
@@ -44,14 +51,18 @@ DEFAULT_REPEAT_PLACEHOLDER = "[trimflow: image #{ordinal} repeated as image #{la
 
 # Kinds of limit, for the rules parser: what a value may be.
 COUNT, SIZE, SIDE, BOOL, TEMPLATE = "count", "size", "side", "bool", "template"
+FRACTION, DURATION = "fraction", "duration"  # a share in (0, 1]; seconds, written 300, 90s, 5m or 1h
 MIN_IMAGE_BYTES = 1024  # a byte limit below this is a typo (5 instead of 5MiB), not a real limit
 MIN_SIDE = 16  # the smallest long side the shrink ladder goes down to
 
 
-def _limit(default: Any, kind: str, doc: str, *, minimum: int | None = None, nullable: bool = True, pair: str | None = None) -> Any:
+def _limit(
+    default: Any, kind: str, doc: str, *, minimum: int | None = None, nullable: bool = True, pair: str | None = None, needs: str | None = None
+) -> Any:
     """A Limits field with what the rules parser needs to check a value: its kind, smallest value,
-    whether null (no limit) is allowed, and the field it only means something together with."""
-    metadata = {"kind": kind, "doc": doc, "min": minimum, "nullable": nullable, "pair": pair}
+    whether null (no limit) is allowed, the field it only means something together with (`pair`: both
+    or neither) and the field it cannot do without (`needs`)."""
+    metadata = {"kind": kind, "doc": doc, "min": minimum, "nullable": nullable, "pair": pair, "needs": needs}
     return dataclasses.field(default=default, metadata=metadata)
 
 
@@ -81,6 +92,14 @@ class Limits:
     max_est_tokens: int | None = _limit(None, COUNT, "budget on the estimated prompt tokens, pruning like max_body_bytes", minimum=0)
     dedupe: bool = _limit(False, BOOL, "an image byte-identical to a later one becomes repeat_placeholder", nullable=False)
     repeat_placeholder: str = _limit(DEFAULT_REPEAT_PLACEHOLDER, TEMPLATE, "the text that stands where a repeated image was", nullable=False)
+    low_water: float | None = _limit(
+        None,
+        FRACTION,
+        "when a cap or budget would break, cut down to this share of each and hold the cut until one would break again",
+    )
+    cache_ttl: float | None = _limit(
+        None, DURATION, "a conversation idle longer than this has a cold prompt cache: cut it to the low-water mark at once", needs="low_water"
+    )
 
     def image_side_limit(self, images: int) -> int | None:
         """The long side limit for a request that sends `images` images."""
@@ -89,6 +108,23 @@ class Limits:
             sides.append(self.many_images_max_side)
         present = [s for s in sides if s is not None]
         return min(present) if present else None
+
+    def at_low_water(self) -> Limits:
+        """These limits with each cap and budget at its low-water mark: what a cut that moves cuts down to."""
+        share = self.low_water
+        if share is None:
+            return self
+
+        def lowered(limit: int | None) -> int | None:
+            return None if limit is None else int(limit * share)
+
+        return dataclasses.replace(
+            self,
+            max_images=lowered(self.max_images),
+            max_body_bytes=lowered(self.max_body_bytes),
+            max_est_tokens=lowered(self.max_est_tokens),
+            prune_batch=1,
+        )
 
 
 LIMIT_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Limits) if f.metadata.get("kind"))
@@ -156,10 +192,12 @@ class BodyWriter(Protocol):
         ...
 
 
-# Why an image became a placeholder: the record's counter and the placeholder's {reason}.
-REPEAT, COUNT_CAP, IMAGE_LIMIT, BODY, TOKENS = "repeat", "count", "image_limit", "body", "tokens"
+# Why an image became a placeholder: the record's counter and the placeholder's {reason}. CACHE: pruned
+# ahead of need by the cache-aware cut (held from the last turn, or lowered to the low-water mark).
+REPEAT, COUNT_CAP, IMAGE_LIMIT, BODY, TOKENS, CACHE = "repeat", "count", "image_limit", "body", "tokens", "cache"
 _BUDGET_CAUSES = (BODY, TOKENS)  # in the order of the budgets handed to prune_to_budgets
-_REASONS = {COUNT_CAP: "too many images", BODY: "request too large", TOKENS: "too many tokens"}
+_CUT_CAUSES = (COUNT_CAP, BODY, TOKENS, CACHE)  # the causes that drop the oldest images: where the cut is
+_REASONS = {COUNT_CAP: "too many images", BODY: "request too large", TOKENS: "too many tokens", CACHE: "cut held for the prompt cache"}
 _CHUNK = 1 << 20  # chars compared at a time when two payloads sit behind different data URL headers
 
 
@@ -172,10 +210,16 @@ class Plan:
     """What happens to each image of one request: dropped (with a placeholder and a cause), re-encoded, or kept.
 
     `inline`: raise NeedsWorker before re-encoding an image (the caller is on an event loop).
+    `held` and `cold` come from the conversation's last turn (with `low_water` set): the images before
+    position `held` were cut then, and stay cut so the cached prefix still matches; `cold` says the
+    provider's cache has expired since, so cutting down to the low-water mark now costs nothing extra.
     """
 
-    def __init__(self, images: list[MediaFacts], limits: Limits, fmt: str, model: str | None, inline: bool = False) -> None:
+    def __init__(
+        self, images: list[MediaFacts], limits: Limits, fmt: str, model: str | None, inline: bool = False, held: int = 0, cold: bool = False
+    ) -> None:
         self.images, self.limits, self.fmt, self.model, self.inline = images, limits, fmt, model, inline
+        self.held, self.cold = held, cold
         self.dropped: dict[int, tuple[str, str]] = {}  # image index -> (cause, placeholder text)
         self.new: dict[int, _shrink.Shrunk] = {}  # image index -> its re-encoded bytes
         self.thinned: set[int] = set()  # of `new`, the ones made thumbnails by age
@@ -183,11 +227,60 @@ class Plan:
 
     def run(self, body: BodyWriter, media_bytes: int) -> bytes | Any:
         """Every step in order; returns the body to send. `media_bytes`: the wire bytes of all the
-        request's media (documents too), which the token estimate leaves out of the text."""
-        survivors = list(range(len(self.images)))
-        for step in STEPS[:-1]:
+        request's media (documents too), which the token estimate leaves out of the text.
+
+        With `low_water`: the held cut first; when a cap or budget still breaks (the cut must move) or the
+        cache is cold, the steps run again with every cap and budget at its low-water mark, so the next
+        turns only append until one breaks again."""
+        survivors = _Repeats.apply(self, list(range(len(self.images))))
+        need = count_pruned(len(survivors), self.limits)  # what the count cap alone asks for
+        survivors = self._hold(survivors)
+        base = dict(self.dropped)
+        out = self._steps(survivors, body, media_bytes)
+        moved = any(cause in _CUT_CAUSES[:-1] for cause, _ in self.dropped.values())
+        if self.limits.low_water is not None and (moved or self.cold):
+            first, first_over, limits = set(self.dropped), self.over_budget, self.limits
+            self.dropped, self.new, self.thinned = base, {}, set()
+            self.limits = limits.at_low_water()
+            try:
+                out = self._steps(survivors, body, media_bytes)
+            finally:
+                self.limits = limits
+            for i, (cause, text) in list(self.dropped.items()):
+                if cause in _CUT_CAUSES[:-1] and i not in first:
+                    self.dropped[i] = (CACHE, text)
+            # Pruning down to the low-water mark meets every budget the first pass met.
+            self.over_budget = first_over and self.over_budget
+        # Of the images the cut took, the oldest ones the count cap asked for count as its own.
+        taken = sum(1 for cause, _ in self.dropped.values() if cause == COUNT_CAP)
+        for i in sorted(self.dropped):
+            if taken >= need:
+                break
+            cause, text = self.dropped[i]
+            if cause == CACHE:
+                self.dropped[i] = (COUNT_CAP, text)
+                taken += 1
+        return out
+
+    def _steps(self, survivors: list[int], body: BodyWriter, media_bytes: int) -> bytes | Any:
+        for step in STEPS[1:-1]:
             survivors = step.apply(self, survivors)
         return _Budgets.write(self, survivors, body, media_bytes)
+
+    def _hold(self, survivors: list[int]) -> list[int]:
+        """Drop the survivors before the held position (never the newest keep_recent); returns the rest."""
+        if not self.held:
+            return survivors
+        prunable = max(0, len(survivors) - self.limits.keep_recent)
+        held = [i for i in survivors[:prunable] if i < self.held]
+        for i in held:
+            self.drop(i, CACHE)
+        return survivors[len(held) :]
+
+    def cut(self) -> int:
+        """The position the cut ends at: one past the newest image pruned from the oldest (0: no cut).
+        The conversation keeps it for its next turn (the `held` of that turn's plan)."""
+        return max((i + 1 for i, (cause, _) in self.dropped.items() if cause in _CUT_CAUSES), default=0)
 
     # -- helpers for the steps
 

@@ -44,6 +44,7 @@ class Record:
     # (base64 text) those saved. Each image counts once: a thumbnail that also had to meet a
     # per-image limit is thinned, and an image re-encoded then pruned by a budget is pruned.
     pruned_for_tokens: int = 0  # to meet max_est_tokens
+    pruned_for_cache: int = 0  # ahead of need, so later turns keep the cached prefix (low_water, cache_ttl)
     pruned_for_image_limit: int = 0  # over a per-image limit and could not be shrunk under it
     deduplicated: int = 0  # repeats of a later image of the same request (also in pruned)
     shrunk: int = 0  # re-encoded to meet max_image_bytes / max_image_side / the many-image rule
@@ -82,6 +83,7 @@ class Record:
         done = [
             f"{n} {what}"
             for n, what in (
+                (self.pruned_for_cache, "cut for the cache"),
                 (self.thinned, "thinned"),
                 (self.shrunk, "shrunk"),
                 (self.deduplicated, "repeated"),

@@ -25,8 +25,8 @@ from urllib.parse import urlsplit
 from yaml.nodes import Node, SequenceNode
 
 from ._placeholder import PLACEHOLDER_FIELDS, REPEAT_FIELDS
-from ._policy import BOOL, COUNT, LIMIT_FIELDS, SIDE, SIZE, TEMPLATE, Limits
-from ._sizes import parse_size
+from ._policy import BOOL, COUNT, DURATION, FRACTION, LIMIT_FIELDS, SIDE, SIZE, TEMPLATE, Limits
+from ._sizes import parse_duration, parse_size
 from ._yaml import NodeReader, did_you_mean, line_of, read_text, shipped_file
 from .errors import RulesError
 from .formats import ENDPOINTS, FORMATS
@@ -75,6 +75,8 @@ _LIMIT_META: Mapping[str, Mapping[str, Any]] = MappingProxyType(
 _PAIRS: tuple[tuple[str, str], ...] = tuple(
     (name, meta["pair"]) for name, meta in _LIMIT_META.items() if meta.get("pair") and LIMIT_FIELDS.index(name) < LIMIT_FIELDS.index(meta["pair"])
 )
+# Fields that need another one set (in the merged limits of a rule).
+_NEEDS: tuple[tuple[str, str], ...] = tuple((name, meta["needs"]) for name, meta in _LIMIT_META.items() if meta.get("needs"))
 # Wording only, for a limit that has an entry: the example a size error gives, and why a value under
 # the minimum is refused. A limit without one gets _SIZE_EXAMPLE and no reason.
 _SIZE_EXAMPLE = "16MiB or 2000000"
@@ -540,10 +542,29 @@ class _RulesReader(NodeReader[Rules]):
             if isinstance(value, bool):
                 return value
             raise self.error(node, f"{key} must be true or false, got {self.describe(node)}")
+        if kind == FRACTION:
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 1:
+                return float(value)
+            raise self.error(node, f"{key} must be a share over 0 and at most 1, like 0.5{or_null}, got {self.describe(node)}")
+        if kind == DURATION:
+            if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+                raise self.error(node, f"{key} must be a duration like 5m or 300 (seconds){or_null}, got {self.describe(node)}")
+            try:
+                seconds = parse_duration(value)
+            except ValueError as e:
+                raise self.error(node, f"{key}: {e}") from None
+            if seconds is None and not nullable:
+                raise self.error(node, f"{key} must be a duration like 5m, got {self.describe(node)}")
+            return seconds
         raise AssertionError(f"limit {key} has kind {kind!r}, which the rules parser does not know")
 
     def check_pairs(self, limits: Limits, fields: Mapping[str, tuple[Node, Node]], fallback: Node, what: str) -> None:
-        """Fields that go together (the many-image rule's two) must both be set once merged over the defaults."""
+        """Fields that go together (the many-image rule's two) must both be set once merged over the defaults,
+        and a field that needs another (cache_ttl needs low_water) must have it."""
+        for name, needed in _NEEDS:
+            if getattr(limits, name) is not None and getattr(limits, needed) is None:
+                node = fields[name][0] if name in fields else fallback
+                raise self.error(node, f"{name} is set in {what} but {needed} is not: {name} needs it ({needed}: {_LIMIT_META[needed]['doc']})")
         for first, second in _PAIRS:
             if (getattr(limits, first) is None) != (getattr(limits, second) is None):
                 given, missing = (first, second) if getattr(limits, first) is not None else (second, first)

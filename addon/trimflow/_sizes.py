@@ -1,4 +1,4 @@
-"""Human byte sizes: parse "16MiB" / "2m" / "1.5 GB" and print "9.4MB".
+"""Human byte sizes: parse "16MiB" / "2m" / "1.5 GB" and print "9.4MB"; and durations: "5m", "90s", "1h".
 
 All units are binary (1 KB = 1 KiB = 1024 bytes), as in mitmproxy's own size options, so a
 figure means the same thing in a rules file, on the mitmproxy command line and in our logs.
@@ -44,6 +44,32 @@ def parse_size(text: str | int | None) -> int | None:
         if not unit:
             raise ValueError(f"invalid size {text!r}: a byte count must be a whole number")
     return int(value)  # truncates toward zero; value >= 0
+
+
+_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(s|m|h)?", re.IGNORECASE)
+_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600}
+
+
+def parse_duration(text: str | int | float | None) -> float | None:
+    """Return the duration in seconds ("5m" is 300, a bare number is seconds), or None for None / "none" / "null".
+
+    Raises ValueError for anything else, negatives included.
+    """
+    if text is None:
+        return None
+    if isinstance(text, bool) or not isinstance(text, (int, float, str)):
+        raise ValueError(f"invalid duration {text!r}: use seconds or an s/m/h suffix, like 5m")
+    if not isinstance(text, str):
+        if text < 0:
+            raise ValueError(f"invalid duration {text}: must not be negative")
+        return float(text)
+    s = text.strip()
+    if s.lower() in ("none", "null"):
+        return None
+    m = _DURATION_RE.fullmatch(s)
+    if m is None:
+        raise ValueError(f"invalid duration {text!r}: use seconds or an s/m/h suffix, like 5m")
+    return float(m.group(1)) * _SECONDS[(m.group(2) or "").lower()]
 
 
 def format_size(n: int) -> str:

@@ -284,3 +284,21 @@ async def test_gemini_token_counts_are_pruned_as_their_turn_and_are_no_turn(addo
     assert [(r["kind"], r["turn"]) for r in turns_] == [("turn", t) for t in (1, 2, 3, 4)]
     (conversation,) = {r["conversation"] for r in turns_}
     assert [r["conversation"] for r in counts] == [None, conversation, conversation, conversation]
+
+
+async def test_the_cache_aware_cut_holds_across_a_conversations_flows(tmp_path) -> None:
+    """With low_water, the proxy's conversations carry each turn's cut to the next: the images cut on the turn
+    the cap broke stay cut while the cap allows, so the cached prefix still matches."""
+    rules = write_rules(tmp_path / "rules.yaml", 4, "  low_water: 0.5\n")
+    instance = TrimflowAddons()
+    sent = []
+    with taddons.context(instance) as tctx:
+        tctx.configure(instance, trimflow_rules=str(rules))
+        for turns in range(1, 9):
+            flow = llm_flow(turns=turns)
+            instance.requestheaders(flow)
+            await requested(instance, flow)
+            sent.append(images_in(flow))
+            assert flow.metadata[proxy.META]["turn"] == turns
+    # Turn 5 breaks the cap of 4 and is cut to 2; turns 6 and 7 hold that cut; turn 8 breaks it again.
+    assert sent == [1, 2, 3, 4, 2, 3, 4, 2]

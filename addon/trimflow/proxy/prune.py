@@ -100,6 +100,7 @@ class Prune:
                 record, outcome = self._prune_flow(flow, state, inline=True)
             except NeedsWorker:
                 record, outcome, history = await asyncio.to_thread(self._prune_in_worker, flow, state)
+            cut = state.cut
             if outcome is not None and outcome.record_pending:
                 # Nothing to change: mitmproxy forwards the request as soon as this hook returns, and the
                 # record is worked out on the next turn of the loop, while the provider answers.
@@ -113,7 +114,7 @@ class Prune:
             log.warning("trimflow: %s%s forwarded untouched: internal error %s", flow.request.pretty_host, path_of(flow), type(exc).__name__)
             return
         if record is not None:
-            self.flows.keep(flow, state, record, history if outcome is None else outcome.history)
+            self.flows.keep(flow, state, record, history if outcome is None else outcome.history, cut)
 
     def _prune_in_worker(self, flow: http.HTTPFlow, state: FlowState) -> tuple[Record | None, Outcome | None, History | None]:
         record, outcome = self._prune_flow(flow, state, inline=False)
@@ -141,7 +142,8 @@ class Prune:
         except DecodeError as exc:
             log.warning("trimflow: %s%s forwarded untouched: %s", request.pretty_host, path_of(flow), exc)
             return self._undecodable(flow, state, str(exc)), None
-        outcome = prune(state.target, headers, body, rules, ctx.options.trimflow_mode, inline=inline)
+        outcome = prune(state.target, headers, body, rules, ctx.options.trimflow_mode, inline=inline, memory=self.flows.conversations)
+        state.cut = outcome.cut
         if outcome.record_pending:
             return None, outcome
         if outcome.record is None:
@@ -179,11 +181,12 @@ class Prune:
             return
         state = self.flows.websocket(flow)
         args = (state.target, plain_headers(flow.request), message.content, self.flows.rules.current(), ctx.options.trimflow_mode)
+        memory = self.flows.conversations
         try:
             try:
-                outcome = prune(*args, inline=True)
+                outcome = prune(*args, inline=True, memory=memory)
             except NeedsWorker:
-                outcome = await asyncio.to_thread(prune, *args)
+                outcome = await asyncio.to_thread(prune, *args, memory=memory)
         except Exception as exc:  # noqa: BLE001 - fail open
             log.warning("trimflow: websocket message forwarded untouched: internal error %s", type(exc).__name__)
             return
@@ -192,7 +195,7 @@ class Prune:
             return
         if outcome.changed:
             message.content = outcome.body
-        state.thread = self.flows.number(record, outcome.history)
+        state.thread = self.flows.number(record, outcome.history, outcome.cut)
         state.record = record  # for the metrics addon's websocket_message, next in the chain
 
 

@@ -34,10 +34,11 @@ class FlowState:
     hold the last client message's until the metrics addon takes them into `waiting`, where each
     waits for the server's answer to it."""
 
-    __slots__ = ("target", "record", "pending", "error", "thread", "waiting")
+    __slots__ = ("target", "record", "pending", "error", "thread", "waiting", "cut")
 
     def __init__(self, target: Target) -> None:
         self.target = target
+        self.cut = 0  # where the engine's cut ended (Outcome.cut), for the conversation's next turn
         self.record: Record | None = None
         self.pending: Outcome | None = None
         self.error: str | None = None
@@ -96,22 +97,22 @@ class Flows:
             return None
         if record is not None:
             log_reason(flow, record)
-            self.keep(flow, state, record, outcome.history)
+            self.keep(flow, state, record, outcome.history, outcome.cut)
         return record
 
-    def keep(self, flow: http.HTTPFlow, state: FlowState, record: Record, history: History | None) -> None:
-        """Make `record` the flow's record: numbered in its conversation, written to the flow."""
-        state.thread = self.number(record, history)
+    def keep(self, flow: http.HTTPFlow, state: FlowState, record: Record, history: History | None, cut: int = 0) -> None:
+        """Make `record` the flow's record: numbered in its conversation (with where its cut ended), written to the flow."""
+        state.thread = self.number(record, history, cut)
         state.record = record
         write(flow, state)
         flow.comment = flow_comment(record)
 
-    def number(self, record: Record, history: History | None) -> Thread | None:
+    def number(self, record: Record, history: History | None, cut: int = 0) -> Thread | None:
         """The record's conversation, turn and segment, from its history (trimflow._conversation); returns its
         place in the conversation, for `responded`. A body that could not be read has none."""
         if history is None:
             return None
-        assignment = self.conversations.assign(history, record.kind)
+        assignment = self.conversations.assign(history, record.kind, cut)
         record.conversation, record.turn, record.segment = assignment.conversation, assignment.turn, assignment.segment
         return assignment.thread
 
