@@ -55,8 +55,17 @@ def _part_media(path: JsonPath, part: dict[str, Any]) -> Media | None:
     return None
 
 
+def _text_part(old: Any, text: str) -> dict[str, Any]:
+    part: dict[str, Any] = {"type": "text", "text": text}
+    # Gateways that route chat requests to Claude (OpenRouter, LiteLLM) take Anthropic's cache breakpoints
+    # on content parts: the placeholder keeps the one its image carried, so the cached prefix ends where it did.
+    if isinstance(old, dict) and "cache_control" in old:
+        part["cache_control"] = old["cache_control"]
+    return part
+
+
 def replace_media(body: dict[str, Any], texts: Mapping[JsonPath, str]) -> dict[str, Any]:
-    return replace_parts(body, texts, lambda _old, text: {"type": "text", "text": text})
+    return replace_parts(body, texts, _text_part)
 
 
 def _with_image(part: Any, data: str, mime: str) -> dict[str, Any]:
