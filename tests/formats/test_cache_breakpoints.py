@@ -115,10 +115,10 @@ def test_a_placeholder_on_a_breakpoint_keeps_its_ttl() -> None:
     body = _anthropic()
     one_hour = {"type": "ephemeral", "ttl": "1h"}
     body["system"][0]["cache_control"] = one_hour
-    first = next(block for block in body["messages"][0]["content"] if "cache_control" in block)
-    first["cache_control"] = one_hour
+    index = next(i for i, block in enumerate(body["messages"][0]["content"]) if "cache_control" in block)
+    body["messages"][0]["content"][index]["cache_control"] = one_hour
     out = orjson.loads(prune_with("anthropic", body, max_images=2).body)
-    placeholder = out["messages"][0]["content"][[i for i, b in enumerate(body["messages"][0]["content"]) if b is first][0]]
+    placeholder = out["messages"][0]["content"][index]
     assert placeholder["type"] == "text" and placeholder["cache_control"] == one_hour
 
 
