@@ -27,6 +27,16 @@ characters (image payloads, in the standard or the URL-safe alphabet: google-gen
 (Anthropic), ``"inline_data":``/``"inlineData":`` (Gemini), ``"image":{`` (Bedrock) and the strings in
 each Ollama ``"images":[...]`` list.
 
+With ``cache=True`` (CLI ``--cache``) every request also goes through trimflow.testing._cache_model, a model
+of each provider's documented prompt caching on the wall clock, and the usage reports what it read from
+and wrote to the cache where the real API puts it: Anthropic ``cache_read_input_tokens``,
+``cache_creation_input_tokens`` (and ``cache_creation`` by TTL), with ``input_tokens`` the rest; OpenAI
+``prompt_tokens_details.cached_tokens`` and ``input_tokens_details.cached_tokens``; Gemini
+``cachedContentTokenCount`` and ``cacheTokensDetails``; Bedrock ``cacheReadInputTokens`` and
+``cacheWriteInputTokens``. Token counts then come from trimflow's estimator (text by bytes, each image by
+its provider's formula), not from the formula above; an Anthropic request with more than 4
+``cache_control`` markers is refused with Anthropic's 400. Without it the answers are as described above.
+
 Request bodies with Content-Encoding gzip, deflate, br and zstd (also stacked, as a server accepts them)
 are decoded before anything looks at them. ``FakeProvider(check=...)`` is the hook for answers
 that come before the normal reply (limit profiles: a provider's exact error status, content type and text).
@@ -67,6 +77,7 @@ from .._profiles import DEFAULT_PROFILES_PATH, load_profiles, provider_check
 from .._record import utc_timestamp
 from .._rules import builtin_rules
 from ..formats import FORMATS, streamed_path
+from ._cache_model import CacheModel, CacheUsage, TooManyBreakpoints
 
 REPLY_TEXT = "ok from fake-provider"
 # The reply streamed as a few deltas; joined they give REPLY_TEXT.
@@ -126,16 +137,42 @@ def base64_bytes(body: bytes) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Usage:
-    """The token usage the provider reports for one request (see the module docstring for the formula)."""
+    """The token usage the provider reports for one request (see the module docstring for the formula).
+
+    `input_tokens` is the whole prompt. The cache fields are None when the provider models no cache
+    (`FakeProvider(cache=False)`): the answers then carry the fixed zeros they always had.
+    """
 
     input_tokens: int
     output_tokens: int
     images: int = 0
     image_tokens: int = 0
+    cache_read_tokens: int | None = None
+    cache_write_tokens: int | None = None
+    cache_write_1h_tokens: int = 0
+    cached_image_tokens: int = 0
+
+    @property
+    def uncached_tokens(self) -> int:
+        return self.input_tokens - (self.cache_read_tokens or 0) - (self.cache_write_tokens or 0)
 
     @property
     def total_tokens(self) -> int:
         return self.input_tokens + self.output_tokens
+
+
+def cached_usage(cached: CacheUsage, images: int) -> Usage:
+    """The usage of a request the cache model answered: its token counts, and the reply's output."""
+    return Usage(
+        input_tokens=cached.prompt_tokens,
+        output_tokens=math.ceil(len(REPLY_TEXT) / 4),
+        images=images,
+        image_tokens=cached.image_tokens,
+        cache_read_tokens=cached.cache_read_tokens,
+        cache_write_tokens=cached.cache_write_tokens,
+        cache_write_1h_tokens=cached.cache_write_1h_tokens,
+        cached_image_tokens=cached.cached_image_tokens,
+    )
 
 
 def estimate_usage(body: bytes) -> Usage:
@@ -218,7 +255,7 @@ def _chat_usage(u: Usage) -> dict[str, Any]:
         "prompt_tokens": u.input_tokens,
         "completion_tokens": u.output_tokens,
         "total_tokens": u.total_tokens,
-        "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
+        "prompt_tokens_details": {"cached_tokens": u.cache_read_tokens or 0, "audio_tokens": 0},
         "completion_tokens_details": {
             "reasoning_tokens": 0,
             "audio_tokens": 0,
@@ -231,7 +268,7 @@ def _chat_usage(u: Usage) -> dict[str, Any]:
 def _responses_usage(u: Usage) -> dict[str, Any]:
     return {
         "input_tokens": u.input_tokens,
-        "input_tokens_details": {"cached_tokens": 0},
+        "input_tokens_details": {"cached_tokens": u.cache_read_tokens or 0},
         "output_tokens": u.output_tokens,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": u.total_tokens,
@@ -239,13 +276,20 @@ def _responses_usage(u: Usage) -> dict[str, Any]:
 
 
 def _anthropic_usage(u: Usage, output_tokens: int) -> dict[str, Any]:
-    return {
-        "input_tokens": u.input_tokens,
-        "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": 0,
-        "output_tokens": output_tokens,
-        "service_tier": "standard",
+    # Anthropic's input_tokens is what follows the last cache breakpoint: neither read nor written.
+    usage: dict[str, Any] = {
+        "input_tokens": u.uncached_tokens,
+        "cache_creation_input_tokens": u.cache_write_tokens or 0,
+        "cache_read_input_tokens": u.cache_read_tokens or 0,
     }
+    if u.cache_write_tokens is not None:
+        usage["cache_creation"] = {
+            "ephemeral_5m_input_tokens": u.cache_write_tokens - u.cache_write_1h_tokens,
+            "ephemeral_1h_input_tokens": u.cache_write_1h_tokens,
+        }
+    usage["output_tokens"] = output_tokens
+    usage["service_tier"] = "standard"
+    return usage
 
 
 def _gemini_usage(u: Usage, final: bool) -> dict[str, Any]:
@@ -257,6 +301,13 @@ def _gemini_usage(u: Usage, final: bool) -> dict[str, Any]:
     if u.images:
         details.append({"modality": "IMAGE", "tokenCount": u.image_tokens})
     usage["promptTokensDetails"] = details
+    if u.cache_read_tokens:
+        # Gemini leaves out what is zero: the cached count appears only on a hit. promptTokenCount includes it.
+        usage["cachedContentTokenCount"] = u.cache_read_tokens
+        cached = [{"modality": "TEXT", "tokenCount": u.cache_read_tokens - u.cached_image_tokens}]
+        if u.cached_image_tokens:
+            cached.append({"modality": "IMAGE", "tokenCount": u.cached_image_tokens})
+        usage["cacheTokensDetails"] = cached
     return usage
 
 
@@ -379,14 +430,19 @@ def build_json_reply(r: Route, request_json: dict[str, Any], usage: Usage) -> di
         return {
             "output": {"message": {"role": "assistant", "content": [{"text": REPLY_TEXT}]}},
             "stopReason": "end_turn",
-            "usage": {
-                "inputTokens": usage.input_tokens,
-                "outputTokens": usage.output_tokens,
-                "totalTokens": usage.total_tokens,
-            },
+            "usage": _bedrock_usage(usage),
             "metrics": {"latencyMs": 1},
         }
     raise ValueError(f"no JSON reply for format {r.fmt!r}")
+
+
+def _bedrock_usage(u: Usage) -> dict[str, Any]:
+    # Like Anthropic's, Converse's inputTokens leaves out what was read from or written to the cache.
+    usage: dict[str, Any] = {"inputTokens": u.uncached_tokens, "outputTokens": u.output_tokens, "totalTokens": u.total_tokens}
+    if u.cache_read_tokens is not None:
+        usage["cacheReadInputTokens"] = u.cache_read_tokens
+        usage["cacheWriteInputTokens"] = u.cache_write_tokens or 0
+    return usage
 
 
 def stream_content_type(r: Route, sse: bool) -> str:
@@ -687,6 +743,8 @@ class FakeProvider:
     ``check(received)`` runs first for every request; when it returns ``(status, content_type, body)`` that is
     the answer (the seam for limit profiles). ``log`` gets one line per request (never headers or content).
     ``received`` lists every request (unless ``record=False``); ``event_delay`` (seconds) may be changed live.
+    ``cache=True`` answers every request through a model of the provider's prompt caching on the wall clock
+    (``cache_model``; see the module docstring).
     """
 
     def __init__(
@@ -700,6 +758,7 @@ class FakeProvider:
         log: Callable[[str], None] | None = None,
         check: Callable[[Received], CheckAnswer | None] | None = None,
         record: bool = True,
+        cache: bool = False,
     ) -> None:
         if not is_loopback(host):
             raise ValueError(f"fake-provider listens on loopback only (127.0.0.1, ::1, localhost): {host!r}")
@@ -717,6 +776,7 @@ class FakeProvider:
         self.log = log
         self.check = check
         self.record = record  # the CLI turns this off: a long session of 20 MB bodies would pile up
+        self.cache_model = CacheModel(time.monotonic) if cache else None
         self.received: list[Received] = []
         self._received_lock = threading.Lock()
         self._server = _Server((host, port), self, tls, family)
@@ -838,6 +898,15 @@ class FakeProvider:
             send(400, "application/json", error_body("invalid_request_error", f"fake-provider: {why}"))
             return
         usage = estimate_usage(rec.body)
+        if self.cache_model is not None and r.fmt in FORMATS:
+            try:
+                cached = self.cache_model.request(r.fmt, rec.path, request_json)
+            except TooManyBreakpoints as e:
+                send(400, "application/json", _breakpoints_refused(r.fmt, e))
+                return
+            if cached is not None:
+                usage = cached_usage(cached, usage.images)
+                out.note = f" cache read={cached.cache_read_tokens} write={cached.cache_write_tokens}"
         if not wants_stream(r, request_json):
             send(200, "application/json", orjson.dumps(build_json_reply(r, request_json, usage)))
             return
@@ -845,6 +914,13 @@ class FakeProvider:
         frames = iter_stream_events(r, request_json, usage, sse=sse)
         out.status, out.sent, out.streamed = 200, True, True
         h.send_stream(stream_content_type(r, sse), frames, self.event_delay)
+
+
+def _breakpoints_refused(fmt: str, e: TooManyBreakpoints) -> bytes:
+    if fmt == "anthropic":
+        return orjson.dumps({"type": "error", "error": {"type": "invalid_request_error", "message": str(e)}})
+    # Bedrock's own text for too many cachePoint blocks is not known here: this one says whose it is.
+    return orjson.dumps({"message": f"fake-provider: more than 4 cachePoint blocks ({e.found})"})
 
 
 @dataclass(slots=True)
@@ -881,6 +957,11 @@ def main(argv: list[str] | None = None) -> int:
         help="refuse requests that break this limit profile, with the provider's own status, content type and text (names: rules/profiles.yaml)",
     )
     parser.add_argument("--profiles", default=str(DEFAULT_PROFILES_PATH), help="the profiles file (default: %(default)s)")
+    parser.add_argument(
+        "--cache",
+        action="store_true",
+        help="model each provider's prompt caching (reads, writes, TTL) and report it in the usage as the real API does",
+    )
     args = parser.parse_args(argv)
 
     if not is_loopback(args.host):
@@ -909,6 +990,7 @@ def main(argv: list[str] | None = None) -> int:
             log=_stderr_log,
             check=check,
             record=False,
+            cache=args.cache,
         )
     except (OSError, ssl.SSLError) as e:
         print(f"fake-provider: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
@@ -920,7 +1002,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_term)
     provider.start()
     enforcing = f", refusing like profile {args.profile}" if args.profile else ""
-    print(f"fake-provider listening on {provider.url}{enforcing}", file=sys.stderr, flush=True)
+    caching = ", modelling prompt caching" if args.cache else ""
+    print(f"fake-provider listening on {provider.url}{enforcing}{caching}", file=sys.stderr, flush=True)
     try:
         while True:
             time.sleep(3600)
