@@ -1,0 +1,373 @@
+"""Limit errors: recognise a provider's answer that refused a request for its size, and say which limit to tighten.
+
+The patterns live in YAML (rules/limit_errors.yaml, and a user's file tried before it): per pattern the
+statuses it applies to, a regular expression searched in the answer, the kind of limit, and how to get
+the number (a named group, a fixed value, or a step down from what was refused). `Patterns.recognise`
+turns an answer into a LimitError; `tightened` turns a LimitError and the limits the refused request
+was pruned under into the Limits fields to send it again under. Pure Python, no mitmproxy.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+from yaml.nodes import Node, SequenceNode
+
+from ._policy import MIN_IMAGE_BYTES, MIN_SIDE, Limits
+from ._yaml import NodeReader, read_text, shipped_file
+from .errors import RulesError
+
+DEFAULT_PATTERNS_PATH: Path = shipped_file("limit_errors.yaml")
+
+# The kinds of limit an answer can name, and the Limits field each tightens.
+IMAGE_COUNT, BODY_BYTES, IMAGE_BYTES, IMAGE_SIDE, MANY_IMAGE_SIDE = "image_count", "body_bytes", "image_bytes", "image_side", "many_image_side"
+FIELDS = {
+    IMAGE_COUNT: "max_images",
+    BODY_BYTES: "max_body_bytes",
+    IMAGE_BYTES: "max_image_bytes",
+    IMAGE_SIDE: "max_image_side",
+    MANY_IMAGE_SIDE: "many_images_max_side",
+}
+REASONS = {
+    IMAGE_COUNT: "too many images",
+    BODY_BYTES: "request too large",
+    IMAGE_BYTES: "image too large",
+    IMAGE_SIDE: "image too wide",
+    MANY_IMAGE_SIDE: "image too wide for many images",
+}
+MODEL, HOST = "model", "host"
+NEVER = frozenset({401, 403, 404, 407, 408, 429})  # auth, missing, rate limits: never about size
+_MINIMUM = {IMAGE_BYTES: MIN_IMAGE_BYTES, IMAGE_SIDE: MIN_SIDE, MANY_IMAGE_SIDE: MIN_SIDE, IMAGE_COUNT: 0, BODY_BYTES: 0}
+
+# What a limit steps down to when the answer names no number: the largest common limit below the
+# refused value (providers set round figures, decimal or binary), or 3/4 of it when none is near.
+_MIB, _MB = 1 << 20, 1_000_000
+BODY_STEPS = tuple(
+    sorted(
+        {n * (1 << 10) for n in (64, 128, 256, 512)}
+        | {n * 1000 for n in (100, 250, 500)}
+        | {n * unit for n in (1, 2, 4, 5, 8, 10, 16, 20, 25, 32, 50, 64, 100, 128, 256, 512) for unit in (_MIB, _MB)}
+    )
+)
+COUNT_STEPS = (1, 2, 3, 4, 5, 8, 10, 12, 16, 20, 32, 50, 60, 100, 250, 500, 600, 1000)
+_STEP_RATIO = 0.75
+
+ANSWER_TEXT_MAX = 64 * 1024  # bytes of an answer searched: error texts come first, and a body may echo a request
+SOURCE_MAX = 200  # characters of the matched text kept as a learned limit's source
+_SECRET = re.compile(r"(?:sk-[A-Za-z0-9_-]{8,}|AIza[0-9A-Za-z_-]{10,}|(?i:bearer)\s+\S+|[A-Za-z0-9+/=_-]{48,})")
+
+_TOP_KEYS = ("patterns",)
+_PATTERN_KEYS = ("name", "provider", "status", "match", "limit", "per", "value", "threshold", "patch_px", "host", "example", "expect")
+
+
+@dataclass(frozen=True, slots=True)
+class Pattern:
+    name: str
+    status: frozenset[int]
+    regex: re.Pattern[str]
+    kind: str
+    per: str = MODEL
+    value: int | None = None  # the limit when the text names none
+    threshold: int | None = None  # many_image_side: from how many images on
+    patch_px: int | None = None  # the number counts patches of this side: a long side is worked out of it
+    host: str | None = None  # a glob: the pattern applies to this host only
+    provider: str = ""
+    source: str = ""  # file:line
+
+    def applies(self, status: int, host: str) -> bool:
+        return status in self.status and (self.host is None or fnmatch.fnmatch(host.lower(), self.host.lower()))
+
+
+@dataclass(frozen=True, slots=True)
+class LimitError:
+    """A provider's answer that refused a request for a limit: which, and the number it named (None: none)."""
+
+    pattern: Pattern
+    status: int
+    value: int | None
+    text: str  # the matched text, trimmed and with anything like a key taken out: a learned limit's source
+
+    @property
+    def kind(self) -> str:
+        return self.pattern.kind
+
+    @property
+    def field(self) -> str:
+        return FIELDS[self.pattern.kind]
+
+    @property
+    def reason(self) -> str:
+        return REASONS[self.pattern.kind]
+
+    @property
+    def source(self) -> str:
+        return f"{self.status} {self.pattern.name}: {self.text}" if self.text else f"{self.status} {self.pattern.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """What the refused request sent: its body size and image count, from its record."""
+
+    body_bytes: int
+    images: int
+
+
+@dataclass(frozen=True, slots=True)
+class Tightening:
+    """The Limits fields to send the request again under, and where the number came from."""
+
+    fields: Mapping[str, int]
+    named: bool  # the answer (or the pattern) named the number; False: stepped down from what was refused
+
+    def describe(self, error: LimitError) -> str:
+        """e.g. "too many images (max 10, from the answer)"."""
+        value = self.fields[error.field]
+        shown = _format_value(error.kind, value)
+        return f"{error.reason} (max {shown}, {'from the answer' if self.named else 'stepped down from what was refused'})"
+
+
+def _format_value(kind: str, value: int) -> str:
+    if kind in (BODY_BYTES, IMAGE_BYTES):
+        return f"{value:,} bytes"
+    if kind in (IMAGE_SIDE, MANY_IMAGE_SIDE):
+        return f"{value}px"
+    return str(value)
+
+
+class Patterns:
+    """Patterns tried in order: the first that applies to the status and host and matches the answer wins."""
+
+    def __init__(self, patterns: Iterable[Pattern]) -> None:
+        self.patterns = tuple(patterns)
+
+    def recognise(self, status: int, body: bytes, host: str = "") -> LimitError | None:
+        """The limit error the answer `body` (decoded) with `status` names, or None when it is no limit error."""
+        if status in NEVER or status < 400 or status >= 500:
+            return None
+        candidates = [p for p in self.patterns if p.applies(status, host)]
+        if not candidates:
+            return None
+        texts = answer_texts(body)
+        for pattern in candidates:
+            for text in texts:
+                match = pattern.regex.search(text)
+                if match is not None:
+                    return LimitError(pattern, status, _number(pattern, match), _clean(match.group(0)))
+        return None
+
+    def __len__(self) -> int:
+        return len(self.patterns)
+
+
+def answer_texts(body: bytes) -> list[str]:
+    """The answer's text as it came, then (when it is JSON) its strings joined, so that escapes do not matter."""
+    head = body[:ANSWER_TEXT_MAX]
+    text = head.decode("utf-8", "replace")
+    texts = [text]
+    try:
+        parsed = orjson.loads(head) if len(body) <= ANSWER_TEXT_MAX else None
+    except orjson.JSONDecodeError:
+        parsed = None
+    if parsed is not None:
+        strings = "\n".join(_strings(parsed))
+        if strings and strings != text:
+            texts.append(strings)
+    return texts
+
+
+def _strings(node: Any) -> Iterable[str]:
+    if isinstance(node, str):
+        yield node
+    elif isinstance(node, dict):
+        for value in node.values():
+            yield from _strings(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _strings(value)
+
+
+def _number(pattern: Pattern, match: re.Match[str]) -> int | None:
+    groups = match.groupdict()
+    if groups.get("limit") is None:
+        return pattern.value
+    value = int(groups["limit"]) - int(groups.get("minus") or 0)
+    if pattern.patch_px is not None:
+        # A budget of N square patches holds a square image of floor(sqrt(N)) patches a side: any shape fits within it.
+        value = math.isqrt(value) * pattern.patch_px
+    return value
+
+
+def _clean(text: str) -> str:
+    text = _SECRET.sub("[redacted]", " ".join(text.split()))
+    return text if len(text) <= SOURCE_MAX else text[: SOURCE_MAX - 3] + "..."
+
+
+def step_down(kind: str, refused: int) -> int | None:
+    """The limit to try after `refused` (a body size or an image count) was refused by a limit the answer did not name."""
+    steps = BODY_STEPS if kind == BODY_BYTES else COUNT_STEPS
+    below = [s for s in steps if s < refused]
+    nearest = below[-1] if below else None
+    fallback = math.floor(refused * _STEP_RATIO)
+    if nearest is not None and nearest >= fallback:
+        return nearest
+    return fallback if fallback < refused else None
+
+
+def tightened(error: LimitError, limits: Limits, refused: Refused) -> Tightening | None:
+    """The fields to send the refused request again under, each tighter than `limits`; None when nothing can
+    be tightened (the number is no lower than what applied, or no step is left)."""
+    kind, current = error.kind, getattr(limits, error.field)
+    value, named = error.value, True
+    measured = refused.body_bytes if kind == BODY_BYTES else refused.images if kind == IMAGE_COUNT else None
+    if measured is not None and (value is None or value >= measured):
+        # The answer named no number, or one the refused request was already within: step down from what was sent.
+        value, named = step_down(kind, measured), False
+    if value is None or value < _MINIMUM[kind] or (current is not None and value >= current):
+        return None  # what applied already held the request there: a tighter limit is all that could help, and there is none
+    fields = {error.field: value}
+    if kind == IMAGE_COUNT and limits.keep_recent > value:
+        fields["keep_recent"] = value  # the newest images are kept whatever the cap: no more of them than it allows
+    if kind == MANY_IMAGE_SIDE:
+        threshold = error.pattern.threshold if error.pattern.threshold is not None else 0
+        if limits.many_images_threshold is not None:
+            threshold = min(threshold, limits.many_images_threshold)
+        fields["many_images_threshold"] = threshold
+    return Tightening(fields, named)
+
+
+def scope(error: LimitError) -> str:
+    """Whether a limit learned from `error` holds for the request's model at its host, or for the whole host."""
+    return error.pattern.per
+
+
+# --- loading -----------------------------------------------------------------------------------
+
+
+def load_patterns(path: str | os.PathLike[str] | None = None) -> Patterns:
+    """The shipped patterns, after those of `path` when one is given; RulesError (file:line) for a bad file."""
+    shipped = _read(DEFAULT_PATTERNS_PATH)
+    if not path:
+        return Patterns(shipped)
+    return Patterns(_read(path) + shipped)
+
+
+def parse_patterns(text: str, source: str = "<string>") -> Patterns:
+    return Patterns(_PatternsReader(source).parse(text))
+
+
+def _read(path: str | os.PathLike[str]) -> list[Pattern]:
+    return _PatternsReader(os.fspath(path)).parse(read_text(path, RulesError))
+
+
+class _PatternsReader(NodeReader[list[Pattern]]):
+    error_class = RulesError
+
+    def top(self, root: Node | None) -> list[Pattern]:
+        top = self.top_mapping(root, "the limit errors file", _TOP_KEYS, "empty limit errors file: write `patterns:` (see rules/limit_errors.yaml)")
+        if "patterns" not in top:
+            assert root is not None
+            raise self.error(root, "no `patterns:` list")
+        names: dict[str, int] = {}
+        out = []
+        for node in self.sequence(top["patterns"][1], "patterns"):
+            pattern = self.pattern(node)
+            if pattern.name in names:
+                raise self.error(node, f"duplicate pattern name {pattern.name!r} (first on line {names[pattern.name]})")
+            names[pattern.name] = node.start_mark.line + 1
+            out.append(pattern)
+        return out
+
+    def pattern(self, node: Node) -> Pattern:
+        fields = self.mapping(node, "a pattern")
+        for key in ("name", "status", "match", "limit"):
+            if key not in fields:
+                raise self.error(node, f"pattern has no {key}: each pattern needs name, status, match and limit")
+        name = self.text(fields["name"][1], "name")
+        what = f"pattern {name!r}"
+        self.reject_unknown(fields, _PATTERN_KEYS, what)
+        kind = self.text(fields["limit"][1], "limit")
+        if kind not in FIELDS:
+            raise self.error(fields["limit"][1], f"{what}: limit must be one of {', '.join(FIELDS)}, got {kind!r}")
+        status = self.statuses(fields["status"][1], what)
+        match_node = fields["match"][1]
+        expression = self.scalar(match_node)
+        if not isinstance(expression, str):
+            raise self.error(match_node, f"{what}: match must be a regular expression in quotes, got {self.describe(match_node)}")
+        try:
+            regex = re.compile(expression, re.IGNORECASE)
+        except re.error as e:
+            raise self.error(match_node, f"{what}: match is not a valid regular expression ({e})") from None
+        unknown_groups = set(regex.groupindex) - {"limit", "minus"}
+        if unknown_groups:
+            raise self.error(match_node, f"{what}: match names groups {sorted(unknown_groups)}; only (?P<limit>...) and (?P<minus>...) are read")
+        if "minus" in regex.groupindex and "limit" not in regex.groupindex:
+            raise self.error(match_node, f"{what}: (?P<minus>...) is taken off (?P<limit>...), which match does not have")
+        value = self.whole(fields, "value", what)
+        if value is not None and "limit" in regex.groupindex:
+            raise self.error(fields["value"][0], f"{what}: give the number either as (?P<limit>...) in match or as value, not both")
+        if value is None and "limit" not in regex.groupindex and kind not in (IMAGE_COUNT, BODY_BYTES):
+            raise self.error(
+                node, f"{what}: a {kind} limit cannot step down from what was refused: name the number with (?P<limit>...) in match, or give value"
+            )
+        threshold = self.whole(fields, "threshold", what)
+        if threshold is not None and kind != MANY_IMAGE_SIDE:
+            raise self.error(fields["threshold"][0], f"{what}: threshold is for many_image_side only")
+        patch_px = self.whole(fields, "patch_px", what)
+        per = self.text(fields["per"][1], "per") if "per" in fields else (HOST if kind == BODY_BYTES else MODEL)
+        if per not in (MODEL, HOST):
+            raise self.error(fields["per"][1], f"{what}: per must be model or host, got {per!r}")
+        host = self.text(fields["host"][1], "host") if "host" in fields else None
+        provider = self.text(fields["provider"][1], "provider") if "provider" in fields else ""
+        pattern = Pattern(name, status, regex, kind, per, value, threshold, patch_px, host, provider, f"{self.source}:{node.start_mark.line + 1}")
+        if "example" in fields:
+            self.check_example(pattern, fields, what)
+        return pattern
+
+    def check_example(self, pattern: Pattern, fields: Mapping[str, tuple[Node, Node]], what: str) -> None:
+        """A pattern's example must be recognised, and give `expect` when that is given."""
+        example_node = fields["example"][1]
+        example = self.text(example_node, "example")
+        status = min(pattern.status)
+        found = Patterns([pattern]).recognise(status, example.encode(), pattern.host.replace("*", "x") if pattern.host else "")
+        if found is None:
+            raise self.error(example_node, f"{what}: match does not find its own example")
+        expect = self.whole(fields, "expect", what)
+        if expect is not None and found.value != expect:
+            raise self.error(fields["expect"][1], f"{what}: the example gives {found.value}, not the expected {expect}")
+
+    def text(self, node: Node, key: str) -> str:
+        value = self.scalar(node)
+        if not isinstance(value, str) or (key != "match" and not value.strip()):
+            raise self.error(node, f"{key} must be text, got {self.describe(node)}")
+        return value
+
+    def whole(self, fields: Mapping[str, tuple[Node, Node]], key: str, what: str) -> int | None:
+        if key not in fields:
+            return None
+        node = fields[key][1]
+        value = self.scalar(node)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise self.error(node, f"{what}: {key} must be a whole number >= 0, got {self.describe(node)}")
+        return value
+
+    def statuses(self, node: Node, what: str) -> frozenset[int]:
+        items = list(node.value) if isinstance(node, SequenceNode) else [node]
+        out = set()
+        for item in items:
+            value = self.scalar(item)
+            if isinstance(value, bool) or not isinstance(value, int) or not 400 <= value <= 499:
+                raise self.error(item, f"{what}: status must be 4xx codes (a 5xx is never a limit error), got {self.describe(item)}")
+            if value in NEVER:
+                raise self.error(item, f"{what}: {value} is never a limit error (auth, a missing path or a rate limit)")
+            out.add(value)
+        if not out:
+            raise self.error(node, f"{what}: status is an empty list")
+        return frozenset(out)
