@@ -31,7 +31,7 @@ from . import _document, _jsoncodec
 from ._conversation import COUNT_TOKENS, WARMUP, History, Recall, history_of, session_key
 from ._imageinfo import sniff_media
 from ._placeholder import MediaFacts
-from ._policy import BODY, CACHE, COUNT_CAP, IMAGE_LIMIT, REPEAT, TOKENS, NeedsWorker, Plan, nothing_to_change
+from ._policy import BODY, CACHE, COUNT_CAP, IMAGE_LIMIT, REPEAT, TOKENS, Limits, NeedsWorker, Plan, nothing_to_change
 from ._record import Record, utc_timestamp
 from ._rules import Rules, Target
 from ._sizes import format_size
@@ -47,6 +47,9 @@ MODES = (ENFORCE, OBSERVE)
 # A full parse runs ~10x slower per byte; image re-encoding takes 25-250 ms per megapixel.
 INLINE_MAX_BODY = 16 * 2**20
 INLINE_MAX_WHOLE = 2**20
+
+# Limits to apply instead of the rule's for a request to (host, model): the proxy's learned limits (trimflow._learned).
+Tighten = Callable[[str, str | None, Limits], Limits]
 
 
 class Outcome:
@@ -142,10 +145,12 @@ def prune(
     mode: str = ENFORCE,
     inline: bool = False,
     memory: CutMemory | None = None,
+    tighten: Tighten | None = None,
 ) -> Outcome:
     """Apply the rules to one request whose Target the caller resolved (Rules.target).
 
     With `inline`, raises NeedsWorker instead of starting slow work (see the module's docstring).
+    `tighten(host, model, limits)`, when given, gives the limits to apply instead of the rule's (learned limits).
     `memory`: the conversations the caller numbers turns in; with it, a rule with `low_water` holds the
     conversation's last cut and knows when its cache went cold. The caller then numbers the turn with
     the outcome's `cut` (Conversations.assign). Without it, each request is cut on its own.
@@ -186,7 +191,7 @@ def prune(
         return guarded
 
     try:
-        return _prune(doc, host, path, lowered, fmt, rules, mode, started, inline, guard if inline else None, memory)
+        return _prune(doc, host, path, lowered, fmt, rules, mode, started, inline, guard if inline else None, memory, tighten)
     except NeedsWorker:
         raise
     except Exception as exc:  # noqa: BLE001 - the request must go through whatever the body holds
@@ -219,6 +224,7 @@ def _prune(
     inline: bool,
     guard: Callable[[Callable[[], Record]], Callable[[], Record | None]] | None = None,
     memory: CutMemory | None = None,
+    tighten: Tighten | None = None,
 ) -> Outcome:
     """`guard`, given when inline: wraps the deferred record's computation so it fails as this would."""
     parsed, body = doc.parsed, doc.body
@@ -227,6 +233,8 @@ def _prune(
     counted = counted_turn_path(fmt, path)
     # A token count is pruned as the turn it measures, so it counts what that turn will send.
     limits = rules.limits_for(host, path if counted is None else counted, model)
+    if tighten is not None:
+        limits = tighten(host, model, limits)
     media = [doc.resolve(m) for m in module.find_media(parsed)]
     images = [m for m in media if m.kind == IMAGE]
     media_bytes = sum(m.wire_bytes for m in media)
