@@ -56,6 +56,7 @@ def test_to_json_round_trips_through_the_dict() -> None:
 def test_a_fresh_record_says_none_for_what_only_the_answer_tells() -> None:
     fields = orjson.loads(record().to_json())
     assert (fields["status"], fields["usage_input_tokens"], fields["reason"], fields["simulated"]) == (None, None, None, None)
+    assert fields["usage_cache_read_tokens"] is fields["usage_cache_write_tokens"] is fields["usage_output_tokens"] is None
     assert fields["pruned"] == fields["images_before"] == 0 and fields["over_budget"] is False
 
 
@@ -74,6 +75,16 @@ def test_summary_names_the_conversation_turn_model_and_the_figures() -> None:
     assert "body 16.0MB->3.5MB" in line
     assert "~23k->9k tok" in line
     assert line.endswith(" 200 in=9000 est/in=1.01")
+
+
+def test_summary_shows_the_cache_and_output_the_provider_reported() -> None:
+    usage = {"usage_input_tokens": 12_000, "usage_cache_read_tokens": 9_000, "usage_cache_write_tokens": 2_000, "usage_output_tokens": 300}
+    line = record(status=200, **usage).summary()
+    assert " 200 in=12000 (cached 9000, written 2000) out=300" in line
+    # OpenAI and Gemini report a read, never a write: only what is known is shown
+    assert "in=12000 (cached 9000) out=300" in record(usage_input_tokens=12_000, usage_cache_read_tokens=9_000, usage_output_tokens=300).summary()
+    assert "in=500 out=3" in record(usage_input_tokens=500, usage_output_tokens=3).summary()
+    assert "cached" not in record(usage_input_tokens=500).summary() and "out=" not in record(usage_input_tokens=500).summary()
 
 
 def test_summary_without_a_conversation_or_model_uses_dashes_and_the_format() -> None:

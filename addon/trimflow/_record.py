@@ -55,7 +55,10 @@ class Record:
     server_side_history: bool = False  # earlier turns live at the provider (previous_response_id)
     reason: str | None = None  # why the body was forwarded as it came, when it could not be handled
     status: int | None = None
-    usage_input_tokens: int | None = None
+    usage_input_tokens: int | None = None  # the whole prompt as the provider counts it, cache reads and writes included
+    usage_cache_read_tokens: int | None = None  # of which read from the provider's prompt cache
+    usage_cache_write_tokens: int | None = None  # of which written to it (Anthropic, Bedrock; OpenAI and Gemini never say)
+    usage_output_tokens: int | None = None
     overhead_ms: float = 0.0
     simulated: str | None = None  # the limit profile (trimflow_simulate) that answered instead of the provider
 
@@ -103,6 +106,13 @@ class Record:
             parts.append(str(self.status))
         if self.usage_input_tokens is not None:
             parts.append(f"in={self.usage_input_tokens}")
+            cache = [
+                f"{what} {n}" for what, n in (("cached", self.usage_cache_read_tokens), ("written", self.usage_cache_write_tokens)) if n is not None
+            ]
+            if cache:
+                parts.append(f"({', '.join(cache)})")
+        if self.usage_output_tokens is not None:
+            parts.append(f"out={self.usage_output_tokens}")
         ratio = self.est_to_usage_ratio()
         if ratio is not None:
             parts.append(f"est/in={ratio:.2f}")
