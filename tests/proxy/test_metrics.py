@@ -46,6 +46,7 @@ async def test_sse_responses_stream_through_and_usage_is_read(addon, tmp_path) -
     (line,) = (tmp_path / "m.jsonl").read_bytes().splitlines()
     record = orjson.loads(line)
     assert record["usage_input_tokens"] == 1500 and record["status"] == 200
+    assert (record["usage_cache_read_tokens"], record["usage_cache_write_tokens"], record["usage_output_tokens"]) == (300, None, 9)
 
 
 async def test_a_streaming_path_streams_whatever_the_content_type_says(addon) -> None:
@@ -72,6 +73,21 @@ async def test_json_responses_give_usage_too(addon, tmp_path) -> None:
     await answer_sent()
     assert orjson.loads((tmp_path / "m.jsonl").read_bytes())["usage_input_tokens"] == 321
     assert flow.metadata["trimflow"]["usage_input_tokens"] == 321 and flow.metadata["trimflow"]["status"] == 200
+    assert flow.metadata["trimflow"]["usage_output_tokens"] == 5 and flow.metadata["trimflow"]["usage_cache_read_tokens"] is None
+
+
+async def test_json_answers_give_cache_reads_and_writes(addon, tmp_path) -> None:
+    addon.tctx.configure(addon, trimflow_metrics=str(tmp_path / "m.jsonl"))
+    flow = llm_flow("anthropic", host="api.anthropic.com")
+    await requested(addon, flow)
+    usage = b'{"usage":{"input_tokens":20,"cache_creation_input_tokens":3000,"cache_read_input_tokens":9000,"output_tokens":300}}'
+    flow.response = json_answer(usage)
+    addon.responseheaders(flow)
+    addon.response(flow)
+    await answer_sent()
+    record = orjson.loads((tmp_path / "m.jsonl").read_bytes())
+    got = [record[f"usage_{what}_tokens"] for what in ("input", "cache_read", "cache_write", "output")]
+    assert got == [12_020, 9000, 3000, 300]
 
 
 async def test_a_failed_flow_still_gets_its_record(addon, tmp_path) -> None:
@@ -158,10 +174,11 @@ def ws_send(flow, payload: dict, from_client: bool) -> None:
 
 
 def completed(response_id: str, input_tokens: int) -> dict:
+    usage = {"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": input_tokens // 2}, "output_tokens": 7}
     return {
         "type": "response.completed",
         "sequence_number": 9,
-        "response": {"id": response_id, "object": "response", "status": "completed", "usage": {"input_tokens": input_tokens}},
+        "response": {"id": response_id, "object": "response", "status": "completed", "usage": usage},
     }
 
 
@@ -191,6 +208,11 @@ async def test_websocket_records_carry_their_answer_and_a_warmup_is_no_turn(addo
         ("warmup", None, 200, 5),
         ("turn", 1, 200, 1234),
         ("turn", 2, 200, 2345),
+    ]
+    assert [(r["usage_cache_read_tokens"], r["usage_cache_write_tokens"], r["usage_output_tokens"]) for r in records] == [
+        (2, None, 7),
+        (617, None, 7),
+        (1172, None, 7),
     ]
     assert len({r["conversation"] for r in records}) == 1 and records[0]["conversation"] is not None
     assert records[1]["images_before"] == 3 and records[1]["images_after"] == 2

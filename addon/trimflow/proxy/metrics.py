@@ -1,5 +1,6 @@
-"""The metrics addon: completes each LLM request's record with the answer (status, the provider's input
-tokens, or the error), logs one line per request and appends the record to trimflow_metrics (JSONL).
+"""The metrics addon: completes each LLM request's record with the answer (status, the provider's usage:
+input tokens, cache reads and writes, output tokens; or the error), logs one line per request and appends
+the record to trimflow_metrics (JSONL).
 
 Streamed answers (server-sent events and the like) are passed through as they come, not buffered,
 with the usage read on the way.
@@ -15,7 +16,7 @@ from mitmproxy import ctx, http
 from .._decode import DecodeError, decode_body
 from .._metrics import MetricsFile
 from .._record import Record
-from .._usage import UsageScanner, input_tokens_of
+from .._usage import Usage, UsageScanner, usage_of
 from ..formats import openai_responses, streamed_path
 from .options import check_writable, exits_at_startup, starting
 from .state import Flows, write
@@ -81,14 +82,14 @@ class Metrics:
         scanner = flow.response.stream
         content = b""
         if isinstance(scanner, AnswerScanner):
-            record.usage_input_tokens = scanner.input_tokens
+            _set_usage(record, scanner.usage)
             content = scanner.head
         elif flow.response.raw_content is not None:
             try:  # bounded like requests: an upstream's compressed answer is not inflated past the limit
                 content = decode_body(flow.response.raw_content, flow.response.headers.get("content-encoding"), self.flows.max_decoded_bytes)
             except DecodeError:
                 content = b""  # usage unknown; the client gets the answer as it came
-            record.usage_input_tokens = input_tokens_of(content)
+            _set_usage(record, usage_of(content))
         self.flows.responded(record, state.thread, content[:ANSWER_HEAD])
         write(flow, state)  # before mitmproxy's save addon, later in its chain, writes the flow
         self._finish(record, None)
@@ -120,7 +121,8 @@ class Metrics:
         if answer is None:
             return
         record, thread = state.waiting.pop(0)
-        record.status, record.usage_input_tokens, response_id = answer
+        record.status, _, response_id = answer
+        _set_usage(record, usage_of(message.content))  # the answer event carries the response's usage, details and all
         self.flows.conversations.responded(thread, response_id)
         self._finish(record, None)
 
@@ -148,6 +150,13 @@ class Metrics:
             log.info("trimflow: %s", record.summary())
             if self.file is not None:
                 self.file.write(record, error)
+
+
+def _set_usage(record: Record, usage: Usage) -> None:
+    record.usage_input_tokens = usage.input_tokens
+    record.usage_cache_read_tokens = usage.cache_read_tokens
+    record.usage_cache_write_tokens = usage.cache_write_tokens
+    record.usage_output_tokens = usage.output_tokens
 
 
 ANSWER_HEAD = 4096  # bytes of an answer kept for its id (a Responses answer names it first)
