@@ -11,6 +11,7 @@ import subprocess
 import sys
 import urllib.request
 from collections.abc import Iterator
+from typing import Any
 
 import anthropic
 import openai
@@ -37,7 +38,7 @@ def claude(p: FakeProvider) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=p.url, api_key="test-key", max_retries=0)
 
 
-def claude_request(question: str) -> dict:
+def claude_request(question: str) -> dict[str, Any]:
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG_B64}}
     return {
         "model": "claude-sonnet-4-6",
@@ -63,7 +64,7 @@ def test_anthropic_stream_reports_the_cache_in_message_start(provider: FakeProvi
     claude(provider).messages.create(**claude_request("what is this?"))
     with claude(provider).messages.stream(**claude_request("what is that?")) as s:
         final = s.get_final_message()
-    assert final.usage.cache_read_input_tokens > 1024 and final.usage.cache_creation_input_tokens == 0
+    assert (final.usage.cache_read_input_tokens or 0) > 1024 and final.usage.cache_creation_input_tokens == 0
 
 
 def test_anthropic_fifth_breakpoint_is_refused_with_anthropics_text(provider: FakeProvider) -> None:
@@ -72,6 +73,7 @@ def test_anthropic_fifth_breakpoint_is_refused_with_anthropics_text(provider: Fa
     with pytest.raises(anthropic.BadRequestError) as refused:
         claude(provider).messages.create(**body)
     assert refused.value.status_code == 400
+    assert isinstance(refused.value.body, dict)
     assert refused.value.body["error"] == {"type": "invalid_request_error", "message": MAX_BREAKPOINTS_TEXT.format(found=5)}
 
 
@@ -79,16 +81,17 @@ def oai(p: FakeProvider) -> openai.OpenAI:
     return openai.OpenAI(base_url=p.url + "/v1", api_key="test-key", max_retries=0)
 
 
-def chat(question: str) -> list:
+def chat(question: str) -> list[Any]:
     return [{"role": "system", "content": LONG}, {"role": "user", "content": question}]
 
 
 def test_openai_chat_cached_tokens_in_128_token_steps(provider: FakeProvider) -> None:
     first = oai(provider).chat.completions.create(model="gpt-4o", messages=chat("first?"))
+    assert first.usage is not None and first.usage.prompt_tokens_details is not None
     assert first.usage.prompt_tokens_details.cached_tokens == 0
     stream = oai(provider).chat.completions.create(model="gpt-4o", messages=chat("second?"), stream=True, stream_options={"include_usage": True})
     usage = [c.usage for c in stream if c.usage is not None][-1]
-    cached = usage.prompt_tokens_details.cached_tokens
+    assert usage.prompt_tokens_details is not None and (cached := usage.prompt_tokens_details.cached_tokens) is not None
     assert cached >= 1024 and cached % 128 == 0
     assert usage.prompt_tokens - 128 < cached < usage.prompt_tokens  # the prompt counts the cached tokens too
 
@@ -98,6 +101,7 @@ def test_openai_responses_cached_tokens(provider: FakeProvider) -> None:
     client.responses.create(model="gpt-5", instructions=LONG, input="first?")
     with client.responses.stream(model="gpt-5", instructions=LONG, input="second?") as s:
         final = s.get_final_response()
+    assert final.usage is not None
     cached = final.usage.input_tokens_details.cached_tokens
     assert cached >= 1024 and cached % 128 == 0 and cached < final.usage.input_tokens
 
@@ -106,17 +110,26 @@ def test_gemini_cached_content_token_count(provider: FakeProvider) -> None:
     with genai.Client(api_key="test-key", http_options=types.HttpOptions(base_url=provider.url)) as client:
         config = types.GenerateContentConfig(system_instruction=LONG)
         image = types.Part.from_bytes(data=PNG, mime_type="image/png")
-        first = client.models.generate_content(model="gemini-2.5-flash", contents=[image, "first?"], config=config)
+        first = client.models.generate_content(
+            model="gemini-2.5-flash", contents=types.Content(role="user", parts=[image, types.Part.from_text(text="first?")]), config=config
+        )
+        assert first.usage_metadata is not None
         assert first.usage_metadata.cached_content_token_count is None  # Gemini leaves a zero out
-        chunks = list(client.models.generate_content_stream(model="gemini-2.5-flash", contents=[image, "second?"], config=config))
+        chunks = list(
+            client.models.generate_content_stream(
+                model="gemini-2.5-flash", contents=types.Content(role="user", parts=[image, types.Part.from_text(text="second?")]), config=config
+            )
+        )
     usage = chunks[-1].usage_metadata
-    assert usage.cached_content_token_count > 2048 and usage.cached_content_token_count < usage.prompt_token_count
-    by_modality = {d.modality.name: d.token_count for d in usage.cache_tokens_details}
-    assert sum(by_modality.values()) == usage.cached_content_token_count and by_modality["IMAGE"] > 0
+    assert usage is not None and usage.cache_tokens_details is not None
+    cached, prompt = usage.cached_content_token_count or 0, usage.prompt_token_count or 0
+    assert 2048 < cached < prompt
+    by_modality = {d.modality.name if d.modality else None: d.token_count or 0 for d in usage.cache_tokens_details}
+    assert sum(by_modality.values()) == cached and by_modality["IMAGE"] > 0
 
 
 def test_bedrock_converse_cache_point(provider: FakeProvider) -> None:
-    def converse(question: str) -> dict:
+    def converse(question: str) -> dict[str, int]:
         body = {
             "system": [{"text": LONG}, {"cachePoint": {"type": "default"}}],
             "messages": [{"role": "user", "content": [{"text": question}]}],

@@ -79,7 +79,7 @@ IMPLICIT = "implicit"  # the provider caches every prompt's prefix (OpenAI, Gemi
 MAX_BREAKPOINTS = 4
 # Anthropic's answer to a fifth breakpoint, as users report it (status 400, invalid_request_error).
 MAX_BREAKPOINTS_TEXT = "A maximum of 4 blocks with cache_control may be provided. Found {found}."
-LOOKBACK_BLOCKS = 20  # block boundaries a read checks at and before each breakpoint ("about 20 blocks")
+LOOKBACK_BLOCKS = 20  # block boundaries a read checks per breakpoint: its own and the 19 before it ("about 20 blocks")
 FIVE_MINUTES = 300.0
 ONE_HOUR = 3600.0
 OPENAI_STEP = 128
@@ -306,9 +306,10 @@ def _prefixes(units: tuple[Unit, ...]) -> tuple[list[bytes], list[int], list[int
 # --- requests as units --------------------------------------------------------------------------
 
 
-def prompt_of(fmt: str, path: str, body: Any) -> Prompt | None:
+def prompt_of(fmt: str, path: str, body: Any, media: list[Media] | None = None) -> Prompt | None:
     """The prompt of a request body of wire format `fmt` sent to `path`, or None when nothing is cached
-    there (a token count, Ollama, a model without caching, a body that is not a JSON object)."""
+    there (a token count, Ollama, a model without caching, a body that is not a JSON object). `media`:
+    what the format's find_media found in `body`, when the caller has it already."""
     if not isinstance(body, dict) or fmt not in FORMATS or counted_turn_path(fmt, path) is not None:
         return None
     module = FORMATS[fmt]
@@ -316,7 +317,7 @@ def prompt_of(fmt: str, path: str, body: Any) -> Prompt | None:
     caching = caching_for(fmt, model)
     if caching is None:
         return None
-    builder = _Builder(fmt, model, module.find_media(body))
+    builder = _Builder(fmt, model, module.find_media(body) if media is None else media)
     retention = None
     if fmt == "anthropic":
         _anthropic(builder, body)

@@ -1,5 +1,8 @@
 """scripts/replay: drive a synthetic screenshot session through a proxy (or straight at a provider).
 
+(`replay --policies` is the other mode: trimflow.testing._cache_sessions, the reference sessions through
+each pruning policy in process, against the prompt cache model.)
+
 Each turn adds one real screenshot of about --image-kb KB (a distinct image per turn) and sends the
 whole history again, as agents do, then prints one row: the turn, the body bytes sent, the images in
 it, the HTTP status, and the body bytes the upstream received (the fake provider reports them in
@@ -170,8 +173,16 @@ def _table_row(row: Row) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args_in = sys.argv[1:] if argv is None else argv
+    if "--policies" in args_in:
+        # The other mode: the reference sessions through each pruning policy, in process, against the cache model.
+        from . import _cache_sessions
+
+        return _cache_sessions.main(args_in)
     parser = argparse.ArgumentParser(
         prog="replay",
+        epilog="replay --policies [--session NAME] [--policy NAME] [--json] runs the reference sessions through "
+        "each pruning policy against a model of the providers' prompt caching instead (see docs/caching.md).",
         description="Send a synthetic screenshot session turn by turn (one new real image per turn, the whole "
         "history every turn) and print one row per turn: body bytes sent, images, HTTP status, body bytes the "
         "upstream received. Exit status 0 when every turn succeeded, 1 when any failed.",
@@ -193,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for each answer (default 300)")
     parser.add_argument("--json", action="store_true", help="print the rows as one JSON array instead of a table")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(args_in)
     for name in ("turns", "image_kb"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")

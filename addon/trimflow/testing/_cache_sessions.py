@@ -1,0 +1,585 @@
+"""Reference sessions, and what each pruning policy costs on them against the prompt cache model.
+
+Four sessions, built deterministically with real Pillow screenshots (1280x800 PNG, distinct within a
+session, 220-310 KB like a real desktop's; the sessions draw from the same 61, made once per run), each
+a list of turns: the request body as the agent sends it (whole history, the agent's own `cache_control`),
+the think time before it (some gaps past the 5-minute TTL) and the tokens of the answer it gets:
+
+- computer-use: Anthropic, 60 turns, a screenshot per turn in a `tool_result`, `cache_control` on the
+  system prompt and on the last block, as Claude Code does;
+- claude-code: Anthropic, 80 requests of a coding session (a long system prompt and tool definitions,
+  file reads, shell output) that reads 20 screenshots;
+- chat: OpenAI chat, a user pasting 3 screenshots into each of 15 messages;
+- gemini: a Gemini 2.5 Flash browser agent, 40 turns, a screenshot per turn after each function call.
+
+`run` sends every turn of a session through the engine under one policy (a rules file with overrides),
+in process, then the body the engine forwards through the cache model at the session's simulated time,
+and adds up what the provider would bill. `python -m trimflow replay --policies` prints the tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import io
+import random
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from PIL import Image, ImageDraw, ImageFont
+
+from .._conversation import Conversations
+from .._engine import prune
+from .._prices import PriceTable, load_prices
+from .._profiles import Profile, check, load_profiles
+from .._rules import DEFAULT_RULES_PATH, Rules, load_rules
+from .._tokens import text_tokens
+from ..formats import FORMATS, IMAGE
+from ._cache_model import CacheModel, CacheUsage, TooManyBreakpoints, prompt_of
+from ._synthetic import b64, data_url
+
+__all__ = [
+    "POLICIES",
+    "SESSIONS",
+    "Policy",
+    "PolicyResult",
+    "Session",
+    "Turn",
+    "TurnResult",
+    "desktop_screenshot",
+    "main",
+    "run",
+]
+
+SCREEN = (1280, 800)
+
+# --- screenshots ----------------------------------------------------------------------------------------------
+
+_WORDS = (
+    "the of and to in is for on that with file edit view settings save cancel open project search results page "
+    "window terminal build test run error warning info user account billing network deploy branch commit review "
+    "close help tools format insert table chart export import preview share invite members status ready"
+).split()
+
+
+@functools.cache
+def desktop_screenshot(seed: int) -> bytes:
+    """A 1280x800 PNG like a desktop screenshot: a title bar, a sidebar, text in a main pane, buttons and a
+    photo-like panel. Each seed draws a different screen; the same seed always the same bytes (cached per run)."""
+    rng = random.Random(seed)
+    width, height = SCREEN
+    shade = rng.randrange(226, 246)
+    img = Image.new("RGB", SCREEN, (shade, shade, shade + 4 if shade < 250 else shade))
+    draw = ImageDraw.Draw(img)
+    font = ImageFont.load_default()
+    draw.rectangle((0, 0, width, 28), fill=(40, 40, 48))
+    draw.text((12, 8), f"Window {seed} - " + " ".join(rng.choice(_WORDS) for _ in range(3)), fill=(230, 230, 230), font=font)
+    draw.rectangle((0, 28, 220, height), fill=(248, 248, 250))
+    for y in range(44, height - 20, 22):
+        draw.text((16, y), " ".join(rng.choice(_WORDS) for _ in range(3)).title(), fill=(60, 60, 70), font=font)
+    for y in range(50, height - 210, 18):
+        line = " ".join(rng.choice(_WORDS) for _ in range(rng.randrange(4, 18)))
+        draw.text((240, y), line, fill=(rng.randrange(0, 90),) * 3, font=font)
+    panel_w, panel_h = rng.randrange(300, 420), rng.randrange(160, 200)
+    x, y = rng.randrange(240, width - panel_w), height - panel_h - 10
+    gradient = Image.linear_gradient("L").resize((panel_w, panel_h)).convert("RGB")
+    speckle = Image.frombytes("RGB", (panel_w, panel_h), rng.randbytes(panel_w * panel_h * 3))
+    img.paste(Image.blend(gradient, speckle, 0.35), (x, y))
+    for _ in range(6):
+        bx, by = rng.randrange(240, width - 150), rng.randrange(40, height - 60)
+        colour = (rng.randrange(256), rng.randrange(256), rng.randrange(256))
+        draw.rounded_rectangle((bx, by, bx + rng.randrange(60, 140), by + 28), 6, fill=colour)
+    out = io.BytesIO()
+    img.save(out, "PNG")
+    return out.getvalue()
+
+
+@functools.cache
+def _shot_b64(seed: int) -> str:
+    return b64(desktop_screenshot(seed))
+
+
+# --- sessions -------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """One request of a session: the body as the agent sends it, the seconds since the previous request
+    (0 for the first) and the tokens of the answer (the assistant message the next request carries)."""
+
+    body: bytes
+    think: float
+    output_tokens: int
+
+
+@dataclass(frozen=True)
+class Session:
+    """A reference session: its turns are built on demand (`turns()`), so only one body is held at a time."""
+
+    name: str
+    description: str
+    fmt: str
+    host: str
+    path: str
+    model: str
+    length: int  # requests
+    profiles: tuple[str, ...]  # rules/profiles.yaml: the limits a request of this session must not break
+    build: Callable[[], Iterator[Turn]] = field(repr=False)
+
+    def turns(self) -> Iterator[Turn]:
+        return self.build()
+
+
+def _filler(topic: str, kilobytes: float, seed: int) -> str:
+    """Instructions of about `kilobytes` KB: numbered sentences, so no two sessions share a prompt by accident."""
+    rng = random.Random(seed)
+    out: list[str] = []
+    size, n = 0, 0
+    while size < kilobytes * 1024:
+        n += 1
+        words = " ".join(rng.choice(_WORDS) for _ in range(rng.randrange(8, 20)))
+        sentence = f"{n}. When you {topic}, mind the {words}. "
+        out.append(sentence)
+        size += len(sentence)
+    return "".join(out)
+
+
+def _tokens(value: Any) -> int:
+    return text_tokens(len(orjson.dumps(value)))
+
+
+def _think(rng: random.Random, turn: int, low: float, high: float, gaps: Mapping[int, float]) -> float:
+    if turn == 1:
+        return 0.0
+    return gaps.get(turn, round(rng.uniform(low, high), 1))
+
+
+def _claude_image(seed: int) -> dict[str, Any]:
+    return {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": _shot_b64(seed)}}
+
+
+def _cache_last_block(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages with `cache_control` on the last block of the last one, as Claude Code sends them
+    (copies: earlier turns' breakpoints are not kept)."""
+    last = messages[-1]
+    content = list(last["content"])
+    content[-1] = {**content[-1], "cache_control": {"type": "ephemeral"}}
+    return [*messages[:-1], {**last, "content": content}]
+
+
+_CU_GAPS = {21: 420.0, 45: 660.0}  # the user stepped away: past the 5-minute TTL
+
+
+def _computer_use() -> Iterator[Turn]:
+    rng = random.Random("computer-use")
+    system = [{"type": "text", "text": _filler("operate the computer", 6, 1), "cache_control": {"type": "ephemeral"}}]
+    tools = [
+        {"type": "computer_20250124", "name": "computer", "display_width_px": SCREEN[0], "display_height_px": SCREEN[1], "display_number": 1},
+        {"type": "bash_20250124", "name": "bash"},
+        {"type": "text_editor_20250728", "name": "str_replace_based_edit_tool"},
+    ]
+    task = "Open the billing page of the admin console, export last month's invoices as CSV and attach the file to the open ticket."
+    messages: list[dict[str, Any]] = [{"role": "user", "content": [{"type": "text", "text": task}, _claude_image(0)]}]
+    for turn in range(1, 61):
+        body = {"model": "claude-sonnet-4-6", "max_tokens": 4096, "system": system, "tools": tools, "messages": _cache_last_block(messages)}
+        x, y = rng.randrange(SCREEN[0]), rng.randrange(SCREEN[1])
+        tool_id = f"toolu_{turn:04d}"
+        action = {"action": "left_click", "coordinate": [x, y]}
+        assistant = {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": f"Step {turn}: the screen shows the {rng.choice(_WORDS)} view; I will click at ({x}, {y})."},
+                {"type": "tool_use", "id": tool_id, "name": "computer", "input": action},
+            ],
+        }
+        yield Turn(orjson.dumps(body), _think(rng, turn, 4, 12, _CU_GAPS), _tokens(assistant["content"]))
+        result = {"type": "tool_result", "tool_use_id": tool_id, "content": [_claude_image(turn)]}
+        messages += [assistant, {"role": "user", "content": [result]}]
+
+
+# Episodes of the coding session: requests per user prompt (80 in all); a prompt after a long pause.
+_CC_EPISODES = (6, 9, 5, 12, 8, 7, 10, 6, 9, 8)
+_CC_PAUSES = {3: 480.0, 7: 1500.0}  # episode index -> seconds before its prompt: past the TTL
+
+
+def _claude_code() -> Iterator[Turn]:
+    rng = random.Random("claude-code")
+    system = [
+        {"type": "text", "text": "You are Claude Code, a command line coding agent."},
+        {"type": "text", "text": _filler("change code", 14, 2), "cache_control": {"type": "ephemeral"}},
+    ]
+    tools = [
+        {
+            "name": name,
+            "description": _filler(f"use {name}", 2, 10 + i),
+            "input_schema": {"type": "object", "properties": {"path": {"type": "string"}, "arg": {"type": "string"}}, "required": ["path"]},
+        }
+        for i, name in enumerate(("Read", "Write", "Edit", "Bash", "Grep", "Glob", "TodoWrite", "WebFetch", "Task", "NotebookEdit"))
+    ]
+    steps = sum(_CC_EPISODES) - len(_CC_EPISODES)  # requests that carry a tool result
+    screenshot_steps = set(rng.sample(range(steps), 20))
+    messages: list[dict[str, Any]] = []
+    step = shots = 0
+    turn = 0
+    for episode, length in enumerate(_CC_EPISODES):
+        prompt = f"Task {episode + 1}: fix the layout bug on the {rng.choice(_WORDS)} page; the screenshots are in shots/."
+        messages.append({"role": "user", "content": [{"type": "text", "text": prompt}]})
+        for k in range(length):
+            turn += 1
+            if k == 0:
+                think = 0.0 if turn == 1 else _CC_PAUSES.get(episode, round(rng.uniform(40, 200), 1))
+            else:
+                think = round(rng.uniform(3, 15), 1)
+            body = {"model": "claude-sonnet-4-6", "max_tokens": 32000, "system": system, "tools": tools, "messages": _cache_last_block(messages)}
+            if k == length - 1:
+                answer = {"role": "assistant", "content": [{"type": "text", "text": _filler("report", 1.2, 100 + turn)}]}
+                yield Turn(orjson.dumps(body), think, _tokens(answer["content"]))
+                messages.append(answer)
+                continue
+            tool_id = f"toolu_{turn:04d}"
+            reads_shot = step in screenshot_steps
+            name = "Read" if reads_shot or rng.random() < 0.5 else rng.choice(("Bash", "Grep", "Edit"))
+            target = f"shots/screen-{shots + 1:02d}.png" if reads_shot else f"src/module_{rng.randrange(40)}.py"
+            assistant = {
+                "role": "assistant",
+                "content": [
+                    {"type": "text", "text": f"Let me look at {target}."},
+                    {"type": "tool_use", "id": tool_id, "name": name, "input": {"path": target}},
+                ],
+            }
+            yield Turn(orjson.dumps(body), think, _tokens(assistant["content"]))
+            if reads_shot:
+                shots += 1
+                content: Any = [_claude_image(shots)]
+            else:
+                content = _filler("read the output", rng.uniform(0.5, 6), 1000 + turn)
+            messages += [assistant, {"role": "user", "content": [{"type": "tool_result", "tool_use_id": tool_id, "content": content}]}]
+            step += 1
+
+
+_CHAT_GAPS = {6: 420.0, 11: 1200.0}
+
+
+def _chat() -> Iterator[Turn]:
+    rng = random.Random("chat")
+    messages: list[dict[str, Any]] = [{"role": "system", "content": _filler("answer questions about screenshots", 1.5, 3)}]
+    for turn in range(1, 16):
+        urls = [data_url(desktop_screenshot(3 * (turn - 1) + i), "image/png") for i in range(3)]
+        images = [{"type": "image_url", "image_url": {"url": url, "detail": "auto"}} for url in urls]
+        question = {"type": "text", "text": f"Message {turn}: what changed between these three screens, and what should I click?"}
+        messages.append({"role": "user", "content": [question, *images]})
+        body = {"model": "gpt-4o", "messages": messages, "max_tokens": 1024}
+        answer = {"role": "assistant", "content": _filler("compare screens", rng.uniform(0.8, 1.6), 2000 + turn)}
+        yield Turn(orjson.dumps(body), _think(rng, turn, 60, 240, _CHAT_GAPS), _tokens(answer))
+        messages = [*messages, answer]
+
+
+_GEMINI_GAPS = {15: 360.0, 31: 540.0}
+
+
+def _gemini() -> Iterator[Turn]:
+    rng = random.Random("gemini")
+    system = {"parts": [{"text": _filler("browse for the user", 4, 4)}]}
+    tools = [{"functionDeclarations": [{"name": "click_at", "description": "Click at x, y of the page.", "parameters": {"type": "object"}}]}]
+    task = "Find the cheapest direct flight from Lisbon to Oslo next Friday and fill in the booking form."
+    shot = {"inline_data": {"mime_type": "image/png", "data": _shot_b64(0)}}
+    contents: list[dict[str, Any]] = [{"role": "user", "parts": [{"text": task}, shot]}]
+    for turn in range(1, 41):
+        body = {"systemInstruction": system, "tools": tools, "contents": contents}
+        x, y = rng.randrange(SCREEN[0]), rng.randrange(SCREEN[1])
+        call = {"role": "model", "parts": [{"functionCall": {"name": "click_at", "args": {"x": x, "y": y}}}]}
+        yield Turn(orjson.dumps(body), _think(rng, turn, 3, 10, _GEMINI_GAPS), _tokens(call["parts"]))
+        response = {"functionResponse": {"name": "click_at", "response": {"url": f"https://flights.example/step/{turn}"}}}
+        screen = {"inline_data": {"mime_type": "image/png", "data": _shot_b64(turn)}}
+        contents = [*contents, call, {"role": "user", "parts": [response, screen]}]
+
+
+_ANTHROPIC_PROFILES = (
+    "anthropic-32mb",
+    "anthropic-100-media",
+    "anthropic-image-5mb",
+    "anthropic-image-8000px",
+    "anthropic-many-image-2000px",
+    "generic-8",
+)
+
+SESSIONS: tuple[Session, ...] = (
+    Session(
+        "computer-use",
+        "Anthropic computer use: 60 turns, a 1280x800 screenshot per turn in a tool_result, cache_control on the system prompt and the last block",
+        "anthropic",
+        "api.anthropic.com",
+        "/v1/messages",
+        "claude-sonnet-4-6",
+        60,
+        _ANTHROPIC_PROFILES,
+        _computer_use,
+    ),
+    Session(
+        "claude-code",
+        "Claude Code-style coding session: 80 requests, 10 prompts, file reads and shell output, 20 screenshots read",
+        "anthropic",
+        "api.anthropic.com",
+        "/v1/messages",
+        "claude-sonnet-4-6",
+        sum(_CC_EPISODES),
+        _ANTHROPIC_PROFILES,
+        _claude_code,
+    ),
+    Session(
+        "chat",
+        "OpenAI chat: 15 user messages, each pasting 3 screenshots",
+        "openai-chat",
+        "api.openai.com",
+        "/v1/chat/completions",
+        "gpt-4o",
+        15,
+        ("azure-50", "generic-8"),
+        _chat,
+    ),
+    Session(
+        "gemini",
+        "Gemini 2.5 Flash browser agent: 40 turns, a screenshot after each function call",
+        "gemini",
+        "generativelanguage.googleapis.com",
+        "/v1beta/models/gemini-2.5-flash:generateContent",
+        "gemini-2.5-flash",
+        40,
+        ("copilot-gemini-10",),
+        _gemini,
+    ),
+)
+
+
+# --- policies -------------------------------------------------------------------------------------------------
+
+_OFF = {"low_water": None, "cache_ttl": None}
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A way to prune: the shipped rules with `overrides` forced on the defaults and every rule (None: as shipped)."""
+
+    name: str
+    overrides: Mapping[str, Any] | None
+
+    def rules(self, base: Rules) -> Rules:
+        return base if self.overrides is None else base.with_limits(**self.overrides)
+
+
+POLICIES: tuple[Policy, ...] = (
+    Policy("no pruning", {"max_images": None, "max_body_bytes": None, "max_est_tokens": None, **_OFF}),
+    Policy("rolling (batch 1)", {"prune_batch": 1, **_OFF}),
+    Policy("batch 4", {"prune_batch": 4, **_OFF}),
+    Policy("batch 6", {"prune_batch": 6, **_OFF}),
+    Policy("batch 8", {"prune_batch": 8, **_OFF}),
+    Policy("low-water 0.5", {"prune_batch": 1, "low_water": 0.5, "cache_ttl": None}),
+    Policy("low-water 0.5 + cache_ttl 5m", {"prune_batch": 1, "low_water": 0.5, "cache_ttl": 300.0}),
+    Policy("shipped defaults", None),
+)
+
+
+# --- the runner -----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TurnResult:
+    """One request as forwarded and billed: `broken` when it read less than the previous request left
+    in a cache that was still warm; `breaches` the profiles the forwarded request breaks."""
+
+    turn: int
+    at: float  # simulated seconds since the session started
+    images: int
+    body_bytes: int
+    usage: CacheUsage
+    output_tokens: int
+    cost: float | None
+    broken: bool
+    breaches: tuple[str, ...]
+
+
+@dataclass
+class PolicyResult:
+    """What one session cost under one policy, turn by turn and summed."""
+
+    session: str
+    policy: str
+    model: str
+    turns: list[TurnResult]
+
+    @property
+    def requests(self) -> int:
+        return len(self.turns)
+
+    @property
+    def images_sent(self) -> int:
+        return sum(t.images for t in self.turns)
+
+    @property
+    def input_tokens(self) -> int:
+        return sum(t.usage.prompt_tokens for t in self.turns)
+
+    @property
+    def cache_write_tokens(self) -> int:
+        return sum(t.usage.cache_write_tokens for t in self.turns)
+
+    @property
+    def cache_read_tokens(self) -> int:
+        return sum(t.usage.cache_read_tokens for t in self.turns)
+
+    @property
+    def uncached_tokens(self) -> int:
+        return sum(t.usage.uncached_tokens for t in self.turns)
+
+    @property
+    def cost(self) -> float | None:
+        costs = [t.cost for t in self.turns]
+        return None if any(c is None for c in costs) else sum(c for c in costs if c is not None)
+
+    @property
+    def broken_turns(self) -> int:
+        return sum(t.broken for t in self.turns)
+
+    @property
+    def breaches(self) -> dict[str, int]:
+        """Turns that break each profile."""
+        out: dict[str, int] = {}
+        for t in self.turns:
+            for name in t.breaches:
+                out[name] = out.get(name, 0) + 1
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "session": self.session,
+            "policy": self.policy,
+            "model": self.model,
+            "requests": self.requests,
+            "images_sent": self.images_sent,
+            "input_tokens": self.input_tokens,
+            "cache_write_tokens": self.cache_write_tokens,
+            "cache_read_tokens": self.cache_read_tokens,
+            "uncached_tokens": self.uncached_tokens,
+            "cost_usd": None if self.cost is None else round(self.cost, 4),
+            "broken_prefix_turns": self.broken_turns,
+            "limits_breached": self.breaches,
+        }
+
+
+REFUSED = "cache_control over 4"  # a breach: the provider refuses a fifth breakpoint
+
+
+def run(
+    session: Session,
+    policy: Policy,
+    *,
+    base: Rules | None = None,
+    prices: PriceTable | None = None,
+    profiles: Sequence[Profile] | None = None,
+) -> PolicyResult:
+    """Every turn of `session` through the engine under `policy`, then through the cache model at the
+    session's simulated time. The conversations are remembered as the proxy remembers them, on the same clock."""
+    rules = policy.rules(base if base is not None else load_rules(DEFAULT_RULES_PATH))
+    price = (prices if prices is not None else load_prices()).for_model(session.model)
+    if profiles is None:
+        known = load_profiles()
+        profiles = [known.get(name) for name in session.profiles]
+    now = 0.0
+    cache = CacheModel(lambda: now)
+    conversations = Conversations(clock=lambda: now)
+    module = FORMATS[session.fmt]
+    target = rules.target(session.host, session.path)
+    if target is None:
+        raise ValueError(f"{session.name}: {session.host}{session.path} is not an LLM request under these rules")
+    headers = {"host": session.host, "content-type": "application/json"}
+    results: list[TurnResult] = []
+    warm: tuple[float, int] | None = None  # (expiry, tokens) of the prefix the previous request left cached
+    for number, turn in enumerate(session.turns(), start=1):
+        now += turn.think
+        outcome = prune(target, headers, turn.body, rules, memory=conversations)
+        record, history = outcome.record, outcome.history
+        if record is not None and history is not None:
+            conversations.assign(history, record.kind, cut=outcome.cut)
+        body = outcome.body
+        parsed = orjson.loads(body)
+        media = module.find_media(parsed)
+        breaches = [v.profile for p in profiles if (v := check(p, body, media, model=session.model, parsed=parsed)) is not None]
+        prompt = prompt_of(session.fmt, session.path, parsed, media)
+        try:
+            usage = cache.use(prompt) if prompt is not None else CacheUsage(0)
+        except TooManyBreakpoints:
+            usage, breaches = CacheUsage(0), [*breaches, REFUSED]
+        broken = warm is not None and now < warm[0] and usage.cache_read_tokens < warm[1]
+        warm = (now + usage.stored_ttl, usage.stored_tokens) if usage.stored_tokens else None
+        cost = None if price is None else price.cost(usage.uncached_tokens, usage.cache_write_tokens, usage.cache_read_tokens, turn.output_tokens)
+        images = sum(1 for m in media if m.kind == IMAGE)
+        results.append(TurnResult(number, now, images, len(body), usage, turn.output_tokens, cost, broken, tuple(breaches)))
+    return PolicyResult(session.name, policy.name, session.model, results)
+
+
+# --- the table ------------------------------------------------------------------------------------------------
+
+_COLUMNS = ("policy", "requests", "images sent", "input tokens", "cache-write", "cache-read", "cost", "broken-prefix turns", "limits breached")
+
+
+def table(session: Session, results: Sequence[PolicyResult]) -> str:
+    """One session's results as a Markdown table (readable as text too)."""
+    rows = [_COLUMNS]
+    for r in results:
+        cost = "-" if r.cost is None else f"${r.cost:,.2f}"
+        breached = ", ".join(f"{name} x{n}" for name, n in r.breaches.items()) or "none"
+        rows.append(
+            (
+                r.policy,
+                f"{r.requests}",
+                f"{r.images_sent:,}",
+                f"{r.input_tokens:,}",
+                f"{r.cache_write_tokens:,}",
+                f"{r.cache_read_tokens:,}",
+                cost,
+                f"{r.broken_turns}",
+                breached,
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
+    numeric = set(range(1, 8))
+
+    def line(row: Sequence[str]) -> str:
+        cells = [cell.rjust(widths[i]) if i in numeric else cell.ljust(widths[i]) for i, cell in enumerate(row)]
+        return "| " + " | ".join(cells) + " |"
+
+    rule = "|" + "|".join("-" * (w + 1) + (":" if i in numeric else "-") for i, w in enumerate(widths)) + "|"
+    return "\n".join([f"{session.name} ({session.model}): {session.description}", "", line(rows[0]), rule, *(line(row) for row in rows[1:])])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="replay --policies",
+        description="Run the reference sessions through each pruning policy in process, against a model of the "
+        "providers' prompt caching, and print per session and policy: requests, images sent, input tokens, "
+        "cache-write and cache-read tokens, cost, turns whose cached prefix broke, and limits breached.",
+    )
+    parser.add_argument("--policies", action="store_true", required=True, help="this mode (the other replay options do not apply)")
+    parser.add_argument("--session", action="append", choices=[s.name for s in SESSIONS], help="only this session (repeatable)")
+    parser.add_argument("--policy", action="append", choices=[p.name for p in POLICIES], help="only this policy (repeatable)")
+    parser.add_argument("--json", action="store_true", help="print one JSON array of summaries instead of tables")
+    args = parser.parse_args(argv)
+    sessions = [s for s in SESSIONS if not args.session or s.name in args.session]
+    policies = [p for p in POLICIES if not args.policy or p.name in args.policy]
+    base, prices = load_rules(DEFAULT_RULES_PATH), load_prices()
+    summaries: list[dict[str, Any]] = []
+    for n, session in enumerate(sessions):
+        results = []
+        for policy in policies:
+            print(f"replay: {session.name}: {policy.name}", file=sys.stderr, flush=True)
+            results.append(run(session, policy, base=base, prices=prices))
+        if args.json:
+            summaries += [r.summary() for r in results]
+        else:
+            print(("\n" if n else "") + table(session, results), flush=True)
+    if args.json:
+        sys.stdout.buffer.write(orjson.dumps(summaries, option=orjson.OPT_INDENT_2) + b"\n")
+    return 0

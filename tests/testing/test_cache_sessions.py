@@ -1,0 +1,79 @@
+"""The reference sessions: real screenshots, the bodies agents send, the agents' own breakpoints, think times past the TTL."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from trimflow._imageinfo import sniff_bytes
+from trimflow.formats import FORMATS, IMAGE
+from trimflow.testing._cache_sessions import SCREEN, SESSIONS, Session, desktop_screenshot
+
+BY_NAME = {s.name: s for s in SESSIONS}
+
+
+def test_screenshots_are_distinct_1280x800_pngs_of_a_realistic_size() -> None:
+    shots = [desktop_screenshot(seed) for seed in range(8)]
+    assert len(set(shots)) == len(shots)
+    for shot in shots:
+        info = sniff_bytes(shot)
+        assert info is not None and (info.mime, info.width, info.height) == ("image/png", *SCREEN)
+        assert 150_000 < len(shot) < 400_000  # a desktop screenshot's PNG, not a flat or a noise image
+    assert desktop_screenshot(3) is desktop_screenshot(3)  # made once per run
+
+
+def last_turn(session: Session) -> tuple[dict[str, Any], list[Any]]:
+    *_, last = session.turns()
+    parsed = orjson.loads(last.body)
+    return parsed, FORMATS[session.fmt].find_media(parsed)
+
+
+@pytest.mark.parametrize(("name", "images"), [("computer-use", 60), ("claude-code", 20), ("chat", 45), ("gemini", 40)])
+def test_each_session_sends_its_screenshots_in_the_whole_history(name: str, images: int) -> None:
+    session = BY_NAME[name]
+    turns = list(session.turns())
+    assert len(turns) == session.length
+    parsed, media = last_turn(session)
+    found = [m for m in media if m.kind == IMAGE]
+    assert len(found) == images and len({m.data for m in found}) == images  # each screenshot distinct
+    assert FORMATS[session.fmt].model(parsed, session.path) == session.model
+    sizes = [len(t.body) for t in turns]
+    assert sizes == sorted(sizes)  # the history only grows
+    assert turns[0].think == 0 and all(t.think > 0 for t in turns[1:])
+    assert sum(t.think > 300 for t in turns) >= 2  # gaps past the 5-minute TTL
+    assert all(t.output_tokens > 0 for t in turns)
+
+
+def test_sessions_are_built_the_same_every_time() -> None:
+    for session in SESSIONS:
+        first = [t.body for t, _ in zip(session.turns(), range(3), strict=False)]
+        again = [t.body for t, _ in zip(session.turns(), range(3), strict=False)]
+        assert first == again
+
+
+def cache_controls(node: Any, where: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    if isinstance(node, dict):
+        found = [where] if "cache_control" in node else []
+        return found + [p for k, v in node.items() for p in cache_controls(v, (*where, k))]
+    if isinstance(node, list):
+        return [p for i, v in enumerate(node) for p in cache_controls(v, (*where, i))]
+    return []
+
+
+@pytest.mark.parametrize("name", ["computer-use", "claude-code"])
+def test_claude_sessions_mark_the_system_prompt_and_the_last_block(name: str) -> None:
+    for turn in list(BY_NAME[name].turns())[:5]:
+        parsed = orjson.loads(turn.body)
+        last = len(parsed["messages"]) - 1
+        marks = cache_controls(parsed)
+        assert len(marks) == 2
+        assert marks[0][0] == "system"
+        assert marks[1] == ("messages", last, "content", len(parsed["messages"][last]["content"]) - 1)
+
+
+def test_computer_use_screenshots_come_back_in_tool_results() -> None:
+    parsed, media = last_turn(BY_NAME["computer-use"])
+    assert [m.path[-2:] for m in media[1:]] == [("content", 0)] * 59
+    assert all(parsed["messages"][m.path[1]]["content"][m.path[3]]["type"] == "tool_result" for m in media[1:])

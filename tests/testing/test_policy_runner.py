@@ -1,0 +1,75 @@
+"""The policy runner: reference sessions through the engine under each policy, billed by the prompt cache model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trimflow.testing._cache_sessions import POLICIES, SESSIONS, PolicyResult, main, run
+
+POLICY = {p.name: p for p in POLICIES}
+SESSION = {s.name: s for s in SESSIONS}
+
+
+@pytest.fixture(scope="module")
+def shipped() -> dict[str, PolicyResult]:
+    return {s.name: run(s, POLICY["shipped defaults"]) for s in SESSIONS}
+
+
+def test_the_shipped_rules_never_breach_a_cap(shipped: dict[str, PolicyResult]) -> None:
+    for name, result in shipped.items():
+        assert result.requests == SESSION[name].length
+        assert result.breaches == {}, name
+
+
+def test_every_turn_adds_up(shipped: dict[str, PolicyResult]) -> None:
+    for result in shipped.values():
+        for turn in result.turns:
+            u = turn.usage
+            assert u.cache_read_tokens + u.cache_write_tokens + u.uncached_tokens == u.prompt_tokens
+            assert min(u.cache_read_tokens, u.cache_write_tokens, u.uncached_tokens) >= 0
+        assert result.cache_read_tokens + result.cache_write_tokens + result.uncached_tokens == result.input_tokens
+        assert result.images_sent == sum(t.images for t in result.turns)
+
+
+def test_what_pruning_costs_on_the_computer_use_session() -> None:
+    session = SESSION["computer-use"]
+    none, rolling, batch = (run(session, POLICY[name]) for name in ("no pruning", "rolling (batch 1)", "batch 6"))
+    # Without pruning the 9th screenshot on breaks a gateway's cap of 8, and the prefix never breaks.
+    assert none.breaches == {"generic-8": 52} and none.broken_turns == 0 and none.images_sent == sum(range(1, 61))
+    # Rolling moves the cut every turn from the 9th: nearly every turn rewrites the history after it.
+    assert rolling.broken_turns >= 45 and rolling.cache_write_tokens > 3 * batch.cache_write_tokens
+    assert rolling.cost is not None and none.cost is not None and batch.cost is not None
+    assert rolling.cost > none.cost > batch.cost
+    assert all(t.images <= 8 for t in rolling.turns + batch.turns)
+
+
+def test_the_command_prints_one_table_per_session(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--policies", "--session", "chat", "--policy", "no pruning", "--policy", "batch 6"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("chat (gpt-4o):")
+    header = next(line for line in out.splitlines() if line.startswith("| policy"))
+    assert [c.strip() for c in header.strip("|").split("|")] == [
+        "policy",
+        "requests",
+        "images sent",
+        "input tokens",
+        "cache-write",
+        "cache-read",
+        "cost",
+        "broken-prefix turns",
+        "limits breached",
+    ]
+    assert "| no pruning " in out and "| batch 6 " in out and "generic-8 x13" in out
+    assert main(["--policies", "--session", "chat", "--policy", "batch 6", "--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)
+    assert row["session"] == "chat" and row["policy"] == "batch 6" and row["requests"] == 15
+    assert row["cache_read_tokens"] + row["cache_write_tokens"] + row["uncached_tokens"] == row["input_tokens"]
+
+
+def test_replay_hands_policies_to_the_runner(capsys: pytest.CaptureFixture[str]) -> None:
+    from trimflow.testing._replay import main as replay_main
+
+    assert replay_main(["--policies", "--session", "gemini", "--policy", "batch 8"]) == 0
+    assert capsys.readouterr().out.startswith("gemini (gemini-2.5-flash):")
