@@ -83,6 +83,15 @@ class Usage:
     cache_write_tokens: int | None = None
     output_tokens: int | None = None
 
+    def record_fields(self) -> dict[str, int | None]:
+        """The counts as a metrics record names them (trimflow._record.Record.usage_*)."""
+        return {
+            "usage_input_tokens": self.input_tokens,
+            "usage_cache_read_tokens": self.cache_read_tokens,
+            "usage_cache_write_tokens": self.cache_write_tokens,
+            "usage_output_tokens": self.output_tokens,
+        }
+
 
 class UsageScanner:
     """Feed it response bytes; read the counts (each None until seen) or `usage` for all four."""

@@ -1,5 +1,5 @@
 """Audit recorded LLM traffic: growth per turn, the turn that crosses each limit, what a rules file would
-change, and a CI gate over all of it.
+change, the provider's cache usage and its cost, and a CI gate over all of it.
 
 Inputs are mitmproxy dumps (`mitmdump -w`), HAR files and trimflow's metrics JSONL.
 `python -m trimflow audit` (and `scripts/audit`) is the command line; from Python:

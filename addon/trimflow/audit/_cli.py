@@ -1,7 +1,7 @@
 """`scripts/audit`: how fast recorded LLM traffic grows per turn, which turn crosses which limit, what a
 rules file would change, and a CI gate on all of it.
 
-    scripts/audit FILE... [--rules FILE] [--profile NAME]... [--format text|json|markdown|html]
+    scripts/audit FILE... [--rules FILE] [--profile NAME]... [--prices FILE] [--format text|json|markdown|html]
                   [--fail-on EXPR]... [--allow-empty] [--out PATH]
 
 Inputs are mitmproxy dumps (`mitmdump -w`), HAR files and trimflow's metrics JSONL, several at once.
@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
+from .._prices import DEFAULT_PRICES_PATH, load_prices
 from .._profiles import DEFAULT_PROFILES_PATH, UnknownProfile, load_profiles
 from .._rules import DEFAULT_RULES_PATH, RulesError, builtin_rules, load_rules
 from . import _gate, _html, _report
@@ -69,6 +70,12 @@ def parser() -> _Parser:
         default=str(DEFAULT_PROFILES_PATH),
         help=f"the limit profiles file (default: rules/{DEFAULT_PROFILES_PATH.name})",
     )
+    p.add_argument(
+        "--prices",
+        metavar="FILE",
+        help=f"token prices per model family for the cost figures (default: rules/{DEFAULT_PRICES_PATH.name}); "
+        "a model it does not price has an unknown cost",
+    )
     p.add_argument("--format", choices=tuple(FORMATS), default="text", help="report format (default: text)")
     p.add_argument(
         "--fail-on",
@@ -104,12 +111,13 @@ def main(argv: list[str] | None = None) -> int:
             engine_rules, limit_rules = builtin_rules(), load_rules(DEFAULT_RULES_PATH)
             limits_source = f"{DEFAULT_RULES_PATH.parent.name}/{DEFAULT_RULES_PATH.name}"
         profiles = _profile_limits(args.profile, args.profiles)
-    except (RulesError, UnknownProfile) as exc:  # ProfilesError is a RulesError
+        prices = load_prices(args.prices)
+    except (RulesError, UnknownProfile) as exc:  # ProfilesError is a RulesError, and so is a prices file's error
         return _fail(str(exc))
     reader = Reader(engine_rules, limit_rules, what_if=bool(args.rules))
     try:
         inputs = reader.check(args.files)
-        summary = summarize(reader.rows(inputs), reader.tallies, args.rules, limits_source, profiles)
+        summary = summarize(reader.rows(inputs), reader.tallies, args.rules, limits_source, profiles, prices)
     except InputError as exc:
         return _fail(str(exc))
     input_failures = _gate.check_inputs(summary, allow_empty=args.allow_empty)

@@ -13,8 +13,11 @@ from .._sizes import format_size
 from ._gate import Gate
 from ._read import Row
 from ._report import (
+    LEFT_COLUMNS,
     TURN_COLUMNS,
+    cache_parts,
     conversation_title,
+    cost_text,
     counts_text,
     crossing_text,
     failure_text,
@@ -26,9 +29,10 @@ from ._report import (
     percent,
     tokens,
     turn_cells,
+    usage_text,
     warnings,
 )
-from ._summary import Conversation, Summary
+from ._summary import Conversation, Summary, Totals
 
 WIDTH, HEIGHT = 560, 250
 LEFT, RIGHT, TOP, BOTTOM = 62, 18, 44, 34
@@ -115,7 +119,9 @@ def html(summary: Summary, gate: Gate | None) -> str:
         _card("estimated tokens", f"{tokens(t.est_tokens_before)} → {tokens(t.est_tokens_after)}", f"saved {tokens(t.est_tokens_saved)}"),
         _card("images", f"{t.images_before:,} → {t.images_after:,}", f"{t.pruned:,} pruned"),
         _card("requests", f"{t.requests:,}", f"{len(summary.conversations)} conversations"),
+        _card("cost", cost_text(t) if t.cost_usd is not None else "unknown", _cache_note(t)),
         "</div>",
+        f'<p class="muted">usage: {escape(usage_text(t))} (prices: {escape(summary.prices_source)})</p>',
     ]
     for conversation in summary.conversations:
         parts.append(_section(conversation))
@@ -142,7 +148,8 @@ def _gate(gate: Gate) -> str:
 
 
 def _section(conversation: Conversation) -> str:
-    facts = growth_lines(conversation) + [crossing_text(c, with_after=conversation.has_after) for c in conversation.crossings]
+    facts = growth_lines(conversation) + [f"usage: {usage_text(conversation.totals)}"]
+    facts += [crossing_text(c, with_after=conversation.has_after) for c in conversation.crossings]
     if conversation.failures:
         facts.append(f"failures: {failure_text(conversation)}")
     facts += [f"note: {n}" for n in notes(conversation)]
@@ -194,8 +201,15 @@ def _section(conversation: Conversation) -> str:
     return "\n".join(out)
 
 
+def _cache_note(t: Totals) -> str:
+    if not t.usage_requests:
+        return "no usage reported"
+    parts = cache_parts(t, read="cache read")
+    return " · ".join(parts) or f"{t.input_tokens:,} tokens in"
+
+
 def _table(conversation: Conversation) -> str:
-    left = {1, 8, 9}
+    left = LEFT_COLUMNS
     head = "".join(f'<th class="{"l" if i in left else ""}">{escape(c)}</th>' for i, c in enumerate(TURN_COLUMNS))
     rows = []
     for row in conversation.rows:

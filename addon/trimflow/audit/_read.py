@@ -25,7 +25,7 @@ from .._conversation import Conversations, History, Thread, response_id_of
 from .._engine import ENFORCE, OBSERVE, prune
 from .._record import Record, utc_timestamp
 from .._rules import Rules, Target
-from .._usage import input_tokens_of
+from .._usage import Usage, usage_of
 from ..errors import InputError
 from ..formats import openai_responses
 
@@ -76,6 +76,10 @@ class Row:
     max_images: int | None = None
     max_body_bytes: int | None = None
     after: str | None = None  # where the after figures come from: WHAT_IF, PROXY, or None (the same as before)
+    # USD for the request at the price table's rates (set by the summary); None when unknown, with `unpriced`
+    # saying why, or for a request that is not billed (a token count): then `unpriced` is None too.
+    cost: float | None = None
+    unpriced: str | None = None
 
 
 @dataclass
@@ -304,21 +308,26 @@ class Reader:
         tally.llm_requests += 1
         tally.proxy_records += proxy_record is not None
         record.ts = _utc(request.timestamp_start)
-        status, failure, usage = None, None, None
+        status, failure, usage = None, None, Usage()
         if flow.response is not None:
             status = flow.response.status_code
             content = flow.response.get_content(strict=False)
             if content:
-                usage = input_tokens_of(content)
+                usage = usage_of(content)
                 if thread is not None and record.format == openai_responses.NAME:
                     self.conversations.responded(thread, response_id_of(content[:4096]))
             failure = classify_failure(status, content)
         elif flow.error is not None:
             failure = NO_RESPONSE
-        if usage is None and proxy_record is not None:
-            usage = proxy_record.usage_input_tokens
+        if usage.input_tokens is None and proxy_record is not None:  # e.g. a streamed answer mitmproxy did not keep
+            usage = Usage(
+                proxy_record.usage_input_tokens,
+                proxy_record.usage_cache_read_tokens,
+                proxy_record.usage_cache_write_tokens,
+                proxy_record.usage_output_tokens,
+            )
         record.status = status
-        record.usage_input_tokens = usage
+        _set_usage(record, usage)
         return [self._row(record, index, failure, after)]
 
     @staticmethod
@@ -371,7 +380,8 @@ class Reader:
                 answer = openai_responses.websocket_answer(message.content) if waiting else None
                 if answer is not None:
                     row, thread = waiting.pop(0)
-                    row.record.status, row.record.usage_input_tokens, response_id = answer
+                    row.record.status, _, response_id = answer
+                    _set_usage(row.record, usage_of(message.content))
                     row.failure = classify_failure(row.record.status, message.content)
                     self.conversations.responded(thread, response_id)
                 continue
@@ -423,6 +433,11 @@ class Reader:
     def _row(self, record: Record, index: int, failure: str | None, after: str | None) -> Row:
         limits = self.limits.limits_for(record.host, record.path, record.model)
         return Row(record, index, failure, limits.rule, limits.max_images, limits.max_body_bytes, after)
+
+
+def _set_usage(record: Record, usage: Usage) -> None:
+    for name, value in usage.record_fields().items():
+        setattr(record, name, value)
 
 
 def cut_short(path: Path, kind: str) -> bool:

@@ -1,5 +1,8 @@
 """The audit's reports as text (a terminal table), JSON and Markdown (for a CI step summary).
 
+Cost is the price table's (rules/prices.yaml, or --prices): a request it cannot price is counted apart
+and named, never priced at 0.
+
 Every figure comes from the metrics records: names, counts and sizes, never a body, a header or a
 URL's query string.
 """
@@ -29,6 +32,38 @@ def pair(before: Any, after: Any, show: Callable[[Any], str], arrow: str = "->")
 
 def percent(part: int, whole: int) -> str:
     return f"{part * 100 / whole:.0f}%" if whole else "0%"
+
+
+def money(usd: float) -> str:
+    """$0.0123 under a dollar (a turn's cost), $12.34 above."""
+    return f"${usd:,.4f}" if usd < 1 else f"${usd:,.2f}"
+
+
+def cost_text(t: Totals) -> str:
+    """What the requests cost, and what the figure leaves out: "$1.23", "$1.23 + unknown for 2 requests
+    (no price for llava)", "unknown (no usage reported)"."""
+    why = "; ".join(f"{reason}: {n:,}" if len(t.unpriced) > 1 else reason for reason, n in t.unpriced.items())
+    if t.cost_usd is None:
+        return f"unknown ({why})" if why else "-"
+    if not t.unpriced:
+        return money(t.cost_usd)
+    n = sum(t.unpriced.values())
+    return f"{money(t.cost_usd)} + unknown for {n:,} request{'s' if n != 1 else ''} ({why})"
+
+
+def cache_parts(t: Totals, read: str = "cached") -> list[str]:
+    """The cache reads and writes, each when some answer reported it: "cached 9,000", "written 2,000"."""
+    parts = [(read, t.cache_read_tokens, t.cache_read_reported), ("written", t.cache_write_tokens, t.cache_write_reported)]
+    return [f"{what} {n:,}" for what, n, said in parts if said]
+
+
+def usage_text(t: Totals) -> str:
+    """The provider's usage and its cost: "in 12,000 (cached 9,000, written 2,000) · out 300 · cost $0.0411"."""
+    if not t.usage_requests:
+        return f"none reported · cost {cost_text(t)}"
+    cache = cache_parts(t)
+    text = f"in {t.input_tokens:,}" + (f" ({', '.join(cache)})" if cache else "")
+    return f"{text} · out {t.output_tokens:,} · cost {cost_text(t)}"
 
 
 # What the engine did beyond dropping images (Record fields; getattr: older records lack them).
@@ -182,7 +217,29 @@ def _ranges(turns: list[str]) -> str:
     return ", ".join(turns) if len(turns) <= 6 else f"{', '.join(turns[:5])} and {len(turns) - 5} more"
 
 
-TURN_COLUMNS = ("turn", "model", "images", "media", "body", "~tokens", "status", "in tokens", "pruned", "failure")
+TURN_COLUMNS = (
+    "turn",
+    "model",
+    "images",
+    "media",
+    "body",
+    "~tokens",
+    "status",
+    "in tokens",
+    "cache read",
+    "cache write",
+    "out tokens",
+    "cost",
+    "pruned",
+    "failure",
+)
+LEFT_COLUMNS = frozenset(i for i, name in enumerate(TURN_COLUMNS) if name in ("model", "pruned", "failure"))  # the rest are figures
+
+
+def cost_cell(row: Row) -> str:
+    if row.cost is not None:
+        return money(row.cost)
+    return "?" if row.unpriced else "-"  # ? unknown; - not billed
 
 
 def turn_cells(row: Row, arrow: str = "->") -> list[str]:
@@ -196,6 +253,10 @@ def turn_cells(row: Row, arrow: str = "->") -> list[str]:
         pair(r.est_tokens_before, r.est_tokens_after, tokens, arrow),
         str(r.status) if r.status is not None else "-",
         tokens(r.usage_input_tokens),
+        tokens(r.usage_cache_read_tokens),
+        tokens(r.usage_cache_write_tokens),
+        tokens(r.usage_output_tokens),
+        cost_cell(row),
         pruned_cell(row),
         row.failure or "",
     ]
@@ -211,11 +272,12 @@ def text(summary: Summary, gate: Gate | None) -> str:
         lines += ["", f"conversation {conversation.id} · {conversation_title(conversation)}"]
         lines += ["  " + line for line in _table([list(TURN_COLUMNS)] + [turn_cells(r) for r in conversation.rows])]
         lines += ["  " + line for line in growth_lines(conversation)]
+        lines.append(f"  usage: {usage_text(conversation.totals)}")
         lines += [f"  {crossing_text(c, with_after=conversation.has_after)}" for c in conversation.crossings]
         if conversation.failures:
             lines.append(f"  failures: {failure_text(conversation)}")
         lines += [f"  note: {n}" for n in notes(conversation)]
-    lines += ["", f"totals: {totals_text(summary.totals)}"]
+    lines += ["", f"totals: {totals_text(summary.totals)}", f"usage: {usage_text(summary.totals)} (prices: {summary.prices_source})"]
     if gate is not None:
         lines.append("")
         lines += gate_lines(gate)
@@ -245,10 +307,9 @@ def gate_lines(gate: Gate) -> list[str]:
 
 def _table(rows: list[list[str]]) -> list[str]:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    numeric = {0, 2, 3, 4, 5, 6, 7}  # right-aligned columns
     out = []
     for row in rows:
-        cells = [cell.rjust(widths[i]) if i in numeric else cell.ljust(widths[i]) for i, cell in enumerate(row)]
+        cells = [cell.ljust(widths[i]) if i in LEFT_COLUMNS else cell.rjust(widths[i]) for i, cell in enumerate(row)]
         out.append("  ".join(cells).rstrip())
     return out
 
@@ -261,6 +322,8 @@ def records(summary: Summary) -> list[dict[str, Any]]:
     for row in summary.rows():
         record = row.record.to_dict()
         record["failure"] = row.failure
+        record["cost_usd"] = row.cost
+        record["cost_unknown"] = row.unpriced  # why a billed request has no cost; None when it has one, or is not billed
         out.append(record)
     return out
 
@@ -305,10 +368,13 @@ def markdown(summary: Summary, gate: Gate | None) -> str:
         f"| ~tokens | {tokens(t.est_tokens_before)} | {tokens(t.est_tokens_after)} | {tokens(t.est_tokens_saved)} |",
         f"| images | {t.images_before:,} | {t.images_after:,} | {t.images_before - t.images_after:,} |",
         "",
+        f"Usage: {_md(usage_text(t))} (prices: {_md(summary.prices_source)}).",
+        "",
     ]
     for conversation in summary.conversations:
         lines += [f"### Conversation `{conversation.id}`", "", _md(conversation_title(conversation)), ""]
         lines += [f"- {_md(line)}" for line in growth_lines(conversation)]
+        lines.append(f"- usage: {_md(usage_text(conversation.totals))}")
         lines += [f"- {_md(crossing_text(c, with_after=conversation.has_after))}" for c in conversation.crossings]
         if conversation.failures:
             lines.append(f"- failures: {_md(failure_text(conversation))}")
@@ -318,7 +384,7 @@ def markdown(summary: Summary, gate: Gate | None) -> str:
             "<details><summary>Turns</summary>",
             "",
             "| " + " | ".join(TURN_COLUMNS) + " |",
-            "|" + "|".join("---:" if i in (0, 2, 3, 4, 5, 6, 7) else "---" for i in range(len(TURN_COLUMNS))) + "|",
+            "|" + "|".join("---" if i in LEFT_COLUMNS else "---:" for i in range(len(TURN_COLUMNS))) + "|",
         ]
         lines += ["| " + " | ".join(_md(c) for c in turn_cells(row, arrow)) + " |" for row in conversation.rows]
         lines += ["", "</details>", ""]

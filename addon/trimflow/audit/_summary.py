@@ -1,5 +1,6 @@
 """The audit's summary: per conversation, growth per turn, the turn each limit is (or would be) crossed,
-and the failures the recording holds; totals over all requests.
+the failures the recording holds, and the provider's usage (cache reads and writes) with its cost at the
+price table's rates; totals over all requests.
 
 Growth is the steady rate: the least-squares slope of a figure over the last STEADY_TURNS turns of the
 conversation (all of them when it has fewer). Pruning holds a body flat once it reaches its cap, so a fit
@@ -12,10 +13,13 @@ turns ago reads as flat. The slope over the whole run is kept beside it, named a
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._prices import DEFAULT_PRICES_PATH, PriceTable, load_prices
+from .._record import Record
 from ._read import InputTally, Row
 
 STEADY_TURNS = 5
@@ -24,6 +28,7 @@ GROWTH_METHOD = (
     "(all of them when it has fewer); growth_per_turn_whole_run: the slope over all its turns"
 )
 UNKNOWN_CONVERSATION = "-"  # requests the engine could not read (not JSON): no conversation key
+NOT_BILLED = ("count_tokens",)  # record kinds a provider does not charge for (Anthropic's token count is free)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +76,18 @@ class Totals:
     images_before: int = 0
     images_after: int = 0
     pruned: int = 0
+    # The provider's usage, over the billed requests whose answer reported it (*_reported: how many said
+    # anything about the cache: OpenAI and Gemini never report a write).
+    usage_requests: int = 0
+    input_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_read_reported: int = 0
+    cache_write_tokens: int = 0
+    cache_write_reported: int = 0
+    output_tokens: int = 0
+    priced: int = 0  # billed requests with a cost
+    priced_usd: float = 0.0
+    unpriced: Counter[str] = field(default_factory=Counter)  # billed requests with no cost, by reason
 
     def add(self, row: Row) -> None:
         r = row.record
@@ -82,6 +99,28 @@ class Totals:
         self.images_before += r.images_before
         self.images_after += r.images_after
         self.pruned += r.pruned
+        if r.kind in NOT_BILLED:
+            return
+        if r.usage_input_tokens is not None:
+            self.usage_requests += 1
+            self.input_tokens += r.usage_input_tokens
+            self.output_tokens += r.usage_output_tokens or 0
+        if r.usage_cache_read_tokens is not None:
+            self.cache_read_tokens += r.usage_cache_read_tokens
+            self.cache_read_reported += 1
+        if r.usage_cache_write_tokens is not None:
+            self.cache_write_tokens += r.usage_cache_write_tokens
+            self.cache_write_reported += 1
+        if row.cost is not None:
+            self.priced += 1
+            self.priced_usd += row.cost
+        elif row.unpriced is not None:
+            self.unpriced[row.unpriced] += 1
+
+    @property
+    def cost_usd(self) -> float | None:
+        """USD of the priced requests; None when none could be priced (not 0: the cost is unknown)."""
+        return self.priced_usd if self.priced else None
 
     @property
     def body_bytes_saved(self) -> int:
@@ -103,6 +142,14 @@ class Totals:
             "images_before": self.images_before,
             "images_after": self.images_after,
             "pruned": self.pruned,
+            "usage_requests": self.usage_requests,
+            "usage_input_tokens": self.input_tokens,
+            "usage_cache_read_tokens": self.cache_read_tokens if self.cache_read_reported else None,
+            "usage_cache_write_tokens": self.cache_write_tokens if self.cache_write_reported else None,
+            "usage_output_tokens": self.output_tokens,
+            "cost_usd": self.cost_usd,
+            "cost_priced_requests": self.priced,
+            "cost_unpriced_requests": dict(self.unpriced),  # reason -> requests: the cost leaves them out
         }
 
 
@@ -195,6 +242,7 @@ class Summary:
     rules_source: str | None  # the --rules file of a what-if, else None
     limits_source: str  # where the reference limits come from
     profiles: list[str] = field(default_factory=list)  # limit profiles whose crossings are reported too
+    prices_source: str = "rules/prices.yaml"  # the price table the costs come from
 
     @property
     def what_if(self) -> bool:
@@ -245,6 +293,8 @@ class Summary:
             "profiles": self.profiles,
             "growth_method": GROWTH_METHOD,
             "steady_turns": STEADY_TURNS,
+            "prices_source": self.prices_source,
+            "cost_method": COST_METHOD,
             "totals": self.totals.to_dict(),
             "conversations": [c.to_dict() for c in self.conversations],
         }
@@ -260,16 +310,48 @@ class ProfileLimits:
 
 
 def summarize(
-    rows: Iterable[Row], inputs: list[InputTally], rules_source: str | None, limits_source: str, profiles: Iterable[ProfileLimits] = ()
+    rows: Iterable[Row],
+    inputs: list[InputTally],
+    rules_source: str | None,
+    limits_source: str,
+    profiles: Iterable[ProfileLimits] = (),
+    prices: PriceTable | None = None,
 ) -> Summary:
+    """`prices`: the table costs come from (None: the one shipped with trimflow, rules/prices.yaml)."""
     profiles = list(profiles)
+    prices = load_prices() if prices is None else prices
     groups: dict[str, list[Row]] = {}
     totals = Totals()
     for row in rows:
+        row.cost, row.unpriced = cost(row.record, prices)
         groups.setdefault(row.record.conversation or UNKNOWN_CONVERSATION, []).append(row)
         totals.add(row)
     conversations = [_conversation(cid, group, profiles) for cid, group in groups.items()]
-    return Summary(inputs, conversations, totals, rules_source, limits_source, [p.name for p in profiles])
+    shipped = prices.source == str(DEFAULT_PRICES_PATH)
+    prices_source = f"{DEFAULT_PRICES_PATH.parent.name}/{DEFAULT_PRICES_PATH.name}" if shipped else prices.source
+    return Summary(inputs, conversations, totals, rules_source, limits_source, [p.name for p in profiles], prices_source)
+
+
+COST_METHOD = (
+    "per request, at the price table's rates for its model: (prompt - cache read - cache write) x input + cache write x "
+    "cache_write (the 5-minute rate) + cache read x cache_read + output x output; unknown when the model has no price "
+    "or the answer reported no usage; token counts are not billed"
+)
+
+
+def cost(record: Record, prices: PriceTable) -> tuple[float | None, str | None]:
+    """(USD, None) for a billed request the table prices; (None, why not) when it cannot; (None, None) when
+    the request is not billed."""
+    if record.kind in NOT_BILLED:
+        return None, None
+    if record.usage_input_tokens is None or record.usage_output_tokens is None:
+        return None, "no usage reported"
+    price = prices.for_model(record.model)
+    if price is None:
+        return None, f"no price for {record.model or record.format}"
+    read = record.usage_cache_read_tokens or 0
+    write = record.usage_cache_write_tokens or 0
+    return price.cost(record.usage_input_tokens - read - write, write, read, record.usage_output_tokens), None
 
 
 def _conversation(cid: str, rows: list[Row], profiles: list[ProfileLimits]) -> Conversation:

@@ -153,10 +153,8 @@ class Metrics:
 
 
 def _set_usage(record: Record, usage: Usage) -> None:
-    record.usage_input_tokens = usage.input_tokens
-    record.usage_cache_read_tokens = usage.cache_read_tokens
-    record.usage_cache_write_tokens = usage.cache_write_tokens
-    record.usage_output_tokens = usage.output_tokens
+    for name, value in usage.record_fields().items():
+        setattr(record, name, value)
 
 
 ANSWER_HEAD = 4096  # bytes of an answer kept for its id (a Responses answer names it first)
