@@ -86,6 +86,7 @@ PUBLIC = {
         "Options",
         "Prune",
         "Simulate",
+        "WebSocket",
         "addons",
         "make_addons",
     ],

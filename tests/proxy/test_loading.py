@@ -16,7 +16,7 @@ from trimflow import proxy
 from ..helpers import ROOT, load_addon_module
 
 PACKAGE = ROOT / "addon" / "trimflow"
-ORDER = [proxy.Keys, proxy.Prune, proxy.Simulate, proxy.Metrics, proxy.Memory, proxy.Options]
+ORDER = [proxy.Keys, proxy.Prune, proxy.WebSocket, proxy.Simulate, proxy.Metrics, proxy.Memory, proxy.Options]
 OPTIONS = {
     "trimflow_rules",
     "trimflow_mode",
@@ -25,6 +25,7 @@ OPTIONS = {
     "trimflow_profiles",
     "trimflow_metrics",
     "trimflow_keep_memory",
+    "trimflow_websocket",
 }
 
 

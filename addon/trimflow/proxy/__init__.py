@@ -6,6 +6,8 @@ LLM flow's state):
 
 - Keys: a Gemini `?key=` moves to the x-goog-api-key header (requestheaders).
 - Prune: applies the rules to requests and to Codex's WebSocket `response.create` messages.
+- WebSocket: refuses Codex's WebSocket upgrade on Responses endpoints when asked (trimflow_websocket), else warns
+  once per host when a WebSocket leaves images at the provider (after Prune: it reads Prune's record).
 - Simulate: answers with a limit profile's error instead of forwarding (after Prune: it checks what Prune forwards).
 - Metrics: completes each record with the answer's status and usage; the log line and the JSONL record.
 - Memory: keeps freed body memory in the process (glibc).
@@ -20,12 +22,13 @@ from .options import Options
 from .prune import Prune
 from .simulate import Simulate
 from .state import META, Flows, FlowState
+from .websocket import WebSocket
 
 
 def make_addons() -> list[object]:
     """A fresh set of trimflow's addons, in the order mitmproxy must run them, sharing one Flows."""
     flows = Flows()
-    return [Keys(flows), Prune(flows), Simulate(flows), Metrics(flows), Memory(), Options()]
+    return [Keys(flows), Prune(flows), WebSocket(flows), Simulate(flows), Metrics(flows), Memory(), Options()]
 
 
 addons = make_addons()
@@ -41,6 +44,7 @@ __all__ = [
     "Options",
     "Prune",
     "Simulate",
+    "WebSocket",
     "addons",
     "make_addons",
 ]
