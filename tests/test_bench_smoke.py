@@ -58,6 +58,14 @@ CONTEXT = [
     "stream_plain_ms",
     "stream_loaded_addon_ms",
     "stream_loaded_plain_ms",
+    # The shaped link: --quick runs it at 100 Mbit/s only.
+    *(
+        f"shaped_100mbit_{name}"
+        for name in ("link_mbit", "addon_median_s", "plain_median_s", "median_ratio", "addon_total_s", "plain_total_s", "total_ratio")
+    ),
+    "shaped_sent_addon_mb",
+    "shaped_sent_plain_mb",
+    "shaped_sent_saved_mb",
 ]
 
 
@@ -104,8 +112,19 @@ def test_shrink_figures_or_a_not_available_row(report: dict) -> None:
     assert speeds and all(_number(f["value"]) and f["unit"] == "ms/MP" for f in speeds)
 
 
+def test_the_shaped_link_carries_fewer_bytes_through_trimflow_and_says_the_run_is_shorter(report: dict) -> None:
+    figures = report["figures"]
+    # Bytes, not time: the 12 turns of --quick go past the default rules' 8 images, so trimflow sends less.
+    assert 0 < figures["shaped_sent_addon_mb"]["value"] < figures["shaped_sent_plain_mb"]["value"]
+    saved = figures["shaped_sent_plain_mb"]["value"] - figures["shaped_sent_addon_mb"]["value"]
+    assert figures["shaped_sent_saved_mb"]["value"] == pytest.approx(saved)
+    assert "shorter run" in figures["shaped_sent_addon_mb"]["note"] and "12 turns" in figures["shaped_sent_addon_mb"]["note"]
+    assert not [name for name in figures if name.startswith(("shaped_20mbit", "shaped_50mbit"))], "--quick runs one rate"
+
+
 def test_report_names_the_machine_and_the_mode(report: dict) -> None:
     assert report["mode"] == "quick"
+    assert report["sections"] == ["engine", "proxy", "shaped", "shrink"]
     machine = report["machine"]
     assert machine["nproc"] >= 1 and machine["python"] and machine["mitmproxy"]
     assert _number(report["seconds"])
