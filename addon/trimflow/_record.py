@@ -61,6 +61,12 @@ class Record:
     usage_output_tokens: int | None = None
     overhead_ms: float = 0.0
     simulated: str | None = None  # the limit profile (trimflow_simulate) that answered instead of the provider
+    # The provider refused the request for a limit and the proxy sent it again within it (docs/recovery.md): how many
+    # times, the status of the first refusal, and per retry (joined by "; ") why and under which tightened limits.
+    retries: int = 0
+    refused_status: int | None = None
+    retry_reasons: str | None = None  # e.g. "too many images (max 10, from the answer)"
+    retry_limits: str | None = None  # e.g. "max_images=10 keep_recent=10"
 
     def to_dict(self) -> dict[str, Any]:
         # Every field is a scalar: a shallow copy is what dataclasses.asdict gives, at a tenth of its cost.
@@ -102,6 +108,8 @@ class Record:
             parts.append("(observe)")
         if self.over_budget:
             parts.append("OVER BUDGET")
+        if self.retries:
+            parts.append(f"retried: {self.retry_reasons}")
         if self.status is not None:
             parts.append(str(self.status))
         if self.usage_input_tokens is not None:

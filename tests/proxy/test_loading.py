@@ -12,11 +12,12 @@ from mitmproxy.addons import script
 from mitmproxy.test import taddons
 
 from trimflow import proxy
+from trimflow.proxy import recover
 
 from ..helpers import ROOT, load_addon_module
 
 PACKAGE = ROOT / "addon" / "trimflow"
-ORDER = [proxy.Keys, proxy.Prune, proxy.WebSocket, proxy.Simulate, proxy.Metrics, proxy.Memory, proxy.Options]
+ORDER = [proxy.Keys, proxy.Recover, proxy.Prune, proxy.WebSocket, proxy.Simulate, proxy.Metrics, recover.Hold, proxy.Memory, proxy.Options]
 OPTIONS = {
     "trimflow_rules",
     "trimflow_mode",
@@ -26,6 +27,10 @@ OPTIONS = {
     "trimflow_metrics",
     "trimflow_keep_memory",
     "trimflow_websocket",
+    "trimflow_recover",
+    "trimflow_retries",
+    "trimflow_learned",
+    "trimflow_limit_errors",
 }
 
 

@@ -5,7 +5,10 @@ mitmproxy runs each hook through them in list order, and they share one `Flows` 
 LLM flow's state):
 
 - Keys: a Gemini `?key=` moves to the x-goog-api-key header (requestheaders).
-- Prune: applies the rules to requests and to Codex's WebSocket `response.create` messages.
+- Recover: keeps each LLM request's body as the client sent it (before Prune), and answers a limit error with a
+  retry within the limit it names, learning that limit (response, before Metrics); its Hold, after Metrics,
+  keeps such an error answer buffered.
+- Prune: applies the rules (and the learned limits) to requests and to Codex's WebSocket `response.create` messages.
 - WebSocket: refuses Codex's WebSocket upgrade on Responses endpoints when asked (trimflow_websocket), else warns
   once per host when a WebSocket leaves images at the provider (after Prune: it reads Prune's record).
 - Simulate: answers with a limit profile's error instead of forwarding (after Prune: it checks what Prune forwards).
@@ -20,6 +23,7 @@ from .memory import Memory
 from .metrics import FLUSH_DELAY, Metrics
 from .options import Options
 from .prune import Prune
+from .recover import Recover
 from .simulate import Simulate
 from .state import META, Flows, FlowState
 from .websocket import WebSocket
@@ -28,7 +32,9 @@ from .websocket import WebSocket
 def make_addons() -> list[object]:
     """A fresh set of trimflow's addons, in the order mitmproxy must run them, sharing one Flows."""
     flows = Flows()
-    return [Keys(flows), Prune(flows), WebSocket(flows), Simulate(flows), Metrics(flows), Memory(), Options()]
+    simulate = Simulate(flows)
+    recover = Recover(flows, simulate)
+    return [Keys(flows), recover, Prune(flows), WebSocket(flows), simulate, Metrics(flows), recover.hold, Memory(), Options()]
 
 
 addons = make_addons()
@@ -43,6 +49,7 @@ __all__ = [
     "Metrics",
     "Options",
     "Prune",
+    "Recover",
     "Simulate",
     "WebSocket",
     "addons",

@@ -142,7 +142,9 @@ class Prune:
         except DecodeError as exc:
             log.warning("trimflow: %s%s forwarded untouched: %s", request.pretty_host, path_of(flow), exc)
             return self._undecodable(flow, state, str(exc)), None
-        outcome = prune(state.target, headers, body, rules, ctx.options.trimflow_mode, inline=inline, memory=self.flows.conversations)
+        outcome = prune(
+            state.target, headers, body, rules, ctx.options.trimflow_mode, inline=inline, memory=self.flows.conversations, tighten=self.flows.tighten
+        )
         state.cut = outcome.cut
         if outcome.record_pending:
             return None, outcome
@@ -184,9 +186,9 @@ class Prune:
         memory = self.flows.conversations
         try:
             try:
-                outcome = prune(*args, inline=True, memory=memory)
+                outcome = prune(*args, inline=True, memory=memory, tighten=self.flows.tighten)
             except NeedsWorker:
-                outcome = await asyncio.to_thread(prune, *args, memory=memory)
+                outcome = await asyncio.to_thread(prune, *args, memory=memory, tighten=self.flows.tighten)
         except Exception as exc:  # noqa: BLE001 - fail open
             log.warning("trimflow: websocket message forwarded untouched: internal error %s", type(exc).__name__)
             return

@@ -17,6 +17,7 @@ from mitmproxy import http
 from .. import Outcome
 from .._conversation import Conversations, History, Thread, response_id_of
 from .._decode import DEFAULT_MAX_DECODED_BYTES
+from .._engine import Tighten
 from .._record import Record
 from .._rules import RulesFile, Target
 from ..formats import openai_responses
@@ -53,6 +54,7 @@ class Flows:
         self.rules: RulesFile | None = None
         self.max_decoded_bytes = DEFAULT_MAX_DECODED_BYTES
         self.conversations = Conversations()
+        self.tighten: Tighten | None = None  # the recover addon's learned limits, applied on top of the rules
         self._states: weakref.WeakKeyDictionary[http.HTTPFlow, FlowState | None] = weakref.WeakKeyDictionary()
 
     def state(self, flow: http.HTTPFlow) -> FlowState | None:

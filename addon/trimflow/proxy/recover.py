@@ -1,0 +1,347 @@
+"""The recover addon: when the provider refuses a request for a limit the rules did not know, send it again
+within the limit its answer names, remember that limit for later requests, and give the client the retry's
+answer.
+
+- `request` (before the prune addon) keeps a reference to the body as the client sent it, until the flow ends.
+- `response` (before the metrics addon) reads an error answer against the limit-error patterns
+  (trimflow._recovery); a limit error is learned (trimflow._learned, option trimflow_learned), the
+  original body is pruned again under the tightened limits, and the request goes upstream once more
+  through mitmproxy's own connection machinery, as client replay sends a flow. At most trimflow_retries
+  times, and never when the tightened limits change nothing.
+- `Hold` (after the metrics addon) keeps a candidate error answer buffered: an answer streamed to the
+  client could not be taken back.
+
+The retry's answer reaches the client whole: mitmproxy sends a response set in the `response` hook from
+its content, in one piece, so a streamed retry arrives at once when it is complete (docs/recovery.md).
+A retry is a flow of its own that no addon sees: the original flow went through them all (headers,
+keys, upstream auth), and its record and log line tell the retries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+import weakref
+from collections.abc import Coroutine
+from dataclasses import dataclass, fields
+
+from mitmproxy import connection, ctx, exceptions, http
+from mitmproxy.addons.clientplayback import ReplayHandler
+from mitmproxy.proxy import commands
+from mitmproxy.proxy.layers import http as http_layers
+
+from .. import ENFORCE, Limits, prune
+from .._decode import DecodeError, decode_body
+from .._engine import is_sigv4
+from .._learned import FILE_NAME, LearnedLimits
+from .._profiles import check_request
+from .._record import Record
+from .._recovery import HOST, NEVER, LimitError, Patterns, Refused, load_patterns, scope, tightened
+from ..errors import RulesError
+from ..formats import counted_turn_path
+from .comment import flow_comment
+from .options import exits_at_startup
+from .prune import plain_headers
+from .simulate import Simulate
+from .state import Flows, FlowState, path_of, write
+
+log = logging.getLogger("trimflow")
+
+DEFAULT_LEARNED = "{confdir}/" + FILE_NAME
+DEFAULT_RETRIES = 2
+ANSWER_MAX = 1 << 20  # an error answer larger than this is no limit error worth reading
+# What the retry sent, copied into the original flow's record over what the refused request sent.
+_SENT_FIELDS = tuple(
+    f.name
+    for f in fields(Record)
+    if f.name.endswith("_after") or f.name.startswith(("pruned", "shrunk", "thinned")) or f.name in ("over_budget", "deduplicated")
+)
+_FLOW_HOOKS = (
+    http_layers.HttpRequestHeadersHook,
+    http_layers.HttpRequestHook,
+    http_layers.HttpResponseHeadersHook,
+    http_layers.HttpResponseHook,
+    http_layers.HttpErrorHook,
+)
+
+
+@dataclass(slots=True)
+class _Sent:
+    """One request as it went upstream: its body (decoded), and what it held."""
+
+    body: bytes
+    body_bytes: int
+    images: int
+
+
+class Recover:
+    name = "trimflow_recover"
+
+    def __init__(self, flows: Flows, simulate: Simulate) -> None:
+        self.flows = flows
+        self.simulate = simulate  # its profile answers a retry as it answered the request
+        self._patterns: Patterns | None = None  # the shipped ones until trimflow_limit_errors is configured
+        self.learned = LearnedLimits(None)
+        self.hold = Hold(self)
+        self._originals: weakref.WeakKeyDictionary[http.HTTPFlow, bytes] = weakref.WeakKeyDictionary()
+        self.refused = self.recovered = self.limits_learned = 0
+
+    def load(self, loader) -> None:
+        loader.add_option(
+            "trimflow_recover",
+            bool,
+            True,
+            "In enforce mode, when the provider refuses a request for a limit (its answer names it), prune it within "
+            "that limit, send it again and give the client that answer; remember the limit (trimflow_learned).",
+        )
+        loader.add_option("trimflow_retries", int, DEFAULT_RETRIES, "Most times one request is sent again after a limit error.")
+        loader.add_option(
+            "trimflow_learned",
+            str,
+            DEFAULT_LEARNED,
+            "YAML file of the limits learned from providers' answers, applied to later requests on top of the rules; "
+            "{confdir} is mitmproxy's confdir. Empty: kept in memory only.",
+        )
+        loader.add_option(
+            "trimflow_limit_errors",
+            str,
+            "",
+            "YAML file of limit-error patterns for your gateways, tried before the shipped rules/limit_errors.yaml.",
+        )
+
+    @exits_at_startup
+    def configure(self, updated: set[str]) -> None:
+        if "trimflow_retries" in updated and ctx.options.trimflow_retries < 0:
+            raise exceptions.OptionsError(f"trimflow: trimflow_retries must be 0 or more, not {ctx.options.trimflow_retries}")
+        if "trimflow_limit_errors" in updated:
+            try:
+                self._patterns = load_patterns(ctx.options.trimflow_limit_errors or None)
+            except RulesError as exc:
+                raise exceptions.OptionsError(f"trimflow: {exc}") from None
+        if "trimflow_learned" in updated or "confdir" in updated:
+            path = learned_path(ctx.options.trimflow_learned, ctx.options.confdir)
+            try:
+                self.learned = LearnedLimits(path)
+            except RulesError as exc:
+                raise exceptions.OptionsError(f"trimflow: trimflow_learned: {exc}") from None
+            self.flows.tighten = self.learned.tighten
+            if path is not None and self.learned.entries:
+                log.info("trimflow: %d learned limits from %s", len(self.learned.entries), path)
+
+    @property
+    def patterns(self) -> Patterns:
+        if self._patterns is None:
+            self._patterns = load_patterns()
+        return self._patterns
+
+    def summary(self) -> str | None:
+        """The exit line: requests refused for a limit, recovered, and limits learned (None when none was refused)."""
+        if not self.refused:
+            return None
+        where = self.learned.path if self.learned.path is not None else "memory only"
+        return (
+            f"trimflow: refused for a limit: {self.refused} requests, recovered by a retry: {self.recovered}; "
+            f"limits learned: {self.limits_learned} ({where})"
+        )
+
+    # -- hooks
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        if flow.response is not None or not ctx.options.trimflow_recover or ctx.options.trimflow_mode != ENFORCE:
+            return
+        if flow.request.method != "POST" or flow.request.raw_content is None or is_sigv4(flow.request.headers):
+            return  # a streamed body cannot be sent again; a signed one must not change
+        if self.flows.state(flow) is None:
+            return
+        self._originals[flow] = flow.request.raw_content  # a reference: the prune addon assigns a new body
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        self._originals.pop(flow, None)
+
+    def response(self, flow: http.HTTPFlow) -> Coroutine[None, None, None] | None:
+        # Not `async def`: an answer that cannot be a limit error, the usual case, makes no coroutine.
+        # mitmproxy awaits what a hook returns when it is awaitable.
+        original = self._originals.pop(flow, None)
+        if original is None or flow.response is None or not _may_be_limit(flow.response.status_code):
+            return None
+        return self._answer(flow, original)
+
+    async def _answer(self, flow: http.HTTPFlow, original: bytes) -> None:
+        state = self.flows.get(flow)
+        record = self.flows.settle(flow, state) if state is not None else None
+        if state is None or record is None or record.mode != ENFORCE or record.reason is not None:
+            return
+        try:
+            await self._recover(flow, state, record, original)
+        except Exception as exc:  # noqa: BLE001 - fail open: the client gets the provider's answer as it came
+            log.warning("trimflow: %s%s not retried: internal error %s", flow.request.pretty_host, path_of(flow), type(exc).__name__)
+
+    async def _recover(self, flow: http.HTTPFlow, state: FlowState, record: Record, original: bytes) -> None:
+        assert flow.response is not None and self.flows.rules is not None
+        error = self._limit_error(flow.response, state.target.host)
+        if error is None:
+            return
+        self.refused += 1
+        request = flow.request
+        sent = _Sent(b"", record.body_bytes_after, record.images_after)
+        retries: list[tuple[str, str]] = []  # (why, the limits tightened) per retry
+        refused_status: int | None = None
+        last_response = flow.response
+        simulated = record.simulated
+        for _ in range(ctx.options.trimflow_retries):
+            limits = self._limits(state, record.model)
+            tightening = tightened(error, limits, Refused(sent.body_bytes, sent.images))
+            if tightening is None:
+                log.info("trimflow: %s%s not retried: %s, and nothing more to cut", request.pretty_host, path_of(flow), error.reason)
+                break
+            model = None if scope(error) == HOST else record.model
+            self.limits_learned += len(self.learned.learn(state.target.host, model, tightening.fields, error.source))
+            attempt = await asyncio.to_thread(self._prepare, flow, state, original, sent.body)
+            if attempt is None:
+                log.info("trimflow: %s%s not retried: %s, and the tightened limits change nothing", request.pretty_host, path_of(flow), error.reason)
+                break
+            retry_request, retry_record, body = attempt
+            retries.append((tightening.describe(error), " ".join(f"{k}={v}" for k, v in tightening.fields.items())))
+            refused_status = refused_status or last_response.status_code
+            answer, simulated_by = await self._send(retry_request, flow.client_conn, body, record.format)
+            if isinstance(answer, str):  # no answer: the client gets the last one the provider gave
+                log.warning("trimflow: %s%s retry failed: %s", request.pretty_host, path_of(flow), answer)
+                break
+            last_response, simulated = answer, simulated_by
+            sent = _Sent(body, retry_record.body_bytes_after, retry_record.images_after)
+            for name in _SENT_FIELDS:
+                setattr(record, name, getattr(retry_record, name))
+            if not _may_be_limit(answer.status_code):
+                break
+            next_error = self._limit_error(answer, state.target.host)
+            if next_error is None:
+                break
+            error = next_error
+        if not retries:
+            return
+        flow.response = last_response
+        record.retries, record.refused_status = len(retries), refused_status
+        record.retry_reasons = "; ".join(why for why, _ in retries)
+        record.retry_limits = "; ".join(limits for _, limits in retries)
+        record.simulated = simulated
+        record.status = last_response.status_code
+        if last_response.status_code < 400:
+            self.recovered += 1
+        write(flow, state)
+        flow.comment = flow_comment(record)
+
+    def _limit_error(self, response: http.Response, host: str) -> LimitError | None:
+        raw = response.raw_content
+        if raw is None or len(raw) > ANSWER_MAX:
+            return None
+        try:
+            body = decode_body(raw, response.headers.get("content-encoding"), ANSWER_MAX)
+        except DecodeError:
+            return None
+        return self.patterns.recognise(response.status_code, body, host)
+
+    def _limits(self, state: FlowState, model: str | None) -> Limits:
+        """The limits the request was pruned under: its rule's, tightened by what is learned."""
+        assert self.flows.rules is not None
+        target = state.target
+        path = target.path
+        if target.format is not None:
+            path = counted_turn_path(target.format, path) or path
+        return self.learned.tighten(target.host, model, self.flows.rules.current().limits_for(target.host, path, model))
+
+    def _prepare(self, flow: http.HTTPFlow, state: FlowState, original: bytes, last_body: bytes) -> tuple[http.Request, Record, bytes] | None:
+        """In a worker thread: the original body pruned again under the limits learned now, as a request to send;
+        None when that is the body already refused."""
+        assert self.flows.rules is not None
+        request = flow.request
+        encoding = request.headers.get("content-encoding")
+        try:
+            body = decode_body(original, encoding, self.flows.max_decoded_bytes)
+        except DecodeError:
+            return None
+        outcome = prune(state.target, plain_headers(request), body, self.flows.rules.current(), ENFORCE, tighten=self.learned.tighten)
+        retry_record = outcome.record
+        if retry_record is None or retry_record.mode != ENFORCE:
+            return None
+        new_body = outcome.body
+        refused = last_body or decode_body(request.raw_content or b"", encoding, self.flows.max_decoded_bytes)
+        if new_body == refused:
+            return None
+        retry = request.copy()
+        retry.content = new_body  # encoded as the request was (content-encoding), with its content-length
+        retry.timestamp_start, retry.timestamp_end = time.time(), None
+        return retry, retry_record, new_body
+
+    async def _send(self, request: http.Request, client: connection.Client, body: bytes, wire_format: str) -> tuple[http.Response | str, str | None]:
+        """The answer to `request` (or why there is none), and the simulated profile when one answered."""
+        profile = self.simulate.profile
+        if profile is not None:
+            violation = await asyncio.to_thread(check_request, profile, request.path, body, wire_format)
+            if violation is not None:
+                response = http.Response.make(violation.status, violation.body, {"content-type": violation.content_type})
+                return response, violation.profile
+        return await resend(request, client), None
+
+
+def _may_be_limit(status: int) -> bool:
+    return 400 <= status < 500 and status not in NEVER
+
+
+class Hold:
+    """After the metrics addon: keeps an error answer that may be a limit error buffered, so that the recover
+    addon can read it and answer with the retry's; the metrics addon streams answers on streamed paths."""
+
+    name = "trimflow_recover_hold"
+
+    def __init__(self, recover: Recover) -> None:
+        self.recover = recover
+
+    def done(self) -> None:
+        summary = self.recover.summary()  # here, after the metrics addon has written its last lines
+        if summary is not None:
+            log.info("%s", summary)
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        if flow.response is not None and flow.response.stream and flow in self.recover._originals and _may_be_limit(flow.response.status_code):
+            flow.response.stream = False
+
+
+def learned_path(option: str, confdir: str) -> str | None:
+    """The learned-limits file an option value names: None for empty (in memory only)."""
+    if not option:
+        return None
+    return os.path.expanduser(option.replace("{confdir}", confdir))
+
+
+class _Resend(ReplayHandler):
+    """Sends one flow upstream through mitmproxy's proxy core, as client replay does, without running the
+    addons' HTTP hooks for it: the request already went through them as the original flow."""
+
+    async def handle_hook(self, hook: commands.StartHook) -> None:
+        if isinstance(hook, _FLOW_HOOKS) and hook.args()[0] is self.flow:
+            if isinstance(hook, (http_layers.HttpResponseHook, http_layers.HttpErrorHook)):
+                handlers = [t.handler for t in self.transports.values() if t.handler]
+                for handler in handlers:
+                    handler.cancel()
+                if handlers:
+                    await asyncio.wait(handlers)
+                self.done.set()
+            return
+        await super().handle_hook(hook)
+
+
+async def resend(request: http.Request, client: connection.Client) -> http.Response | str:
+    """The upstream's answer to `request`, sent for `client` (the original flow's), or why there is none."""
+    retry = http.HTTPFlow(client, connection.Server(address=(request.host, request.port)))
+    retry.request = request
+    retry.is_replay = "request"
+    handler = _Resend(retry, ctx.options)
+    await handler.replay()
+    if retry.response is not None:
+        return retry.response
+    return retry.error.msg if retry.error is not None else "no answer"
+
+
+__all__ = ["DEFAULT_LEARNED", "Hold", "Recover", "learned_path", "resend"]

@@ -1,0 +1,146 @@
+"""trimflow.proxy.recover in a taddons context: what is kept for a retry and what never is, the options, a retry
+answered by a limit profile (no network), and the hold on error answers. Through a real mitmdump and the
+real upstream: tests/e2e/test_recovery.py."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from mitmproxy import exceptions, http
+from mitmproxy.test import taddons
+
+from trimflow import Limits, proxy
+from trimflow.proxy import recover
+
+from ..helpers import TrimflowAddons, requested
+from .flows import llm_flow, write_rules
+
+
+@pytest.fixture
+def chain(tmp_path):
+    """All the addons over rules of 20 images, playing generic-8 ("Max images exceeded" past 8, no number named)."""
+    instance = TrimflowAddons()
+    with taddons.context(instance) as tctx:
+        tctx.configure(
+            instance,
+            trimflow_rules=str(write_rules(tmp_path / "rules.yaml", 20)),
+            trimflow_simulate="generic-8",
+            trimflow_learned=str(tmp_path / "learned.yaml"),
+            trimflow_retries=1,
+        )
+        instance.tctx = tctx
+        yield instance
+
+
+def recover_of(chain: TrimflowAddons) -> recover.Recover:
+    return chain.get(proxy.Recover)
+
+
+async def test_a_refusal_is_retried_within_a_stepped_down_cap_and_learned(chain, tmp_path) -> None:
+    flow = llm_flow(turns=12)  # 12 images: the rules' 20 let them through, the profile's 8 refuse them
+    await requested(chain, flow)
+    assert flow.response is not None and flow.response.status_code == 400
+    await recover_of(chain).response(flow)
+    record = flow.metadata[proxy.META]
+    # one retry allowed: the cap steps from 12 down to 10, which the profile refuses too; the client gets that answer
+    assert (record["retries"], record["refused_status"], record["retry_limits"]) == (1, 400, "max_images=10")
+    assert record["retry_reasons"] == "too many images (max 10, stepped down from what was refused)"
+    assert (record["images_after"], record["status"], record["simulated"]) == (10, 400, "generic-8")
+    assert recover_of(chain).learned.tighten("api.openai.com", "gpt-4o", Limits()).max_images == 10
+    assert "value: 10" in (tmp_path / "learned.yaml").read_text()
+    assert flow not in recover_of(chain)._originals  # the body is let go with the flow's answer
+
+
+async def test_the_next_request_goes_within_what_was_learned(chain) -> None:
+    recover_of(chain).learned.learn("api.openai.com", None, {"max_images": 8}, "400 max-images-exceeded: Max images exceeded")
+    flow = llm_flow(turns=12)
+    await requested(chain, flow)
+    assert flow.response is None  # within the profile's 8: no simulated refusal
+    assert flow.metadata[proxy.META]["images_after"] == 8
+
+
+async def test_what_is_never_kept_for_a_retry(chain) -> None:
+    signed = llm_flow(turns=3, headers={"authorization": "AWS4-HMAC-SHA256 Credential=x"})
+    streamed = llm_flow(turns=3)
+    streamed.request.raw_content = None  # streamed by mitmproxy (stream_large_bodies)
+    other = llm_flow(turns=3)
+    other.request.method = "GET"
+    kept = llm_flow(turns=3)
+    for flow in (signed, streamed, other, kept):
+        recover_of(chain).request(flow)
+    assert list(recover_of(chain)._originals) == [kept]
+    chain.tctx.configure(chain, trimflow_mode="observe")
+    observed = llm_flow(turns=3)
+    recover_of(chain).request(observed)
+    assert observed not in recover_of(chain)._originals
+    chain.tctx.configure(chain, trimflow_mode="enforce", trimflow_recover=False)
+    recover_of(chain).request(observed)
+    assert observed not in recover_of(chain)._originals
+
+
+async def test_an_answer_that_cannot_be_a_limit_error_makes_no_coroutine(chain) -> None:
+    for status in (200, 401, 403, 404, 429, 500, 503):
+        flow = llm_flow(turns=3)
+        recover_of(chain).request(flow)
+        flow.response = http.Response.make(status, b"{}")
+        assert recover_of(chain).response(flow) is None
+        assert flow not in recover_of(chain)._originals
+
+
+async def test_a_non_limit_400_is_left_as_it_came(chain) -> None:
+    flow = llm_flow(turns=3)
+    recover_of(chain).request(flow)
+    await requested(chain, flow)
+    answer = b'{"error":{"message":"The model `gpt-5-xl` does not exist","type":"invalid_request_error"}}'
+    flow.response = http.Response.make(400, answer, {"content-type": "application/json"})
+    await recover_of(chain).response(flow)
+    assert flow.response.content == answer and flow.metadata[proxy.META]["retries"] == 0
+
+
+def test_the_hold_keeps_a_candidate_error_answer_whole(chain) -> None:
+    flow = llm_flow(turns=3)
+    recover_of(chain).request(flow)
+    flow.response = http.Response.make(400, b"", {"content-type": "text/event-stream"})
+    flow.response.stream = True
+    recover_of(chain).hold.responseheaders(flow)
+    assert flow.response.stream is False
+    ok = llm_flow(turns=3)
+    recover_of(chain).request(ok)
+    ok.response = http.Response.make(200, b"", {"content-type": "text/event-stream"})
+    ok.response.stream = True
+    recover_of(chain).hold.responseheaders(ok)
+    assert ok.response.stream is True
+
+
+def test_learned_path_follows_the_confdir() -> None:
+    assert recover.learned_path("", "~/.mitmproxy") is None
+    assert recover.learned_path(recover.DEFAULT_LEARNED, "/etc/mitm") == "/etc/mitm/trimflow-learned.yaml"
+    assert recover.learned_path("~/l.yaml", "/x") == os.path.expanduser("~/l.yaml")
+
+
+@pytest.mark.parametrize(
+    ("options", "problem"),
+    [
+        ({"trimflow_retries": -1}, "trimflow: trimflow_retries must be 0 or more, not -1"),
+        ({"trimflow_limit_errors": "{bad}"}, "trimflow: {bad}"),
+        ({"trimflow_learned": "{learned}"}, "trimflow: trimflow_learned: {learned}:2: YAML syntax error"),
+    ],
+)
+def test_a_bad_option_is_refused_with_one_line(tmp_path, options: dict, problem: str) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("patterns: [{name: a, status: [400], match: 'x', limit: images}]\n")
+    learned = tmp_path / "learned.yaml"
+    learned.write_text("learned: [\n")
+    values = {k: str(v).replace("{bad}", str(bad)).replace("{learned}", str(learned)) if isinstance(v, str) else v for k, v in options.items()}
+    instance = proxy.Recover(proxy.Flows(), proxy.Simulate(proxy.Flows()))
+    with taddons.context(instance) as tctx, pytest.raises(exceptions.OptionsError) as raised:
+        tctx.configure(instance, **values)
+    assert str(raised.value).startswith(problem.replace("{bad}", str(bad)).replace("{learned}", str(learned)))
+
+
+def test_the_exit_line_counts_refusals_recoveries_and_learned_limits() -> None:
+    instance = proxy.Recover(proxy.Flows(), proxy.Simulate(proxy.Flows()))
+    assert instance.summary() is None
+    instance.refused, instance.recovered, instance.limits_learned = 3, 2, 1
+    assert instance.summary() == "trimflow: refused for a limit: 3 requests, recovered by a retry: 2; limits learned: 1 (memory only)"
