@@ -9,9 +9,9 @@ import pytest
 
 from trimflow._imageinfo import sniff_bytes
 from trimflow.formats import FORMATS, IMAGE
-from trimflow.testing._cache_sessions import SCREEN, SESSIONS, Session, desktop_screenshot
+from trimflow.testing._cache_sessions import REFERENCE_SESSIONS, SCREEN, ReferenceSession, desktop_screenshot
 
-BY_NAME = {s.name: s for s in SESSIONS}
+BY_NAME = {s.name: s for s in REFERENCE_SESSIONS}
 
 
 def test_screenshots_are_distinct_1280x800_pngs_of_a_realistic_size() -> None:
@@ -24,7 +24,7 @@ def test_screenshots_are_distinct_1280x800_pngs_of_a_realistic_size() -> None:
     assert desktop_screenshot(3) is desktop_screenshot(3)  # made once per run
 
 
-def last_turn(session: Session) -> tuple[dict[str, Any], list[Any]]:
+def last_turn(session: ReferenceSession) -> tuple[dict[str, Any], list[Any]]:
     *_, last = session.turns()
     parsed = orjson.loads(last.body)
     return parsed, FORMATS[session.fmt].find_media(parsed)
@@ -47,7 +47,7 @@ def test_each_session_sends_its_screenshots_in_the_whole_history(name: str, imag
 
 
 def test_sessions_are_built_the_same_every_time() -> None:
-    for session in SESSIONS:
+    for session in REFERENCE_SESSIONS:
         first = [t.body for t, _ in zip(session.turns(), range(3), strict=False)]
         again = [t.body for t, _ in zip(session.turns(), range(3), strict=False)]
         assert first == again

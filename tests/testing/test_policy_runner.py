@@ -6,15 +6,15 @@ import json
 
 import pytest
 
-from trimflow.testing._cache_sessions import POLICIES, SESSIONS, PolicyResult, main, run
+from trimflow.testing._cache_sessions import POLICIES, REFERENCE_SESSIONS, PolicyResult, main, run_policy
 
 POLICY = {p.name: p for p in POLICIES}
-SESSION = {s.name: s for s in SESSIONS}
+SESSION = {s.name: s for s in REFERENCE_SESSIONS}
 
 
 @pytest.fixture(scope="module")
 def shipped() -> dict[str, PolicyResult]:
-    return {s.name: run(s, POLICY["shipped defaults"]) for s in SESSIONS}
+    return {s.name: run_policy(s, POLICY["shipped defaults"]) for s in REFERENCE_SESSIONS}
 
 
 def test_the_shipped_rules_never_breach_a_cap(shipped: dict[str, PolicyResult]) -> None:
@@ -35,7 +35,7 @@ def test_every_turn_adds_up(shipped: dict[str, PolicyResult]) -> None:
 
 def test_what_pruning_costs_on_the_computer_use_session() -> None:
     session = SESSION["computer-use"]
-    none, rolling, batch = (run(session, POLICY[name]) for name in ("no pruning", "rolling (batch 1)", "batch 6"))
+    none, rolling, batch = (run_policy(session, POLICY[name]) for name in ("no pruning", "rolling (batch 1)", "batch 6"))
     # Without pruning the 9th screenshot on breaks a gateway's cap of 8, and the prefix never breaks.
     assert none.breaches == {"generic-8": 52} and none.broken_turns == 0 and none.images_sent == sum(range(1, 61))
     # Rolling moves the cut every turn from the 9th: nearly every turn rewrites the history after it.

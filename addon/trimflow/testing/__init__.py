@@ -5,10 +5,15 @@
 - `replay` and `Session`: send a synthetic screenshot session turn by turn and read each answer.
 - `image`, `screenshot`, `session_body` and friends: real images made with Pillow and the
   whole-history request bodies agents send, in every wire format.
+- `CacheModel`: each provider's documented prompt caching, on a clock you give it (`FakeProvider(cache=True)`
+  runs it); `REFERENCE_SESSIONS`, `POLICIES` and `run_policy`: what each pruning policy costs against it.
 
-`python -m trimflow fake-provider` and `python -m trimflow replay` are the same tools on the command line.
+`python -m trimflow fake-provider` and `python -m trimflow replay` (`--policies`: the cost tables) are the same
+tools on the command line.
 """
 
+from ._cache_model import CacheModel, CacheUsage
+from ._cache_sessions import POLICIES, REFERENCE_SESSIONS, Policy, PolicyResult, ReferenceSession, run_policy
 from ._fake_provider import REPLY_TEXT, FakeProvider, Received, count_images, estimate_usage
 from ._replay import Row, Session, replay
 from ._synthetic import MIME, PATHS, b64, data_url, image, screenshot, session_body
@@ -16,9 +21,16 @@ from ._synthetic import MIME, PATHS, b64, data_url, image, screenshot, session_b
 __all__ = [
     "MIME",
     "PATHS",
+    "POLICIES",
+    "REFERENCE_SESSIONS",
     "REPLY_TEXT",
+    "CacheModel",
+    "CacheUsage",
     "FakeProvider",
+    "Policy",
+    "PolicyResult",
     "Received",
+    "ReferenceSession",
     "Row",
     "Session",
     "b64",
@@ -27,6 +39,7 @@ __all__ = [
     "estimate_usage",
     "image",
     "replay",
+    "run_policy",
     "screenshot",
     "session_body",
 ]

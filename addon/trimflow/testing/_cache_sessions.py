@@ -43,15 +43,15 @@ from ._synthetic import b64, data_url
 
 __all__ = [
     "POLICIES",
-    "SESSIONS",
+    "REFERENCE_SESSIONS",
     "Policy",
     "PolicyResult",
-    "Session",
+    "ReferenceSession",
     "Turn",
     "TurnResult",
     "desktop_screenshot",
     "main",
-    "run",
+    "run_policy",
 ]
 
 SCREEN = (1280, 800)
@@ -116,7 +116,7 @@ class Turn:
 
 
 @dataclass(frozen=True)
-class Session:
+class ReferenceSession:
     """A reference session: its turns are built on demand (`turns()`), so only one body is held at a time."""
 
     name: str
@@ -306,8 +306,8 @@ _ANTHROPIC_PROFILES = (
     "generic-8",
 )
 
-SESSIONS: tuple[Session, ...] = (
-    Session(
+REFERENCE_SESSIONS: tuple[ReferenceSession, ...] = (
+    ReferenceSession(
         "computer-use",
         "Anthropic computer use: 60 turns, a 1280x800 screenshot per turn in a tool_result, cache_control on the system prompt and the last block",
         "anthropic",
@@ -318,7 +318,7 @@ SESSIONS: tuple[Session, ...] = (
         _ANTHROPIC_PROFILES,
         _computer_use,
     ),
-    Session(
+    ReferenceSession(
         "claude-code",
         "Claude Code-style coding session: 80 requests, 10 prompts, file reads and shell output, 20 screenshots read",
         "anthropic",
@@ -329,7 +329,7 @@ SESSIONS: tuple[Session, ...] = (
         _ANTHROPIC_PROFILES,
         _claude_code,
     ),
-    Session(
+    ReferenceSession(
         "chat",
         "OpenAI chat: 15 user messages, each pasting 3 screenshots",
         "openai-chat",
@@ -340,7 +340,7 @@ SESSIONS: tuple[Session, ...] = (
         ("azure-50", "generic-8"),
         _chat,
     ),
-    Session(
+    ReferenceSession(
         "gemini",
         "Gemini 2.5 Flash browser agent: 40 turns, a screenshot after each function call",
         "gemini",
@@ -472,8 +472,8 @@ class PolicyResult:
 REFUSED = "cache_control over 4"  # a breach: the provider refuses a fifth breakpoint
 
 
-def run(
-    session: Session,
+def run_policy(
+    session: ReferenceSession,
     policy: Policy,
     *,
     base: Rules | None = None,
@@ -525,7 +525,7 @@ def run(
 _COLUMNS = ("policy", "requests", "images sent", "input tokens", "cache-write", "cache-read", "cost", "broken-prefix turns", "limits breached")
 
 
-def table(session: Session, results: Sequence[PolicyResult]) -> str:
+def table(session: ReferenceSession, results: Sequence[PolicyResult]) -> str:
     """One session's results as a Markdown table (readable as text too)."""
     rows = [_COLUMNS]
     for r in results:
@@ -563,11 +563,11 @@ def main(argv: list[str] | None = None) -> int:
         "cache-write and cache-read tokens, cost, turns whose cached prefix broke, and limits breached.",
     )
     parser.add_argument("--policies", action="store_true", required=True, help="this mode (the other replay options do not apply)")
-    parser.add_argument("--session", action="append", choices=[s.name for s in SESSIONS], help="only this session (repeatable)")
+    parser.add_argument("--session", action="append", choices=[s.name for s in REFERENCE_SESSIONS], help="only this session (repeatable)")
     parser.add_argument("--policy", action="append", choices=[p.name for p in POLICIES], help="only this policy (repeatable)")
     parser.add_argument("--json", action="store_true", help="print one JSON array of summaries instead of tables")
     args = parser.parse_args(argv)
-    sessions = [s for s in SESSIONS if not args.session or s.name in args.session]
+    sessions = [s for s in REFERENCE_SESSIONS if not args.session or s.name in args.session]
     policies = [p for p in POLICIES if not args.policy or p.name in args.policy]
     base, prices = load_rules(DEFAULT_RULES_PATH), load_prices()
     summaries: list[dict[str, Any]] = []
@@ -575,7 +575,7 @@ def main(argv: list[str] | None = None) -> int:
         results = []
         for policy in policies:
             print(f"replay: {session.name}: {policy.name}", file=sys.stderr, flush=True)
-            results.append(run(session, policy, base=base, prices=prices))
+            results.append(run_policy(session, policy, base=base, prices=prices))
         if args.json:
             summaries += [r.summary() for r in results]
         else:
