@@ -745,6 +745,8 @@ class FakeProvider:
     ``received`` lists every request (unless ``record=False``); ``event_delay`` (seconds) may be changed live.
     ``cache=True`` answers every request through a model of the provider's prompt caching on the wall clock
     (``cache_model``; see the module docstring).
+    ``script(format, request, usage, stream, sse)`` may answer a request in its place, as ``(content_type, frames)``
+    (trimflow.testing._agent_script plays a model that calls an agent's image tool); None leaves it to the usual reply.
     """
 
     def __init__(
@@ -759,6 +761,7 @@ class FakeProvider:
         check: Callable[[Received], CheckAnswer | None] | None = None,
         record: bool = True,
         cache: bool = False,
+        script: Callable[[str, dict[str, Any], Usage, bool, bool], tuple[str, list[bytes]] | None] | None = None,
     ) -> None:
         if not is_loopback(host):
             raise ValueError(f"fake-provider listens on loopback only (127.0.0.1, ::1, localhost): {host!r}")
@@ -775,6 +778,7 @@ class FakeProvider:
         self.event_delay = event_delay
         self.log = log
         self.check = check
+        self.script = script
         self.record = record  # the CLI turns this off: a long session of 20 MB bodies would pile up
         self.cache_model = CacheModel(time.monotonic) if cache else None
         self.received: list[Received] = []
@@ -907,6 +911,17 @@ class FakeProvider:
             if cached is not None:
                 usage = cached_usage(cached, usage.images)
                 out.note = f" cache read={cached.cache_read_tokens} write={cached.cache_write_tokens}"
+        if self.script is not None:
+            stream, sse = wants_stream(r, request_json), parse_qs(rec.query).get("alt") == ["sse"]
+            scripted = self.script(r.fmt, request_json, usage, stream, sse)
+            if scripted is not None:
+                out.note += " scripted"
+                if not stream:
+                    send(200, scripted[0], b"".join(scripted[1]))
+                    return
+                out.status, out.sent, out.streamed = 200, True, True
+                h.send_stream(scripted[0], scripted[1], self.event_delay)
+                return
         if not wants_stream(r, request_json):
             send(200, "application/json", orjson.dumps(build_json_reply(r, request_json, usage)))
             return

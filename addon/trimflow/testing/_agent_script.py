@@ -1,0 +1,205 @@
+"""A scripted model for the fake provider: it makes an agent CLI look at screenshots with its own image tool.
+
+`FakeProvider(script=AgentScript(shots, final))` answers each request that offers the agent's image tool
+with a call of that tool on the next screenshot in `shots` (absolute paths), one per turn, and once every
+screenshot has been looked at, with the text `final`:
+
+- Claude Code (Anthropic Messages): a `tool_use` of `Read` with `file_path`;
+- Codex (OpenAI Responses): a `function_call` of `view_image` with `path`;
+- Gemini CLI (Gemini): a `functionCall` of `read_file` with `file_path`.
+
+Which screenshot comes next is read from the request itself, the tool results it carries (tool_result
+blocks, function_call_output items, functionResponse parts), so the script holds no state and any replay
+of a conversation gets the same answer. A request that does not offer the tool (a title, a classifier, a
+token count) is not scripted: the fake provider answers it as usual. Answers come as JSON or streamed, in
+each API's own event sequence, with the usage the fake provider worked out.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from ._fake_provider import (
+    Usage,
+    _anthropic_message,
+    _anthropic_usage,
+    _gemini_usage,
+    _new_id,
+    _responses_message,
+    _responses_object,
+    _sse,
+)
+
+Scripted = tuple[str, list[bytes]]
+"""(content type, frames): one frame when the answer is not streamed, one event per frame when it is."""
+
+SSE = "text/event-stream; charset=utf-8"
+JSON = "application/json"
+
+
+@dataclass(frozen=True, slots=True)
+class ImageTool:
+    """An agent's tool that reads an image file: its name and the argument that takes the path."""
+
+    name: str
+    path_argument: str
+
+
+TOOLS = {
+    "anthropic": ImageTool("Read", "file_path"),
+    "openai-responses": ImageTool("view_image", "path"),
+    "gemini": ImageTool("read_file", "file_path"),
+}
+
+
+class AgentScript:
+    """The fake provider's `script` hook (see the module docstring). `calls` counts the tool calls it made."""
+
+    def __init__(self, shots: Sequence[str], final: str) -> None:
+        self.shots = list(shots)
+        self.final = final
+        self.calls = 0
+
+    def __call__(self, fmt: str, request: dict[str, Any], usage: Usage, stream: bool, sse: bool) -> Scripted | None:
+        tool = TOOLS.get(fmt)
+        if tool is None or tool.name not in offered_tools(fmt, request):
+            return None
+        done = tool_results(fmt, request)
+        call = None
+        if done < len(self.shots):
+            call = {tool.path_argument: self.shots[done]}
+            self.calls += 1
+        model = request.get("model")
+        model = model if isinstance(model, str) else "fake-model"
+        if fmt == "anthropic":
+            return _anthropic(model, tool, call, self.final, usage, stream)
+        if fmt == "openai-responses":
+            return _responses(request, model, tool, call, self.final, usage, stream)
+        return _gemini(model, tool, call, self.final, usage, stream, sse)
+
+
+def offered_tools(fmt: str, request: dict[str, Any]) -> set[str]:
+    """The names of the tools the request offers the model."""
+    tools = request.get("tools")
+    if not isinstance(tools, list):
+        return set()
+    if fmt == "gemini":
+        declared = (d for t in tools if isinstance(t, dict) for d in t.get("functionDeclarations") or [])
+        return {str(d.get("name")) for d in declared if isinstance(d, dict)}
+    return {str(t.get("name")) for t in tools if isinstance(t, dict)}
+
+
+def tool_results(fmt: str, request: dict[str, Any]) -> int:
+    """How many tool results the conversation holds: the calls answered so far."""
+    if fmt == "anthropic":
+        return sum(1 for message in _dicts(request.get("messages")) for block in _dicts(message.get("content")) if block.get("type") == "tool_result")
+    if fmt == "openai-responses":
+        return sum(1 for item in _dicts(request.get("input")) if item.get("type") == "function_call_output")
+    return sum(1 for content in _dicts(request.get("contents")) for part in _dicts(content.get("parts")) if "functionResponse" in part)
+
+
+def _dicts(value: Any) -> Iterator[dict[str, Any]]:
+    return (v for v in value if isinstance(v, dict)) if isinstance(value, list) else iter(())
+
+
+def _json(data: Any) -> bytes:
+    return orjson.dumps(data)
+
+
+# --- Anthropic Messages ------------------------------------------------------------------------------------
+
+
+def _anthropic(model: str, tool: ImageTool, call: dict[str, str] | None, final: str, usage: Usage, stream: bool) -> Scripted:
+    if call is not None:
+        block: dict[str, Any] = {"type": "tool_use", "id": _new_id("toolu_"), "name": tool.name, "input": call}
+        stop = "tool_use"
+    else:
+        block, stop = {"type": "text", "text": final}, "end_turn"
+    if not stream:
+        return JSON, [_json(_anthropic_message(_new_id("msg_"), model, [block], stop, _anthropic_usage(usage, usage.output_tokens)))]
+    start = _anthropic_message(_new_id("msg_"), model, [], None, _anthropic_usage(usage, 1))
+    empty = {**block, "input": {}} if call is not None else {"type": "text", "text": ""}
+    delta = {"type": "input_json_delta", "partial_json": orjson.dumps(call).decode()} if call is not None else {"type": "text_delta", "text": final}
+    frames = [
+        _sse({"type": "message_start", "message": start}, "message_start"),
+        _sse({"type": "content_block_start", "index": 0, "content_block": empty}, "content_block_start"),
+        _sse({"type": "content_block_delta", "index": 0, "delta": delta}, "content_block_delta"),
+        _sse({"type": "content_block_stop", "index": 0}, "content_block_stop"),
+        _sse(
+            {"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None}, "usage": {"output_tokens": usage.output_tokens}},
+            "message_delta",
+        ),
+        _sse({"type": "message_stop"}, "message_stop"),
+    ]
+    return SSE, frames
+
+
+# --- OpenAI Responses --------------------------------------------------------------------------------------
+
+
+def _responses(request: dict[str, Any], model: str, tool: ImageTool, call: dict[str, str] | None, final: str, usage: Usage, stream: bool) -> Scripted:
+    rid = _new_id("resp_")
+    if call is not None:
+        item: dict[str, Any] = {
+            "id": _new_id("fc_"),
+            "type": "function_call",
+            "status": "completed",
+            "call_id": _new_id("call_"),
+            "name": tool.name,
+            "arguments": orjson.dumps(call).decode(),
+        }
+    else:
+        item = _responses_message(_new_id("msg_"), final, "completed")
+    if not stream:
+        return JSON, [_json(_responses_object(rid, request, model, "completed", [item], usage))]
+    seq = itertools.count()
+
+    def event(kind: str, **fields: Any) -> bytes:
+        return _sse({"type": kind, "sequence_number": next(seq), **fields}, kind)
+
+    def response(status: str, output: list[Any], u: Usage | None) -> dict[str, Any]:
+        return _responses_object(rid, request, model, status, output, u)
+
+    frames = [event(kind, response=response("in_progress", [], None)) for kind in ("response.created", "response.in_progress")]
+    if call is not None:
+        frames += [
+            event("response.output_item.added", output_index=0, item={**item, "status": "in_progress", "arguments": ""}),
+            event("response.function_call_arguments.delta", item_id=item["id"], output_index=0, delta=item["arguments"]),
+            event("response.function_call_arguments.done", item_id=item["id"], output_index=0, arguments=item["arguments"]),
+        ]
+    else:
+        where = {"item_id": item["id"], "output_index": 0, "content_index": 0}
+        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        frames += [
+            event("response.output_item.added", output_index=0, item=_responses_message(item["id"], "", "in_progress")),
+            event("response.content_part.added", **where, part=part),
+            event("response.output_text.delta", **where, delta=final, logprobs=[]),
+            event("response.output_text.done", **where, text=final, logprobs=[]),
+            event("response.content_part.done", **where, part={**part, "text": final}),
+        ]
+    frames.append(event("response.output_item.done", output_index=0, item=item))
+    frames.append(event("response.completed", response=response("completed", [item], usage)))
+    return SSE, frames
+
+
+# --- Gemini ------------------------------------------------------------------------------------------------
+
+
+def _gemini(model: str, tool: ImageTool, call: dict[str, str] | None, final: str, usage: Usage, stream: bool, sse: bool) -> Scripted:
+    part: dict[str, Any] = {"functionCall": {"name": tool.name, "args": call}} if call is not None else {"text": final}
+    chunk = {
+        "candidates": [{"content": {"parts": [part], "role": "model"}, "finishReason": "STOP", "index": 0}],
+        "usageMetadata": _gemini_usage(usage, final=True),
+        "modelVersion": model.removeprefix("models/"),
+        "responseId": _new_id("resp-"),
+    }
+    if not stream:
+        return JSON, [_json(chunk)]
+    if sse:
+        return SSE, [b"data: " + _json(chunk) + b"\r\n\r\n"]
+    return "application/json; charset=UTF-8", [b"[" + _json(chunk), b"]"]
