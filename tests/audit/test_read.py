@@ -398,7 +398,8 @@ def test_a_codex_websocket_session_has_its_answers_and_no_warmup_turn(tmp_path, 
         return WebSocketMessage(Opcode.TEXT, from_client, orjson.dumps(payload), at)
 
     def completed(rid: str, tokens: int) -> dict:
-        return {"type": "response.completed", "response": {"id": rid, "status": "completed", "usage": {"input_tokens": tokens}}}
+        usage = {"input_tokens": tokens, "input_tokens_details": {"cached_tokens": tokens // 2}, "output_tokens": 3}
+        return {"type": "response.completed", "response": {"id": rid, "status": "completed", "usage": usage}}
 
     first = {"type": "response.create", **session_body("openai-responses", 2, SHOT, "image/png"), "previous_response_id": "resp_w"}
     second = {"type": "response.create", "model": "gpt-5", "previous_response_id": "resp_1", "input": [{"role": "user", "content": "more"}]}
@@ -417,6 +418,11 @@ def test_a_codex_websocket_session_has_its_answers_and_no_warmup_turn(tmp_path, 
         ("warmup", None, 200, 11),
         ("turn", 1, 200, 2222),
         ("turn", 2, 400, None),
+    ]
+    assert [(r["usage_cache_read_tokens"], r["usage_cache_write_tokens"], r["usage_output_tokens"]) for r in records] == [
+        (5, None, 3),
+        (1111, None, 3),
+        (None, None, None),
     ]
     assert len({r["conversation"] for r in records}) == 1
     assert only_conversation(report)["failures"] == [{"turn": 2, "status": 400, "category": "too many images"}]
