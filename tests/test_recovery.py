@@ -282,6 +282,15 @@ def test_the_source_keeps_the_matched_text_only_without_keys() -> None:
     assert found is not None and "sk-proj" not in found.source and "[redacted]" in found.source
 
 
+def test_a_bare_413_keeps_the_first_words_of_its_answer() -> None:
+    assert error_for(413, b"Failed to buffer the request body: length limit exceeded").source == (
+        "413 bare-413: Failed to buffer the request body: length limit exceeded"
+    )
+    html = b"<html>\r\n<head><title>413 Request Entity Too Large</title></head>\r\n<body><center>nginx</center></body></html>"
+    assert error_for(413, html).source == "413 bare-413: 413 Request Entity Too Large nginx"
+    assert error_for(413, b"").source == "413 bare-413"
+
+
 def test_an_answer_is_read_from_its_first_64_kib_only() -> None:
     body = b" " * (64 * 1024) + openai("Too many images in request. Max is 10.")
     assert PATTERNS.recognise(400, body, "h") is None

@@ -64,6 +64,7 @@ ANSWER_TEXT_MAX = 64 * 1024  # bytes of an answer searched: error texts come fir
 SOURCE_MAX = 200  # characters of the matched text kept as a learned limit's source
 _SECRET = re.compile(r"(?:sk-[A-Za-z0-9_-]{8,}|AIza[0-9A-Za-z_-]{10,}|(?i:bearer)\s+\S+|[A-Za-z0-9+/=_-]{48,})")
 
+_TAGS = re.compile(r"<[^>]*>")
 _TOP_KEYS = ("patterns",)
 _PATTERN_KEYS = ("name", "provider", "status", "match", "limit", "per", "value", "threshold", "patch_px", "host", "example", "expect")
 
@@ -160,7 +161,9 @@ class Patterns:
             for text in texts:
                 match = pattern.regex.search(text)
                 if match is not None:
-                    return LimitError(pattern, status, _number(pattern, match), _clean(match.group(0)))
+                    # A pattern that matches any text (a bare 413) keeps the answer's first words: a title, axum's sentence.
+                    said = match.group(0) or _TAGS.sub(" ", texts[-1])
+                    return LimitError(pattern, status, _number(pattern, match), _clean(said))
         return None
 
     def __len__(self) -> int:

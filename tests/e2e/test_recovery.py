@@ -244,7 +244,7 @@ def test_a_bare_413_for_the_body(proxies: dict[str, Any], fresh: FakeProvider, s
         None,
         "max_body_bytes",
         65536,
-        "413 bare-413",
+        "413 bare-413: 413 Request Entity Too Large 413 Request Entity Too Large",
     )
     fresh.clear()
     assert turn(proxy, "body", "anthropic", shots(7, seed=5), CLAUDE, stream) == REPLY_TEXT
