@@ -47,9 +47,22 @@ async def test_a_refusal_is_retried_within_a_stepped_down_cap_and_learned(chain,
     assert (record["retries"], record["refused_status"], record["retry_limits"]) == (1, 400, "max_images=10")
     assert record["retry_reasons"] == "too many images (max 10, stepped down from what was refused)"
     assert (record["images_after"], record["status"], record["simulated"]) == (10, 400, "generic-8")
-    assert recover_of(chain).learned.tighten("api.openai.com", "gpt-4o", Limits()).max_images == 10
-    assert "value: 10" in (tmp_path / "learned.yaml").read_text()
+    # the retry's refusal teaches the next step down, with no retry left: the next turn goes within 8
+    assert recover_of(chain).learned.tighten("api.openai.com", "gpt-4o", Limits()).max_images == 8
+    assert "value: 8" in (tmp_path / "learned.yaml").read_text()
     assert flow not in recover_of(chain)._originals  # the body is let go with the flow's answer
+
+
+async def test_with_no_retry_the_limit_is_still_learned(chain) -> None:
+    chain.tctx.configure(chain, trimflow_retries=0)
+    flow = llm_flow(turns=12)
+    await requested(chain, flow)
+    await recover_of(chain).response(flow)
+    assert flow.response.status_code == 400 and flow.metadata[proxy.META]["retries"] == 0
+    assert recover_of(chain).learned.tighten("api.openai.com", "gpt-4o", Limits()).max_images == 10
+    assert recover_of(chain).summary() == (
+        f"trimflow: refused for a limit: 1 requests, recovered by a retry: 0; limits learned: 1 ({recover_of(chain).learned.path})"
+    )
 
 
 async def test_the_next_request_goes_within_what_was_learned(chain) -> None:

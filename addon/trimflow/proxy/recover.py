@@ -190,14 +190,17 @@ class Recover:
         refused_status: int | None = None
         last_response = flow.response
         simulated = record.simulated
-        for _ in range(ctx.options.trimflow_retries):
+        while True:
             limits = self._limits(state, record.model)
             tightening = tightened(error, limits, Refused(sent.body_bytes, sent.images))
             if tightening is None:
                 log.info("trimflow: %s%s not retried: %s, and nothing more to cut", request.pretty_host, path_of(flow), error.reason)
                 break
+            # Learned before the retry budget is looked at: with no retry left, the next turn is still within it.
             model = None if scope(error) == HOST else record.model
             self.limits_learned += len(self.learned.learn(state.target.host, model, tightening.fields, error.source))
+            if len(retries) >= ctx.options.trimflow_retries:
+                break
             attempt = await asyncio.to_thread(self._prepare, flow, state, original, sent.body)
             if attempt is None:
                 log.info("trimflow: %s%s not retried: %s, and the tightened limits change nothing", request.pretty_host, path_of(flow), error.reason)
