@@ -11,6 +11,8 @@ request; a SigV4-signed request is never sent again, and neither is any in obser
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -212,6 +214,8 @@ def test_an_image_count_the_answer_names(proxies: dict[str, Any], fresh: FakePro
     entry = next(e for e in learned_entries(proxies, proxy) if e["model"] == model)
     assert (entry["host"], entry["limit"], entry["value"]) == ("127.0.0.1", "max_images", 4)
     assert entry["source"] == f"400 copilot-gemini-count: too many images: maximum allowed for model {model} is 4, got 6"
+    audit = subprocess.run([sys.executable, "-m", "trimflow", "audit", str(proxy.metrics)], capture_output=True, text=True, timeout=120)
+    assert "retried 1x (max_images=4)" in audit.stdout, audit.stdout + audit.stderr
     # the next turn goes within the limit on its first try
     fresh.clear()
     assert turn(proxy, "count", "openai-chat", shots(7, seed=2), model, stream) == REPLY_TEXT

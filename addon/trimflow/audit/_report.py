@@ -85,6 +85,8 @@ def pruned_cell(row: Row) -> str:
     parts += [f"{getattr(r, name, 0)} {label}" for name, label in _ALSO_DONE if getattr(r, name, 0)]
     if r.over_budget:
         parts.append("OVER BUDGET")
+    if getattr(r, "retries", 0):  # refused for a limit and sent again within it (docs/recovery.md)
+        parts.append(f"retried {r.retries}x ({r.retry_limits}){'' if (r.status or 0) < 400 else ', still refused'}")
     return ", ".join(parts) or "-"
 
 
