@@ -10,7 +10,7 @@ import sys
 
 # command -> (module with main(argv) -> int, one line of help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("trimflow._run", "start the proxy (mitmdump with trimflow's addons); extra arguments go to mitmdump"),
+    "run": ("trimflow._run", "start the proxy (mitmdump with trimflow's addons); run [OPTIONS] -- COMMAND runs COMMAND behind it"),
     "prune": ("trimflow._prune_cli", "apply the rules to one request body offline"),
     "audit": ("trimflow.audit._cli", "audit recorded LLM traffic (mitmproxy dumps, HAR, metrics JSONL)"),
     "replay": ("trimflow.testing._replay", "send a synthetic screenshot session turn by turn"),

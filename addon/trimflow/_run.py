@@ -1,7 +1,8 @@
 """`python -m trimflow run [MITMDUMP ARGS...]`: mitmdump with trimflow's addons on 127.0.0.1:8080.
 
 Arguments go to mitmdump after the defaults, so a listen address given there, as a flag or with
---set, wins over them.
+--set, wins over them. With `-- COMMAND [ARGS...]` after them, the launcher (trimflow._launch) runs
+COMMAND behind the proxy instead, on a free port, and stops the proxy when COMMAND ends.
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ def command(args: list[str]) -> list[str] | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if "--" in args:
+        from . import _launch  # only here: the plain proxy needs none of it
+
+        return _launch.main(args)
     argv_run = command(args)
     if argv_run is None:
         print("trimflow run: mitmdump not found: pip install mitmproxy", file=sys.stderr)
