@@ -623,7 +623,7 @@ def test_shipped_default():
         8,
         16 * MiB,
         1,
-        1,
+        6,  # prune_batch: the cut moves every 6 turns (docs/caching.md)
         DEFAULT_PLACEHOLDER,
         max_image_bytes=5 * MiB,
         max_image_side=8000,

@@ -414,16 +414,17 @@ def default_rules_proxy(proxies: dict) -> Proxy:
     return proxies["default_rules"]
 
 
-@pytest.mark.parametrize(("wire_format", "kept"), [("gemini", 10), ("openai-chat", 8), ("anthropic", 8), ("openai-responses", 8)])
-def test_default_rules_keep_10_images_for_gemini_and_8_for_others(
+# Ten images: within Gemini's 10; over everyone else's 8, which cuts the oldest 6 (prune_batch: 6).
+@pytest.mark.parametrize(("wire_format", "kept"), [("gemini", 10), ("openai-chat", 4), ("anthropic", 4), ("openai-responses", 4)])
+def test_default_rules_keep_10_images_for_gemini_and_8_for_others_cut_in_batches_of_6(
     default_rules_proxy: Proxy, fresh: FakeProvider, wire_format: str, kept: int
 ) -> None:
-    images = shots(12, seed=16)
+    images = shots(10, seed=16)
     with default_rules_proxy.expect_records(1) as new:
         status, _ = post(default_rules_proxy.port, PATHS[wire_format], orjson.dumps(session(wire_format, images)))
     assert status == 200
     assert_pruned_upstream(fresh, wire_format, images, kept)
-    assert (new[0]["images_before"], new[0]["images_after"]) == (12, kept)
+    assert (new[0]["images_before"], new[0]["images_after"]) == (10, kept)
     assert (new[0]["rule"] == "gemini") == (wire_format == "gemini")  # Claude models may have a rule of their own
     assert f"trimflow: rules from {ROOT / 'rules' / 'default.yaml'}" in default_rules_proxy.log()
 
