@@ -6,6 +6,8 @@ Gemini), the second reads it. No mocks: the real openai, anthropic and google-ge
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import subprocess
 import sys
@@ -18,11 +20,27 @@ import openai
 import pytest
 from google import genai
 from google.genai import types
+from PIL import Image
 
 from trimflow.testing import FakeProvider
 from trimflow.testing._cache_model import MAX_BREAKPOINTS_TEXT
 
-from .test_fake_provider import PNG, PNG_B64, post
+
+def png_bytes(size: int) -> bytes:
+    buf = io.BytesIO()
+    Image.effect_noise((size, size), 64).convert("RGB").save(buf, "PNG")
+    return buf.getvalue()
+
+
+def post(url: str, body: bytes) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, data=body, headers={"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as r:
+        return r.status, r.read()
+
+
+# A real 64x64 PNG of noise, as the fake provider's own tests send.
+PNG = png_bytes(64)
+PNG_B64 = base64.b64encode(PNG).decode()
 
 # About 5,000 tokens of instructions: over every provider's minimum cacheable prefix.
 LONG = "You are a careful desktop assistant. Read the screen before you act. " * 290
@@ -135,7 +153,7 @@ def test_bedrock_converse_cache_point(provider: FakeProvider) -> None:
             "messages": [{"role": "user", "content": [{"text": question}]}],
         }
         path = "/model/anthropic.claude-sonnet-4-6/converse"
-        status, _, data = post(provider.url + path, json.dumps(body).encode())
+        status, data = post(provider.url + path, json.dumps(body).encode())
         assert status == 200
         return json.loads(data)["usage"]
 
