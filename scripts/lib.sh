@@ -3,4 +3,5 @@
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${TRIMFLOW_VENV:-$root/.venv}"
 case "$venv" in /*) ;; *) venv="$root/$venv" ;; esac
-"$root/scripts/setup"
+# scripts/test also gets the agent CLIs its end-to-end tests run (scripts/setup --agent-clis).
+if [ "$(basename "$0")" = test ]; then "$root/scripts/setup" --agent-clis; else "$root/scripts/setup"; fi

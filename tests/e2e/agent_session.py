@@ -1,0 +1,138 @@
+"""One agent CLI session against the scripted fake provider, run inside a network namespace of its own.
+
+`python -m tests.e2e.agent_session SESSION.json` (from the checkout, as tests/e2e/test_agent_clis.py runs it in
+`unshare -n`): writes screenshots into the session's folder, starts FakeProvider with an AgentScript that has the
+CLI look at each of them with its own image tool, runs the command (through `python -m trimflow run ... --`, or,
+for a by-hand recipe, beside a `python -m trimflow run` proxy), and writes what happened to RESULT.json: the
+command's status and output, and every request the provider received (its images as SHA-256 digests, the usage
+it was answered with). The test reads that file: nothing in here asserts.
+
+Placeholders in the session's command, environment and proxy arguments: {provider} (the fake's URL), {proxy}
+(the by-hand proxy's URL), {work} (the session's folder, where the screenshots are), {cert} (with "tls": the
+provider's certificate; it then serves HTTPS as localhost).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from trimflow import FORMATS
+from trimflow._rules import builtin_rules
+from trimflow.testing import FakeProvider, Received, estimate_usage, image
+from trimflow.testing._agent_script import AgentScript
+
+from ..certs import make_server_cert
+from .helpers import decode_b64
+
+ROOT = Path(__file__).resolve().parents[2]
+TOOLS_BIN = ROOT / ".tools" / "node_modules" / ".bin"
+
+
+def digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def request_facts(received: Received) -> dict[str, Any]:
+    fmt = builtin_rules().format_for("", received.path)
+    facts: dict[str, Any] = {"method": received.method, "path": received.path, "format": fmt, "images": [], "input_tokens": None}
+    if fmt is None or received.method != "POST":
+        return facts
+    body = received.json()
+    for media in FORMATS[fmt].find_media(body):
+        if media.kind == "image" and media.data is not None:
+            facts["images"].append(digest(decode_b64(media.data[media.data_offset :])))
+    facts["input_tokens"] = estimate_usage(received.body).input_tokens
+    return facts
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_listening(port: int, process: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the proxy exited with {process.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"the proxy did not listen on {port} within {timeout} s")
+
+
+def main(argv: list[str]) -> int:
+    session = orjson.loads(Path(argv[0]).read_bytes())
+    work = Path(session["workdir"])
+    home = work / "home"
+    home.mkdir(parents=True, exist_ok=True)
+    shots = []
+    for i in range(session["shots"]):
+        path = work / f"screen-{i + 1:02d}.png"
+        path.write_bytes(image(200, 120, "PNG", seed=1000 + i))  # noise: each screenshot different, none compresses away
+        shots.append(path)
+    for name, text in session.get("files", {}).items():
+        (work / name).parent.mkdir(parents=True, exist_ok=True)
+        (work / name).write_text(text)
+    result: dict[str, Any] = {"shots": [digest(p.read_bytes()) for p in shots]}
+    script = AgentScript([str(p) for p in shots], session["final"])
+    tls: dict[str, str] = {}
+    if session.get("tls"):  # the provider on HTTPS as localhost, its certificate in {cert}
+        cert, key = make_server_cert(work / "certs", "provider")
+        tls = {"certfile": str(cert), "keyfile": str(key)}
+    with FakeProvider(script=script, **tls) as provider:
+        url = provider.url.replace("127.0.0.1", "localhost") if tls else provider.url
+        values = {"provider": url, "work": str(work), "proxy": "", "cert": tls.get("certfile", "")}
+        proxy = None
+        if "proxy_args" in session:  # a by-hand recipe: the proxy on its own, the command pointed at it
+            port = free_port()
+            values["proxy"] = f"http://127.0.0.1:{port}"
+            args = [arg.format(**values) for arg in session["proxy_args"]]
+            log = open(work / "proxy.log", "wb")  # noqa: SIM115 - handed to the child process
+            proxy = subprocess.Popen(
+                [sys.executable, "-m", "trimflow", "run", "-p", str(port), *args], stdout=log, stderr=subprocess.STDOUT, cwd=work
+            )
+            log.close()
+            wait_listening(port, proxy)
+        command = [arg.format(**values) for arg in session["command"]]
+        if "launcher_args" in session:
+            launcher = [arg.format(**values) for arg in session["launcher_args"]]
+            command = [sys.executable, "-m", "trimflow", "run", *launcher, "--", *command]
+        env = {
+            "PATH": f"{TOOLS_BIN}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
+            "HOME": str(home),
+            "LANG": "C.UTF-8",
+            "PYTHONPATH": str(ROOT / "addon"),
+            **{name: value.format(**values) for name, value in session.get("env", {}).items()},
+        }
+        started = time.monotonic()
+        try:
+            done = subprocess.run(command, cwd=work, env=env, capture_output=True, timeout=session.get("timeout", 240), stdin=subprocess.DEVNULL)
+            result.update(returncode=done.returncode, stdout=done.stdout.decode(errors="replace"), stderr=done.stderr.decode(errors="replace"))
+        except subprocess.TimeoutExpired as exc:
+            result.update(returncode=None, stdout=(exc.stdout or b"").decode(errors="replace"), stderr=(exc.stderr or b"").decode(errors="replace"))
+        result["seconds"] = round(time.monotonic() - started, 2)
+        if proxy is not None:
+            proxy.terminate()
+            proxy.wait(30)
+            result["proxy_log"] = (work / "proxy.log").read_text(errors="replace")
+        result["requests"] = [request_facts(r) for r in provider.received]
+        result["tool_calls"] = script.calls
+    (work / "result.json").write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,241 @@
+"""The real agent CLIs behind trimflow: Claude Code, Codex and Gemini CLI at the versions scripts/setup pins, each
+in a network namespace with loopback only, against the fake provider playing a model that has the CLI look at a
+new screenshot with its own image tool each turn and then answers a final text (tests/e2e/agent_session.py).
+
+Through `scripts/run -- <cli>` (python -m trimflow run -- <cli>): the CLI exits 0 with the final text, the provider
+never holds more images than the shipped cap, the newest screenshot arrives byte for byte, and the summary's
+figures are what the provider received. By hand (the README's recipes): the same CLI pointed at a proxy started on
+its own; for Codex with trimflow_websocket=refuse, which it answers by going to HTTP at once.
+
+They skip without the CLIs (scripts/setup --agent-clis installs them into .tools/) or without `unshare -n` (root);
+TRIMFLOW_REQUIRE_AGENT_CLIS=1, which .ci/run sets, makes either a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from .agent_session import ROOT, TOOLS_BIN
+
+pytestmark = pytest.mark.e2e
+
+SETUP = ROOT / "scripts" / "setup"
+PROMPT = "Look at the screenshots in this folder, one at a time."
+FINAL = "All screenshots seen: the dialog moved each time."
+
+# Side traffic off: no telemetry, update check or error report tries the (absent) network.
+CLAUDE_ENV = {
+    "ANTHROPIC_API_KEY": "sk-ant-test-agent-cli",
+    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    "DISABLE_AUTOUPDATER": "1",
+    "DISABLE_TELEMETRY": "1",
+    "DISABLE_ERROR_REPORTING": "1",
+}
+CODEX_CONFIG = """check_for_update_on_startup = false
+[analytics]
+enabled = false
+[feedback]
+enabled = false
+[otel]
+exporter = "none"
+[features]
+plugins = false
+remote_plugin = false
+apps = false
+"""
+CODEX_ENV = {"OPENAI_API_KEY": "sk-test-agent-cli", "CODEX_HOME": "{work}/codex"}
+# gpt-5 (a model Codex has no metadata for): its tools come as functions, view_image among them.
+CODEX_EXEC = ["exec", "--skip-git-repo-check", "-m", "gpt-5", "--", PROMPT]
+GEMINI_ENV = {"GEMINI_API_KEY": "AIza-test-agent-cli", "GEMINI_CLI_TRUST_WORKSPACE": "true"}
+GEMINI_SETTINGS = '{"privacy": {"usageStatisticsEnabled": false}}'
+# A model named, so no routing classifier runs before each turn.
+GEMINI_ARGS = ["-m", "gemini-2.5-flash", "-p", PROMPT]
+
+
+def pinned() -> dict[str, str]:
+    """package -> version, as scripts/setup pins them."""
+    return dict(re.findall(r"(@[\w-]+/[\w-]+)@(\d[\w.-]*)", SETUP.read_text().split("AGENT_CLIS=(", 1)[1].split(")", 1)[0]))
+
+
+PACKAGES = {"claude": "@anthropic-ai/claude-code", "codex": "@openai/codex", "gemini": "@google/gemini-cli"}
+
+
+def installed(cli: str) -> str | None:
+    """The installed version of `cli` in .tools, or None."""
+    package = ROOT / ".tools" / "node_modules" / PACKAGES[cli] / "package.json"
+    if not (TOOLS_BIN / cli).exists() or not package.exists():
+        return None
+    return str(orjson.loads(package.read_bytes())["version"])
+
+
+def unshare_works() -> bool:
+    try:
+        return subprocess.run(["unshare", "-n", "true"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def need(cli: str) -> None:
+    why = None
+    version = installed(cli)
+    if version is None:
+        why = f"{cli} is not installed: scripts/setup --agent-clis (needs npm)"
+    elif version != pinned()[PACKAGES[cli]]:
+        why = f"{cli} {version} is installed, scripts/setup pins {pinned()[PACKAGES[cli]]}: scripts/setup --agent-clis"
+    elif not unshare_works():
+        why = "unshare -n does not work here (it needs root): the CLIs run with loopback only"
+    if why is not None:
+        if os.environ.get("TRIMFLOW_REQUIRE_AGENT_CLIS") == "1":
+            pytest.fail(why)
+        pytest.skip(why)
+
+
+def run_session(tmp_path: Path, **session: Any) -> dict[str, Any]:
+    """Run one session in a network namespace with loopback only; its result (see agent_session.py)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    config = tmp_path / "session.json"
+    config.write_bytes(orjson.dumps({"workdir": str(work), "final": FINAL, **session}))
+    inside = 'ip link set lo up && exec "$@"'
+    command = ["unshare", "-n", "sh", "-c", inside, "sh", sys.executable, "-m", "tests.e2e.agent_session", str(config)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, timeout=400)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-3000:]
+    result: dict[str, Any] = orjson.loads((work / "result.json").read_bytes())
+    result["work"] = work
+    return result
+
+
+def turns(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """The LLM requests that are turns (token counts left out)."""
+    return [r for r in result["requests"] if r["format"] is not None and not r["path"].endswith((":countTokens", "/count_tokens"))]
+
+
+def assert_capped_session(result: dict[str, Any], cap: int) -> None:
+    """Exit 0 with the final text; every turn the provider got within the cap, and pruning did happen; the
+    newest screenshot of the last turn as the file holds it."""
+    output = f"stdout:\n{result['stdout'][-2000:]}\nstderr:\n{result['stderr'][-3000:]}"
+    assert result["returncode"] == 0, output
+    assert FINAL in result["stdout"], output
+    llm = turns(result)
+    assert result["tool_calls"] == len(result["shots"])  # every screenshot was asked for, and read
+    assert max(len(r["images"]) for r in llm) <= cap
+    assert len(llm[-1]["images"]) < len(result["shots"])  # the last turn carried fewer than it had: pruned
+    assert llm[-1]["images"][-1] == result["shots"][-1]  # the newest, byte for byte
+    seen = {digest for r in llm for digest in r["images"]}
+    assert seen == set(result["shots"])  # each arrived at least once
+
+
+def summary_figures(stderr: str) -> tuple[int, int, int]:
+    """(images sent, pruned, input tokens reported) over the summary's conversation lines."""
+    lines = [line for line in stderr.splitlines() if line.startswith("trimflow:   ") and "all:" not in line]
+    assert lines, stderr[-3000:]
+    sent = sum(int(m.group(1).replace(",", "")) for m in (re.search(r"images sent ([\d,]+)", line) for line in lines) if m)
+    pruned = sum(int(m.group(1).replace(",", "")) for m in (re.search(r"pruned ([\d,]+)", line) for line in lines) if m)
+    reported = sum(int(m.group(1).replace(",", "")) for m in (re.search(r"reported in ([\d,]+)", line) for line in lines) if m)
+    return sent, pruned, reported
+
+
+def assert_summary_is_what_the_provider_received(result: dict[str, Any], agent: str) -> None:
+    stderr = result["stderr"]
+    assert re.search(rf"^trimflow: {agent} exited 0; ", stderr, re.MULTILINE), stderr[-3000:]
+    sent, pruned, reported = summary_figures(stderr)
+    llm = [r for r in result["requests"] if r["format"] is not None]
+    assert sent == sum(len(r["images"]) for r in llm)
+    assert pruned > 0
+    assert reported == sum(r["input_tokens"] for r in turns(result))
+    metrics = re.search(r"^trimflow: every turn: scripts/audit (\S+)", stderr, re.MULTILINE)
+    assert metrics is not None and Path(metrics.group(1)).is_file()
+
+
+# --- through the launcher --------------------------------------------------------------------------------------
+
+
+def test_claude_code_through_the_launcher(tmp_path: Path) -> None:
+    need("claude")
+    env = {**CLAUDE_ENV, "ANTHROPIC_BASE_URL": "{provider}"}  # the upstream the user set: the launcher goes in front
+    result = run_session(tmp_path, shots=10, launcher_args=[], command=["claude", "-p", PROMPT, "--allowedTools", "Read"], env=env)
+    assert_capped_session(result, cap=8)
+    assert_summary_is_what_the_provider_received(result, "claude")
+
+
+def test_codex_through_the_launcher_never_lets_the_provider_hold_more_than_8_images(tmp_path: Path) -> None:
+    need("codex")
+    env = {**CODEX_ENV, "OPENAI_BASE_URL": "{provider}/v1"}  # Codex ignores it; the launcher takes it as the upstream
+    result = run_session(tmp_path, shots=10, launcher_args=[], command=["codex", *CODEX_EXEC], env=env, files={"codex/config.toml": CODEX_CONFIG})
+    assert_capped_session(result, cap=8)
+    assert_summary_is_what_the_provider_received(result, "codex")
+    assert all(r["method"] == "POST" for r in result["requests"])  # no WebSocket: every turn over HTTP, whole history
+
+
+def test_gemini_cli_through_the_launcher(tmp_path: Path) -> None:
+    need("gemini")
+    env = {**GEMINI_ENV, "GOOGLE_GEMINI_BASE_URL": "{provider}"}
+    # The user's settings select no auth type: the launcher's private settings add it, keeping theirs.
+    files = {"home/.gemini/settings.json": GEMINI_SETTINGS}
+    result = run_session(tmp_path, shots=12, launcher_args=[], command=["gemini", *GEMINI_ARGS], env=env, files=files)
+    assert_capped_session(result, cap=10)
+    assert_summary_is_what_the_provider_received(result, "gemini")
+    assert (result["work"] / "home" / ".gemini" / "settings.json").read_text() == GEMINI_SETTINGS  # untouched
+    assert list((result["work"] / "home" / ".gemini" / "tmp").iterdir())  # its session went to the user's folder
+
+
+def test_claude_code_through_forward_mode_trusting_the_ca_bundle(tmp_path: Path) -> None:
+    """`scripts/run --agent proxy -- claude`: HTTPS_PROXY and the CA bundle in NODE_EXTRA_CA_CERTS, for an agent
+    with no base URL setting; the provider's own TLS is checked by mitmproxy against its certificate."""
+    need("claude")
+    env = {**CLAUDE_ENV, "ANTHROPIC_BASE_URL": "{provider}"}  # https://localhost:PORT: through the proxy, as any host
+    launcher_args = ["--agent", "proxy", "--set", "ssl_verify_upstream_trusted_ca={cert}", "--set", "confdir={work}/confdir"]
+    command = ["claude", "-p", PROMPT, "--allowedTools", "Read"]
+    result = run_session(tmp_path, shots=9, tls=True, launcher_args=launcher_args, command=command, env=env)
+    assert_capped_session(result, cap=8)
+    assert_summary_is_what_the_provider_received(result, "claude")
+
+
+# --- by hand: the README's recipes ------------------------------------------------------------------------------
+
+
+def test_claude_code_by_hand_with_anthropic_base_url(tmp_path: Path) -> None:
+    need("claude")
+    env = {**CLAUDE_ENV, "ANTHROPIC_BASE_URL": "{proxy}"}
+    result = run_session(
+        tmp_path, shots=9, proxy_args=["--mode", "reverse:{provider}"], command=["claude", "-p", PROMPT, "--allowedTools", "Read"], env=env
+    )
+    assert_capped_session(result, cap=8)
+    assert "trimflow: conv " in result["proxy_log"]
+
+
+def test_codex_by_hand_with_its_websocket_refused_falls_back_to_http_at_once(tmp_path: Path) -> None:
+    """`codex -c openai_base_url=...` talks to the built-in OpenAI provider, which tries a WebSocket first; answered
+    426 it goes to HTTP for the rest of the session without a retry, and every turn carries its whole history."""
+    need("codex")
+    proxy_args = ["--mode", "reverse:{provider}", "--set", "trimflow_websocket=refuse"]
+    command = ["codex", "-c", 'openai_base_url="{proxy}/v1"', *CODEX_EXEC]
+    result = run_session(tmp_path, shots=10, proxy_args=proxy_args, command=command, env=CODEX_ENV, files={"codex/config.toml": CODEX_CONFIG})
+    assert_capped_session(result, cap=8)
+    assert "refused a WebSocket to 127.0.0.1/v1/responses" in result["proxy_log"]
+    assert all(r["method"] == "POST" for r in result["requests"])  # the upgrade never reached the provider
+    assert "Reconnecting" not in result["stderr"]  # a 403 or a closed connection it retries 6 times first
+
+
+def test_gemini_cli_by_hand_with_its_settings_selecting_the_api_key(tmp_path: Path) -> None:
+    need("gemini")
+    env = {**GEMINI_ENV, "GOOGLE_GEMINI_BASE_URL": "{proxy}"}
+    files = {"home/.gemini/settings.json": '{"security": {"auth": {"selectedType": "gemini-api-key"}}}'}
+    result = run_session(tmp_path, shots=11, proxy_args=["--mode", "reverse:{provider}"], command=["gemini", *GEMINI_ARGS], env=env, files=files)
+    assert_capped_session(result, cap=10)
+    assert "trimflow: conv " in result["proxy_log"]
+
+
+def test_the_versions_docs_agents_md_names_are_the_ones_scripts_setup_pins() -> None:
+    docs = (ROOT / "docs" / "agents.md").read_text()
+    for package, version in pinned().items():
+        assert f"`{package}@{version}`" in docs
+    assert set(pinned()) == set(PACKAGES.values())
