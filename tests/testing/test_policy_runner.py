@@ -45,6 +45,17 @@ def test_what_pruning_costs_on_the_computer_use_session() -> None:
     assert all(t.images <= 8 for t in rolling.turns + batch.turns)
 
 
+def test_the_shipped_rules_meet_the_cache_targets_on_the_computer_use_session(shipped: dict[str, PolicyResult]) -> None:
+    """Against rolling keep-8 and no pruning at all: at most a third of rolling's cache writes, a cost no higher
+    than the cheaper of the two, and the cached prefix broken on at most one turn in six."""
+    session = SESSION["computer-use"]
+    rolling, none, ours = run_policy(session, POLICY["rolling (batch 1)"]), run_policy(session, POLICY["no pruning"]), shipped["computer-use"]
+    assert 3 * ours.cache_write_tokens <= rolling.cache_write_tokens
+    assert ours.cost is not None and rolling.cost is not None and none.cost is not None
+    assert ours.cost <= min(rolling.cost, none.cost)
+    assert 6 * ours.broken_turns <= ours.requests
+
+
 def test_the_command_prints_one_table_per_session(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--policies", "--session", "chat", "--policy", "no pruning", "--policy", "batch 6"]) == 0
     out = capsys.readouterr().out
