@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -146,3 +148,53 @@ def test_the_engine_applies_learned_limits_before_pruning() -> None:
     assert outcome.record is not None and (outcome.record.images_before, outcome.record.images_after) == (6, 2)
     other = prune(target, {}, body.replace(b'"gpt-4o"', b'"gpt-4.1"'), rules, tighten=learned.tighten)
     assert other.record is not None and other.record.images_after == 6
+
+
+# Several trimflow processes behind one balancer share the file: each learns on its own, at any moment.
+_LEARNER = """\
+import sys
+from trimflow._learned import LearnedLimits
+
+path, name, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+learned = LearnedLimits(path, check_interval=3600)
+for i in range(count):
+    learned.learn(f"{name}-{i}.example.com", None, {"max_images": 5}, "s")
+"""
+
+
+def test_processes_learning_at_once_keep_every_entry(tmp_path: Path) -> None:
+    """Each write reads the file and replaces it under a lock on it: no process's entry is lost to another's
+    write in between (without the lock, two read-merge-replace cycles that overlap drop one side's entry)."""
+    path = tmp_path / "learned.yaml"
+    script = tmp_path / "learner.py"
+    script.write_text(_LEARNER)
+    names, count = ("a", "b", "c"), 20
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    workers = [subprocess.Popen([sys.executable, str(script), str(path), name, str(count)], env=env) for name in names]
+    assert [w.wait(120) for w in workers] == [0] * len(names)
+    hosts = {entry.host for entry in load_learned(path)}
+    assert hosts == {f"{name}-{i}.example.com" for name in names for i in range(count)}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["learned.yaml", "learner.py"]  # no temporary file left behind
+
+
+def test_a_limit_another_process_learned_applies_here_within_the_check_interval(tmp_path: Path) -> None:
+    path = tmp_path / "learned.yaml"
+    here, there = LearnedLimits(path, check_interval=0.2), LearnedLimits(path, check_interval=0.2)
+    assert here.tighten("h", None, Limits()).max_images is None
+    there.learn("h", None, {"max_images": 3}, "s")
+    deadline = time.monotonic() + 5
+    while here.tighten("h", None, Limits()).max_images != 3:
+        assert time.monotonic() < deadline, "the other process's limit never applied"
+        time.sleep(0.02)
+    assert time.monotonic() - (deadline - 5) < 1.0  # one check interval, and the file's read
+
+
+def test_a_new_version_of_the_file_keeps_its_permissions(tmp_path: Path) -> None:
+    path = tmp_path / "learned.yaml"
+    LearnedLimits(path).learn("h", None, {"max_images": 4}, "s")
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o644 & ~umask
+    path.chmod(0o664)  # shared by a group of service accounts
+    LearnedLimits(path).learn("h2", None, {"max_images": 4}, "s")
+    assert path.stat().st_mode & 0o777 == 0o664

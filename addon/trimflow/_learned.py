@@ -5,8 +5,9 @@ A YAML file a person can read, edit and delete (or none: in memory only). Each e
 (none: every model at that host), a Limits field, its value, the answer's text that named it and when.
 `tighten` applies the entries for a request on top of the limits its rule gives: a learned limit only ever
 tightens, never loosens a rule. The file is reloaded when it changes on disk (checked at most once a
-second), and `learn` merges into what is on disk at that moment and replaces the file in one rename, so
-two trimflow processes sharing it keep each other's entries. Pure Python, no mitmproxy.
+second), and `learn` merges into what is on disk at that moment and replaces the file in one rename, under an
+exclusive lock on the file (flock), so trimflow processes sharing it, on one machine or on shared storage
+behind a balancer, keep each other's entries and see them within a second. Pure Python, no mitmproxy.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,11 @@ from ._policy import Limits
 from ._record import utc_timestamp
 from ._yaml import NodeReader, read_text
 from .errors import RulesError
+
+try:
+    import fcntl
+except ImportError:  # Windows: one process per file
+    fcntl = None  # type: ignore[assignment]
 
 log = logging.getLogger("trimflow")
 
@@ -121,7 +128,7 @@ class LearnedLimits:
         entry already holds it as tight or tighter. Returns the entries added or tightened; the file is
         replaced with what is on disk now plus them."""
         when = utc_timestamp()
-        with self._lock:
+        with self._lock, _locked(self.path):
             if self.path is not None:
                 self._reload_locked(force=True)
             changed = []
@@ -151,14 +158,16 @@ class LearnedLimits:
             self._reload_locked(force=False)
 
     def _reload_locked(self, force: bool) -> None:
+        """Read the file when it changed (`force`: whatever its stamp says: another process may have replaced it
+        within the stamp's resolution, with a file of the same size on a reused inode)."""
         assert self.path is not None
         now = time.monotonic()
         if not force and now < self._next_check:
             return
         self._next_check = now + self.check_interval
         stamp = _stat(self.path)
-        if stamp == self._stamp:
-            return
+        if stamp == self._stamp and (stamp is None or not force):
+            return  # (no file still: what an unwritable file kept in memory stays)
         self._stamp = stamp
         if stamp is None:  # deleted: a person forgot every learned limit
             self._entries = {}
@@ -178,6 +187,7 @@ class LearnedLimits:
         text = _HEADER + yaml.safe_dump({"learned": [e.to_yaml() for e in entries]}, sort_keys=False, allow_unicode=True, width=1000)
         fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
         try:
+            os.fchmod(fd, _mode_of(self.path))
             with os.fdopen(fd, "w", encoding="utf-8") as out:
                 out.write(text)
                 out.flush()
@@ -187,6 +197,44 @@ class LearnedLimits:
             Path(tmp).unlink(missing_ok=True)
             raise
         self._stamp = _stat(self.path)
+
+
+@contextmanager
+def _locked(path: Path | None) -> Iterator[None]:
+    """Holds an exclusive lock on the file at `path` (made empty when missing) across processes. The lock is on the
+    file, which a writer replaces: a lock taken on a file replaced meanwhile is let go and taken on the new one. On
+    NFS, Linux takes a flock as a lock on the whole file at the server, so instances on several machines exclude
+    each other too. A file that cannot be opened for writing is not locked (the write that follows fails and says so)."""
+    if path is None or fcntl is None:
+        yield
+        return
+    while True:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            yield
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                current = os.stat(path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                current = False
+            if current:
+                yield
+                return
+        finally:
+            os.close(fd)  # and with it the lock
+
+
+def _mode_of(path: Path) -> int:
+    """The permissions a new version of the file gets: those of the one it replaces (a group sharing it keeps
+    its access), else read for all, write for the owner."""
+    try:
+        return os.stat(path).st_mode & 0o777
+    except OSError:
+        return 0o644
 
 
 def _by_host(entries: Iterable[Entry]) -> dict[str, list[Entry]]:
