@@ -101,6 +101,16 @@ async def test_an_answer_that_cannot_be_a_limit_error_makes_no_coroutine(chain) 
         assert flow not in recover_of(chain)._originals
 
 
+async def test_the_original_body_goes_as_soon_as_the_answer_cannot_be_a_limit_error(chain) -> None:
+    answered, refused = llm_flow(turns=12), llm_flow(turns=12)
+    for flow, status in ((answered, 200), (refused, 400)):
+        recover_of(chain).request(flow)
+        flow.response = http.Response.make(status, b"{}")
+        recover_of(chain).responseheaders(flow)
+    # A 200 streams on for as long as the model writes: its original is not held for that time.
+    assert list(recover_of(chain)._originals) == [refused]
+
+
 async def test_a_non_limit_400_is_left_as_it_came(chain) -> None:
     flow = llm_flow(turns=3)
     recover_of(chain).request(flow)

@@ -2,7 +2,8 @@
 within the limit its answer names, remember that limit for later requests, and give the client the retry's
 answer.
 
-- `request` (before the prune addon) keeps a reference to the body as the client sent it, until the flow ends.
+- `request` (before the prune addon) keeps a reference to the body as the client sent it, until the answer's
+  status shows it cannot be a limit error, or the flow ends.
 - `response` (before the metrics addon) reads an error answer against the limit-error patterns
   (trimflow._recovery); a limit error is learned (trimflow._learned, option trimflow_learned), the
   original body is pruned again under the tightened limits, and the request goes upstream once more
@@ -159,6 +160,12 @@ class Recover:
 
     def error(self, flow: http.HTTPFlow) -> None:
         self._originals.pop(flow, None)
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        # An answer that cannot be a limit error lets the client's body go now, not when a long streamed answer ends:
+        # a pruned request's original would otherwise live as long as the provider takes to answer.
+        if flow.response is not None and not _may_be_limit(flow.response.status_code):
+            self._originals.pop(flow, None)
 
     def response(self, flow: http.HTTPFlow) -> Coroutine[None, None, None] | None:
         # Not `async def`: an answer that cannot be a limit error, the usual case, makes no coroutine.
