@@ -92,6 +92,7 @@ PUBLIC = {
         "Memory",
         "Metrics",
         "Options",
+        "Prometheus",
         "Prune",
         "Recover",
         "Simulate",

@@ -17,7 +17,18 @@ from trimflow.proxy import recover
 from ..helpers import ROOT, load_addon_module
 
 PACKAGE = ROOT / "addon" / "trimflow"
-ORDER = [proxy.Keys, proxy.Recover, proxy.Prune, proxy.WebSocket, proxy.Simulate, proxy.Metrics, recover.Hold, proxy.Memory, proxy.Options]
+ORDER = [
+    proxy.Keys,
+    proxy.Recover,
+    proxy.Prune,
+    proxy.WebSocket,
+    proxy.Simulate,
+    proxy.Metrics,
+    recover.Hold,
+    proxy.Prometheus,
+    proxy.Memory,
+    proxy.Options,
+]
 OPTIONS = {
     "trimflow_rules",
     "trimflow_mode",
@@ -31,6 +42,7 @@ OPTIONS = {
     "trimflow_retries",
     "trimflow_learned",
     "trimflow_limit_errors",
+    "trimflow_prometheus",
 }
 
 

@@ -13,6 +13,7 @@ LLM flow's state):
   once per host when a WebSocket leaves images at the provider (after Prune: it reads Prune's record).
 - Simulate: answers with a limit profile's error instead of forwarding (after Prune: it checks what Prune forwards).
 - Metrics: completes each record with the answer's status and usage; the log line and the JSONL record.
+- Prometheus: counts each record the metrics addon writes, served at /metrics (trimflow_prometheus).
 - Memory: keeps freed body memory in the process (glibc).
 - Options: last, so every trimflow option is declared: a misspelt trimflow_* name or a value mitmproxy
   cannot parse stops mitmproxy at start with one line (each addon's `configure` checks its own values).
@@ -22,6 +23,7 @@ from .keys import Keys
 from .memory import Memory
 from .metrics import FLUSH_DELAY, Metrics
 from .options import Options
+from .prometheus import Prometheus
 from .prune import Prune
 from .recover import Recover
 from .simulate import Simulate
@@ -34,7 +36,8 @@ def make_addons() -> list[object]:
     flows = Flows()
     simulate = Simulate(flows)
     recover = Recover(flows, simulate)
-    return [Keys(flows), recover, Prune(flows), WebSocket(flows), simulate, Metrics(flows), recover.hold, Memory(), Options()]
+    metrics = Metrics(flows)
+    return [Keys(flows), recover, Prune(flows), WebSocket(flows), simulate, metrics, recover.hold, Prometheus(metrics, recover), Memory(), Options()]
 
 
 addons = make_addons()
@@ -48,6 +51,7 @@ __all__ = [
     "Memory",
     "Metrics",
     "Options",
+    "Prometheus",
     "Prune",
     "Recover",
     "Simulate",

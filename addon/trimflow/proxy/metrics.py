@@ -1,6 +1,6 @@
 """The metrics addon: completes each LLM request's record with the answer (status, the provider's usage:
 input tokens, cache reads and writes, output tokens; or the error), logs one line per request and appends
-the record to trimflow_metrics (JSONL).
+the record to trimflow_metrics (JSONL). `listeners` get each record as it is written (the prometheus addon).
 
 Streamed answers (server-sent events and the like) are passed through as they come, not buffered,
 with the usage read on the way.
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from mitmproxy import ctx, http
 
@@ -37,6 +38,7 @@ class Metrics:
         self.flows = flows
         self.file: MetricsFile | None = None
         self._unfinished: list[tuple[Record, str | None]] = []  # finished flows not yet logged, with their error (see _finish)
+        self.listeners: list[Callable[[Record, str | None], None]] = []  # each gets every record written, with its error
 
     def load(self, loader) -> None:
         loader.add_option(
@@ -150,6 +152,8 @@ class Metrics:
             log.info("trimflow: %s", record.summary())
             if self.file is not None:
                 self.file.write(record, error)
+            for listener in self.listeners:
+                listener(record, error)
 
 
 def _set_usage(record: Record, usage: Usage) -> None:

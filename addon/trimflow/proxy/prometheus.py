@@ -1,0 +1,342 @@
+"""The prometheus addon: `trimflow_prometheus` (HOST:PORT) serves counters and histograms of the LLM requests at
+/metrics, for Prometheus to scrape (docs/deployment.md).
+
+The figures are the JSONL's: the metrics addon hands each record to this addon as it writes it (its `listeners`),
+so a counter is the sum of one record field over the records written. Labels stay few and bounded: the wire
+format, the model's family (claude, gpt, gemini or other: never the free-form name), the rule that applied (the
+rules file names them), and for the request count the kind, the outcome and the status class; never a host, a
+conversation or anything a request carries.
+
+prometheus_client is imported here only, when the option is set: without it, trimflow runs as ever and says in
+one line how to add it. The endpoint is served from mitmproxy's own event loop, so an answer from /metrics also
+says that the proxy's loop runs: a balancer's health check can use it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from mitmproxy import ctx, exceptions
+
+from .._record import Record
+from .metrics import Metrics
+from .options import exits_at_startup
+from .recover import Recover
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+log = logging.getLogger("trimflow")
+
+OPTION = "trimflow_prometheus"
+ENABLE = "pip install 'trimflow[prometheus]' (a pipx mitmproxy: pipx inject mitmproxy prometheus-client)"
+PATH = b"/metrics"
+FAMILIES = ("claude", "gpt", "gemini", "other")
+# Upper bounds: request bodies around the limits providers and gateways set (2 MiB axum, 16 MiB the shipped
+# budget, 32 MiB Anthropic), and trimflow's time per request from a fraction of a millisecond to a slow re-encode.
+BODY_BUCKETS = (64 << 10, 256 << 10, 1 << 20, 2 << 20, 4 << 20, 8 << 20, 16 << 20, 32 << 20, 64 << 20)
+OVERHEAD_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
+_HEAD_LIMIT = 16 << 10  # a scrape's request head is a few hundred bytes
+_READ_TIMEOUT = 10.0
+
+
+def model_family(model: str | None) -> str:
+    """claude, gpt (OpenAI's gpt-*, chatgpt-*, o1/o3/o4..., codex-*), gemini, or other: a bounded label for any model name."""
+    if not model:
+        return "other"
+    name = model.lower().rsplit("/", 1)[-1]  # publishers/google/models/gemini-..., openai/gpt-4o
+    if "claude" in name:
+        return "claude"
+    if "gemini" in name:
+        return "gemini"
+    if "gpt" in name or name.startswith(("codex", "o1", "o3", "o4")):
+        return "gpt"
+    return "other"
+
+
+def outcome_of(record: Record) -> str:
+    """What happened to the request, the first that applies: simulated (a limit profile answered), retried (refused
+    for a limit and sent again), failed_open (forwarded as it came for the reason the log line gives), observed
+    (observe mode: measured, forwarded as it came), pruned (images dropped, shrunk or thinned), untouched."""
+    if record.simulated:
+        return "simulated"
+    if record.retries:
+        return "retried"
+    if record.reason is not None:
+        return "failed_open"
+    if record.mode != "enforce":
+        return "observed"
+    if record.pruned or record.shrunk or record.thinned:
+        return "pruned"
+    return "untouched"
+
+
+def status_class(status: int | None) -> str:
+    """2xx, 4xx, ...; none when the flow ended without an answer."""
+    return f"{status // 100}xx" if status is not None and 100 <= status < 600 else "none"
+
+
+def parse_address(value: str) -> tuple[str, int]:
+    """HOST:PORT ([::1]:PORT for IPv6) as (host, port); ValueError says what is wrong."""
+    host, sep, port = value.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{OPTION} must be HOST:PORT (127.0.0.1:9101, [::1]:9101, 0.0.0.0:9101 for every interface), not {value!r}")
+    return host, int(port)
+
+
+def _pruned(record: Record) -> int:
+    return record.pruned if record.mode == "enforce" else 0
+
+
+def _forwarded_bytes(record: Record) -> int:
+    return record.body_bytes_after if record.mode == "enforce" else record.body_bytes_before
+
+
+def _forwarded_tokens(record: Record) -> int:
+    return record.est_tokens_after if record.mode == "enforce" else record.est_tokens_before
+
+
+# The counters that sum a record field (each labelled format, family, rule): name (Prometheus adds _total), help, value.
+# In observe mode what was forwarded is the body as received; the record's *_after fields say what enforce would send.
+SUMS: tuple[tuple[str, str, Callable[[Record], int | None]], ...] = (
+    ("trimflow_images_received", "Images in the LLM requests as received.", lambda r: r.images_before),
+    ("trimflow_images_pruned", "Images replaced by a placeholder in what was forwarded.", _pruned),
+    ("trimflow_body_bytes_received", "Request body bytes as received (decoded).", lambda r: r.body_bytes_before),
+    ("trimflow_body_bytes_forwarded", "Request body bytes as forwarded upstream (decoded).", _forwarded_bytes),
+    ("trimflow_estimated_tokens_received", "trimflow's input token estimate of the requests as received.", lambda r: r.est_tokens_before),
+    ("trimflow_estimated_tokens_forwarded", "trimflow's input token estimate of what was forwarded.", _forwarded_tokens),
+    ("trimflow_input_tokens", "Input tokens the provider reported, cache reads and writes included.", lambda r: r.usage_input_tokens),
+    ("trimflow_cache_read_tokens", "Input tokens the provider reported reading from its prompt cache.", lambda r: r.usage_cache_read_tokens),
+    ("trimflow_cache_write_tokens", "Input tokens the provider reported writing to its prompt cache.", lambda r: r.usage_cache_write_tokens),
+    ("trimflow_output_tokens", "Output tokens the provider reported.", lambda r: r.usage_output_tokens),
+    ("trimflow_limit_refusals", "Requests the provider refused for a limit (docs/recovery.md).", lambda r: int(r.refused_status is not None)),
+    ("trimflow_retries", "Times requests were sent again within a limit the provider named.", lambda r: r.retries),
+)
+
+
+def _client() -> Any:
+    try:
+        import prometheus_client
+    except ImportError:
+        return None
+    return prometheus_client
+
+
+class Instruments:
+    """The counters and histograms of one registry, and how a record adds to them."""
+
+    def __init__(self, client: Any, recover: Recover) -> None:
+        self.registry: CollectorRegistry = client.CollectorRegistry()
+        self._choose_encoder: Callable[[str], tuple[Callable[[CollectorRegistry], bytes], str]] = client.exposition.choose_encoder
+        registry, labels = self.registry, ("format", "family", "rule")
+        requests_by, requests_doc = (*labels, "kind", "outcome", "status"), "LLM requests finished: by kind, outcome and answer status class."
+        self.requests = client.Counter("trimflow_requests", requests_doc, requests_by, registry=registry)
+        self._sums = [(client.Counter(name, doc, labels, registry=registry), value) for name, doc, value in SUMS]
+        by = ("format", "family")
+        body_doc, overhead_doc = "Request body size as received (decoded).", "Time trimflow spent on a request."
+        self.body = client.Histogram("trimflow_request_body_bytes", body_doc, by, buckets=BODY_BUCKETS, registry=registry)
+        self.overhead = client.Histogram("trimflow_overhead_seconds", overhead_doc, by, buckets=OVERHEAD_BUCKETS, registry=registry)
+        self.registry.register(_Learned(client, recover))
+        self._children: dict[tuple[str, str, str], tuple[list[Any], Any, Any]] = {}
+
+    def observe(self, record: Record) -> None:
+        family = model_family(record.model)
+        key = (record.format, family, record.rule or "none")
+        children = self._children.get(key)
+        if children is None:
+            children = self._children[key] = (
+                [counter.labels(*key) for counter, _ in self._sums],
+                self.body.labels(record.format, family),
+                self.overhead.labels(record.format, family),
+            )
+        sums, body, overhead = children
+        self.requests.labels(*key, record.kind, outcome_of(record), status_class(record.status)).inc()
+        for child, (_, value) in zip(sums, self._sums, strict=True):
+            amount = value(record)
+            if amount:
+                child.inc(amount)
+        body.observe(record.body_bytes_before)
+        overhead.observe(record.overhead_ms / 1000)
+
+    def render(self, accept: str) -> tuple[bytes, str]:
+        """The exposition in the format the scraper asks for (Accept), and its content type."""
+        encoder, content_type = self._choose_encoder(accept)
+        return encoder(self.registry), content_type
+
+
+class _Learned:
+    """The learned limits, read when scraped: how many hold now (the file, which instances may share), and how many
+    this process learned."""
+
+    def __init__(self, client: Any, recover: Recover) -> None:
+        self.client, self.recover = client, recover
+
+    def collect(self) -> list[Any]:
+        held = self.client.metrics_core.GaugeMetricFamily(
+            "trimflow_learned_limits", "Learned limits that apply now (the learned-limits file, shared by the instances that use it)."
+        )
+        held.add_metric([], len(self.recover.learned.entries))
+        learned = self.client.metrics_core.CounterMetricFamily("trimflow_limits_learned", "Limits this process learned from providers' answers.")
+        learned.add_metric([], self.recover.limits_learned)
+        return [held, learned]
+
+
+class Prometheus:
+    name = "trimflow_prometheus"
+
+    def __init__(self, metrics: Metrics, recover: Recover) -> None:
+        self.recover = recover
+        self.instruments: Instruments | None = None
+        self.address: tuple[str, int] | None = None  # where /metrics is served, once bound
+        self._socket: socket.socket | None = None
+        self._serving: asyncio.Task[None] | None = None
+        self._failed = False
+        metrics.listeners.append(self.observe)
+
+    def load(self, loader) -> None:
+        loader.add_option(
+            OPTION,
+            str,
+            "",
+            f"HOST:PORT to serve Prometheus metrics on, at /metrics (counters and histograms of the LLM requests); "
+            f"needs prometheus_client: {ENABLE}. Empty: off.",
+        )
+
+    @exits_at_startup
+    def configure(self, updated: set[str]) -> None:
+        if OPTION not in updated:
+            return
+        value = getattr(ctx.options, OPTION).strip()
+        address = None
+        if value:
+            try:
+                address = parse_address(value)
+            except ValueError as exc:
+                raise exceptions.OptionsError(f"trimflow: {exc}") from None
+        self._stop()
+        self.instruments = None
+        if address is None:
+            return
+        client = _client()
+        if client is None:
+            log.warning("trimflow: %s needs prometheus_client, which this Python lacks: %s", OPTION, ENABLE)
+            return
+        sock = _bind(*address)
+        self._socket, self.address = sock, sock.getsockname()[:2]
+        self.instruments = Instruments(client, self.recover)
+        self._failed = False
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # no loop yet: `running` starts serving
+            return
+        self._serve_on_loop()
+
+    def running(self) -> None:
+        if self._socket is not None and self._serving is None:
+            self._serve_on_loop()
+
+    def done(self) -> None:
+        self._stop()
+
+    def observe(self, record: Record, error: str | None) -> None:
+        """A record as the metrics addon writes it (`error`, when the flow failed, is in its status: none)."""
+        if self.instruments is None:
+            return
+        try:
+            self.instruments.observe(record)
+        except Exception as exc:  # noqa: BLE001 - the counters are lost for this record, nothing else
+            if not self._failed:
+                self._failed = True
+                log.warning("trimflow: a record was not counted for Prometheus: internal error %s", type(exc).__name__)
+
+    # -- the endpoint
+
+    def _serve_on_loop(self) -> None:
+        assert self._socket is not None and self.address is not None
+        sock = self._socket
+        self._serving = asyncio.get_running_loop().create_task(self._serve(sock))
+        # Closed once the task has ended: the server unregisters it from the loop first (closing it while registered
+        # could unregister another connection that gets its file descriptor); a task cancelled before it ran never opens it.
+        self._serving.add_done_callback(lambda _: sock.close())
+        host, port = self.address
+        log.info("trimflow: Prometheus metrics at http://%s:%d/metrics", f"[{host}]" if ":" in host else host, port)
+
+    async def _serve(self, sock: socket.socket) -> None:
+        server = await asyncio.start_server(self._answer, sock=sock, limit=_HEAD_LIMIT)
+        async with server:
+            await server.serve_forever()
+
+    def _stop(self) -> None:
+        if self._serving is not None:
+            self._serving.cancel()  # its done callback closes the socket
+        elif self._socket is not None:
+            self._socket.close()
+        self._serving = self._socket = self.address = None
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One request per connection: GET or HEAD /metrics."""
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), _READ_TIMEOUT)
+            status, headers, body = self._respond(head)
+            reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 500: "Internal Server Error"}[status]
+            lines = [f"HTTP/1.1 {status} {reason}", *(f"{k}: {v}" for k, v in headers.items()), f"Content-Length: {len(body)}", "Connection: close"]
+            writer.write("\r\n".join(lines).encode("latin-1") + b"\r\n\r\n")
+            if not head.startswith(b"HEAD "):
+                writer.write(body)
+            await writer.drain()
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    def _respond(self, head: bytes) -> tuple[int, dict[str, str], bytes]:
+        lines = head.split(b"\r\n")
+        parts = lines[0].split()
+        if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
+            return 400, {"Content-Type": "text/plain"}, b"trimflow: not an HTTP/1 request\n"
+        method, target = parts[0], parts[1]
+        if target.split(b"?", 1)[0] != PATH:
+            return 404, {"Content-Type": "text/plain"}, b"trimflow: the metrics are at /metrics\n"
+        if method not in (b"GET", b"HEAD"):
+            return 405, {"Content-Type": "text/plain", "Allow": "GET, HEAD"}, b"trimflow: GET /metrics\n"
+        accept = ""
+        for line in lines[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"accept":
+                accept = value.strip().decode("latin-1")
+        instruments = self.instruments
+        if instruments is None:
+            return 404, {"Content-Type": "text/plain"}, b"trimflow: metrics are off\n"
+        try:
+            body, content_type = instruments.render(accept)
+        except Exception as exc:  # noqa: BLE001 - this scrape fails; the proxy goes on
+            log.warning("trimflow: Prometheus metrics not rendered: internal error %s", type(exc).__name__)
+            return 500, {"Content-Type": "text/plain"}, b"trimflow: internal error\n"
+        return 200, {"Content-Type": content_type}, body
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """A listening socket, bound now, so that a taken port or a wrong address stops mitmproxy at start."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise exceptions.OptionsError(f"trimflow: {OPTION}: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(64)
+        sock.setblocking(False)
+    except OSError as exc:
+        sock.close()
+        raise exceptions.OptionsError(f"trimflow: {OPTION}: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
+
+
+__all__ = ["OPTION", "Instruments", "Prometheus", "model_family", "outcome_of", "parse_address", "status_class"]
