@@ -19,6 +19,23 @@ def test_the_placeholder_is_input_text_in_tool_output_too() -> None:
     assert out["input"][2]["call_id"] == "c1"
 
 
+def test_a_custom_tools_screenshots_are_found_and_replaced_like_a_functions() -> None:
+    """Codex returns screenshots from its JavaScript `exec` tool as a custom tool's output parts."""
+    shot = {"type": "input_image", "image_url": data_url(PNG, "image/png")}
+    body = {
+        "model": "gpt-5.1-codex",
+        "input": [
+            {"type": "custom_tool_call", "call_id": "c1", "name": "exec", "input": "await screenshot()"},
+            {"type": "custom_tool_call_output", "call_id": "c1", "output": [{"type": "input_text", "text": "done"}, shot]},
+            {"type": "custom_tool_call_output", "call_id": "c2", "output": "plain text"},
+        ],
+    }
+    assert [(m.kind, m.path) for m in RESPONSES.find_media(body)] == [("image", ("input", 1, "output", 1))]
+    out = RESPONSES.replace_media(body, {("input", 1, "output", 1): "[gone]"})
+    assert out["input"][1]["output"] == [{"type": "input_text", "text": "done"}, {"type": "input_text", "text": "[gone]"}]
+    assert out["input"][2] == body["input"][2]
+
+
 def test_websocket_response_create_is_read_at_top_level_or_nested() -> None:
     item = {"role": "user", "content": [{"type": "input_image", "image_url": data_url(PNG, "image/png")}]}
     flat = {"type": "response.create", "model": "gpt-5", "input": [item]}

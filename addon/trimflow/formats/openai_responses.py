@@ -1,7 +1,7 @@
 """OpenAI Responses: /v1/responses, Codex's /backend-api/codex/responses, and WebSocket response.create.
 
-Images are `input_image` parts of `input[].content[]` and of `function_call_output.output[]` arrays
-(tool screenshots); `input_file` parts are documents. With `previous_response_id` the earlier turns
+Images are `input_image` parts of `input[].content[]` and of `function_call_output.output[]` and
+`custom_tool_call_output.output[]` arrays (tool screenshots); `input_file` parts are documents. With `previous_response_id` the earlier turns
 live on the provider, where no proxy can prune them.
 """
 
@@ -26,6 +26,11 @@ STREAM_SUFFIXES: tuple[str, ...] = ()
 COUNT_ENDINGS: tuple[tuple[str, str], ...] = (("/responses/input_tokens", "/responses"),)
 
 
+# Tool results whose `output` may be an array of content parts: a function's, and a custom (freeform) tool's,
+# which is how Codex returns screenshots from its JavaScript `exec` tool.
+_TOOL_OUTPUTS = ("function_call_output", "custom_tool_call_output")
+
+
 def request_of(body: dict[str, Any]) -> tuple[dict[str, Any], JsonPath]:
     """The Responses request inside a body, and its path: a WebSocket `response.create` may nest it."""
     nested = body.get("response")
@@ -39,7 +44,7 @@ def find_media(body: dict[str, Any]) -> list[Media]:
     found: list[Media] = []
     for i, item in dicts(request.get("input")):
         base = (*root, "input", i)
-        if item.get("type") == "function_call_output":
+        if item.get("type") in _TOOL_OUTPUTS:
             _collect(found, (*base, "output"), item.get("output"))
         else:
             _collect(found, (*base, "content"), item.get("content"))
