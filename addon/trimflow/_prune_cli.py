@@ -16,7 +16,7 @@ from ._engine import ENFORCE, MODES, prune_request
 from ._rules import DEFAULT_RULES_PATH, RulesError, load_rules
 from ._sizes import parse_size
 
-LIMIT_FLAGS = ("max_images", "max_body_bytes", "keep_recent")
+LIMIT_FLAGS = ("max_images", "max_body_bytes", "keep_recent", "prune_batch")
 
 
 def _size(text: str) -> int | None:
@@ -60,6 +60,13 @@ def parser() -> argparse.ArgumentParser:
         help="body budget: bytes or k/m/g, KB/MB/GB, KiB/MiB/GiB (binary); 'none': no limit",
     )
     p.add_argument("--keep-recent", type=_count, default=argparse.SUPPRESS, help="never prune the newest N images")
+    p.add_argument(
+        "--prune-batch",
+        type=_count,
+        default=argparse.SUPPRESS,
+        metavar="N",
+        help="cut the oldest images N at a time (default: the rules', except with --max-images, which then keeps exactly that many)",
+    )
     p.add_argument("--mode", choices=MODES, default=ENFORCE, help="observe: report only, output the body unchanged")
     return p
 
@@ -69,6 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     overrides: dict[str, Any] = {field: getattr(args, field) for field in LIMIT_FLAGS if hasattr(args, field)}
     if overrides.get("keep_recent", 0) is None:
         return _fail("--keep-recent takes a whole number")
+    if not overrides.get("prune_batch", 1):
+        return _fail("--prune-batch takes a whole number >= 1")
+    if "max_images" in overrides:
+        # A cap given for one request means that many images: the rules' batches are for a conversation's turns.
+        overrides.setdefault("prune_batch", 1)
     try:
         rules = load_rules(args.rules or DEFAULT_RULES_PATH)
     except RulesError as exc:
