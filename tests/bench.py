@@ -54,7 +54,7 @@ from tests.mitmdump import Mitmdump
 from trimflow._engine import prune_request
 from trimflow._malloc import MMAP_THRESHOLD, TRIM_THRESHOLD
 from trimflow._rules import DEFAULT_RULES_PATH, load_rules
-from trimflow.testing import MIME, PATHS, data_url, image, screenshot, session_body
+from trimflow.testing import MIME, PATHS, POLICIES, REFERENCE_SESSIONS, data_url, image, run_policy, screenshot, session_body
 
 FORMAT = "openai-chat"
 PATH = PATHS[FORMAT]
@@ -95,7 +95,7 @@ class Figure:
     def target(self) -> str | None:
         if self.limit is None:
             return None
-        return f"{'<=' if self.at_most else '>='} {self.limit:g}{_unit_suffix(self.unit)}"
+        return f"{'<=' if self.at_most else '>='} {self.limit:.3g}{_unit_suffix(self.unit)}"
 
     @property
     def ok(self) -> bool | None:
@@ -1111,7 +1111,30 @@ def machine() -> dict[str, Any]:
     return info
 
 
-SECTIONS = ("engine", "proxy", "shaped", "shrink")
+SECTIONS = ("engine", "proxy", "shaped", "shrink", "cache")
+
+
+def cache_figures() -> list[Figure]:
+    """The shipped rules against rolling keep-8 and no pruning at all on the 60-turn computer-use reference session,
+    billed by the prompt cache model (trimflow.testing: run_policy). Deterministic: the same figures on any machine."""
+    policies = {p.name: p for p in POLICIES}
+    session = next(s for s in REFERENCE_SESSIONS if s.name == "computer-use")
+    shipped, rolling, none = (run_policy(session, policies[name]) for name in ("shipped defaults", "rolling (batch 1)", "no pruning"))
+    assert shipped.cost is not None and rolling.cost is not None and none.cost is not None, "the session's model has a price"
+    return [
+        Figure("cache_cost_shipped", "computer-use session cost, shipped rules", shipped.cost, "USD"),
+        Figure("cache_cost_rolling", "same session, rolling keep-8 (prune_batch: 1)", rolling.cost, "USD"),
+        Figure("cache_cost_none", "same session, no pruning (breaks a cap of 8 on 52 turns)", none.cost, "USD"),
+        Figure(
+            "cache_writes_vs_rolling",
+            "cache-write tokens, shipped / rolling",
+            shipped.cache_write_tokens / rolling.cache_write_tokens,
+            "x",
+            1 / 3,
+        ),
+        Figure("cache_cost_vs_cheaper", "cost, shipped / cheaper of rolling and no pruning", shipped.cost / min(rolling.cost, none.cost), "x", 1.0),
+        Figure("cache_broken_share", "turns whose cached prefix broke, shipped", shipped.broken_turns / shipped.requests, "x", 1 / 6),
+    ]
 
 
 def run(settings: Settings, say: Callable[[str], None], sections: tuple[str, ...] = SECTIONS) -> tuple[list[Figure], dict[str, Any]]:
@@ -1134,6 +1157,9 @@ def run(settings: Settings, say: Callable[[str], None], sections: tuple[str, ...
     if "shrink" in sections:
         say("shrink (tests.shrink_bench)")
         figures += shrink_figures(settings)
+    if "cache" in sections:
+        say("prompt cache cost (reference computer-use session, cache model)")
+        figures += cache_figures()
     with contextlib.suppress(OSError):
         info["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     return figures, info

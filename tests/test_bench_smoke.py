@@ -34,6 +34,9 @@ TARGETED = [
     "memory_ratio",
     "stream_added_ms",
     "stream_loaded_added_ms",
+    "cache_writes_vs_rolling",
+    "cache_cost_vs_cheaper",
+    "cache_broken_share",
 ]
 CONTEXT = [
     "engine_prune_ms",
@@ -66,6 +69,9 @@ CONTEXT = [
     "shaped_sent_addon_mb",
     "shaped_sent_plain_mb",
     "shaped_sent_saved_mb",
+    "cache_cost_shipped",
+    "cache_cost_rolling",
+    "cache_cost_none",
 ]
 
 
@@ -122,9 +128,15 @@ def test_the_shaped_link_carries_fewer_bytes_through_trimflow_and_says_the_run_i
     assert not [name for name in figures if name.startswith(("shaped_20mbit", "shaped_50mbit"))], "--quick runs one rate"
 
 
+def test_the_shipped_rules_meet_the_prompt_cache_targets(report: dict) -> None:
+    """Unlike the timings, these are deterministic (a model of the providers' caches): a miss is a regression."""
+    figures = report["figures"]
+    assert all(figures[name]["ok"] for name in ("cache_writes_vs_rolling", "cache_cost_vs_cheaper", "cache_broken_share"))
+
+
 def test_report_names_the_machine_and_the_mode(report: dict) -> None:
     assert report["mode"] == "quick"
-    assert report["sections"] == ["engine", "proxy", "shaped", "shrink"]
+    assert report["sections"] == ["engine", "proxy", "shaped", "shrink", "cache"]
     machine = report["machine"]
     assert machine["nproc"] >= 1 and machine["python"] and machine["mitmproxy"]
     assert _number(report["seconds"])
