@@ -41,6 +41,7 @@ except ImportError:  # Windows: one process per file
 log = logging.getLogger("trimflow")
 
 FILE_NAME = "trimflow-learned.yaml"  # in mitmproxy's confdir, by default
+CHECK_INTERVAL = 1.0  # seconds between two looks at the file: what another process learned applies here within it
 # The Limits fields an answer can teach, and the smallest value each may take.
 LEARNABLE: Mapping[str, int] = {
     "max_images": 0,
@@ -80,7 +81,7 @@ class Entry:
 class LearnedLimits:
     """The learned limits of one file (`path`), or in memory only (`path` None). Safe to use from any thread."""
 
-    def __init__(self, path: str | os.PathLike[str] | None, *, check_interval: float = 1.0) -> None:
+    def __init__(self, path: str | os.PathLike[str] | None, *, check_interval: float = CHECK_INTERVAL) -> None:
         self.path = Path(path) if path else None
         self.check_interval = check_interval
         self._lock = threading.Lock()

@@ -1,0 +1,453 @@
+"""trimflow run by a team, with the real servers (Debian's `prometheus` and `haproxy` packages) on loopback:
+
+- a real Prometheus scrapes a real mitmdump's /metrics while a screenshot session goes through it to the fake
+  provider, and its HTTP query API gives the JSONL's figures; the PromQL of docs/deployment.md runs on them;
+- HAProxy in front of two mitmdumps sharing one learned-limits file: a limit learned through one instance holds
+  on the other's next request; balancing on the session id keeps a conversation's turn numbers, spreading it
+  does not; the health check on /metrics takes a stopped instance out;
+- without prometheus_client, mitmdump runs and says in one line how to add it.
+
+Where prometheus or haproxy is missing these tests skip with one line saying how to install them; with
+TRIMFLOW_REQUIRE_TEAM_SERVERS=1 (set by .ci/run) they fail instead. Every wait is on a condition (a scrape, a
+health check, a record), never a fixed sleep.
+"""
+
+from __future__ import annotations
+
+import csv
+import http.client
+import io
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlencode
+
+import orjson
+import pytest
+import yaml
+
+from trimflow._learned import CHECK_INTERVAL
+from trimflow._profiles import load_profiles, provider_check
+from trimflow.testing import FakeProvider, Session, replay
+
+from ..mitmdump import ADDON, Mitmdump, free_port
+from .helpers import ROOT, Proxy, image_payloads, post, session, shots, start_all, stop_all, write_rules
+
+pytestmark = pytest.mark.e2e
+
+REQUIRE_VARIABLE = "TRIMFLOW_REQUIRE_TEAM_SERVERS"
+MISSING = "{name} not installed: the team tests need Debian's prometheus and haproxy (as root: apt-get install prometheus haproxy, or scripts/setup)"
+DEPLOYMENT = ROOT / "docs" / "deployment.md"
+T = TypeVar("T")
+
+
+def server_binary(name: str) -> str:
+    """The server's binary; skips the calling test where there is none (fails it when the servers are required)."""
+    found = shutil.which(name) or next((p for p in (f"/usr/sbin/{name}", f"/usr/bin/{name}") if os.access(p, os.X_OK)), None)
+    if found:
+        return found
+    if os.environ.get(REQUIRE_VARIABLE) == "1":
+        pytest.fail(f"{MISSING.format(name=name)} ({REQUIRE_VARIABLE}=1)", pytrace=False)
+    pytest.skip(MISSING.format(name=name))
+
+
+def wait_for(condition: Callable[[], T], what: str, timeout: float = 60.0) -> T:
+    """`condition()`'s first true value, polled; fails naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
+        time.sleep(0.05)
+
+
+def get(port: int, path: str) -> tuple[int, bytes]:
+    """GET on loopback, never through a proxy the environment names."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        return response.status, response.read()
+    except OSError:
+        return 0, b""
+    finally:
+        conn.close()
+
+
+class Server:
+    """A server process of its own, logging to a file in `workdir`."""
+
+    def __init__(self, name: str, workdir: Path, command: list[str]) -> None:
+        self.log_path = workdir / f"{name}.log"
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=workdir)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        assert self.process.poll() is None, f"exited with {self.process.returncode}:\n{self.log()[-2000:]}"
+        return True
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+
+
+# --- Prometheus -------------------------------------------------------------------------------------------------
+
+
+class Prometheus(Server):
+    """A Prometheus scraping `targets` every second, its API on a free loopback port."""
+
+    def __init__(self, workdir: Path, targets: list[str]) -> None:
+        binary = server_binary("prometheus")
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        config = {
+            "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+            "scrape_configs": [{"job_name": "trimflow", "static_configs": [{"targets": targets}]}],
+        }
+        (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
+        super().__init__(
+            "prometheus",
+            workdir,
+            [
+                binary,
+                f"--config.file={workdir / 'prometheus.yml'}",
+                f"--storage.tsdb.path={workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--log.level=warn",
+            ],
+        )
+        wait_for(lambda: self.alive() and get(self.port, "/-/ready")[0] == 200, "ready Prometheus")
+
+    def query(self, promql: str) -> list[dict[str, Any]]:
+        status, body = get(self.port, "/api/v1/query?" + urlencode({"query": promql}))
+        assert status == 200, body
+        answer = orjson.loads(body)
+        assert answer["status"] == "success", answer
+        return answer["data"]["result"]
+
+    def value(self, promql: str) -> float | None:
+        """The query's one value (a sum), or None while it has none."""
+        result = self.query(promql)
+        assert len(result) <= 1, result
+        return float(result[0]["value"][1]) if result else None
+
+
+def deployment_queries() -> dict[str, str]:
+    """The PromQL blocks of docs/deployment.md, by the heading line above each (`# bytes saved per hour`)."""
+    blocks = re.findall(r"```promql\n(.*?)```", DEPLOYMENT.read_text(), re.S)
+    queries = {}
+    for block in blocks:
+        comment, _, query = block.partition("\n")
+        queries[comment.lstrip("# ").strip()] = " ".join(query.split())
+    return queries
+
+
+@pytest.fixture
+def provider() -> Iterator[FakeProvider]:
+    with FakeProvider() as fake:
+        yield fake
+
+
+def test_prometheus_reads_the_figures_of_the_jsonl(tmp_path: Path, provider: FakeProvider) -> None:
+    metrics_port = free_port()
+    proxy = Proxy(tmp_path / "proxy", "--mode", f"reverse:{provider.url}", rules=None, trimflow_prometheus=f"127.0.0.1:{metrics_port}")
+    start_all(proxy.mitm)
+    prometheus = None
+    try:
+        prometheus = Prometheus(tmp_path / "prometheus", [f"127.0.0.1:{metrics_port}"])
+        wait_for(lambda: prometheus.value('up{job="trimflow"}') == 1, "scrape of trimflow's /metrics")
+        # Two rounds of the same sessions, each scraped: a rate sees a counter move between two scrapes only.
+        sessions = [(Session("openai-chat", 40, model="gpt-4o"), 14), (Session("anthropic", 40, model="claude-sonnet-4-6"), 5)]
+        for _ in range(2):
+            sent = len(proxy.records())
+            rows = [row for s, turns in sessions for row in replay(proxy.url, s, turns)]
+            assert all(row.ok for row in rows), [row for row in rows if not row.ok]
+            count = sent + len(proxy.records_after(sent, len(rows)))
+            wait_for(lambda c=count: prometheus.value("sum(trimflow_requests_total)") == c, "every request in Prometheus")
+        records = proxy.records()
+
+        def summed(field: str) -> int:
+            return sum(r[field] or 0 for r in records)
+
+        assert summed("pruned") > 0 and summed("pruned") < summed("images_before")  # the shipped rules cut the long session
+        for metric, field in [
+            ("trimflow_images_received_total", "images_before"),
+            ("trimflow_images_pruned_total", "pruned"),
+            ("trimflow_body_bytes_received_total", "body_bytes_before"),
+            ("trimflow_body_bytes_forwarded_total", "body_bytes_after"),
+            ("trimflow_estimated_tokens_received_total", "est_tokens_before"),
+            ("trimflow_estimated_tokens_forwarded_total", "est_tokens_after"),
+            ("trimflow_input_tokens_total", "usage_input_tokens"),
+            ("trimflow_output_tokens_total", "usage_output_tokens"),
+            ("trimflow_request_body_bytes_sum", "body_bytes_before"),
+        ]:
+            assert prometheus.value(f"sum({metric})") == summed(field), metric
+        by_outcome = {r["metric"]["outcome"]: float(r["value"][1]) for r in prometheus.query("sum by (outcome) (trimflow_requests_total)")}
+        pruned = sum(1 for r in records if r["pruned"])
+        assert by_outcome == {"pruned": pruned, "untouched": len(records) - pruned}
+        by_family = {r["metric"]["family"]: float(r["value"][1]) for r in prometheus.query("sum by (family) (trimflow_requests_total)")}
+        assert by_family == {"gpt": 28, "claude": 10}
+        assert prometheus.value("sum(trimflow_overhead_seconds_count)") == len(records)
+        assert prometheus.value("sum(trimflow_overhead_seconds_sum)") == pytest.approx(summed("overhead_ms") / 1000, rel=1e-9)
+
+        # The deployment page's queries, as written there, give figures of the right kind.
+        queries = deployment_queries()
+        assert set(queries) == {"bytes saved per hour", "share of turns pruned", "p95 added latency (seconds)"}
+        saved = prometheus.value(queries["bytes saved per hour"])
+        assert saved is not None and saved > 0
+        share = prometheus.value(queries["share of turns pruned"])
+        assert share is not None and 0 < share < 1
+        p95 = prometheus.value(queries["p95 added latency (seconds)"])
+        assert p95 is not None and 0 < p95 <= 2.0
+    finally:
+        if prometheus is not None:
+            prometheus.stop()
+        stop_all(proxy.mitm)
+
+
+# --- HAProxy in front of two instances ---------------------------------------------------------------------------
+
+# The provider allows 4 images (the rules: 8), and says so as GitHub Copilot's API does: see docs/recovery.md.
+PROFILES = """\
+profiles:
+  count-4:
+    max_images: 4
+    status: 400
+    content_type: application/json
+    body: {error: {message: "too many images: maximum allowed for model {model} is {limit}, got {images}"}}
+"""
+HAPROXY = """\
+global
+    maxconn 256
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 120s
+    timeout server 120s
+frontend stats
+    bind 127.0.0.1:{stats}
+    stats enable
+    stats uri /stats
+frontend spread
+    bind 127.0.0.1:{spread}
+    default_backend spread
+frontend by_session
+    bind 127.0.0.1:{by_session}
+    # As docs/deployment.md: the conversation's session id, else the client's address.
+    http-request set-var(txn.affinity) req.hdr(x-claude-code-session-id)
+    http-request set-var(txn.affinity) req.hdr(session_id) unless {{ var(txn.affinity) -m found }}
+    http-request set-var(txn.affinity) req.hdr(x-session-id) unless {{ var(txn.affinity) -m found }}
+    http-request set-var(txn.affinity) src unless {{ var(txn.affinity) -m found }}
+    default_backend by_session
+backend spread
+    balance roundrobin
+    option httpchk GET /metrics
+    http-check expect status 200
+    default-server check inter 300ms fall 2 rise 1
+    server a 127.0.0.1:{a} port {a_metrics}
+    server b 127.0.0.1:{b} port {b_metrics}
+backend by_session
+    balance hash var(txn.affinity)
+    hash-type consistent
+    option httpchk GET /metrics
+    http-check expect status 200
+    default-server check inter 300ms fall 2 rise 1
+    server a 127.0.0.1:{a} port {a_metrics}
+    server b 127.0.0.1:{b} port {b_metrics}
+"""
+
+
+class HAProxy(Server):
+    def __init__(self, workdir: Path, a: tuple[int, int], b: tuple[int, int]) -> None:
+        binary = server_binary("haproxy")
+        self.stats, self.spread, self.by_session = free_port(), free_port(), free_port()
+        config = workdir / "haproxy.cfg"
+        config.write_text(
+            HAPROXY.format(stats=self.stats, spread=self.spread, by_session=self.by_session, a=a[0], a_metrics=a[1], b=b[0], b_metrics=b[1])
+        )
+        super().__init__("haproxy", workdir, [binary, "-db", "-f", str(config)])
+
+    def states(self) -> dict[tuple[str, str], str]:
+        """(backend, server) -> UP, DOWN, ... from the stats page's CSV."""
+        status, body = get(self.stats, "/stats;csv")
+        if status != 200:
+            return {}
+        rows = csv.DictReader(io.StringIO(body.decode().lstrip("# ")))
+        return {(row["pxname"], row["svname"]): row["status"] for row in rows if row["svname"] in ("a", "b")}
+
+    def wait_until(self, state: dict[str, str]) -> None:
+        """Until the health checks put each server (a, b) in its state in both backends."""
+        want = {(backend, server): s for backend in ("spread", "by_session") for server, s in state.items()}
+        wait_for(lambda: self.alive() and all(self.states().get(key) == s for key, s in want.items()), f"servers {state}")
+
+
+class Team:
+    """The fake provider, two trimflow instances sharing one learned-limits file, HAProxy in front."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        (root / "profiles.yaml").write_text(PROFILES)
+        write_rules(root / "rules.yaml", 8)
+        self.provider = FakeProvider(check=provider_check(load_profiles(root / "profiles.yaml").get("count-4"))).start()
+        self.learned = root / "shared" / "learned.yaml"
+        self.metrics_ports = {name: free_port() for name in ("a", "b")}
+        self.instances = {
+            name: Proxy(
+                root / name,
+                "--mode",
+                f"reverse:{self.provider.url}",
+                rules=root / "rules.yaml",
+                trimflow_learned=str(self.learned),
+                trimflow_prometheus=f"127.0.0.1:{self.metrics_ports[name]}",
+            )
+            for name in ("a", "b")
+        }
+        self.haproxy: HAProxy | None = None
+
+    def start(self) -> None:
+        start_all(*(p.mitm for p in self.instances.values()))
+        a, b = self.instances["a"], self.instances["b"]
+        self.haproxy = HAProxy(self.root, (a.port, self.metrics_ports["a"]), (b.port, self.metrics_ports["b"]))
+        self.haproxy.wait_until({"a": "UP", "b": "UP"})
+
+    def send(self, port: int, images: list[bytes], model: str, headers: dict[str, str] | None = None) -> tuple[str, dict[str, Any]]:
+        """One request through HAProxy's frontend on `port`: which instance served it, and its record there."""
+        before = {name: len(p.settled_records()) for name, p in self.instances.items()}
+        status, answer = post(port, "/v1/chat/completions", orjson.dumps(session("openai-chat", images, model)), headers)
+        assert status == 200, answer[:300]
+
+        def served() -> tuple[str, dict[str, Any]] | None:
+            for name, p in self.instances.items():
+                records = p.records()
+                if len(records) > before[name]:
+                    return name, records[-1]
+            return None
+
+        return wait_for(served, "record of the request")
+
+    def close(self) -> None:
+        if self.haproxy is not None:
+            self.haproxy.stop()
+        stop_all(*(p.mitm for p in self.instances.values()))
+        self.provider.stop()
+
+
+@pytest.fixture(scope="module")
+def team(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Team]:
+    server_binary("haproxy")
+    running = Team(tmp_path_factory.mktemp("team"))
+    try:
+        running.start()
+        yield running
+    finally:
+        running.close()
+
+
+def test_a_limit_learned_through_one_instance_holds_on_the_other(team: Team) -> None:
+    assert team.haproxy is not None
+    team.provider.clear()
+    first, record = team.send(team.haproxy.spread, shots(6, seed=1), "gpt-4o")
+    # The provider refused 6 images; the instance learned 4, sent the newest 4 again, and wrote the shared file.
+    refused, retried = team.provider.received
+    assert [len(image_payloads("openai-chat", r.json())) for r in (refused, retried)] == [6, 4]
+    assert (record["retries"], record["retry_limits"], record["images_after"]) == (1, "max_images=4", 4)
+    (entry,) = yaml.safe_load(team.learned.read_text())["learned"]
+    assert (entry["host"], entry["model"], entry["limit"], entry["value"]) == ("127.0.0.1", "gpt-4o", "max_images", 4)
+    # The other instance looks at the file once a second: past that, its next request is within the limit.
+    wait_for(lambda: time.time() - team.learned.stat().st_mtime > CHECK_INTERVAL, "check interval since the file was written")
+    team.provider.clear()
+    second, record = team.send(team.haproxy.spread, shots(7, seed=2), "gpt-4o")
+    assert second != first  # round robin: the other instance
+    (only,) = team.provider.received  # on its first try
+    assert len(image_payloads("openai-chat", only.json())) == 4
+    assert (record["retries"], record["images_before"], record["images_after"]) == (0, 7, 4)
+    assert "learned limits reloaded from" in team.instances[second].log()
+    # Each instance's /metrics says the limit holds (the file), and which one learned it.
+    learned = {}
+    for name, port in team.metrics_ports.items():
+        text = get(port, "/metrics")[1].decode()
+        held = re.search(r"^trimflow_learned_limits (\S+)$", text, re.M)
+        by_this = re.search(r"^trimflow_limits_learned_total (\S+)$", text, re.M)
+        assert held is not None and by_this is not None
+        learned[name] = (float(held.group(1)), float(by_this.group(1)))
+    assert learned == {first: (1.0, 1.0), second: (1.0, 0.0)}
+
+
+def turns(team: Team, port: int, count: int, model: str, seed: int, headers: dict[str, str] | None = None) -> list[tuple[str, dict[str, Any]]]:
+    """Turns 1..count of one screenshot conversation through HAProxy's frontend on `port`."""
+    images = shots(count, seed=seed)
+    return [team.send(port, images[:n], model, headers) for n in range(1, count + 1)]
+
+
+def test_balanced_on_the_session_id_a_conversation_stays_on_one_instance(team: Team) -> None:
+    assert team.haproxy is not None
+    served = turns(team, team.haproxy.by_session, 4, "gpt-4.1", 10, {"x-session-id": "team-sticky-1"})
+    assert len({name for name, _ in served}) == 1
+    assert [r["turn"] for _, r in served] == [1, 2, 3, 4]
+    assert len({r["conversation"] for _, r in served}) == 1
+
+
+def test_spread_over_instances_a_conversation_keeps_its_id_only_when_named(team: Team) -> None:
+    """The turn numbers count what each instance saw; a session id hashes to the same conversation everywhere,
+    a history names a different one per instance (docs/deployment.md says so)."""
+    assert team.haproxy is not None
+    named = turns(team, team.haproxy.spread, 4, "gpt-4.1-mini", 20, {"x-session-id": "team-spread-1"})
+    assert [name for name, _ in named][:2] in (["a", "b"], ["b", "a"])  # round robin
+    assert len({r["conversation"] for _, r in named}) == 1
+    assert [r["turn"] for _, r in named] == [1, 1, 2, 2]
+    unnamed = turns(team, team.haproxy.spread, 4, "gpt-4.1-nano", 30)
+    ids = {name: {r["conversation"] for n, r in unnamed if n == name} for name in ("a", "b")}
+    assert all(len(v) == 1 for v in ids.values()) and ids["a"] != ids["b"]
+    assert [r["turn"] for _, r in unnamed] == [1, 1, 2, 2]
+
+
+def test_the_health_check_takes_a_stopped_instance_out(team: Team) -> None:
+    """Last in the module: it stops instance b."""
+    assert team.haproxy is not None
+    stop_all(team.instances["b"].mitm)
+    team.haproxy.wait_until({"a": "UP", "b": "DOWN"})
+    served = [team.send(team.haproxy.spread, shots(2, seed=40 + i), "gpt-4o")[0] for i in range(3)]
+    assert served == ["a", "a", "a"]
+
+
+# --- without prometheus_client ----------------------------------------------------------------------------------
+
+
+def test_without_prometheus_client_mitmdump_runs_and_says_how_to_enable_metrics(tmp_path: Path, provider: FakeProvider) -> None:
+    blocker = tmp_path / "without.py"  # loaded first: the module is unimportable, as in a Python that lacks it
+    blocker.write_text("import sys\nsys.modules['prometheus_client'] = None\n")
+    mitm = Mitmdump(
+        tmp_path,
+        "-s",
+        str(blocker),
+        "-s",
+        str(ADDON),
+        "--mode",
+        f"reverse:{provider.url}",
+        addon=False,
+        options={"trimflow_prometheus": f"127.0.0.1:{free_port()}"},
+    )
+    start_all(mitm)
+    try:
+        status, _ = post(mitm.port, "/v1/chat/completions", orjson.dumps(session("openai-chat", shots(2, seed=50), "gpt-4o")))
+        assert status == 200
+        lines = [line for line in mitm.log().splitlines() if "trimflow:" in line and "prometheus" in line.lower()]
+        assert len(lines) == 1 and "pip install 'trimflow[prometheus]'" in lines[0], lines
+        assert "Traceback" not in mitm.log()
+    finally:
+        stop_all(mitm)
