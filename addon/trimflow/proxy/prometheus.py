@@ -8,8 +8,8 @@ rules file names them), and for the request count the kind, the outcome and the 
 conversation or anything a request carries.
 
 prometheus_client is imported here only, when the option is set: without it, trimflow runs as ever and says in
-one line how to add it. The endpoint is served from mitmproxy's own event loop, so an answer from /metrics also
-says that the proxy's loop runs: a balancer's health check can use it.
+one line how to add it. The endpoint is served from mitmproxy's own event loop (the exposition is rendered in a
+worker thread), so an answer from /metrics also says that the proxy's loop runs: a balancer's health check can use it.
 """
 
 from __future__ import annotations
@@ -283,7 +283,7 @@ class Prometheus:
         """One request per connection: GET or HEAD /metrics."""
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), _READ_TIMEOUT)
-            status, headers, body = self._respond(head)
+            status, headers, body = await self._respond(head)
             reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 500: "Internal Server Error"}[status]
             lines = [f"HTTP/1.1 {status} {reason}", *(f"{k}: {v}" for k, v in headers.items()), f"Content-Length: {len(body)}", "Connection: close"]
             writer.write("\r\n".join(lines).encode("latin-1") + b"\r\n\r\n")
@@ -295,7 +295,7 @@ class Prometheus:
         finally:
             writer.close()
 
-    def _respond(self, head: bytes) -> tuple[int, dict[str, str], bytes]:
+    async def _respond(self, head: bytes) -> tuple[int, dict[str, str], bytes]:
         lines = head.split(b"\r\n")
         parts = lines[0].split()
         if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
@@ -314,7 +314,8 @@ class Prometheus:
         if instruments is None:
             return 404, {"Content-Type": "text/plain"}, b"trimflow: metrics are off\n"
         try:
-            body, content_type = instruments.render(accept)
+            # In a worker thread: with many label sets a render takes milliseconds, which the loop spends proxying.
+            body, content_type = await asyncio.to_thread(instruments.render, accept)
         except Exception as exc:  # noqa: BLE001 - this scrape fails; the proxy goes on
             log.warning("trimflow: Prometheus metrics not rendered: internal error %s", type(exc).__name__)
             return 500, {"Content-Type": "text/plain"}, b"trimflow: internal error\n"
