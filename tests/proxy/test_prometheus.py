@@ -213,6 +213,32 @@ async def test_the_counters_are_the_sums_of_the_jsonl_records(addon, tmp_path) -
     assert total(values, "trimflow_request_body_bytes_sum") == summed("body_bytes_before")
     assert total(values, "trimflow_overhead_seconds_sum") == pytest.approx(summed("overhead_ms") / 1000)
     assert values["trimflow_learned_limits"] == 0 and values["trimflow_limits_learned_total"] == 0
+    # Bounded labels: no model name, host, path or conversation id, let alone a key or prompt text.
+    for leak in [b"gpt-4o", b"claude-", b"api.openai.com", b"/v1/", *(r["conversation"].encode() for r in records)]:
+        assert leak not in body, leak
+
+
+async def test_a_record_that_cannot_be_counted_is_logged_once_and_the_proxy_goes_on(
+    addon, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "trimflow")
+    addon.tctx.configure(addon, trimflow_prometheus="127.0.0.1:0")
+    instruments = addon.get(proxy.Prometheus).instruments
+
+    def broken(record: Record) -> None:
+        raise KeyError("x")
+
+    monkeypatch.setattr(instruments, "observe", broken)
+    for _ in range(2):
+        flow = llm_flow()
+        await requested(addon, flow)
+        flow.response = json_answer()
+        addon.response(flow)
+    await answer_sent()
+    assert [r.getMessage() for r in caplog.records if "Prometheus" in r.getMessage()] == [
+        "trimflow: a record was not counted for Prometheus: internal error KeyError"
+    ]
+    assert caplog.text.count("trimflow: conv ") == 2  # both log lines, as ever
 
 
 async def test_a_failed_flow_counts_with_no_status(addon, tmp_path) -> None:
