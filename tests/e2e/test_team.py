@@ -20,6 +20,7 @@ import io
 import os
 import re
 import shutil
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -35,7 +36,7 @@ from trimflow._learned import CHECK_INTERVAL
 from trimflow._profiles import load_profiles, provider_check
 from trimflow.testing import FakeProvider, Session, replay
 
-from ..mitmdump import ADDON, Mitmdump, free_port
+from ..mitmdump import ADDON, Mitmdump, free_port, mitmdump_binary
 from .helpers import ROOT, Proxy, image_payloads, post, session, shots, start_all, stop_all, write_rules
 
 pytestmark = pytest.mark.e2e
@@ -451,3 +452,33 @@ def test_without_prometheus_client_mitmdump_runs_and_says_how_to_enable_metrics(
         assert "Traceback" not in mitm.log()
     finally:
         stop_all(mitm)
+
+
+def test_a_taken_metrics_port_is_one_line_and_mitmdump_exits_before_listening(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [
+                mitmdump_binary(),
+                "--listen-host",
+                "127.0.0.1",
+                "--listen-port",
+                str(free_port()),
+                "--set",
+                f"confdir={tmp_path}",
+                "-s",
+                str(ADDON),
+                "--set",
+                f"trimflow_prometheus=127.0.0.1:{port}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+        )
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip() and "Loading script" not in line]
+    assert done.returncode != 0
+    assert lines[-1] == f"trimflow: trimflow_prometheus: cannot listen on 127.0.0.1:{port}: Address already in use"
+    assert not [line for line in lines if "listening" in line or "Traceback" in line], lines  # it never listened
