@@ -45,12 +45,12 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from socketserver import TCPServer
-from typing import Any
+from typing import Any, Self
 
 import orjson
 from PIL import Image
 
-from tests.mitmdump import Mitmdump
+from tests.mitmdump import Mitmdump, stop_process
 from trimflow._engine import prune_request
 from trimflow._malloc import MMAP_THRESHOLD, TRIM_THRESHOLD
 from trimflow._rules import DEFAULT_RULES_PATH, load_rules
@@ -468,25 +468,25 @@ def _child_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
 
 
-class Upstream:
-    """The upstream child process."""
+class _ChildOnPort:
+    """A `python -m tests....` child process that prints the port it listens on as its first line."""
+
+    what = "child"
 
     def __init__(self) -> None:
         self.process: subprocess.Popen[bytes] | None = None
         self.port = 0
 
-    def start(self) -> Upstream:
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.bench", "--serve-upstream"],
-            stdout=subprocess.PIPE,
-            stdin=subprocess.DEVNULL,
-            env=_child_env(),
-        )
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def start(self) -> Self:
+        self.process = subprocess.Popen(self.command(), stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=_child_env())
         assert self.process.stdout is not None
         line = self.process.stdout.readline()
         if not line.strip().isdigit():
             self.stop()
-            raise RuntimeError("the bench upstream did not start")
+            raise RuntimeError(f"the {self.what} did not start")
         self.port = int(line)
         return self
 
@@ -495,13 +495,17 @@ class Upstream:
         return f"http://127.0.0.1:{self.port}"
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
+        if self.process is not None:
+            stop_process(self.process)
+
+
+class Upstream(_ChildOnPort):
+    """The upstream child process."""
+
+    what = "bench upstream"
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "tests.bench", "--serve-upstream"]
 
 
 # --- clients ------------------------------------------------------------------------------------------------
@@ -851,38 +855,18 @@ SHAPED_GAP = 0.05
 LINK_CHECK_BYTES = 8 * MB
 
 
-class Link:
+class Link(_ChildOnPort):
     """tests/shaped_link.py in a child process between a proxy and `upstream`: one rate, one RTT."""
 
+    what = "shaped link"
+
     def __init__(self, upstream: Upstream, rate_mbit: int, rtt_ms: float) -> None:
+        super().__init__()
         self.upstream, self.rate_mbit, self.rtt_ms = upstream, rate_mbit, rtt_ms
-        self.process: subprocess.Popen[bytes] | None = None
-        self.port = 0
 
-    def start(self) -> Link:
+    def command(self) -> list[str]:
         command = [sys.executable, "-m", "tests.shaped_link", "--upstream", f"127.0.0.1:{self.upstream.port}"]
-        command += ["--rate-mbit", str(self.rate_mbit), "--rtt-ms", str(self.rtt_ms)]
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=_child_env())
-        assert self.process.stdout is not None
-        line = self.process.stdout.readline()
-        if not line.strip().isdigit():
-            self.stop()
-            raise RuntimeError("the shaped link did not start")
-        self.port = int(line)
-        return self
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
+        return [*command, "--rate-mbit", str(self.rate_mbit), "--rtt-ms", str(self.rtt_ms)]
 
 
 def _together(*calls: Callable[[], float]) -> list[float]:

@@ -90,19 +90,22 @@ class Mitmdump:
             return ""
 
     def stop(self) -> int | None:
-        if self.process is None:
-            return None
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
-        return self.process.returncode
+        return None if self.process is None else stop_process(self.process, 10)
 
     def __enter__(self) -> Mitmdump:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def stop_process(process: subprocess.Popen[bytes], timeout: float = 5.0) -> int | None:
+    """SIGTERM, then SIGKILL if it has not ended within `timeout` seconds; its exit status."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
+    return process.returncode

@@ -21,7 +21,7 @@ from trimflow._sizes import format_size_change
 from trimflow.testing import FakeProvider, image, session_body
 
 from ..browser import headless
-from ..mitmdump import ADDON, free_port, mitmdump_binary
+from ..mitmdump import ADDON, free_port, mitmdump_binary, stop_process
 from .helpers import post
 
 pytestmark = pytest.mark.e2e
@@ -85,12 +85,7 @@ def mitmweb(tmp_path: Path, provider: FakeProvider) -> Iterator[tuple[int, str, 
 
         yield port, wait_for(web_url, 30, "mitmweb listening"), metrics
     finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
+        stop_process(process, 10)
 
 
 def test_the_flow_list_shows_the_comment_with_its_figures_first(tmp_path: Path, mitmweb: tuple[int, str, Path]) -> None:
