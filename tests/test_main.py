@@ -18,6 +18,7 @@ REACHED = {
     "audit": (["--help"], "usage: scripts/audit"),
     "replay": (["--help"], "usage: replay"),
     "fake-provider": (["--help"], "usage: fake-provider"),
+    "repair": (["--help"], "usage: scripts/repair"),
     "run": (["--version"], "Mitmproxy: "),  # mitmdump itself answers: run hands it the arguments
 }
 

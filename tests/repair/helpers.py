@@ -1,0 +1,38 @@
+"""Shared by the repair tests: the session fixtures made by the real CLIs (tests/data/make_sessions.py), the
+shipped rules, and what a file's lines look like to compare them."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from trimflow._rules import DEFAULT_RULES_PATH, Rules, load_rules
+
+SESSIONS = Path(__file__).resolve().parents[1] / "data" / "sessions"
+# The fixtures, with the images each agent's resume sends (measured with the real CLIs against the fake
+# provider) and the images it sends once repaired under the shipped rules.
+FIXTURES = {
+    "claude-10.jsonl": ("claude", 10, 4),
+    "claude-10-resumed.jsonl": ("claude", 10, 4),
+    "claude-compacted.jsonl": ("claude", 12, 6),
+    "codex-10.jsonl": ("codex", 11, 5),
+    "gemini-10.jsonl": ("gemini", 20, 8),
+    "gemini-10-resumed.jsonl": ("gemini", 20, 8),
+}
+PROMPT = "Look at the screenshots in this folder"  # the fixtures' prompt: never in any output
+
+
+def shipped_rules() -> Rules:
+    return load_rules(DEFAULT_RULES_PATH)
+
+
+def fixture(name: str, folder: Path, as_name: str | None = None) -> Path:
+    """A copy of a fixture in `folder` (the tests change copies only)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / (as_name or name)
+    shutil.copyfile(SESSIONS / name, target)
+    return target
+
+
+def lines_of(path: Path) -> list[bytes]:
+    return path.read_bytes().split(b"\n")

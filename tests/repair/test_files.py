@@ -1,0 +1,115 @@
+"""Replacing a session file without losing anything: the backup beside it (never overwriting an earlier one),
+the original's mode, a file that changes while it is repaired, a file another process holds open."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from trimflow.repair import _files
+from trimflow.repair._lines import SessionError
+
+NOW = datetime(2026, 11, 24, 11, 30, 5, tzinfo=UTC)
+
+
+def session(folder: Path, data: bytes = b'{"a":1}\n', mode: int = 0o640) -> Path:
+    path = folder / "s.jsonl"
+    path.write_bytes(data)
+    path.chmod(mode)
+    return path
+
+
+def test_replace_puts_the_new_bytes_in_place_and_keeps_the_original_as_a_backup(tmp_path: Path) -> None:
+    path = session(tmp_path, mode=0o604)
+    snapshot = _files.read(path)
+    backup = _files.replace(snapshot, b'{"a":2}\n', NOW)
+    assert path.read_bytes() == b'{"a":2}\n'
+    assert backup == tmp_path / "s.jsonl.trimflow-backup-20261124T113005Z"
+    assert backup.read_bytes() == b'{"a":1}\n'
+    assert stat.S_IMODE(path.stat().st_mode) == stat.S_IMODE(backup.stat().st_mode) == 0o604
+    assert path.stat().st_uid == backup.stat().st_uid
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.jsonl", "s.jsonl.trimflow-backup-20261124T113005Z"]  # no temporary file left
+
+
+def test_a_second_repair_in_the_same_second_never_overwrites_the_first_backup(tmp_path: Path) -> None:
+    path = session(tmp_path)
+    first = _files.replace(_files.read(path), b'{"a":2}\n', NOW)
+    second = _files.replace(_files.read(path), b'{"a":3}\n', NOW)
+    third = _files.replace(_files.read(path), b'{"a":4}\n', NOW)
+    assert [first.read_bytes(), second.read_bytes(), third.read_bytes()] == [b'{"a":1}\n', b'{"a":2}\n', b'{"a":3}\n']
+    assert second.name.endswith("Z-2") and third.name.endswith("Z-3")
+
+
+def test_a_file_that_changes_after_it_was_read_is_not_replaced(tmp_path: Path) -> None:
+    path = session(tmp_path)
+    snapshot = _files.read(path)
+    with path.open("ab") as file:  # the agent appends a line meanwhile
+        file.write(b'{"b":2}\n')
+    with pytest.raises(SessionError, match="changed while it was being repaired: the agent may still be running"):
+        _files.replace(snapshot, b'{"a":2}\n', NOW)
+    assert path.read_bytes() == b'{"a":1}\n{"b":2}\n'
+    assert [p.name for p in tmp_path.iterdir()] == ["s.jsonl"]  # no backup, no temporary file
+
+
+def test_a_file_rewritten_with_the_same_size_and_time_is_caught_by_its_bytes(tmp_path: Path) -> None:
+    path = session(tmp_path)
+    snapshot = _files.read(path)
+    st = path.stat()
+    with path.open("r+b") as file:
+        file.write(b'{"a":9}\n')
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    with pytest.raises(SessionError, match="changed while it was being repaired"):
+        _files.replace(snapshot, b'{"a":2}\n', NOW)
+    assert path.read_bytes() == b'{"a":9}\n'
+
+
+def test_without_hard_links_the_backup_is_a_copy_with_the_same_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Some network and FUSE file systems refuse link(2)."""
+    path = session(tmp_path, mode=0o600)
+
+    def no_links(*args: object, **kwargs: object) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    backup = _files.replace(_files.read(path), b'{"a":2}\n', NOW)
+    assert backup.read_bytes() == b'{"a":1}\n' and stat.S_IMODE(backup.stat().st_mode) == 0o600
+    assert backup.stat().st_ino != path.stat().st_ino
+
+
+def test_read_names_what_is_wrong(tmp_path: Path) -> None:
+    with pytest.raises(SessionError, match=r"^no such file$"):
+        _files.read(tmp_path / "missing.jsonl")
+    with pytest.raises(SessionError, match=r"^not a regular file$"):
+        _files.read(tmp_path)
+    fifo = tmp_path / "pipe.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(SessionError, match=r"^not a regular file$"):
+        _files.read(fifo)
+
+
+def test_a_read_only_file_is_not_writable(tmp_path: Path) -> None:
+    path = session(tmp_path, mode=0o444)
+    with pytest.raises(SessionError, match=r"^is read-only"):
+        _files.check_writable(_files.read(path))
+    _files.check_writable(_files.read(session(tmp_path, mode=0o644)))
+
+
+def test_holders_names_a_process_that_has_the_file_open(tmp_path: Path) -> None:
+    path = session(tmp_path)
+    assert _files.holders(path) == []
+    holder = subprocess.Popen(["sh", "-c", 'exec 3<"$1"; echo ready; exec sleep 30', "sh", str(path)], stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"ready\n"
+        deadline = time.monotonic() + 10
+        while not _files.holders(path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _files.holders(path) == [f"sleep (pid {holder.pid})"]
+    finally:
+        holder.kill()
+        holder.wait()
