@@ -278,6 +278,18 @@ async def test_the_endpoint_answers_get_and_head_on_metrics_only(addon) -> None:
     assert status == 200 and headers["Content-Type"].startswith("application/openmetrics-text") and body.endswith(b"# EOF\n")
 
 
+async def test_a_refused_change_leaves_the_endpoint_where_it_was(addon) -> None:
+    addon.tctx.configure(addon, trimflow_prometheus="127.0.0.1:0")
+    serving = port_of(addon)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(exceptions.OptionsError, match="Address already in use"):
+            addon.tctx.configure(addon, trimflow_prometheus=f"127.0.0.1:{taken.getsockname()[1]}")
+    assert addon.tctx.options.trimflow_prometheus == "127.0.0.1:0"  # mitmproxy rolled the option back
+    assert port_of(addon) == serving and (await scrape(serving))[0] == 200
+
+
 async def test_moving_or_clearing_the_address_frees_the_port(addon) -> None:
     addon.tctx.configure(addon, trimflow_prometheus="127.0.0.1:0")
     first = port_of(addon)

@@ -197,6 +197,7 @@ class Prometheus:
         self._socket: socket.socket | None = None
         self._serving: asyncio.Task[None] | None = None
         self._failed = False
+        self._value = ""  # the option's value in effect
         metrics.listeners.append(self.observe)
 
     def load(self, loader) -> None:
@@ -213,21 +214,22 @@ class Prometheus:
         if OPTION not in updated:
             return
         value = getattr(ctx.options, OPTION).strip()
+        if value == self._value:
+            return  # a refused change rolled back: what runs stays
         address = None
         if value:
             try:
                 address = parse_address(value)
             except ValueError as exc:
                 raise exceptions.OptionsError(f"trimflow: {exc}") from None
-        self._stop()
-        self.instruments = None
-        if address is None:
-            return
-        client = _client()
-        if client is None:
+        client = _client() if address is not None else None
+        if address is not None and client is None:
             log.warning("trimflow: %s needs prometheus_client, which this Python lacks: %s", OPTION, ENABLE)
+        sock = _bind(*address) if address is not None and client is not None else None  # before the old one stops: a refusal leaves it
+        self._stop()
+        self.instruments, self._value = None, value
+        if sock is None:
             return
-        sock = _bind(*address)
         self._socket, self.address = sock, sock.getsockname()[:2]
         self.instruments = Instruments(client, self.recover)
         self._failed = False
