@@ -86,6 +86,13 @@ items:
     ]
 
 
+def test_a_merge_key_takes_mappings_only_and_a_key_written_twice_is_still_an_error() -> None:
+    err = error("items:\n  - <<: 3\n    id: a\n")
+    assert err.line == 2 and "a merge key (<<) in an item takes an anchored mapping or a list of them, got 3" in err.problem
+    err = error("x-small: &small {id: small}\nitems:\n  - <<: *small\n    size: 1\n    size: 2\n")
+    assert (err.line, err.problem) == (5, "duplicate key 'size' in an item (first on line 4)")
+
+
 def test_an_alias_to_the_same_mapping_reads_the_same() -> None:
     assert parse("x-one: &one {id: a, size: 1}\nitems: [*one, *one]\n")["items"] == [{"id": "a", "size": 1}] * 2
 

@@ -152,18 +152,29 @@ class NodeReader(Generic[T]):
         cached = self._mappings.get(id(node))  # an alias reaches the same node again
         if cached is not None:
             return cached
-        assert self.loader is not None
-        explicit = {id(k) for k, _ in node.value if k.tag != _MERGE_TAG}
-        self.loader.flatten_mapping(node)  # merged pairs first, then the explicit ones
+        # Merge keys are resolved here rather than by PyYAML's flatten_mapping, whose order of several merged
+        # mappings changed between PyYAML releases: of several merged, the first one named wins, and an
+        # explicit key wins over a merged one wherever it is written.
+        merged: Fields = {}
         out: Fields = {}
         for k, v in node.value:
+            if k.tag == _MERGE_TAG:
+                for source in v.value if isinstance(v, SequenceNode) else [v]:
+                    if not isinstance(source, MappingNode):
+                        raise self.error(
+                            source, f"a merge key (<<) in {what} takes an anchored mapping or a list of them, got {self.describe(source)}"
+                        )
+                    for key, pair in self.mapping(source, what).items():
+                        merged.setdefault(key, pair)
+                continue
             key = self.scalar(k)
             if not isinstance(key, str):
                 raise self.error(k, f"keys in {what} must be names, got {self.describe(k)}")
             prev = out.get(key)
-            if prev is not None and id(prev[0]) in explicit and id(k) in explicit:
+            if prev is not None:
                 raise self.error(k, f"duplicate key {key!r} in {what} (first on line {line_of(prev[0])})")
-            out[key] = (k, v)  # an explicit key overrides a merged one
+            out[key] = (k, v)
+        out = {**merged, **out}
         self._mappings[id(node)] = out
         return out
 
