@@ -55,7 +55,8 @@ def split_lines(data: bytes) -> list[Line]:
 def _reason(exc: Exception) -> str:
     """The codec's reason without its 'body is not JSON' framing: here it is a line."""
     text = str(exc)
-    return text.removeprefix("body is not JSON (").removesuffix(")") if text.startswith("body is not JSON (") else text.removeprefix("body ")
+    text = text.removeprefix("body is not JSON (").removesuffix(")") if text.startswith("body is not JSON (") else text.removeprefix("body ")
+    return text.replace(" at line 1 column ", " at column ")  # the line is the one named
 
 
 def join_lines(lines: Sequence[Line], ends_with_newline: bool) -> bytes:
