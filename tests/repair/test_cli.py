@@ -265,3 +265,20 @@ def test_the_command_runs_as_python_m_trimflow_repair(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert LINE.fullmatch(done.stdout.strip()) is not None
+
+
+def test_an_internal_error_in_one_file_names_only_its_kind_and_the_next_file_is_repaired(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trimflow.repair import _gemini
+
+    def broken(lines: object) -> None:
+        raise KeyError("a key from the file: Look at the screenshots")
+
+    monkeypatch.setattr(_gemini, "replay", broken)
+    gemini, claude = fixture("gemini-10.jsonl", tmp_path), fixture("claude-10.jsonl", tmp_path)
+    code, out, err = run(capsys, str(gemini), str(claude))
+    assert code == 1
+    assert err == f"trimflow repair: {gemini}: internal error (KeyError); file untouched\n"
+    assert gemini.read_bytes() == (SESSIONS / "gemini-10.jsonl").read_bytes()
+    assert LINE.fullmatch(out.strip()) is not None

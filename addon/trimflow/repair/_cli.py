@@ -146,6 +146,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"trimflow repair: {path}: {exc}; file untouched", file=sys.stderr)
                 failed = True
                 continue
+            except Exception as exc:  # noqa: BLE001 - one file's surprise must not stop the others; its text never printed
+                print(f"trimflow repair: {path}: internal error ({type(exc).__name__}); file untouched", file=sys.stderr)
+                failed = True
+                continue
             print(f"trimflow repair: {path}: {report.line()}")
             for note in report.notes:
                 print(f"trimflow repair: {path}: {note}")
