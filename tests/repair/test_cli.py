@@ -86,6 +86,19 @@ def test_a_folder_repairs_every_session_in_it(tmp_path: Path, capsys: pytest.Cap
         assert (int(found["before"]), int(found["after"])) == (before, after)
 
 
+def test_a_folder_skips_files_of_json_lines_that_are_no_session(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Pointed at ~/.codex or ~/.claude, the prompt history (history.jsonl) beside the sessions is passed over."""
+    history = tmp_path / "codex" / "history.jsonl"
+    history.parent.mkdir()
+    history.write_bytes(b'{"session_id":"x","ts":1,"text":"a prompt"}\n')
+    fixture("codex-10.jsonl", tmp_path / "codex" / "sessions")
+    code, out, err = run(capsys, str(tmp_path / "codex"))
+    assert code == 0 and err == ""
+    assert out.splitlines()[0] == f"trimflow repair: {history}: skipped: is not a session file of a known agent (Claude Code, Codex or Gemini CLI)"
+    assert LINE.fullmatch(out.splitlines()[1]) is not None
+    assert history.read_bytes() == b'{"session_id":"x","ts":1,"text":"a prompt"}\n'
+
+
 def test_a_session_id_is_found_in_each_agents_default_folder(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

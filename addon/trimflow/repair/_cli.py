@@ -58,15 +58,19 @@ class FileReport:
         return f"{AGENT_NAMES[self.agent]} session, {images}, file {size} ({done})"
 
 
+class NotASession(SessionError):
+    """A file of JSON lines that is no session of the agents asked for (a folder also holds prompt histories)."""
+
+
 def detect(lines: Sequence[object], wanted: str = "auto") -> ModuleType:
-    """The agent module whose session the lines are; a SessionError naming what was expected otherwise."""
+    """The agent module whose session the lines are; NotASession naming what was expected otherwise."""
     candidates = AGENTS if wanted == "auto" else {wanted: AGENTS[wanted]}
     for module in candidates.values():
         if module.recognises(lines):
             return module
     if wanted != "auto":
-        raise SessionError(f"is not a {AGENT_NAMES[wanted]} session file")
-    raise SessionError("is not a session file of a known agent (Claude Code, Codex or Gemini CLI)")
+        raise NotASession(f"is not a {AGENT_NAMES[wanted]} session file")
+    raise NotASession("is not a session file of a known agent (Claude Code, Codex or Gemini CLI)")
 
 
 def repair_file(path: Path, rules: Rules, agent: str = "auto", dry_run: bool = False, now: datetime | None = None) -> FileReport:
@@ -96,23 +100,23 @@ def repair_file(path: Path, rules: Rules, agent: str = "auto", dry_run: bool = F
     return report
 
 
-def session_paths(target: str, agent: str, env: Mapping[str, str]) -> list[Path]:
+def session_paths(target: str, agent: str, env: Mapping[str, str]) -> tuple[list[Path], bool]:
     """The files PATH names: a file, the *.jsonl files under a folder, or the sessions with that id in the agents'
-    default folders. A SessionError when it names none."""
+    default folders; and whether they were found in a folder. A SessionError when it names none."""
     path = Path(target).expanduser()
     if path.is_dir():
         found = sorted(p for p in path.rglob("*.jsonl") if p.is_file() and not p.name.startswith("."))
         if not found:
             raise SessionError("has no session files (*.jsonl)")
-        return found
+        return found, True
     if path.exists() or os.sep in target or not _SESSION_ID.fullmatch(target):
-        return [path]  # a file, or a path that is not there (reading it says so)
+        return [path], False  # a file, or a path that is not there (reading it says so)
     modules = AGENTS.values() if agent == "auto" else [AGENTS[agent]]
     found = [p for module in modules for p in module.find(target, env)]
     if not found:
         roots = ", ".join(str(root) for module in modules for root in module.session_roots(env))
         raise SessionError(f"no such file, and no session with this id in {roots}")
-    return found
+    return found, False
 
 
 def parser() -> argparse.ArgumentParser:
@@ -134,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = False
     for target in args.paths:
         try:
-            paths = session_paths(target, args.agent, os.environ)
+            paths, in_folder = session_paths(target, args.agent, os.environ)
         except SessionError as exc:
             print(f"trimflow repair: {target}: {exc}", file=sys.stderr)
             failed = True
@@ -142,6 +146,13 @@ def main(argv: list[str] | None = None) -> int:
         for path in paths:
             try:
                 report = repair_file(path, rules, args.agent, args.dry_run)
+            except NotASession as exc:
+                if not in_folder:
+                    print(f"trimflow repair: {path}: {exc}; file untouched", file=sys.stderr)
+                    failed = True
+                else:  # ~/.claude and ~/.codex also keep a history.jsonl of prompts
+                    print(f"trimflow repair: {path}: skipped: {exc}")
+                continue
             except SessionError as exc:
                 print(f"trimflow repair: {path}: {exc}; file untouched", file=sys.stderr)
                 failed = True
