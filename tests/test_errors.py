@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import trimflow
-from trimflow import _decode, _jsoncodec, _profiles, _rules, errors
+from trimflow import _decode, _jsoncodec, _profiles, _rules, errors, repair
 from trimflow.audit import _gate, _read
 
 
@@ -26,6 +26,7 @@ def test_every_error_is_a_trimflow_error_exported_by_the_package(name: str) -> N
         (_decode, "DecodeError"),
         (_gate, "ExpressionError"),
         (_read, "InputError"),
+        (repair, "SessionError"),
     ],
 )
 def test_the_modules_that_raise_an_error_still_name_it(module, name: str) -> None:

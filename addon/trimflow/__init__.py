@@ -11,7 +11,7 @@ from ._engine import ENFORCE, MODES, OBSERVE, NeedsWorker, Outcome, prune, prune
 from ._policy import DEFAULT_PLACEHOLDER, Limits
 from ._record import Record
 from ._rules import DEFAULT_RULES_PATH, Rules, RulesFile, Target, builtin_rules, load_rules, parse_rules
-from .errors import BodyError, DecodeError, ExpressionError, InputError, ProfilesError, RulesError, TrimflowError, UnknownProfile
+from .errors import BodyError, DecodeError, ExpressionError, InputError, ProfilesError, RulesError, SessionError, TrimflowError, UnknownProfile
 from .formats import FORMATS, Media, detect_shape
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "Rules",
     "RulesError",
     "RulesFile",
+    "SessionError",
     "Target",
     "TrimflowError",
     "UnknownProfile",

@@ -13,7 +13,8 @@ built-in base its callers have always caught (ValueError), so `except ValueError
     │   ├── UnsupportedEncoding        own subclasses say which case: a coding it does not decode,
     │   └── BodyTooLarge               or a body that would inflate past the limit
     ├── ExpressionError (ValueError)   an audit --fail-on expression that does not parse
-    └── InputError                     an audit input that cannot be used at all
+    ├── InputError                     an audit input that cannot be used at all
+    └── SessionError                   an agent's saved session that `repair` cannot repair
 
 No message quotes a body, a key or a prompt: they name files, lines, encodings and sizes.
 
@@ -63,6 +64,10 @@ class InputError(TrimflowError):
     """An input the audit cannot use at all; str() is a one-line reason naming the file."""
 
 
+class SessionError(TrimflowError):
+    """A session file that cannot be repaired; str() is one line naming the problem, never the file's text."""
+
+
 __all__ = [
     "BodyError",
     "DecodeError",
@@ -70,6 +75,7 @@ __all__ = [
     "InputError",
     "ProfilesError",
     "RulesError",
+    "SessionError",
     "TrimflowError",
     "UnknownProfile",
 ]

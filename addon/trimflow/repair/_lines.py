@@ -14,11 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import _jsoncodec
+from ..errors import SessionError
 from ..formats import JsonPath
-
-
-class SessionError(Exception):
-    """A session file that cannot be repaired; str() is one line naming the problem, never the file's text."""
 
 
 @dataclass(slots=True)
