@@ -546,3 +546,13 @@ def test_the_shipped_defaults_send_a_short_session_as_it_came() -> None:
     rules = builtin_rules()
     outcome = prune_request(url_for("openai-chat"), {}, _BODY, rules)
     assert outcome.body is _BODY and not outcome.changed
+
+
+def test_a_memory_that_fails_leaves_the_request_cut_on_its_own() -> None:
+    class Broken:
+        def recall(self, history):
+            raise RuntimeError("dictionary changed size during iteration")
+
+    body = encode(session_body("openai-chat", 10, screenshot(10)))
+    outcome = prune_request(url_for("openai-chat"), {}, body, rules_with(max_images=8, low_water=0.5), memory=Broken())
+    assert outcome.record is not None and outcome.record.reason is None and outcome.record.images_after == 4

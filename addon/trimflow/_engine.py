@@ -264,7 +264,10 @@ def _prune(
     if memory is not None and limits.low_water is not None and images:
         # The cache-aware cut needs the conversation's last cut now, so the history is digested first.
         known = history()
-        recalled = memory.recall(known) if known is not None else None
+        try:
+            recalled = memory.recall(known) if known is not None else None
+        except Exception:  # noqa: BLE001 - the conversation's memory lost, never the request: it is cut on its own
+            recalled = None
         if recalled is not None:
             held = recalled.cut
             cold = limits.cache_ttl is not None and recalled.idle > limits.cache_ttl
