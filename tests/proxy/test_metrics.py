@@ -49,6 +49,23 @@ async def test_sse_responses_stream_through_and_usage_is_read(addon, tmp_path) -
     assert (record["usage_cache_read_tokens"], record["usage_cache_write_tokens"], record["usage_output_tokens"]) == (300, None, 9)
 
 
+async def test_a_client_that_hangs_up_after_the_last_event_still_gets_status_and_usage_recorded(addon, tmp_path) -> None:
+    """Codex closes the connection once it has read response.completed: the flow ends in an error, but the
+    answer went through, and the usage in it is what the provider billed."""
+    addon.tctx.configure(addon, trimflow_metrics=str(tmp_path / "m.jsonl"))
+    flow = llm_flow("openai-responses")
+    await requested(addon, flow)
+    flow.response = tutils.tresp(content=None, headers=http.Headers(content_type="text/event-stream"))
+    addon.responseheaders(flow)
+    flow.response.stream(b'event: response.completed\ndata: {"response":{"usage":{"input_tokens":2100,"output_tokens":7}}}\n\n')
+    flow.error = tflow.terr("Client disconnected.")
+    addon.error(flow)
+    await answer_sent()
+    record = orjson.loads((tmp_path / "m.jsonl").read_bytes())
+    assert (record["status"], record["usage_input_tokens"], record["usage_output_tokens"]) == (200, 2100, 7)
+    assert record["error"] == "Client disconnected."
+
+
 async def test_a_streaming_path_streams_whatever_the_content_type_says(addon) -> None:
     flow = llm_flow("gemini", host="generativelanguage.googleapis.com", path=PATHS["gemini"].replace(":generateContent", ":streamGenerateContent"))
     await requested(addon, flow)

@@ -103,6 +103,13 @@ class Metrics:
         record = self.flows.settle(flow, state)
         if record is not None and record.status is None:
             state.error = flow.error.msg if flow.error else "error"
+            response = flow.response
+            if response is not None:
+                # The answer had begun: an agent may hang up once it has read the final event (Codex does), and
+                # what streamed through before that, its status and usage, is still what the provider said.
+                record.status = response.status_code
+                if isinstance(response.stream, AnswerScanner):
+                    _set_usage(record, response.stream.usage)
             write(flow, state)
             self._finish(record, state.error)
 
