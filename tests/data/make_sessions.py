@@ -24,32 +24,13 @@ import orjson
 from trimflow.testing import FakeProvider, image
 from trimflow.testing._agent_script import AgentScript
 
-ROOT = Path(__file__).resolve().parents[2]
+from ..e2e.agent_session import CODEX_CONFIG, SIDE_TRAFFIC_OFF, TOOLS_BIN
+
 OUT = Path(__file__).resolve().parent / "sessions"
-TOOLS_BIN = ROOT / ".tools" / "node_modules" / ".bin"
 PROMPT = "Look at the screenshots in this folder, one at a time."
 FINAL = "All screenshots seen."
 LONG = 400  # characters: a longer text in a line without images is shortened
-SIDE_TRAFFIC_OFF = {
-    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-    "DISABLE_AUTOUPDATER": "1",
-    "DISABLE_TELEMETRY": "1",
-    "DISABLE_ERROR_REPORTING": "1",
-    "GEMINI_CLI_TRUST_WORKSPACE": "true",
-    "GEMINI_CLI_NO_RELAUNCH": "true",
-}
-CODEX_CONFIG = """check_for_update_on_startup = false
-[analytics]
-enabled = false
-[feedback]
-enabled = false
-[otel]
-exporter = "none"
-[features]
-plugins = false
-remote_plugin = false
-apps = false
-"""
+GEMINI_ENV = {"GEMINI_CLI_TRUST_WORKSPACE": "true", "GEMINI_CLI_NO_RELAUNCH": "true"}
 GEMINI_SETTINGS = '{"security": {"auth": {"selectedType": "gemini-api-key"}}, "privacy": {"usageStatisticsEnabled": false}}'
 
 
@@ -71,6 +52,7 @@ def run(agent: str, work: Path, shots: int, *args: str) -> None:
             "HOME": str(home),
             "LANG": "C.UTF-8",
             **SIDE_TRAFFIC_OFF,
+            **GEMINI_ENV,
             "ANTHROPIC_API_KEY": "sk-ant-fixture",
             "ANTHROPIC_BASE_URL": provider.url,
             "OPENAI_API_KEY": "sk-fixture",

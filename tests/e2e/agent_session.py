@@ -35,6 +35,26 @@ from .helpers import decode_b64
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS_BIN = ROOT / ".tools" / "node_modules" / ".bin"
+# Claude Code's side traffic off: no telemetry, update check or error report tries the (absent) network.
+SIDE_TRAFFIC_OFF = {
+    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    "DISABLE_AUTOUPDATER": "1",
+    "DISABLE_TELEMETRY": "1",
+    "DISABLE_ERROR_REPORTING": "1",
+}
+# Codex's config.toml with its side traffic off.
+CODEX_CONFIG = """check_for_update_on_startup = false
+[analytics]
+enabled = false
+[feedback]
+enabled = false
+[otel]
+exporter = "none"
+[features]
+plugins = false
+remote_plugin = false
+apps = false
+"""
 
 
 def digest(data: bytes) -> str:

@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 import pytest
 
-from .agent_session import ROOT, TOOLS_BIN
+from .agent_session import CODEX_CONFIG, ROOT, SIDE_TRAFFIC_OFF, TOOLS_BIN
 
 pytestmark = pytest.mark.e2e
 
@@ -31,26 +31,7 @@ SETUP = ROOT / "scripts" / "setup"
 PROMPT = "Look at the screenshots in this folder, one at a time."
 FINAL = "All screenshots seen: the dialog moved each time."
 
-# Side traffic off: no telemetry, update check or error report tries the (absent) network.
-CLAUDE_ENV = {
-    "ANTHROPIC_API_KEY": "sk-ant-test-agent-cli",
-    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-    "DISABLE_AUTOUPDATER": "1",
-    "DISABLE_TELEMETRY": "1",
-    "DISABLE_ERROR_REPORTING": "1",
-}
-CODEX_CONFIG = """check_for_update_on_startup = false
-[analytics]
-enabled = false
-[feedback]
-enabled = false
-[otel]
-exporter = "none"
-[features]
-plugins = false
-remote_plugin = false
-apps = false
-"""
+CLAUDE_ENV = {"ANTHROPIC_API_KEY": "sk-ant-test-agent-cli", **SIDE_TRAFFIC_OFF}
 CODEX_ENV = {"OPENAI_API_KEY": "sk-test-agent-cli", "CODEX_HOME": "{work}/codex"}
 # gpt-5 (a model Codex has no metadata for): its tools come as functions, view_image among them.
 CODEX_EXEC = ["exec", "--skip-git-repo-check", "-m", "gpt-5", "--", PROMPT]

@@ -20,32 +20,14 @@ from typing import Any
 import orjson
 import pytest
 
-from .agent_session import ROOT, TOOLS_BIN
+from .agent_session import CODEX_CONFIG, ROOT, SIDE_TRAFFIC_OFF, TOOLS_BIN
 
 pytestmark = pytest.mark.e2e
 
 PROMPT = "Look at the screenshots in this folder, one at a time."
 FINAL = "All screenshots seen: the dialog moved each time."
 SHOTS = 16
-SIDE_TRAFFIC_OFF = {
-    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-    "DISABLE_AUTOUPDATER": "1",
-    "DISABLE_TELEMETRY": "1",
-    "DISABLE_ERROR_REPORTING": "1",
-}
 CLAUDE_ENV = {"ANTHROPIC_API_KEY": "sk-ant-test-repair", "ANTHROPIC_BASE_URL": "{provider}", **SIDE_TRAFFIC_OFF}
-CODEX_CONFIG = """check_for_update_on_startup = false
-[analytics]
-enabled = false
-[feedback]
-enabled = false
-[otel]
-exporter = "none"
-[features]
-plugins = false
-remote_plugin = false
-apps = false
-"""
 # A provider of its own over HTTP: every turn sends the whole history (the built-in one would try a WebSocket first).
 CODEX_PROVIDER = [
     "-c",
