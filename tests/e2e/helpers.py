@@ -11,6 +11,7 @@ import base64
 import binascii
 import http.client
 import ssl
+import subprocess
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -29,7 +30,7 @@ except ImportError:
 from trimflow import FORMATS
 from trimflow.testing import FakeProvider, Received, b64, image, session_body
 
-from ..mitmdump import Mitmdump
+from ..mitmdump import ADDON, Mitmdump, free_port, mitmdump_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -312,3 +313,31 @@ def open_connection(port: int, *, tunnel: tuple[str, int] | None = None, context
     conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=30, context=context)
     conn.set_tunnel(*tunnel)
     return conn
+
+
+# --- a mitmdump that must refuse to start ---------------------------------------------------------------------
+
+
+def start_wrong(workdir: Path, *args: str) -> tuple[int, list[str]]:
+    """mitmdump's exit code and its output lines, but the one saying it loads the script."""
+    done = subprocess.run(
+        [
+            mitmdump_binary(),
+            "--listen-host",
+            "127.0.0.1",
+            "--listen-port",
+            str(free_port()),
+            "--set",
+            f"confdir={workdir / 'confdir'}",
+            "-s",
+            str(ADDON),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=workdir,
+        stdin=subprocess.DEVNULL,
+    )
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip() and "Loading script" not in line]
+    return done.returncode, lines

@@ -5,41 +5,16 @@ Bad patterns in a rules file are a warning, once, and the proxy runs."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from ..mitmdump import ADDON, Mitmdump, free_port, mitmdump_binary
+from ..mitmdump import Mitmdump
+from .helpers import start_wrong
 
 pytestmark = pytest.mark.e2e
 
 BOOL_HINT = "(--set trimflow_keep_memory=false; --set trimflow_keep_memory alone means true)"
-
-
-def start_wrong(workdir: Path, *args: str) -> tuple[int, list[str]]:
-    """mitmdump's exit code and its output lines, but the one saying it loads the script."""
-    done = subprocess.run(
-        [
-            mitmdump_binary(),
-            "--listen-host",
-            "127.0.0.1",
-            "--listen-port",
-            str(free_port()),
-            "--set",
-            f"confdir={workdir / 'confdir'}",
-            "-s",
-            str(ADDON),
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=workdir,
-        stdin=subprocess.DEVNULL,
-    )
-    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip() and "Loading script" not in line]
-    return done.returncode, lines
 
 
 @pytest.mark.parametrize(

@@ -36,8 +36,8 @@ from trimflow._learned import CHECK_INTERVAL
 from trimflow._profiles import load_profiles, provider_check
 from trimflow.testing import FakeProvider, Session, replay
 
-from ..mitmdump import ADDON, Mitmdump, free_port, mitmdump_binary
-from .helpers import ROOT, Proxy, image_payloads, post, session, shots, start_all, stop_all, write_rules
+from ..mitmdump import ADDON, Mitmdump, free_port
+from .helpers import ROOT, Proxy, image_payloads, post, session, shots, start_all, start_wrong, stop_all, write_rules
 
 pytestmark = pytest.mark.e2e
 
@@ -459,26 +459,7 @@ def test_a_taken_metrics_port_is_one_line_and_mitmdump_exits_before_listening(tm
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        done = subprocess.run(
-            [
-                mitmdump_binary(),
-                "--listen-host",
-                "127.0.0.1",
-                "--listen-port",
-                str(free_port()),
-                "--set",
-                f"confdir={tmp_path}",
-                "-s",
-                str(ADDON),
-                "--set",
-                f"trimflow_prometheus=127.0.0.1:{port}",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            stdin=subprocess.DEVNULL,
-        )
-    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip() and "Loading script" not in line]
-    assert done.returncode != 0
+        code, lines = start_wrong(tmp_path, "--set", f"trimflow_prometheus=127.0.0.1:{port}")
+    assert code != 0
     assert lines[-1] == f"trimflow: trimflow_prometheus: cannot listen on 127.0.0.1:{port}: Address already in use"
     assert not [line for line in lines if "listening" in line or "Traceback" in line], lines  # it never listened
