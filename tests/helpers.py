@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import importlib.util
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from mitmproxy import addonmanager, ctx, hooks
@@ -16,6 +18,19 @@ from mitmproxy.proxy.layers import websocket as websocket_layer
 from trimflow import Limits, proxy
 from trimflow._rules import Rules, RulesFile, builtin_rules
 from trimflow.testing import PATHS
+
+T = TypeVar("T")
+
+
+def wait_for(condition: Callable[[], T], what: str, timeout: float = 60.0) -> T:
+    """`condition()`'s first true value, polled; fails naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
+        time.sleep(0.05)
 
 
 def rules_with(**limits: Any) -> Rules:

@@ -31,7 +31,7 @@ from . import _document, _jsoncodec
 from ._conversation import COUNT_TOKENS, WARMUP, History, Recall, history_of, session_key
 from ._imageinfo import sniff_media
 from ._placeholder import MediaFacts
-from ._policy import BODY, CACHE, COUNT_CAP, IMAGE_LIMIT, REPEAT, TOKENS, Limits, NeedsWorker, Plan, nothing_to_change
+from ._policy import BODY, CACHE, COUNT_CAP, IMAGE_LIMIT, REPEAT, TOKENS, Limits, NeedsWorker, Plan, changed_fields, nothing_to_change
 from ._record import Record, utc_timestamp
 from ._rules import Rules, Target
 from ._sizes import format_size
@@ -48,8 +48,9 @@ MODES = (ENFORCE, OBSERVE)
 INLINE_MAX_BODY = 16 * 2**20
 INLINE_MAX_WHOLE = 2**20
 
-# Limits to apply instead of the rule's for a request to (host, model): the proxy's learned limits (trimflow._learned).
-Tighten = Callable[[str, str | None, Limits], Limits]
+# Limits to apply instead of the rule's for a request's model: the learned limits of the upstream the caller sends
+# it to (trimflow._learned), bound by the caller, which alone knows where the request goes.
+Tighten = Callable[[str | None, Limits], Limits]
 
 
 class Outcome:
@@ -150,7 +151,8 @@ def prune(
     """Apply the rules to one request whose Target the caller resolved (Rules.target).
 
     With `inline`, raises NeedsWorker instead of starting slow work (see the module's docstring).
-    `tighten(host, model, limits)`, when given, gives the limits to apply instead of the rule's (learned limits).
+    `tighten(model, limits)`, when given, gives the limits to apply instead of the rule's (learned limits); the
+    record's `learned_limits` names the fields it changed.
     `memory`: the conversations the caller numbers turns in; with it, a rule with `low_water` holds the
     conversation's last cut and knows when its cache went cold. The caller then numbers the turn with
     the outcome's `cut` (Conversations.assign). Without it, each request is cut on its own.
@@ -233,8 +235,11 @@ def _prune(
     counted = counted_turn_path(fmt, path)
     # A token count is pruned as the turn it measures, so it counts what that turn will send.
     limits = rules.limits_for(host, path if counted is None else counted, model)
+    learned_limits = None
     if tighten is not None:
-        limits = tighten(host, model, limits)
+        ruled, limits = limits, tighten(model, limits)
+        if limits is not ruled:
+            learned_limits = changed_fields(ruled, limits)
     media = [doc.resolve(m) for m in module.find_media(parsed)]
     images = [m for m in media if m.kind == IMAGE]
     media_bytes = sum(m.wire_bytes for m in media)
@@ -247,6 +252,7 @@ def _prune(
         elif fmt == openai_responses.NAME and openai_responses.is_warmup(parsed):
             record.kind = WARMUP
         _fill(record, plan, len(media) - len(images), media_bytes, len(body), out)
+        record.learned_limits = learned_limits
         if is_sigv4(headers):
             record.mode, record.reason = OBSERVE, "SigV4-signed body: any change would break its signature"
         if fmt == openai_responses.NAME:

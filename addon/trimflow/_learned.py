@@ -1,27 +1,34 @@
 """Learned limits: what providers' answers said their limits are, kept so that later requests are within them
 before they are sent.
 
-A YAML file a person can read, edit and delete (or none: in memory only). Each entry holds a host, a model
-(none: every model at that host), a Limits field, its value, the answer's text that named it and when.
-`tighten` applies the entries for a request on top of the limits its rule gives: a learned limit only ever
-tightens, never loosens a rule. The file is reloaded when it changes on disk (checked at most once a
-second), and `learn` merges into what is on disk at that moment and replaces the file in one rename, under an
-exclusive lock on the file (flock), so trimflow processes sharing it, on one machine or on shared storage
-behind a balancer, keep each other's entries and see them within a second. Pure Python, no mitmproxy.
+Each entry holds the upstream it was learned from (scheme, host and port of the server trimflow connected
+to: `upstream_key`), a model (none: every model there), a Limits field, its value, where the number came
+from and when. `tighten` applies the entries for a request on top of the limits its rule gives: a learned
+limit only ever tightens a rule, never goes under a floor (`FLOORS`: the newest image is always sent), and
+lapses after a time to live.
+
+The entries live in memory; a YAML file a person can read, edit and delete (or none) keeps them across
+restarts and shares them between processes. All file work happens in one worker thread, never in the
+caller's: it looks at the file about once a second and reloads it when it changed, and writes what this
+process learned merged into what is on disk, replacing the file in one rename, under an exclusive lock that
+it only ever tries to take (another process holding it delays the write, never a request). A file that
+cannot be read or parsed is never written over; a symbolic link is followed, so a shared file stays
+shared. Pure Python, no mitmproxy.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import datetime
+import errno
 import logging
 import os
+import stat
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,207 +49,448 @@ log = logging.getLogger("trimflow")
 
 FILE_NAME = "trimflow-learned.yaml"  # in mitmproxy's confdir, by default
 CHECK_INTERVAL = 1.0  # seconds between two looks at the file: what another process learned applies here within it
-# The Limits fields an answer can teach, and the smallest value each may take.
-LEARNABLE: Mapping[str, int] = {
-    "max_images": 0,
-    "max_body_bytes": 0,
-    "max_image_bytes": 1024,
-    "max_image_side": 16,
+DEFAULT_TTL = 7 * 24 * 3600.0  # a limit is learned again after a week: providers raise limits, and a wrong entry heals
+MAX_PER_UPSTREAM = 64  # entries kept for one upstream: its models times the fields they taught
+MAX_ENTRIES = 1024  # entries kept in all
+LOCK_PATIENCE = 2.0  # seconds the writer tries for the file's lock before it leaves the write for its next round
+# The Limits fields an answer can teach, and the lowest value each may take: a figure under its floor says more
+# about the answer (an echoed "0", a misconfigured gateway) than about the provider, and is not learned.
+FLOORS: Mapping[str, int] = {
+    "max_images": 1,  # the newest image is always sent
+    "keep_recent": 1,
+    "max_body_bytes": 64 * 1024,
+    "max_image_bytes": 16 * 1024,  # about a 256 px screenshot's base64
+    "max_image_side": 256,
+    "many_images_max_side": 256,
     "many_images_threshold": 0,
-    "many_images_max_side": 16,
-    "keep_recent": 0,
 }
 _HEADER = """\
 # Limits trimflow learned from providers' answers (docs/recovery.md). Each applies to later requests to
-# its host (and model; none: every model), on top of the rules, and only ever tightens them. Edit or
-# delete entries freely: trimflow reloads this file within a second. `source` is the answer's text
-# that named the limit; `learned` is when (UTC).
+# its upstream (and model; none: every model), on top of the rules, and only ever tightens them, until it
+# expires. Edit or delete entries freely: trimflow reloads this file within a second; `python -m trimflow
+# learned` lists and forgets them. `source` says which answer named the limit; `learned` is when (UTC).
 """
-_ENTRY_KEYS = ("host", "model", "limit", "value", "source", "learned")
+_ENTRY_KEYS = ("upstream", "model", "limit", "value", "source", "learned")
+_LEGACY_KEYS = ("host",)  # entries keyed by the Host header alone: any client could name any host
+
+
+def upstream_key(scheme: str, host: str, port: int) -> str:
+    """The upstream a limit is learned from and applied to: "https://api.openai.com:443"."""
+    host = host.lower().strip("[]")
+    return f"{scheme.lower()}://{f'[{host}]' if ':' in host else host}:{port}"
 
 
 @dataclass(frozen=True, slots=True)
 class Entry:
-    host: str
-    model: str | None  # None: every model at the host
+    upstream: str
+    model: str | None  # None: every model at the upstream
     limit: str  # a Limits field
     value: int
     source: str = ""
-    learned: str = ""
+    learned: str = ""  # when, UTC ISO 8601
+    learned_at: float = field(default=0.0, compare=False, repr=False)  # `learned` in seconds since the epoch; 0: unreadable, old
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "learned_at", _epoch(self.learned))
 
     @property
     def key(self) -> tuple[str, str | None, str]:
-        return (self.host, self.model, self.limit)
+        return (self.upstream, self.model.lower() if self.model is not None else None, self.limit)
 
     def to_yaml(self) -> dict[str, object]:
-        return {"host": self.host, "model": self.model, "limit": self.limit, "value": self.value, "source": self.source, "learned": self.learned}
+        return {
+            "upstream": self.upstream,
+            "model": self.model,
+            "limit": self.limit,
+            "value": self.value,
+            "source": self.source,
+            "learned": self.learned,
+        }
+
+
+def _epoch(iso: str) -> float:
+    try:
+        when = datetime.datetime.fromisoformat(iso.replace("Z", "+00:00"))
+    except ValueError:
+        return 0.0
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.UTC)
+    return when.timestamp()
+
+
+def tighter(old: Entry | None, new: Entry) -> bool:
+    return old is None or new.value < old.value
+
+
+def bounded(entries: Iterable[Entry], per_upstream: int = MAX_PER_UPSTREAM, total: int = MAX_ENTRIES) -> dict[tuple[str, str | None, str], Entry]:
+    """`entries` cut to the bounds, the oldest going first: each upstream keeps at most `per_upstream`, and while
+    there are more than `total`, the upstream with the most entries loses its oldest, so that one upstream's
+    flood of model names never pushes another's entries out."""
+    groups: dict[str, list[Entry]] = {}
+    for entry in sorted(entries, key=lambda e: e.learned_at, reverse=True):
+        group = groups.setdefault(entry.upstream, [])
+        if len(group) < per_upstream:
+            group.append(entry)
+    count = sum(len(g) for g in groups.values())
+    while count > total:
+        largest = max(groups.values(), key=len)
+        largest.pop()  # newest first: the last is the oldest
+        count -= 1
+    return {e.key: e for group in groups.values() for e in group}
 
 
 class LearnedLimits:
-    """The learned limits of one file (`path`), or in memory only (`path` None). Safe to use from any thread."""
+    """The learned limits of one file (`path`), or in memory only (`path` None). Safe to use from any thread; with a
+    file, `start` starts the worker thread that reads and writes it, and `close` stops it."""
 
-    def __init__(self, path: str | os.PathLike[str] | None, *, check_interval: float = CHECK_INTERVAL) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None,
+        *,
+        ttl: float | None = DEFAULT_TTL,
+        check_interval: float = CHECK_INTERVAL,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.path = Path(path) if path else None
+        self.ttl = ttl
         self.check_interval = check_interval
-        self._lock = threading.Lock()
+        self.clock = clock
+        self._lock = threading.Lock()  # held for dict work only, never across file work
         self._entries: dict[tuple[str, str | None, str], Entry] = {}
-        self._stamp: tuple[int, int, int] | None = None
-        self._next_check = 0.0
-        if self.path is not None:
-            self._stamp = _stat(self.path)
-            if self._stamp is not None:
-                self._entries = {e.key: e for e in load_learned(self.path)}  # a bad file at start is the caller's error
-            self._next_check = time.monotonic() + check_interval
-        self._index = _by_host(self._entries.values())
+        self._pending: dict[tuple[str, str | None, str], Entry] = {}  # learned here, not yet in the file
+        self._index: dict[str, tuple[Entry, ...]] = {}  # replaced whole: a reader needs no lock
+        self._file = LearnedFile(self.path) if self.path is not None else None
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._loaded = threading.Event()
+        self._thread: threading.Thread | None = None
+        if self._file is None:
+            self._loaded.set()
+
+    # -- lifecycle
+
+    def start(self, wait: float = 2.0) -> bool:
+        """Start the worker thread, which reads the file at once; wait up to `wait` seconds for that first read.
+        Returns whether it was read in that time (a file on a hung mount is read when it answers)."""
+        if self._file is None or self._thread is not None:
+            return True
+        self._thread = threading.Thread(target=self._run, name="trimflow-learned", daemon=True)
+        self._thread.start()
+        return self._loaded.wait(wait)
+
+    def close(self, wait: float = LOCK_PATIENCE + 1.0) -> None:
+        """Write what is still pending (one try) and stop the worker thread."""
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(wait)
+        self._thread = None
+
+    def sync(self) -> None:
+        """One round of the worker's file work, in the caller's thread: for tests and the command line."""
+        if self._file is not None:
+            self._round()
+
+    # -- reading
 
     @property
     def entries(self) -> tuple[Entry, ...]:
-        self._refresh()
-        return tuple(self._entries.values())
+        """Every entry held now, expired ones included."""
+        with self._lock:
+            return tuple(self._entries.values())
 
-    def tighten(self, host: str, model: str | None, limits: Limits) -> Limits:
-        """`limits` with the entries for this host and model applied, each only where it is tighter."""
-        tighter: dict[str, Any] = dict(self.applied(host, model, limits))
-        if not tighter:
+    def live(self) -> tuple[Entry, ...]:
+        """The entries that apply now."""
+        now = self.clock()
+        return tuple(e for e in self.entries if not self.expired(e, now))
+
+    def expired(self, entry: Entry, now: float | None = None) -> bool:
+        return self.ttl is not None and entry.learned_at + self.ttl <= (self.clock() if now is None else now)
+
+    def tighten(self, upstream: str, model: str | None, limits: Limits) -> Limits:
+        """`limits` with the entries for this upstream and model applied, each only where it is tighter."""
+        fields: dict[str, Any] = dict(self.applied(upstream, model, limits))
+        if not fields:
             return limits
-        if tighter.get("many_images_max_side") is not None and limits.many_images_threshold is None and "many_images_threshold" not in tighter:
-            tighter["many_images_threshold"] = 0  # the pair only works together
-        return dataclasses.replace(limits, **tighter)
+        if fields.get("many_images_max_side") is not None and limits.many_images_threshold is None and "many_images_threshold" not in fields:
+            fields["many_images_threshold"] = 0  # the pair only works together
+        return replace(limits, **fields)
 
-    def applied(self, host: str, model: str | None, limits: Limits) -> dict[str, int]:
-        """The fields the learned entries would tighten in `limits` for this host and model, with their values."""
-        self._refresh()
-        entries = self._index.get(host.lower())
+    def applied(self, upstream: str, model: str | None, limits: Limits) -> dict[str, int]:
+        """The fields the live entries would tighten in `limits` for this upstream and model, with their values."""
+        entries = self._index.get(upstream)
         if not entries:
             return {}
-        tighter: dict[str, int] = {}
+        now = self.clock()
+        wanted = model.lower() if model is not None else None
+        out: dict[str, int] = {}
         for entry in entries:
-            if entry.model is not None and (model is None or entry.model.lower() != model.lower()):
+            if entry.model is not None and entry.model.lower() != wanted:
                 continue
-            current = tighter.get(entry.limit, getattr(limits, entry.limit))
+            if self.expired(entry, now):
+                continue
+            current = out.get(entry.limit, getattr(limits, entry.limit))
             if current is None or entry.value < current:
-                tighter[entry.limit] = entry.value
-        return tighter
+                out[entry.limit] = entry.value
+        return out
 
-    def learn(self, host: str, model: str | None, fields: Mapping[str, int], source: str) -> list[Entry]:
-        """Keep `fields` (Limits field -> value) for `host` (and `model`; None: every model), each unless an
-        entry already holds it as tight or tighter. Returns the entries added or tightened; the file is
-        replaced with what is on disk now plus them."""
-        when = utc_timestamp()
-        with self._lock, _locked(self.path):
-            if self.path is not None:
-                self._reload_locked(force=True)
-            changed = []
-            for limit, value in fields.items():
-                if limit not in LEARNABLE:
-                    raise ValueError(f"{limit} is not a limit trimflow learns")
-                entry = Entry(host.lower(), model, limit, int(value), source, when)
+    # -- learning
+
+    def learn(self, upstream: str, model: str | None, fields: Mapping[str, int], source: str) -> list[Entry]:
+        """Keep `fields` (Limits field -> value) for `upstream` (and `model`; None: every model), each unless a live
+        entry already holds it as tight or tighter. Returns the entries added or tightened. No file work here: the
+        worker thread writes them. ValueError for a field that cannot be learned or a value under its floor."""
+        when = utc_timestamp(self.clock())
+        now = self.clock()
+        new = []
+        for limit, value in fields.items():
+            if limit not in FLOORS:
+                raise ValueError(f"{limit} is not a limit trimflow learns")
+            if int(value) < FLOORS[limit]:
+                raise ValueError(f"{limit}={value} is under the floor of {FLOORS[limit]}")
+            new.append(Entry(upstream, model, limit, int(value), source, when))
+        changed = []
+        with self._lock:
+            for entry in new:
                 old = self._entries.get(entry.key)
-                if old is None or entry.value < old.value:
-                    self._entries[entry.key] = entry
+                if old is not None and self.expired(old, now):
+                    old = None
+                if tighter(old, entry):
+                    self._entries[entry.key] = self._pending[entry.key] = entry
                     changed.append(entry)
             if changed:
-                self._index = _by_host(self._entries.values())
-                if self.path is not None:
-                    try:
-                        self._write_locked()
-                    except OSError as exc:  # kept in memory: the file is only where it lasts
-                        log.error("trimflow: cannot write learned limits to %s: %s", self.path, exc.strerror or type(exc).__name__)
+                self._entries = bounded(self._entries.values())
+                self._reindex()
+        if changed and self._file is not None:
+            self._wake.set()
         return changed
 
-    # -- the file
+    def _reindex(self) -> None:
+        index: dict[str, list[Entry]] = {}
+        for entry in self._entries.values():
+            index.setdefault(entry.upstream, []).append(entry)
+        self._index = {k: tuple(v) for k, v in index.items()}
 
-    def _refresh(self) -> None:
-        if self.path is None or time.monotonic() < self._next_check:
-            return
-        with self._lock:
-            self._reload_locked(force=False)
+    # -- the worker thread
 
-    def _reload_locked(self, force: bool) -> None:
-        """Read the file when it changed (`force`: whatever its stamp says: another process may have replaced it
-        within the stamp's resolution, with a file of the same size on a reused inode)."""
-        assert self.path is not None
-        now = time.monotonic()
-        if not force and now < self._next_check:
-            return
-        self._next_check = now + self.check_interval
-        stamp = _stat(self.path)
-        if stamp == self._stamp and (stamp is None or not force):
-            return  # (no file still: what an unwritable file kept in memory stays)
-        self._stamp = stamp
-        if stamp is None:  # deleted: a person forgot every learned limit
-            self._entries = {}
-        else:
+    def _run(self) -> None:
+        while True:
             try:
-                self._entries = {e.key: e for e in load_learned(self.path)}
-            except RulesError as exc:
-                log.error("trimflow: %s; keeping the learned limits read before", exc)
+                self._round()
+            except Exception as exc:  # noqa: BLE001 - the thread must outlive one bad round; requests never wait on it
+                log.error("trimflow: learned limits: internal error %s", type(exc).__name__)
+            self._loaded.set()
+            if self._stop.is_set():
                 return
-            log.info("trimflow: learned limits reloaded from %s (%d)", self.path, len(self._entries))
-        self._index = _by_host(self._entries.values())
+            self._wake.wait(self.check_interval)
+            self._wake.clear()
 
-    def _write_locked(self) -> None:
-        assert self.path is not None
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        entries = sorted(self._entries.values(), key=lambda e: (e.host, e.model or "", e.limit))
-        text = _HEADER + yaml.safe_dump({"learned": [e.to_yaml() for e in entries]}, sort_keys=False, allow_unicode=True, width=1000)
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
+    def _round(self) -> None:
+        assert self._file is not None
+        disk = self._file.read_if_changed()
+        if disk is not None:
+            self._take(disk)
+        with self._lock:
+            pending = dict(self._pending)
+        if pending and self._file.writable():
+            written = self._file.merge_and_write(pending, self.clock(), self.ttl)
+            if written is not None:
+                self._take(written, written_here=pending)
+
+    def _take(self, disk: dict[tuple[str, str | None, str], Entry], written_here: Mapping[tuple[str, str | None, str], Entry] | None = None) -> None:
+        """What is on disk now becomes the entries, with what this process learned and has not yet written on top."""
+        with self._lock:
+            if written_here is not None:
+                for key, entry in written_here.items():
+                    if self._pending.get(key) == entry:
+                        del self._pending[key]
+            merged = dict(disk)
+            for key, entry in self._pending.items():
+                if tighter(merged.get(key), entry):
+                    merged[key] = entry
+            self._entries = bounded(merged.values())
+            self._reindex()
+
+
+class LearnedFile:
+    """The file behind LearnedLimits, used from its worker thread only."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._stamp: tuple[int, int, int] | None = None
+        self._problem: str | None = None  # why the file is not written: it could not be read or parsed
+        self._said: set[str] = set()  # problems already logged
+
+    def target(self) -> Path:
+        """The file a write replaces: the link's target when the path is a symbolic link (a shared file stays shared)."""
+        return Path(os.path.realpath(self.path))
+
+    def writable(self) -> bool:
+        return self._problem is None
+
+    def read_if_changed(self) -> dict[tuple[str, str | None, str], Entry] | None:
+        """The file's entries when it changed since the last look (an empty dict when it is gone), else None."""
+        stamp = _stat(self.path)
+        if stamp == self._stamp:
+            return None
+        self._stamp = stamp
+        if stamp is None:
+            self._problem = None
+            return {}  # deleted: a person forgot every learned limit
         try:
-            os.fchmod(fd, _mode_of(self.path))
-            with os.fdopen(fd, "w", encoding="utf-8") as out:
-                out.write(text)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, self.path)  # a reader sees the old file or the new one, never half of one
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        self._stamp = _stat(self.path)
+            entries = self.read()
+        except RulesError as exc:
+            self._problem = str(exc)
+            self._say(f"trimflow: {exc}; the file is left as it is and what is learned now is kept in memory only")
+            return None
+        if self._problem is not None:
+            log.info("trimflow: learned limits file %s is readable again", self.path)
+        self._problem = None
+        return entries
+
+    def read(self) -> dict[tuple[str, str | None, str], Entry]:
+        text = _read_regular(self.path)
+        reader = _LearnedReader(os.fspath(self.path))
+        entries = reader.parse(text) if text.strip() else []
+        for warning in reader.warnings:
+            self._say(f"trimflow: {warning}")
+        return {e.key: e for e in entries}
+
+    def merge_and_write(
+        self, pending: Mapping[tuple[str, str | None, str], Entry], now: float, ttl: float | None
+    ) -> dict[tuple[str, str | None, str], Entry] | None:
+        """Under the file's lock: what is on disk, with `pending` merged in, expired entries dropped and the bounds
+        applied, replaces the file. Returns what was written; None when the lock could not be had or the file could
+        not be read or written (then nothing was changed)."""
+        target = self.target()
+        try:
+            return self._merge_and_write_locked(target, pending, now, ttl)
+        except RulesError as exc:  # the path became something other than a regular file
+            self._problem = str(exc)
+            self._say(f"trimflow: {exc}; the file is left as it is and what is learned now is kept in memory only")
+            return None
+
+    def _merge_and_write_locked(
+        self, target: Path, pending: Mapping[tuple[str, str | None, str], Entry], now: float, ttl: float | None
+    ) -> dict[tuple[str, str | None, str], Entry] | None:
+        with locked(target) as held:
+            if not held:
+                self._say(f"trimflow: learned limits file {self.path} stays locked by another process; what is learned is kept in memory for now")
+                return None
+            try:
+                disk = self.read() if _stat(self.path) is not None else {}
+            except RulesError as exc:
+                self._problem = str(exc)
+                self._say(f"trimflow: {exc}; the file is left as it is and what is learned now is kept in memory only")
+                return None
+            merged = dict(disk)
+            for key, entry in pending.items():
+                if tighter(merged.get(key), entry):
+                    merged[key] = entry
+            if ttl is not None:
+                merged = {k: e for k, e in merged.items() if e.learned_at + ttl > now}
+            kept = bounded(merged.values())
+            try:
+                write_entries(target, kept.values())
+            except OSError as exc:
+                self._say(f"trimflow: cannot write learned limits to {self.path}: {exc.strerror or type(exc).__name__}; kept in memory")
+                return None
+            self._stamp = _stat(self.path)
+            return kept
+
+    def _say(self, line: str) -> None:
+        """Log `line` once: a file that stays broken or locked is one line, not one a second."""
+        if line not in self._said:
+            self._said.add(line)
+            log.error("%s", line)
 
 
-@contextmanager
-def _locked(path: Path | None) -> Iterator[None]:
-    """Holds an exclusive lock on the file at `path` (made empty when missing) across processes. The lock is on the
-    file, which a writer replaces: a lock taken on a file replaced meanwhile is let go and taken on the new one. On
-    NFS, Linux takes a flock as a lock on the whole file at the server, so instances on several machines exclude
-    each other too. A file that cannot be opened for writing is not locked (the write that follows fails and says so)."""
-    if path is None or fcntl is None:
-        yield
+def write_entries(target: Path, entries: Iterable[Entry]) -> None:
+    """Replace `target` (no link: the caller resolved it) with `entries`, in one rename; the mode of the file it
+    replaces is kept, a new one is the owner's alone."""
+    target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    ordered = sorted(entries, key=lambda e: (e.upstream, e.model or "", e.limit))
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    text = _HEADER + yaml.dump({"learned": [e.to_yaml() for e in ordered]}, Dumper=dumper, sort_keys=False, allow_unicode=True, width=1000)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        os.fchmod(fd, _mode_of(target))
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, target)  # a reader sees the old file or the new one, never half of one
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@contextlib.contextmanager
+def locked(path: Path, patience: float = LOCK_PATIENCE) -> Iterator[bool]:
+    """Tries for an exclusive lock on the file at `path` (made empty, owner-only, when missing) for up to `patience`
+    seconds without ever blocking on it; yields whether it is held. The lock is on the file, which a writer
+    replaces: a lock taken on a file replaced meanwhile is let go and taken on the new one. A file that cannot be
+    opened for writing is not locked (the write that follows fails and says so)."""
+    if fcntl is None:
+        yield True
         return
+    deadline = time.monotonic() + patience
+    pause = 0.01
     while True:
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0), 0o600)
         except OSError:
-            yield
+            yield True
             return
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise RulesError(os.fspath(path), None, "cannot read: not a regular file")
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise
+                if time.monotonic() + pause > deadline:
+                    yield False
+                    return
+                time.sleep(pause)  # the worker thread's own time: no request waits on it
+                pause = min(pause * 2, 0.2)
+                continue
             try:
                 current = os.stat(path).st_ino == os.fstat(fd).st_ino
             except FileNotFoundError:
                 current = False
             if current:
-                yield
+                yield True
                 return
         finally:
             os.close(fd)  # and with it the lock
 
 
+def _read_regular(path: Path) -> str:
+    """The text of the file at `path`, refused unless it is a regular file: a FIFO or a device would block the read."""
+    source = os.fspath(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise RulesError(source, None, f"cannot read: {exc.strerror or exc}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise RulesError(source, None, "cannot read: not a regular file")
+    finally:
+        os.close(fd)
+    return read_text(path, RulesError)
+
+
 def _mode_of(path: Path) -> int:
-    """The permissions a new version of the file gets: those of the one it replaces (a group sharing it keeps
-    its access), else read for all, write for the owner."""
+    """The permissions a new version of the file gets: those of the one it replaces (a group sharing it keeps its
+    access), else the owner's alone."""
     try:
         return os.stat(path).st_mode & 0o777
     except OSError:
-        return 0o644
-
-
-def _by_host(entries: Iterable[Entry]) -> dict[str, list[Entry]]:
-    index: dict[str, list[Entry]] = {}
-    for entry in entries:
-        index.setdefault(entry.host, []).append(entry)
-    return index
+        return 0o600
 
 
 def _stat(path: Path) -> tuple[int, int, int] | None:
@@ -255,14 +503,17 @@ def _stat(path: Path) -> tuple[int, int, int] | None:
 
 def load_learned(path: str | os.PathLike[str]) -> list[Entry]:
     """The entries of a learned-limits file; RulesError (file:line) when it cannot be read. An empty file has none."""
-    text = read_text(path, RulesError)
+    text = _read_regular(Path(path))
     if not text.strip():
         return []
     return _LearnedReader(os.fspath(path)).parse(text)
 
 
 class _LearnedReader(NodeReader[list[Entry]]):
+    """Reads with libyaml's parser where PyYAML has it: a file of many entries is read in a fraction of the time."""
+
     error_class = RulesError
+    loader_class = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
     def top(self, root: Node | None) -> list[Entry]:
         if root is None or self.is_null(root):
@@ -270,31 +521,48 @@ class _LearnedReader(NodeReader[list[Entry]]):
         top = self.top_mapping(root, "the learned limits file", ("learned",), "")
         if "learned" not in top:
             return []
-        return [self.entry(node) for node in self.sequence(top["learned"][1], "learned")]
+        entries = []
+        legacy = under_floor = 0
+        for node in self.sequence(top["learned"][1], "learned"):
+            fields = self.mapping(node, "a learned limit")
+            if "upstream" not in fields and any(k in fields for k in _LEGACY_KEYS):
+                legacy += 1
+                continue
+            entry = self.entry(node, fields)
+            if entry.value < FLOORS[entry.limit]:
+                under_floor += 1
+                continue
+            entries.append(entry)
+        if legacy:
+            self.warn(
+                top["learned"][1],
+                f"{legacy} entries keyed by a host name alone are ignored (a client chooses its Host header): learned again by upstream",
+            )
+        if under_floor:
+            self.warn(top["learned"][1], f"{under_floor} entries under the floors of docs/recovery.md are ignored")
+        return entries
 
-    def entry(self, node: Node) -> Entry:
-        fields = self.mapping(node, "a learned limit")
+    def entry(self, node: Node, fields: Mapping[str, tuple[Node, Node]]) -> Entry:
         self.reject_unknown(fields, _ENTRY_KEYS, "a learned limit")
-        for key in ("host", "limit", "value"):
+        for key in ("upstream", "limit", "value"):
             if key not in fields:
-                raise self.error(node, f"a learned limit has no {key}: each needs host, limit and value")
-        host = self.scalar(fields["host"][1])
-        if not isinstance(host, str) or not host.strip():
-            raise self.error(fields["host"][1], f"host must be a host name, got {self.describe(fields['host'][1])}")
+                raise self.error(node, f"a learned limit has no {key}: each needs upstream, limit and value")
+        upstream = self.scalar(fields["upstream"][1])
+        if not isinstance(upstream, str) or "://" not in upstream:
+            raise self.error(fields["upstream"][1], f"upstream must be scheme://host:port, got {self.describe(fields['upstream'][1])}")
         model = self.scalar(fields["model"][1]) if "model" in fields else None
         if model is not None and not isinstance(model, str):
             raise self.error(fields["model"][1], f"model must be a model name or null (every model), got {self.describe(fields['model'][1])}")
         limit_node = fields["limit"][1]
         limit = self.scalar(limit_node)
-        if limit not in LEARNABLE:
-            raise self.error(limit_node, f"limit must be one of {', '.join(LEARNABLE)}, got {self.describe(limit_node)}")
+        if limit not in FLOORS:
+            raise self.error(limit_node, f"limit must be one of {', '.join(FLOORS)}, got {self.describe(limit_node)}")
         value_node = fields["value"][1]
         value = self.scalar(value_node)
-        lowest = LEARNABLE[limit]
-        if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
-            raise self.error(value_node, f"value of {limit} must be a whole number >= {lowest}, got {self.describe(value_node)}")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise self.error(value_node, f"value of {limit} must be a whole number, got {self.describe(value_node)}")
         source = self.scalar(fields["source"][1]) if "source" in fields else ""
         learned = self.scalar(fields["learned"][1]) if "learned" in fields else ""
         if isinstance(learned, datetime.datetime):  # written unquoted by hand
             learned = learned.isoformat()
-        return Entry(host.strip().lower(), model, limit, value, str(source or ""), str(learned or ""))
+        return Entry(upstream.strip().lower(), model, limit, value, str(source or ""), str(learned or ""))

@@ -130,6 +130,12 @@ class Limits:
 LIMIT_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Limits) if f.metadata.get("kind"))
 
 
+def changed_fields(before: Limits, after: Limits) -> str | None:
+    """The limits `after` sets differently from `before`, as "max_images=4 keep_recent=4"; None when none."""
+    changed = [f"{name}={getattr(after, name)}" for name in LIMIT_FIELDS if getattr(after, name) != getattr(before, name)]
+    return " ".join(changed) or None
+
+
 def count_pruned(images: int, limits: Limits) -> int:
     """How many of the oldest images the image count limit prunes."""
     prunable = max(0, images - limits.keep_recent)

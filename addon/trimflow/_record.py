@@ -67,6 +67,8 @@ class Record:
     refused_status: int | None = None
     retry_reasons: str | None = None  # e.g. "too many images (max 10, from the answer)"
     retry_limits: str | None = None  # e.g. "max_images=10 keep_recent=10"
+    # The learned limits (docs/recovery.md) that applied on top of the rule, e.g. "max_images=10 keep_recent=10".
+    learned_limits: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         # Every field is a scalar: a shallow copy is what dataclasses.asdict gives, at a tenth of its cost.
@@ -108,6 +110,8 @@ class Record:
             parts.append("(observe)")
         if self.over_budget:
             parts.append("OVER BUDGET")
+        if self.learned_limits:
+            parts.append(f"learned: {self.learned_limits}")
         if self.retries:
             parts.append(f"retried: {self.retry_reasons}")
         if self.status is not None:

@@ -46,19 +46,19 @@ def parse_size(text: str | int | None) -> int | None:
     return int(value)  # truncates toward zero; value >= 0
 
 
-_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(s|m|h)?", re.IGNORECASE)
-_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600}
+_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(s|m|h|d)?", re.IGNORECASE)
+_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def parse_duration(text: str | int | float | None) -> float | None:
-    """Return the duration in seconds ("5m" is 300, a bare number is seconds), or None for None / "none" / "null".
+    """Return the duration in seconds ("5m" is 300, "7d" a week, a bare number is seconds), or None for None / "none" / "null".
 
     Raises ValueError for anything else, negatives included.
     """
     if text is None:
         return None
     if isinstance(text, bool) or not isinstance(text, (int, float, str)):
-        raise ValueError(f"invalid duration {text!r}: use seconds or an s/m/h suffix, like 5m")
+        raise ValueError(f"invalid duration {text!r}: use seconds or an s/m/h/d suffix, like 5m")
     if not isinstance(text, str):
         if text < 0:
             raise ValueError(f"invalid duration {text}: must not be negative")
@@ -68,7 +68,7 @@ def parse_duration(text: str | int | float | None) -> float | None:
         return None
     m = _DURATION_RE.fullmatch(s)
     if m is None:
-        raise ValueError(f"invalid duration {text!r}: use seconds or an s/m/h suffix, like 5m")
+        raise ValueError(f"invalid duration {text!r}: use seconds or an s/m/h/d suffix, like 5m")
     return float(m.group(1)) * _SECONDS[(m.group(2) or "").lower()]
 
 

@@ -86,10 +86,12 @@ class NodeReader(Generic[T]):
     """Reads one YAML text into a T; every problem is an `error_class` naming the source and line."""
 
     error_class: ClassVar[type[Exception]]  # called as error_class(source, line, problem)
+    # PyYAML's pure-Python parser by default; a file that can grow large may take libyaml's (yaml.CSafeLoader).
+    loader_class: ClassVar[type[yaml.SafeLoader] | Any] = yaml.SafeLoader
 
     def __init__(self, source: str) -> None:
         self.source = source
-        self.loader: yaml.SafeLoader | None = None
+        self.loader: Any = None
         self.warnings: list[str] = []  # "file:line: problem" for what loads but is likely a mistake
         self._mappings: dict[int, Fields] = {}
 
@@ -107,7 +109,7 @@ class NodeReader(Generic[T]):
     def parse(self, text: str) -> T:
         try:
             try:
-                self.loader = yaml.SafeLoader(text)  # checks for unprintable characters at once
+                self.loader = self.loader_class(text)  # checks for unprintable characters at once
                 return self.top(self.loader.get_single_node())
             except yaml.MarkedYAMLError as e:
                 mark = e.problem_mark or e.context_mark

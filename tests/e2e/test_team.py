@@ -23,9 +23,9 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import urlencode
 
 import orjson
@@ -36,6 +36,7 @@ from trimflow._learned import CHECK_INTERVAL
 from trimflow._profiles import load_profiles, provider_check
 from trimflow.testing import FakeProvider, Session, replay
 
+from ..helpers import wait_for
 from ..mitmdump import ADDON, Mitmdump, free_port
 from .helpers import ROOT, Proxy, image_payloads, post, session, shots, start_all, start_wrong, stop_all, write_rules
 
@@ -44,7 +45,6 @@ pytestmark = pytest.mark.e2e
 REQUIRE_VARIABLE = "TRIMFLOW_REQUIRE_TEAM_SERVERS"
 MISSING = "{name} not installed: the team tests need Debian's prometheus and haproxy (as root: apt-get install prometheus haproxy, or scripts/setup)"
 DEPLOYMENT = ROOT / "docs" / "deployment.md"
-T = TypeVar("T")
 
 
 def server_binary(name: str) -> str:
@@ -55,17 +55,6 @@ def server_binary(name: str) -> str:
     if os.environ.get(REQUIRE_VARIABLE) == "1":
         pytest.fail(f"{MISSING.format(name=name)} ({REQUIRE_VARIABLE}=1)", pytrace=False)
     pytest.skip(MISSING.format(name=name))
-
-
-def wait_for(condition: Callable[[], T], what: str, timeout: float = 60.0) -> T:
-    """`condition()`'s first true value, polled; fails naming `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
-        time.sleep(0.05)
 
 
 def get(port: int, path: str) -> tuple[int, bytes]:

@@ -143,7 +143,14 @@ class Prune:
             log.warning("trimflow: %s%s forwarded untouched: %s", request.pretty_host, path_of(flow), exc)
             return self._undecodable(flow, state, str(exc)), None
         outcome = prune(
-            state.target, headers, body, rules, ctx.options.trimflow_mode, inline=inline, memory=self.flows.conversations, tighten=self.flows.tighten
+            state.target,
+            headers,
+            body,
+            rules,
+            ctx.options.trimflow_mode,
+            inline=inline,
+            memory=self.flows.conversations,
+            tighten=self.flows.tighten_for(flow),
         )
         state.cut = outcome.cut
         if outcome.record_pending:
@@ -183,12 +190,12 @@ class Prune:
             return
         state = self.flows.websocket(flow)
         args = (state.target, plain_headers(flow.request), message.content, self.flows.rules.current(), ctx.options.trimflow_mode)
-        memory = self.flows.conversations
+        memory, tighten = self.flows.conversations, self.flows.tighten_for(flow)
         try:
             try:
-                outcome = prune(*args, inline=True, memory=memory, tighten=self.flows.tighten)
+                outcome = prune(*args, inline=True, memory=memory, tighten=tighten)
             except NeedsWorker:
-                outcome = await asyncio.to_thread(prune, *args, memory=memory, tighten=self.flows.tighten)
+                outcome = await asyncio.to_thread(prune, *args, memory=memory, tighten=tighten)
         except Exception as exc:  # noqa: BLE001 - fail open
             log.warning("trimflow: websocket message forwarded untouched: internal error %s", type(exc).__name__)
             return

@@ -5,10 +5,11 @@ answer.
 - `request` (before the prune addon) keeps a reference to the body as the client sent it, until the answer's
   status shows it cannot be a limit error, or the flow ends.
 - `response` (before the metrics addon) reads an error answer against the limit-error patterns
-  (trimflow._recovery); a limit error is learned (trimflow._learned, option trimflow_learned), the
-  original body is pruned again under the tightened limits, and the request goes upstream once more
-  through mitmproxy's own connection machinery, as client replay sends a flow. At most trimflow_retries
-  times, and never when the tightened limits change nothing.
+  (trimflow._recovery); the original body is pruned again under the tightened limits, and the request goes
+  upstream once more through mitmproxy's own connection machinery, as client replay sends a flow. At most
+  trimflow_retries times, and never when the tightened limits change nothing. Only when the upstream accepts
+  a retry are its limits learned (trimflow._learned, option trimflow_learned), for the upstream the request
+  went to; a limit played by trimflow_simulate is learned in memory only.
 - `Hold` (after the metrics addon) keeps a candidate error answer buffered: an answer streamed to the
   client could not be taken back.
 
@@ -21,12 +22,14 @@ keys, upstream auth), and its record and log line tell the retries.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import time
 import weakref
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, fields
+from typing import Any
 
 from mitmproxy import connection, ctx, exceptions, http
 from mitmproxy.addons.clientplayback import ReplayHandler
@@ -36,17 +39,18 @@ from mitmproxy.proxy.layers import http as http_layers
 from .. import ENFORCE, Limits, prune
 from .._decode import DecodeError, decode_body
 from .._engine import is_sigv4
-from .._learned import FILE_NAME, LearnedLimits
+from .._learned import DEFAULT_TTL, FILE_NAME, LearnedLimits
 from .._profiles import check_request
 from .._record import Record
 from .._recovery import HOST, NEVER, LimitError, Patterns, Refused, load_patterns, scope, tightened
+from .._sizes import parse_duration
 from ..errors import RulesError
 from ..formats import counted_turn_path
 from .comment import flow_comment
 from .options import exits_at_startup
 from .prune import plain_headers
 from .simulate import Simulate
-from .state import Flows, FlowState, path_of, write
+from .state import Flows, FlowState, path_of, upstream_of, write
 
 log = logging.getLogger("trimflow")
 
@@ -85,6 +89,7 @@ class Recover:
         self.simulate = simulate  # its profile answers a retry as it answered the request
         self._patterns: Patterns | None = None  # the shipped ones until trimflow_limit_errors is configured
         self.learned = LearnedLimits(None)
+        self.simulated = LearnedLimits(None)  # what answers played by trimflow_simulate taught: never in the file
         self.hold = Hold(self)
         self._originals: weakref.WeakKeyDictionary[http.HTTPFlow, bytes] = weakref.WeakKeyDictionary()
         self.refused = self.recovered = self.limits_learned = 0
@@ -106,6 +111,12 @@ class Recover:
             "{confdir} is mitmproxy's confdir. Empty: kept in memory only.",
         )
         loader.add_option(
+            "trimflow_learned_ttl",
+            str,
+            f"{DEFAULT_TTL / 86400:.0f}d",
+            "How long a learned limit applies (e.g. 12h, 7d); then it is learned again if the provider still refuses.",
+        )
+        loader.add_option(
             "trimflow_limit_errors",
             str,
             "",
@@ -121,15 +132,33 @@ class Recover:
                 self._patterns = load_patterns(ctx.options.trimflow_limit_errors or None)
             except RulesError as exc:
                 raise exceptions.OptionsError(f"trimflow: {exc}") from None
+        if "trimflow_learned_ttl" in updated:
+            try:
+                ttl = parse_duration(ctx.options.trimflow_learned_ttl)
+            except ValueError as exc:
+                raise exceptions.OptionsError(f"trimflow: trimflow_learned_ttl: {exc}") from None
+            if ttl is not None and ttl <= 0:
+                raise exceptions.OptionsError("trimflow: trimflow_learned_ttl must be more than 0 (or none: never expire)")
+            self.learned.ttl = self.simulated.ttl = ttl
         if "trimflow_learned" in updated or "confdir" in updated:
             path = learned_path(ctx.options.trimflow_learned, ctx.options.confdir)
-            try:
-                self.learned = LearnedLimits(path)
-            except RulesError as exc:
-                raise exceptions.OptionsError(f"trimflow: trimflow_learned: {exc}") from None
-            self.flows.tighten = self.learned.tighten
-            if path is not None and self.learned.entries:
-                log.info("trimflow: %d learned limits from %s", len(self.learned.entries), path)
+            self.learned.close()
+            self.learned = LearnedLimits(path, ttl=self.learned.ttl)
+            # The file is read in the learned limits' own thread; a file that does not answer in time is read when it does.
+            if not self.learned.start():
+                log.warning("trimflow: learned limits file %s not read yet; its limits apply once it is", path)
+            elif path is not None and self.learned.live():
+                log.info("trimflow: %d learned limits from %s", len(self.learned.live()), path)
+            self.flows.learned = self.tighten
+
+    def done(self) -> None:
+        self.learned.close()
+
+    def tighten(self, upstream: str, model: str | None, limits: Limits) -> Limits:
+        """`limits` with what was learned for this upstream and model (and, while a profile plays the provider, what
+        its answers taught) applied."""
+        limits = self.learned.tighten(upstream, model, limits)
+        return self.simulated.tighten(upstream, model, limits) if self.simulate.profile is not None else limits
 
     @property
     def patterns(self) -> Patterns:
@@ -187,6 +216,7 @@ class Recover:
 
     async def _recover(self, flow: http.HTTPFlow, state: FlowState, record: Record, original: bytes) -> None:
         assert flow.response is not None and self.flows.rules is not None
+        upstream = upstream_of(flow)
         error = self._limit_error(flow.response, state.target.host)
         if error is None:
             return
@@ -194,21 +224,21 @@ class Recover:
         request = flow.request
         sent = _Sent(b"", record.body_bytes_after, record.images_after)
         retries: list[tuple[str, str]] = []  # (why, the limits tightened) per retry
+        # What the refusals taught, applied to the retries; learned only once the upstream accepts one of them.
+        lessons: list[_Lesson] = []
         refused_status: int | None = None
         last_response = flow.response
         simulated = record.simulated
         while True:
-            limits = self._limits(state, record.model)
+            limits = self._limits(state, record.model, upstream, lessons)
             tightening = tightened(error, limits, Refused(sent.body_bytes, sent.images))
             if tightening is None:
                 log.info("trimflow: %s%s not retried: %s, and nothing more to cut", request.pretty_host, path_of(flow), error.reason)
                 break
-            # Learned before the retry budget is looked at: with no retry left, the next turn is still within it.
-            model = None if scope(error) == HOST else record.model
-            self.limits_learned += len(self.learned.learn(state.target.host, model, tightening.fields, error.source))
+            lessons.append(_Lesson(None if scope(error) == HOST else record.model, dict(tightening.fields), error.source))
             if len(retries) >= ctx.options.trimflow_retries:
                 break
-            attempt = await asyncio.to_thread(self._prepare, flow, state, original, sent.body)
+            attempt = await asyncio.to_thread(self._prepare, flow, state, original, sent.body, upstream, lessons)
             if attempt is None:
                 log.info("trimflow: %s%s not retried: %s, and the tightened limits change nothing", request.pretty_host, path_of(flow), error.reason)
                 break
@@ -223,6 +253,9 @@ class Recover:
             sent = _Sent(body, retry_record.body_bytes_after, retry_record.images_after)
             for name in _SENT_FIELDS:
                 setattr(record, name, getattr(retry_record, name))
+            if 200 <= answer.status_code < 300:
+                self._learn(flow, upstream, lessons, simulated_by is not None)
+                break
             if not _may_be_limit(answer.status_code):
                 break
             next_error = self._limit_error(answer, state.target.host)
@@ -242,6 +275,23 @@ class Recover:
         write(flow, state)
         flow.comment = flow_comment(record)
 
+    def _learn(self, flow: http.HTTPFlow, upstream: str, lessons: list[_Lesson], simulated: bool) -> None:
+        """Keep what the refusals taught: the upstream accepted a request within it. A profile's answers teach the
+        in-memory limits only: the file holds what real providers said."""
+        store = self.simulated if simulated else self.learned
+        for lesson in lessons:
+            try:
+                changed = store.learn(upstream, lesson.model, lesson.fields, lesson.source)
+            except ValueError as exc:  # under a floor: `tightened` keeps to them, a user's pattern may not
+                log.warning("trimflow: %s%s not learned: %s", flow.request.pretty_host, path_of(flow), exc)
+                continue
+            if changed:
+                self.limits_learned += len(changed)
+                what = " ".join(f"{e.limit}={e.value}" for e in changed)
+                for_what = f"model {lesson.model}" if lesson.model is not None else "every model"
+                where = "in memory (simulated)" if simulated else "learned"
+                log.info("trimflow: %s %s for %s at %s (%s)", where, what, for_what, upstream, lesson.source)
+
     def _limit_error(self, response: http.Response, host: str) -> LimitError | None:
         raw = response.raw_content
         if raw is None or len(raw) > ANSWER_MAX:
@@ -252,18 +302,21 @@ class Recover:
             return None
         return self.patterns.recognise(response.status_code, body, host)
 
-    def _limits(self, state: FlowState, model: str | None) -> Limits:
-        """The limits the request was pruned under: its rule's, tightened by what is learned."""
+    def _limits(self, state: FlowState, model: str | None, upstream: str, lessons: list[_Lesson]) -> Limits:
+        """The limits the request is pruned under: its rule's, tightened by what is learned for its upstream and by
+        what this request's refusals taught."""
         assert self.flows.rules is not None
         target = state.target
         path = target.path
         if target.format is not None:
             path = counted_turn_path(target.format, path) or path
-        return self.learned.tighten(target.host, model, self.flows.rules.current().limits_for(target.host, path, model))
+        return _taught(lessons)(model, self.tighten(upstream, model, self.flows.rules.current().limits_for(target.host, path, model)))
 
-    def _prepare(self, flow: http.HTTPFlow, state: FlowState, original: bytes, last_body: bytes) -> tuple[http.Request, Record, bytes] | None:
-        """In a worker thread: the original body pruned again under the limits learned now, as a request to send;
-        None when that is the body already refused."""
+    def _prepare(
+        self, flow: http.HTTPFlow, state: FlowState, original: bytes, last_body: bytes, upstream: str, lessons: list[_Lesson]
+    ) -> tuple[http.Request, Record, bytes] | None:
+        """In a worker thread: the original body pruned again under the limits learned now and those the refusals
+        taught, as a request to send; None when that is the body already refused."""
         assert self.flows.rules is not None
         request = flow.request
         encoding = request.headers.get("content-encoding")
@@ -271,7 +324,12 @@ class Recover:
             body = decode_body(original, encoding, self.flows.max_decoded_bytes)
         except DecodeError:
             return None
-        outcome = prune(state.target, plain_headers(request), body, self.flows.rules.current(), ENFORCE, tighten=self.learned.tighten)
+        taught = _taught(lessons)
+
+        def tighten(model: str | None, limits: Limits) -> Limits:
+            return taught(model, self.tighten(upstream, model, limits))
+
+        outcome = prune(state.target, plain_headers(request), body, self.flows.rules.current(), ENFORCE, tighten=tighten)
         retry_record = outcome.record
         if retry_record is None or retry_record.mode != ENFORCE:
             return None
@@ -293,6 +351,30 @@ class Recover:
                 response = http.Response.make(violation.status, violation.body, {"content-type": violation.content_type})
                 return response, violation.profile
         return await resend(request, client), None
+
+
+@dataclass(frozen=True, slots=True)
+class _Lesson:
+    """What one refusal taught: Limits fields, for one model (None: every model at the upstream), and its source."""
+
+    model: str | None
+    fields: dict[str, int]
+    source: str
+
+
+def _taught(lessons: list[_Lesson]) -> Callable[[str | None, Limits], Limits]:
+    """Applies the lessons' fields where they are tighter, as learned limits apply."""
+
+    def tighten(model: str | None, limits: Limits) -> Limits:
+        changes: dict[str, Any] = {}
+        for lesson in lessons:
+            for name, value in lesson.fields.items():
+                current = changes.get(name, getattr(limits, name))
+                if current is None or value < current:
+                    changes[name] = value
+        return dataclasses.replace(limits, **changes) if changes else limits
+
+    return tighten
 
 
 def _may_be_limit(status: int) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import weakref
+from collections.abc import Callable
 
 from mitmproxy import http
 
@@ -18,6 +19,8 @@ from .. import Outcome
 from .._conversation import Conversations, History, Thread, response_id_of
 from .._decode import DEFAULT_MAX_DECODED_BYTES
 from .._engine import Tighten
+from .._learned import upstream_key
+from .._policy import Limits
 from .._record import Record
 from .._rules import RulesFile, Target
 from ..formats import openai_responses
@@ -54,7 +57,8 @@ class Flows:
         self.rules: RulesFile | None = None
         self.max_decoded_bytes = DEFAULT_MAX_DECODED_BYTES
         self.conversations = Conversations()
-        self.tighten: Tighten | None = None  # the recover addon's learned limits, applied on top of the rules
+        # The recover addon's learned limits for (upstream, model, limits), applied on top of the rules.
+        self.learned: Callable[[str, str | None, Limits], Limits] | None = None
         self._states: weakref.WeakKeyDictionary[http.HTTPFlow, FlowState | None] = weakref.WeakKeyDictionary()
 
     def state(self, flow: http.HTTPFlow) -> FlowState | None:
@@ -70,6 +74,14 @@ class Flows:
         )
         state = self._states[flow] = FlowState(target) if target is not None else None
         return state
+
+    def tighten_for(self, flow: http.HTTPFlow) -> Tighten | None:
+        """The learned limits that apply to the flow's request: those of the upstream it goes to."""
+        learned = self.learned
+        if learned is None:
+            return None
+        upstream = upstream_of(flow)
+        return lambda model, limits: learned(upstream, model, limits)
 
     def get(self, flow: http.HTTPFlow) -> FlowState | None:
         """The flow's state if an addon has resolved it, without resolving it."""
@@ -136,6 +148,14 @@ def write(flow: http.HTTPFlow, state: FlowState) -> None:
 def log_reason(flow: http.HTTPFlow, record: Record) -> None:
     if record.reason:
         log.warning("trimflow: %s%s forwarded untouched: %s", flow.request.pretty_host, path_of(flow), record.reason)
+
+
+def upstream_of(flow: http.HTTPFlow) -> str:
+    """The upstream the request goes to, as learned limits are keyed: the scheme, host and port mitmproxy connects
+    to (in reverse mode the configured upstream, through a CONNECT tunnel its target), never the Host header,
+    which the client chooses."""
+    request = flow.request
+    return upstream_key(request.scheme, request.host, request.port)
 
 
 def path_of(flow: http.HTTPFlow) -> str:

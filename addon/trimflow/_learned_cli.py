@@ -1,0 +1,121 @@
+"""`python -m trimflow learned`: list the limits trimflow learned from providers' answers, say what each does, and
+forget them (docs/recovery.md).
+
+    learned [--file FILE] [--ttl 7d] [list]
+    learned [--file FILE] forget (--all | [--upstream URL] [--model NAME] [--limit FIELD])
+
+A running proxy sees a change within a second. The file is changed under its lock and replaced in one rename, as
+the proxy writes it; a file that cannot be read is never changed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+from ._learned import DEFAULT_TTL, FILE_NAME, FLOORS, Entry, LearnedFile, LearnedLimits, locked, write_entries
+from ._sizes import parse_duration
+from .errors import RulesError
+
+DEFAULT_FILE = f"~/.mitmproxy/{FILE_NAME}"  # mitmproxy's default confdir: trimflow_learned's default
+FORGET_PATIENCE = 10.0  # seconds to wait for the file's lock: a person can wait where a proxy must not
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trimflow learned", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--file", default=DEFAULT_FILE, help=f"the learned-limits file (default {DEFAULT_FILE}: trimflow_learned's)")
+    parser.add_argument("--ttl", default=f"{DEFAULT_TTL / 86400:.0f}d", help="trimflow_learned_ttl, to tell what has expired (default %(default)s)")
+    commands = parser.add_subparsers(dest="command")
+    commands.add_parser("list", help="each entry, what it does and when it expires (the default)")
+    forget = commands.add_parser("forget", help="remove entries: all of them, or those matching every filter given")
+    forget.add_argument("--all", action="store_true", help="every entry")
+    forget.add_argument("--upstream", help="e.g. https://api.openai.com:443")
+    forget.add_argument("--model", help="a model name; 'every' for the entries that hold for every model")
+    forget.add_argument("--limit", choices=sorted(FLOORS), help="one limit")
+    args = parser.parse_args(argv)
+    try:
+        ttl = parse_duration(args.ttl)
+    except ValueError as exc:
+        parser.error(str(exc))
+    path = Path(os.path.expanduser(args.file))
+    if args.command == "forget":
+        if not (args.all or args.upstream or args.model or args.limit):
+            parser.error("forget needs --all or at least one of --upstream, --model, --limit")
+        return _forget(path, args)
+    return _list(path, ttl)
+
+
+def _read(path: Path) -> list[Entry] | None:
+    try:
+        return list(LearnedFile(path).read().values()) if path.exists() else []
+    except RulesError as exc:
+        sys.stderr.write(f"trimflow learned: {printable(str(exc))}\n")
+        return None
+
+
+def _list(path: Path, ttl: float | None) -> int:
+    entries = _read(path)
+    if entries is None:
+        return 1
+    if not entries:
+        print(f"{printable(str(path))}: no learned limits")
+        return 0
+    store = LearnedLimits(None, ttl=ttl)
+    now = time.time()
+    live = [e for e in entries if not store.expired(e, now)]
+    print(f"{printable(str(path))}: {len(entries)} learned limits, {len(live)} apply now")
+    for entry in sorted(entries, key=lambda e: (e.upstream, e.model or "", e.limit)):
+        model = printable(entry.model) if entry.model is not None else "every model"
+        if ttl is None:
+            state = "never expires"
+        else:
+            state = "expired" if store.expired(entry, now) else f"expires in {_duration(entry.learned_at + ttl - now)}"
+        print(f"\n{printable(entry.upstream)}  {model}  {entry.limit}={entry.value}")
+        print(f"  learned {printable(entry.learned) or 'at an unknown time'} ({state}), from: {printable(entry.source) or 'not said'}")
+        print(f"  requests for {model} sent to {printable(entry.upstream)} are cut to {entry.limit}={entry.value} where the rules allow more")
+    return 0
+
+
+def _forget(path: Path, args: argparse.Namespace) -> int:
+    if not path.exists():
+        print(f"{printable(str(path))}: no learned limits")
+        return 0
+    target = Path(os.path.realpath(path))
+    with locked(target, FORGET_PATIENCE) as held:
+        if not held:
+            sys.stderr.write(f"trimflow learned: {printable(str(path))} stays locked by another process; nothing changed\n")
+            return 1
+        entries = _read(path)
+        if entries is None:
+            return 1
+        kept = [e for e in entries if not _matches(e, args)]
+        if len(kept) != len(entries):
+            write_entries(target, kept)
+    print(f"{printable(str(path))}: forgot {len(entries) - len(kept)} learned limits, {len(kept)} left")
+    return 0
+
+
+def _matches(entry: Entry, args: argparse.Namespace) -> bool:
+    if args.all:
+        return True
+    if args.upstream and entry.upstream != args.upstream.lower():
+        return False
+    if args.model:
+        wanted = None if args.model == "every" else args.model.lower()
+        if (entry.model.lower() if entry.model is not None else None) != wanted:
+            return False
+    return not (args.limit and entry.limit != args.limit)
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    days, rest = divmod(seconds, 86400)
+    return f"{days}d {rest // 3600}h" if days else f"{rest // 3600}h {rest % 3600 // 60}m"
+
+
+def printable(text: str) -> str:
+    """`text` with control characters shown as escapes: a hand-edited or hostile file cannot move the terminal."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
