@@ -19,6 +19,7 @@ REACHED = {
     "replay": (["--help"], "usage: replay"),
     "fake-provider": (["--help"], "usage: fake-provider"),
     "repair": (["--help"], "usage: scripts/repair"),
+    "learned": (["--help"], "usage: python -m trimflow learned"),
     "run": (["--version"], "Mitmproxy: "),  # mitmdump itself answers: run hands it the arguments
 }
 

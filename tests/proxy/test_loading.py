@@ -41,6 +41,7 @@ OPTIONS = {
     "trimflow_recover",
     "trimflow_retries",
     "trimflow_learned",
+    "trimflow_learned_ttl",
     "trimflow_limit_errors",
     "trimflow_prometheus",
 }

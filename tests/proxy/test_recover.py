@@ -16,6 +16,8 @@ from trimflow.proxy import recover
 from ..helpers import TrimflowAddons, requested
 from .flows import llm_flow, write_rules
 
+OPENAI = "https://api.openai.com:443"  # the upstream llm_flow's requests go to
+
 
 @pytest.fixture
 def chain(tmp_path):
@@ -37,7 +39,7 @@ def recover_of(chain: TrimflowAddons) -> recover.Recover:
     return chain.get(proxy.Recover)
 
 
-async def test_a_refusal_is_retried_within_a_stepped_down_cap_and_learned(chain, tmp_path) -> None:
+async def test_a_refusal_is_retried_within_a_stepped_down_cap_and_nothing_is_learned_until_one_is_accepted(chain, tmp_path) -> None:
     flow = llm_flow(turns=12)  # 12 images: the rules' 20 let them through, the profile's 8 refuse them
     await requested(chain, flow)
     assert flow.response is not None and flow.response.status_code == 400
@@ -47,30 +49,39 @@ async def test_a_refusal_is_retried_within_a_stepped_down_cap_and_learned(chain,
     assert (record["retries"], record["refused_status"], record["retry_limits"]) == (1, 400, "max_images=10")
     assert record["retry_reasons"] == "too many images (max 10, stepped down from what was refused)"
     assert (record["images_after"], record["status"], record["simulated"]) == (10, 400, "generic-8")
-    # the retry's refusal teaches the next step down, with no retry left: the next turn goes within 8
-    assert recover_of(chain).learned.tighten("api.openai.com", "gpt-4o", Limits()).max_images == 8
-    assert "value: 8" in (tmp_path / "learned.yaml").read_text()
+    # no retry was accepted: no figure was proven, nothing is learned
+    assert recover_of(chain).tighten(OPENAI, "gpt-4o", Limits()).max_images is None
+    assert recover_of(chain).limits_learned == 0
     assert flow not in recover_of(chain)._originals  # the body is let go with the flow's answer
 
 
-async def test_with_no_retry_the_limit_is_still_learned(chain) -> None:
+async def test_with_no_retry_nothing_is_learned(chain) -> None:
     chain.tctx.configure(chain, trimflow_retries=0)
     flow = llm_flow(turns=12)
     await requested(chain, flow)
     await recover_of(chain).response(flow)
     assert flow.response.status_code == 400 and flow.metadata[proxy.META]["retries"] == 0
-    assert recover_of(chain).learned.tighten("api.openai.com", "gpt-4o", Limits()).max_images == 10
+    assert recover_of(chain).tighten(OPENAI, "gpt-4o", Limits()).max_images is None
     assert recover_of(chain).summary() == (
-        f"trimflow: refused for a limit: 1 requests, recovered by a retry: 0; limits learned: 1 ({recover_of(chain).learned.path})"
+        f"trimflow: refused for a limit: 1 requests, recovered by a retry: 0; limits learned: 0 ({recover_of(chain).learned.path})"
     )
 
 
 async def test_the_next_request_goes_within_what_was_learned(chain) -> None:
-    recover_of(chain).learned.learn("api.openai.com", None, {"max_images": 8}, "400 max-images-exceeded: Max images exceeded")
+    recover_of(chain).learned.learn(OPENAI, None, {"max_images": 8}, "400 max-images-exceeded")
     flow = llm_flow(turns=12)
     await requested(chain, flow)
     assert flow.response is None  # within the profile's 8: no simulated refusal
     assert flow.metadata[proxy.META]["images_after"] == 8
+    assert flow.metadata[proxy.META]["learned_limits"] == "max_images=8"
+
+
+async def test_a_limit_learned_for_one_upstream_never_applies_to_a_request_naming_its_host_elsewhere(chain) -> None:
+    recover_of(chain).learned.learn(OPENAI, None, {"max_images": 8}, "400 max-images-exceeded")
+    elsewhere = llm_flow(turns=12)
+    elsewhere.request.port = 8443  # the same Host header, another upstream
+    await requested(chain, elsewhere)
+    assert elsewhere.metadata[proxy.META]["learned_limits"] is None
 
 
 async def test_what_is_never_kept_for_a_retry(chain) -> None:
@@ -147,7 +158,8 @@ def test_learned_path_follows_the_confdir() -> None:
     [
         ({"trimflow_retries": -1}, "trimflow: trimflow_retries must be 0 or more, not -1"),
         ({"trimflow_limit_errors": "{bad}"}, "trimflow: {bad}"),
-        ({"trimflow_learned": "{learned}"}, "trimflow: trimflow_learned: {learned}:2: YAML syntax error"),
+        ({"trimflow_learned_ttl": "soon"}, "trimflow: trimflow_learned_ttl: invalid duration 'soon'"),
+        ({"trimflow_learned_ttl": "0"}, "trimflow: trimflow_learned_ttl must be more than 0"),
     ],
 )
 def test_a_bad_option_is_refused_with_one_line(tmp_path, options: dict, problem: str) -> None:
@@ -160,6 +172,20 @@ def test_a_bad_option_is_refused_with_one_line(tmp_path, options: dict, problem:
     with taddons.context(instance) as tctx, pytest.raises(exceptions.OptionsError) as raised:
         tctx.configure(instance, **values)
     assert str(raised.value).startswith(problem.replace("{bad}", str(bad)).replace("{learned}", str(learned)))
+
+
+def test_a_learned_file_that_cannot_be_read_is_said_once_and_left_as_it_is(tmp_path, caplog) -> None:
+    learned = tmp_path / "learned.yaml"
+    learned.write_text("learned: [\n")
+    instance = proxy.Recover(proxy.Flows(), proxy.Simulate(proxy.Flows()))
+    with taddons.context(instance) as tctx:
+        tctx.configure(instance, trimflow_learned=str(learned))
+        instance.learned.learn(OPENAI, None, {"max_images": 8}, "s")
+        instance.learned.sync()
+        assert instance.tighten(OPENAI, None, Limits()).max_images == 8
+        instance.done()
+    assert learned.read_text() == "learned: [\n"
+    assert caplog.text.count("YAML syntax error") == 1
 
 
 def test_the_exit_line_counts_refusals_recoveries_and_learned_limits() -> None:
