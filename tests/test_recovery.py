@@ -272,22 +272,40 @@ def test_a_host_bound_pattern_holds_for_its_host_only() -> None:
     assert PATTERNS.recognise(400, body, "localhost") is None  # the same shape elsewhere means list content is not taken
 
 
-def test_the_source_keeps_the_matched_text_only_without_keys() -> None:
+def test_the_source_keeps_a_short_message_to_the_end_of_its_verdict_without_keys() -> None:
     body = openai("Too many images in request. Max is 10. Your prompt was: SECRET PROMPT TEXT, key sk-proj-abcdefghijklmnopqrstuv")
     error = PATTERNS.recognise(400, body, "api.example.com")
     assert error is not None
-    assert error.source == "400 openai-max-is: Too many images in request. Max is 10"
+    assert error.source == "400 openai-max-is: Too many images in request. Max is 10."
     keyed = parse_patterns('patterns:\n  - {name: k, status: [400], match: "limit \\\\d+ for \\\\S+", limit: image_count}')
     found = keyed.recognise(400, b"limit 3 for sk-proj-abcdefghijklmnop", "h")
     assert found is not None and "sk-proj" not in found.source and "[redacted]" in found.source
 
 
-def test_a_bare_413_keeps_the_first_words_of_its_answer() -> None:
-    assert error_for(413, b"Failed to buffer the request body: length limit exceeded").source == (
-        "413 bare-413: Failed to buffer the request body: length limit exceeded"
-    )
+@pytest.mark.parametrize(
+    "message",
+    [
+        "Too many images, max 10, for bob@example.com",
+        "Too many images, max 10, request req_011CXyLbCw5kpB1NsykoTSqu",
+        "Too many images, max 10, api_key=abc123",
+        "Too many images, max 10, Bearer abc.def",
+        "Too many images, max 10, key AIzaSyA1234567890abcdef",
+    ],
+)
+def test_addresses_tokens_and_keys_are_taken_out_of_a_source(message: str) -> None:
+    error = PATTERNS.recognise(400, openai(message), "h")
+    assert error is not None and error.value == 10
+    assert "[redacted]" in error.source
+    assert not any(secret in error.source for secret in ("bob@", "req_011", "abc123", "abc.def", "AIza"))
+
+
+def test_a_long_message_is_not_kept_and_a_catch_all_keeps_nothing_of_the_answer() -> None:
+    long = "Too many images in request. Max is 10. " + "The rest of this message quotes the request at length. " * 3
+    error = PATTERNS.recognise(400, openai(long), "h")
+    assert error is not None and error.value == 10 and error.source == "400 openai-max-is"
+    assert error_for(413, b"Failed to buffer the request body: length limit exceeded").source == "413 bare-413"
     html = b"<html>\r\n<head><title>413 Request Entity Too Large</title></head>\r\n<body><center>nginx</center></body></html>"
-    assert error_for(413, html).source == "413 bare-413: 413 Request Entity Too Large nginx"
+    assert error_for(413, html).source == "413 bare-413"
     assert error_for(413, b"").source == "413 bare-413"
 
 
