@@ -419,8 +419,10 @@ _CUE_BEFORE = re.compile(
     r"|below|under|allowed|only include)\b[^.!?;]{0,50}$",
     re.IGNORECASE,
 )
-_CUE_AFTER = re.compile(r"^\s*(?:max(?:imum)?|limit)\b", re.IGNORECASE)  # "5 MB maximum", "10MB limit"
-_ACTUAL_AFTER = re.compile(r"^\s*(?:>|,?\s*(?:which\s+)?exceed)", re.IGNORECASE)  # the left side of a comparison is what was sent
+_CUE_AFTER = re.compile(r"\s*(?:max(?:imum)?|limit)\b", re.IGNORECASE)  # "5 MB maximum", "10MB limit"
+# The left side of a comparison is what was sent ("15908784 bytes >", "47688287, which exceeds"); a limit
+# that "was exceeded" is still the limit ("Maximum request body size 1048576 exceeded").
+_ACTUAL_AFTER = re.compile(r"\s*(?:>|,?\s*(?:which\s+)?exceeds?\b)", re.IGNORECASE)
 _ACTUAL = re.compile(r"\b(?:current|actual|got|provided|received|requested|contains?|your|you sent)\b", re.IGNORECASE)
 _SIZE_WORDS = re.compile(r"\b(?:body|request|payload|file|upload|content|image|media|attachment|entity)\s+size\b", re.IGNORECASE)
 _AREA_WORDS = re.compile(r"\btotal pixels\b|\bpixel (?:count|area)\b|\barea\b|\bmegapixels?\b", re.IGNORECASE)
