@@ -496,6 +496,8 @@ def test_an_echoed_prompt_outside_the_message_is_never_a_verdict() -> None:
         # a comparison: the right side is the limit, the left what was sent
         ("response.create is too large for upstream websocket (18915698 bytes > 15728640 bytes)", BODY_BYTES, 15_728_640),
         ("Too many images in request: 11 > 8", IMAGE_COUNT, 8),
+        # the count's words may be a sentence before the number's
+        ("Too many images in request. Max is 10.", IMAGE_COUNT, 10),
         # units as written: decimal and binary, separators, a space or none
         ("image must be at most 5,242,880 bytes", IMAGE_BYTES, 5_242_880),
         ("image must be at most 5 MB", IMAGE_BYTES, 5_000_000),
@@ -535,6 +537,7 @@ def test_the_general_reader_reads_the_number_and_what_it_limits(message: str, ki
         "The decoder prompt contains a(n) image item with length 6132, which exceeds the pre-allocated encoder cache size 6084.",
         "request (4390 tokens) exceeds the available context size (4096 tokens)",  # tokens
         "max 5 retries allowed",  # a count of something else
+        "The image you provided requires 33174 patches after processing, exceeding the limit of 30000.",  # patches of one image
         "413 Request Entity Too Large",
     ],
 )

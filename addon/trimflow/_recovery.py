@@ -426,7 +426,9 @@ _ACTUAL_AFTER = re.compile(r"\s*(?:>|,?\s*(?:which\s+)?exceeds?\b)", re.IGNORECA
 _ACTUAL = re.compile(r"\b(?:current|actual|got|provided|received|requested|contains?|your|you sent)\b", re.IGNORECASE)
 _SIZE_WORDS = re.compile(r"\b(?:body|request|payload|file|upload|content|image|media|attachment|entity)\s+size\b", re.IGNORECASE)
 _AREA_WORDS = re.compile(r"\btotal pixels\b|\bpixel (?:count|area)\b|\barea\b|\bmegapixels?\b", re.IGNORECASE)
-_COUNT_WORDS = re.compile(r"\b(?:images?|image\(s\)|pictures|photos|media|attachments|image links)\b", re.IGNORECASE)
+# Words of a sentence about how many images: plural, or "image count" ("The image you provided requires 33174
+# patches" is about one image).
+_COUNT_WORDS = re.compile(r"\b(?:images|image\(s\)|image count|pictures|photos|media|attachments|image links)\b", re.IGNORECASE)
 _NOT_COUNT = re.compile(r"\b(?:size|bytes?|[kmg]i?b|pixels?|px|dimensions?|width|height|length|resolution)\b", re.IGNORECASE)
 _IMAGE_WORDS = re.compile(r"\b(?:images?|pictures?|photos?|media|multimodal|files?|attachments?|inline data|base64)\b", re.IGNORECASE)
 _BODY_WORDS = re.compile(r"\b(?:request|body|payload|entity|upload|message)\b", re.IGNORECASE)
@@ -436,7 +438,7 @@ _SIDE_WORDS = re.compile(r"\b(?:dimensions?|width|height|side|resolution|size|li
 _QUOTED = re.compile(r"`[^`]*`|\"[^\"]*\"|(?<![\w])'[^']*'(?![\w])")
 _NAMES = re.compile(r"\S*\w[./]\w\S*")
 _SENTENCE_END = re.compile(r"(?<=[.!?;])\s+")
-COUNT_MAX = 100_000  # an image count above this is no count a provider names
+COUNT_MAX = 10_000  # an image count above this is no count a provider names (the largest documented: 3,600)
 _AREA_FROM = 65_536  # a pixel figure above this is an area: no image side is that long
 
 
@@ -527,6 +529,8 @@ def _reading(sentence: str, text: str, quantity: Quantity, offset: int) -> Readi
         unit = "bytes"  # "Maximum request body size 1048576", "max allowed file size of 31457280"
     if unit == "bytes":
         return Reading(_bytes_kind(words, quantity.start), int(value), end)
+    if unit == "" and not (_COUNT_WORDS.search(words) or _NOT_COUNT.search(words)):
+        words = _NAMES.sub(" ", text)  # "Too many images in request. Max is 10.": the count's words are a sentence before
     if unit == "count" or (unit == "" and _COUNT_WORDS.search(words) and not _NOT_COUNT.search(words)):
         if value != int(value) or value > COUNT_MAX:
             return None
