@@ -653,3 +653,9 @@ def test_every_reason_is_one_line_without_the_answers_text() -> None:
     error = general_error(f"request body cannot exceed 0 bytes ({secret})")
     reason = why_not(error, Limits(), Refused(200_000, 3))
     assert reason is not None and "\n" not in reason and secret not in reason
+
+
+def test_a_message_is_read_for_its_first_32_numbers_only() -> None:
+    # a hostile answer full of numbers costs a bounded amount of reading: what comes after them is not read
+    assert read_limit("request body: " + ", ".join(str(n) for n in range(31)) + "; max 5 MB") is not None
+    assert read_limit("request body: " + ", ".join(str(n) for n in range(40)) + "; max 5 MB") is None

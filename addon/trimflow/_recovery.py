@@ -436,8 +436,10 @@ _SIDE_WORDS = re.compile(r"\b(?:dimensions?|width|height|side|resolution|size|li
 # Echoes the reader skips: quoted spans (a file name, a model, the user's text) and dotted or slashed
 # names ("messages.3.content", "image/png", "response.create").
 _QUOTED = re.compile(r"`[^`]*`|\"[^\"]*\"|(?<![\w])'[^']*'(?![\w])")
-_NAMES = re.compile(r"\S*\w[./]\w\S*")
+_TOKEN = re.compile(r"\S+")
+_NAME_JOINT = re.compile(r"\w[./]\w")
 _SENTENCE_END = re.compile(r"(?<=[.!?;])\s+")
+_QUANTITIES_MAX = 32  # numbers of one message read
 COUNT_MAX = 10_000  # an image count above this is no count a provider names (the largest documented: 3,600)
 _AREA_FROM = 65_536  # a pixel figure above this is an area: no image side is that long
 
@@ -450,19 +452,30 @@ def read_limit(message: str) -> Reading | None:
     sentence say what it limits. None when the message names no number it can read as a limit."""
     text = _QUOTED.sub(lambda m: " " * len(m.group(0)), message)  # same length: positions stay the message's
     best: tuple[int, int, Reading] | None = None  # (strength, -position, reading)
-    offset = 0
+    offset, seen = 0, 0
+    message_words: list[str] = []  # the whole message's words, worked out when a sentence has none of its own
     for sentence in _SENTENCE_END.split(text):
         start = text.find(sentence, offset)
         offset = start + len(sentence)
-        quantities = [q for q in _quantities(sentence) if q.unit != "tokens"]
+        quantities = [q for q in _quantities(sentence) if q.unit != "tokens"][: _QUANTITIES_MAX - seen]
+        seen += len(quantities)
+        words = _without_names(sentence) if quantities else ""
         for index, quantity in enumerate(quantities):
             strength = _strength(sentence, quantity, quantities[index - 1] if index else None)
             if not strength:
                 continue
-            reading = _reading(sentence, text, quantity, start)
+            reading = _reading(sentence, words, text, message_words, quantity, start)
             if reading is not None and (best is None or (strength, -reading.end) > best[:2]):
                 best = (strength, -reading.end, reading)
+        if seen >= _QUANTITIES_MAX:
+            break  # no provider's message names this many numbers: the rest is not read
     return best[2] if best is not None else None
+
+
+def _without_names(text: str) -> str:
+    """`text` with every word that is a dotted or slashed name blanked out (linear: no backtracking over a
+    long word)."""
+    return _TOKEN.sub(lambda m: " " if _NAME_JOINT.search(m.group(0)) else m.group(0), text)
 
 
 def _quantities(sentence: str) -> list[Quantity]:
@@ -498,7 +511,7 @@ def _strength(sentence: str, quantity: Quantity, previous: Quantity | None) -> i
     before = sentence[previous.end if previous is not None else 0 : quantity.start]
     if previous is not None and before.strip() == ">":
         return 3
-    before = _NAMES.sub(" ", before)  # "for model gemini-3.1-pro-preview is": a name, not words
+    before = _without_names(before)  # "for model gemini-3.1-pro-preview is": a name, not words
     cue = _CUE_BEFORE.search(before)
     if cue is not None and not _ACTUAL.search(before, cue.end()):
         return 2
@@ -507,9 +520,8 @@ def _strength(sentence: str, quantity: Quantity, previous: Quantity | None) -> i
     return 0
 
 
-def _reading(sentence: str, text: str, quantity: Quantity, offset: int) -> Reading | None:
-    """The kind and number `quantity` limits, from its unit and its sentence's words; None when neither says."""
-    words = _NAMES.sub(" ", sentence)
+def _reading(sentence: str, words: str, text: str, message_words: list[str], quantity: Quantity, offset: int) -> Reading | None:
+    """The kind and number `quantity` limits, from its unit and its sentence's `words`; None when neither says."""
     end = offset + quantity.end
     value = quantity.value
     if quantity.second is not None:
@@ -530,7 +542,9 @@ def _reading(sentence: str, text: str, quantity: Quantity, offset: int) -> Readi
     if unit == "bytes":
         return Reading(_bytes_kind(words, quantity.start), int(value), end)
     if unit == "" and not (_COUNT_WORDS.search(words) or _NOT_COUNT.search(words)):
-        words = _NAMES.sub(" ", text)  # "Too many images in request. Max is 10.": the count's words are a sentence before
+        if not message_words:
+            message_words.append(_without_names(text))
+        words = message_words[0]  # "Too many images in request. Max is 10.": the count's words are a sentence before
     if unit == "count" or (unit == "" and _COUNT_WORDS.search(words) and not _NOT_COUNT.search(words)):
         if value != int(value) or value > COUNT_MAX:
             return None
