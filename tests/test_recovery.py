@@ -659,3 +659,11 @@ def test_a_message_is_read_for_its_first_32_numbers_only() -> None:
     # a hostile answer full of numbers costs a bounded amount of reading: what comes after them is not read
     assert read_limit("request body: " + ", ".join(str(n) for n in range(31)) + "; max 5 MB") is not None
     assert read_limit("request body: " + ", ".join(str(n) for n in range(40)) + "; max 5 MB") is None
+
+
+def test_what_read_an_answer_is_named_in_its_error() -> None:
+    general = PATTERNS.recognise(400, openai("a request carries at most 20 images."), "h")
+    assert general is not None and general.pattern.name == "general" and not general.pattern.catch_all
+    assert general.source == "400 general: a request carries at most 20 images."
+    bare = PATTERNS.recognise(413, b"", "h")
+    assert bare is not None and bare.pattern.catch_all
