@@ -132,9 +132,10 @@ class Pattern:
         return not self.regex.pattern
 
 
+_NO_EXPRESSION = re.compile(r"(?!)")  # the general reader's patterns match nothing themselves: its grammar reads
 # The general reader's results, one per kind: `pattern.name` is "general" in the log and the learned file.
 GENERAL = {
-    kind: Pattern("general", GENERAL_STATUSES, re.compile(""), kind, HOST if kind == BODY_BYTES else MODEL, source="the general reader")
+    kind: Pattern("general", GENERAL_STATUSES, _NO_EXPRESSION, kind, HOST if kind == BODY_BYTES else MODEL, source="the general reader")
     for kind in (IMAGE_COUNT, BODY_BYTES, IMAGE_BYTES, IMAGE_SIDE)
 }
 
