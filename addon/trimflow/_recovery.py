@@ -412,7 +412,7 @@ _QUANTITY = re.compile(
     r"(?![\w]|[.\-/]\w)",
     re.IGNORECASE,
 )
-_BYTES = {"b": 1, "kb": 1000, "kib": 1 << 10, "mb": 1000**2, "mib": 1 << 20, "gb": 1000**3, "gib": 1 << 30, "tb": 1000**4, "tib": 1 << 40}
+_BYTES = {"kb": 1000, "kib": 1 << 10, "mb": 1000**2, "mib": 1 << 20, "gb": 1000**3, "gib": 1 << 30, "tb": 1000**4, "tib": 1 << 40}
 # A cue that the number after it is a limit, and the words it may take before the number ("maximum allowed
 # file size of", "limit:", "(max"): at most 50 characters, with no other number among them.
 _CUE_BEFORE = re.compile(
