@@ -514,6 +514,17 @@ def test_an_echoed_prompt_outside_the_message_is_never_a_verdict() -> None:
         # the file or image a size belongs to, however it is named
         ("The file size of `gs://b/image.png` is 47688287, which exceeds max allowed file size of 31457280", IMAGE_BYTES, 31_457_280),
         ("media exceeds size limit: max 10485760 bytes", IMAGE_BYTES, 10_485_760),
+        ("The image is too large. Maximum size is 20 MB.", IMAGE_BYTES, 20_000_000),  # the kind named a sentence before
+        ("Request rejected. Maximum size is 20 MB.", BODY_BYTES, 20_000_000),
+        ("Payload Too Large: max 50KB", BODY_BYTES, 50_000),
+        ("File size exceeds the 20MB limit", IMAGE_BYTES, 20_000_000),
+        # more wordings of a count and a side
+        ("Maximum number of images per request is 10", IMAGE_COUNT, 10),
+        ("You can upload up to 4 images", IMAGE_COUNT, 4),
+        ("Only 1 image is supported per request", IMAGE_COUNT, 1),
+        ("Number of images (25) exceeds the limit (20)", IMAGE_COUNT, 20),
+        ("too many images (12), max is 10", IMAGE_COUNT, 10),
+        ("image dimensions must not exceed 4096x4096", IMAGE_SIDE, 4096),
     ],
 )
 def test_the_general_reader_reads_the_number_and_what_it_limits(message: str, kind: str, value: int) -> None:

@@ -417,7 +417,7 @@ _BYTES = {"kb": 1000, "kib": 1 << 10, "mb": 1000**2, "mib": 1 << 20, "gb": 1000*
 # file size of", "limit:", "(max"): at most 50 characters, with no other number among them.
 _CUE_BEFORE = re.compile(
     r"\b(?:max(?:imum)?|limit(?:ed)?|at most|up to|no more than|(?:can ?not|can't|must not|may not|should not) exceed|exceed(?:s|ed|ing)?"
-    r"|below|under|allowed|only include)\b[^.!?;]{0,50}$",
+    r"|below|under|allowed|only)\b[^.!?;]{0,50}$",
     re.IGNORECASE,
 )
 _CUE_AFTER = re.compile(r"\s*(?:max(?:imum)?|limit)\b", re.IGNORECASE)  # "5 MB maximum", "10MB limit"
@@ -541,7 +541,9 @@ def _reading(sentence: str, words: str, text: str, message_words: list[str], qua
     if unit == "" and value >= 1024 and _SIZE_WORDS.search(sentence[: quantity.start]):
         unit = "bytes"  # "Maximum request body size 1048576", "max allowed file size of 31457280"
     if unit == "bytes":
-        return Reading(_bytes_kind(words, quantity.start), int(value), end)
+        if not message_words:
+            message_words.append(_without_names(text))
+        return Reading(_bytes_kind(words, quantity.start, message_words[0]), int(value), end)
     if unit == "" and not (_COUNT_WORDS.search(words) or _NOT_COUNT.search(words)):
         if not message_words:
             message_words.append(_without_names(text))
@@ -553,14 +555,21 @@ def _reading(sentence: str, words: str, text: str, message_words: list[str], qua
     return None
 
 
-def _bytes_kind(words: str, position: int) -> str:
+def _bytes_kind(words: str, position: int, message_words: str) -> str:
     """One image's bytes when the nearest word before the figure (or, with none before, after it) names an
-    image or a file; the request body otherwise."""
+    image or a file; the request body when it names a request or a payload. A sentence that names neither
+    ("Maximum size is 20 MB.") takes the message's first such word ("The image is too large."); with none
+    at all, the request body."""
     before = [(m.start(), IMAGE_BYTES) for m in _IMAGE_WORDS.finditer(words, 0, position)]
     before += [(m.start(), BODY_BYTES) for m in _BODY_WORDS.finditer(words, 0, position)]
     if before:
         return max(before)[1]
     if _IMAGE_WORDS.search(words, position):
+        return IMAGE_BYTES
+    if _BODY_WORDS.search(words, position):
+        return BODY_BYTES
+    image, body = _IMAGE_WORDS.search(message_words), _BODY_WORDS.search(message_words)
+    if image is not None and (body is None or image.start() < body.start()):
         return IMAGE_BYTES
     return BODY_BYTES
 
