@@ -11,13 +11,22 @@ import pytest
 from trimflow import Limits, RulesError
 from trimflow._recovery import (
     BODY_BYTES,
+    IMAGE_BYTES,
     IMAGE_COUNT,
+    IMAGE_SIDE,
     LimitError,
     Refused,
+    Rejected,
+    Tightening,
+    answer_messages,
+    assess,
     load_patterns,
     parse_patterns,
+    read_limit,
+    scope,
     step_down,
     tightened,
+    why_not,
 )
 
 PATTERNS = load_patterns()
@@ -272,22 +281,40 @@ def test_a_host_bound_pattern_holds_for_its_host_only() -> None:
     assert PATTERNS.recognise(400, body, "localhost") is None  # the same shape elsewhere means list content is not taken
 
 
-def test_the_source_keeps_the_matched_text_only_without_keys() -> None:
+def test_the_source_keeps_a_short_message_to_the_end_of_its_verdict_without_keys() -> None:
     body = openai("Too many images in request. Max is 10. Your prompt was: SECRET PROMPT TEXT, key sk-proj-abcdefghijklmnopqrstuv")
     error = PATTERNS.recognise(400, body, "api.example.com")
     assert error is not None
-    assert error.source == "400 openai-max-is: Too many images in request. Max is 10"
+    assert error.source == "400 openai-max-is: Too many images in request. Max is 10."
     keyed = parse_patterns('patterns:\n  - {name: k, status: [400], match: "limit \\\\d+ for \\\\S+", limit: image_count}')
     found = keyed.recognise(400, b"limit 3 for sk-proj-abcdefghijklmnop", "h")
     assert found is not None and "sk-proj" not in found.source and "[redacted]" in found.source
 
 
-def test_a_bare_413_keeps_the_first_words_of_its_answer() -> None:
-    assert error_for(413, b"Failed to buffer the request body: length limit exceeded").source == (
-        "413 bare-413: Failed to buffer the request body: length limit exceeded"
-    )
+@pytest.mark.parametrize(
+    "message",
+    [
+        "Too many images, max 10, for bob@example.com",
+        "Too many images, max 10, request req_011CXyLbCw5kpB1NsykoTSqu",
+        "Too many images, max 10, api_key=abc123",
+        "Too many images, max 10, Bearer abc.def",
+        "Too many images, max 10, key AIzaSyA1234567890abcdef",
+    ],
+)
+def test_addresses_tokens_and_keys_are_taken_out_of_a_source(message: str) -> None:
+    error = PATTERNS.recognise(400, openai(message), "h")
+    assert error is not None and error.value == 10
+    assert "[redacted]" in error.source
+    assert not any(secret in error.source for secret in ("bob@", "req_011", "abc123", "abc.def", "AIza"))
+
+
+def test_a_long_message_is_not_kept_and_a_catch_all_keeps_nothing_of_the_answer() -> None:
+    long = "Too many images in request. Max is 10. " + "The rest of this message quotes the request at length. " * 3
+    error = PATTERNS.recognise(400, openai(long), "h")
+    assert error is not None and error.value == 10 and error.source == "400 openai-max-is"
+    assert error_for(413, b"Failed to buffer the request body: length limit exceeded").source == "413 bare-413"
     html = b"<html>\r\n<head><title>413 Request Entity Too Large</title></head>\r\n<body><center>nginx</center></body></html>"
-    assert error_for(413, html).source == "413 bare-413: 413 Request Entity Too Large nginx"
+    assert error_for(413, html).source == "413 bare-413"
     assert error_for(413, b"").source == "413 bare-413"
 
 
@@ -399,3 +426,255 @@ def test_a_users_patterns_come_before_the_shipped_ones(tmp_path) -> None:
     assert error is not None and (error.pattern.name, error.value) == ("my-gateway", 500000)
     fallback = patterns.recognise(413, b"something else", "gw")
     assert fallback is not None and fallback.pattern.name == "bare-413"
+
+
+# --- where the message is ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "messages"),
+    [
+        (openai("too many images"), ["too many images"]),
+        (b'{"message":"m","param":"screenshot_0.png","input":"max 5 images"}', ["m"]),
+        (b'{"error":"Failed to read request body: length limit exceeded"}', ["Failed to read request body: length limit exceeded"]),
+        (b'{"detail":"Payload too large"}', ["Payload too large"]),
+        (
+            b'{"detail":[{"type":"string_type","loc":["body","messages",3,"content","str"],"msg":"Input should be a valid string",'
+            b'"input":"quoted"}]}',
+            ["body.messages.3.content.str: Input should be a valid string (string_type)"],
+        ),
+        (b'{"errors":[{"message":"first"},{"message":"second"}]}', ["first", "second"]),
+        (b'{"errors":{"message":"one","request_id":"x"}}', ["one"]),
+        (b'[{"error":{"code":400,"message":"streamed","status":"INVALID_ARGUMENT"}}]', ["streamed"]),
+        (
+            b'{"error":{"message":"Provider returned error","code":400,'
+            b'"metadata":{"raw":"{\\"error\\":{\\"message\\":\\"inner\\",\\"param\\":\\"input\\"}}"}}}',
+            ["Provider returned error", "inner"],
+        ),
+        (
+            openai('litellm.BadRequestError: OpenAIException - {"object":"error","message":"inner"}'),
+            ["litellm.BadRequestError: OpenAIException", "inner"],
+        ),
+        (b'{"message":"The model returned the following errors: image too big"}', ["image too big"]),
+        (b"<html><head><title>413 Request Entity Too Large</title></head><body><p>quoted prompt</p></body></html>", ["413 Request Entity Too Large"]),
+        (b"<html><body><center><h1>413 Payload Too Large</h1></center></body></html>", ["413 Payload Too Large"]),
+        (b"  Failed to buffer the request body:\n length limit exceeded\n", ["Failed to buffer the request body: length limit exceeded"]),
+        (b'{"error": {"message": "cut', []),  # JSON that does not parse: nothing is read rather than everything
+        (b'{"id":"ok","choices":[]}', []),
+    ],
+)
+def test_only_the_providers_message_is_read(body: bytes, messages: list[str]) -> None:
+    assert answer_messages(body) == messages
+
+
+def test_an_echoed_prompt_outside_the_message_is_never_a_verdict() -> None:
+    # the limit's words sit in `param` and in a validation error's `input`, which echo the request
+    assert PATTERNS.recognise(400, b'{"error":{"message":"Invalid image.","param":"Too many images in request. Max is 2."}}', "h") is None
+    body = b'{"detail":[{"type":"value_error","loc":["body"],"msg":"bad","input":"too many images and documents: 5 + 0 > 2"}]}'
+    assert PATTERNS.recognise(422, body, "h") is None
+
+
+# --- the general reader's grammar --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("message", "kind", "value"),
+    [
+        # cues before the number, with the words they may take
+        ("too many URL images in request (max 20)", IMAGE_COUNT, 20),
+        ("Exceeded maximum number of images (50) allowed in the request.", IMAGE_COUNT, 50),
+        ("a request carries at most 20 images.", IMAGE_COUNT, 20),
+        ("Images per request: up to 8", IMAGE_COUNT, 8),
+        ("Please make sure your payload is below 26214400 bytes in size.", BODY_BYTES, 26_214_400),
+        ("Downloaded image content cannot exceed 30MB", IMAGE_BYTES, 30_000_000),
+        ("The maximum request size is 32 MB", BODY_BYTES, 32_000_000),
+        ("Maximum request body size 1048576 exceeded, actual body size 1056562", BODY_BYTES, 1_048_576),
+        ("Max 50KB", BODY_BYTES, 50_000),
+        # a cue after the number
+        ("image is over the 20 MiB limit", IMAGE_BYTES, 20 * 2**20),
+        ("payload exceeds 10 MB maximum", BODY_BYTES, 10_000_000),
+        # a comparison: the right side is the limit, the left what was sent
+        ("response.create is too large for upstream websocket (18915698 bytes > 15728640 bytes)", BODY_BYTES, 15_728_640),
+        ("Too many images in request: 11 > 8", IMAGE_COUNT, 8),
+        # the count's words may be a sentence before the number's
+        ("Too many images in request. Max is 10.", IMAGE_COUNT, 10),
+        # units as written: decimal and binary, separators, a space or none
+        ("image must be at most 5,242,880 bytes", IMAGE_BYTES, 5_242_880),
+        ("image must be at most 5 MB", IMAGE_BYTES, 5_000_000),
+        ("image must be at most 5MB", IMAGE_BYTES, 5_000_000),
+        ("image must be at most 5MiB", IMAGE_BYTES, 5 * 2**20),
+        ("request body limit: 1.5 GB", BODY_BYTES, 1_500_000_000),
+        ("request body limit: 512 KiB", BODY_BYTES, 512 * 1024),
+        # sides, dimensions and areas
+        ("At least one of the image dimensions exceed max allowed size: 8000 pixels", IMAGE_SIDE, 8000),
+        ("image side must be at most 1568px", IMAGE_SIDE, 1568),
+        ("input size exceed limit 2048x2048,current input:(1080,2376)", IMAGE_SIDE, 2048),
+        ("Current dimensions: 4634x12324 = 57109416 pixels. Maximum allowed: 36000000 pixels.", IMAGE_SIDE, 6000),
+        ("image exceeds the limit of 4 megapixels", IMAGE_SIDE, 2000),
+        # the file or image a size belongs to, however it is named
+        ("The file size of `gs://b/image.png` is 47688287, which exceeds max allowed file size of 31457280", IMAGE_BYTES, 31_457_280),
+        ("media exceeds size limit: max 10485760 bytes", IMAGE_BYTES, 10_485_760),
+        ("The image is too large. Maximum size is 20 MB.", IMAGE_BYTES, 20_000_000),  # the kind named a sentence before
+        ("Request rejected. Maximum size is 20 MB.", BODY_BYTES, 20_000_000),
+        ("Payload Too Large: max 50KB", BODY_BYTES, 50_000),
+        ("File size exceeds the 20MB limit", IMAGE_BYTES, 20_000_000),
+        # more wordings of a count and a side
+        ("Maximum number of images per request is 10", IMAGE_COUNT, 10),
+        ("You can upload up to 4 images", IMAGE_COUNT, 4),
+        ("Only 1 image is supported per request", IMAGE_COUNT, 1),
+        ("Number of images (25) exceeds the limit (20)", IMAGE_COUNT, 20),
+        ("too many images (12), max is 10", IMAGE_COUNT, 10),
+        ("image dimensions must not exceed 4096x4096", IMAGE_SIDE, 4096),
+    ],
+)
+def test_the_general_reader_reads_the_number_and_what_it_limits(message: str, kind: str, value: int) -> None:
+    reading = read_limit(message)
+    assert reading is not None and (reading.kind, reading.value) == (kind, value)
+    error = PATTERNS.recognise(422, openai(message), "h")  # 422 is read like 400 and 413
+    assert error is not None and (error.kind, error.value) == (kind, value)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "Request exceeds the maximum size",  # no number: the general reader does not guess (a catch-all may step down)
+        "Too many images in request. Max is 0.png",  # a file name, not a number
+        "model gpt-4o does not support images",  # a number inside a name
+        "messages.19.content.27.image.source.base64.data: Invalid base64",  # numbers inside a path
+        "request contains 52 images",  # what was sent, no limit
+        "Image count 5 exceeds the model's",  # what was sent, left of "exceeds"
+        "The image length and width do not meet the model restrictions. [height:1 or width:1 must be larger than 10]",  # a minimum
+        "Prompt length of 16601 is longer than the maximum model length 10000.",  # a length with no unit: not bytes, not images
+        "The decoder prompt contains a(n) image item with length 6132, which exceeds the pre-allocated encoder cache size 6084.",
+        "request (4390 tokens) exceeds the available context size (4096 tokens)",  # tokens
+        "max 5 retries allowed",  # a count of something else
+        "The image you provided requires 33174 patches after processing, exceeding the limit of 30000.",  # patches of one image
+        "413 Request Entity Too Large",
+    ],
+)
+def test_the_general_reader_leaves_what_names_no_limit(message: str) -> None:
+    assert read_limit(message) is None
+
+
+def test_the_general_reader_runs_after_the_named_patterns_and_before_the_catch_alls() -> None:
+    # a 413 naming one image's limit is that limit, not a body limit stepped down
+    error = PATTERNS.recognise(413, b'{"error":{"message":"Downloaded image content cannot exceed 30MB","code":413}}', "openrouter.ai")
+    assert error is not None and (error.pattern.name, error.kind, error.value) == ("general", IMAGE_BYTES, 30_000_000)
+    assert scope(error) == "model"
+    # a named pattern wins where both read the answer
+    named = PATTERNS.recognise(400, openai("Too many images in request: 11 > 8"), "h")
+    assert named is not None and named.pattern.name == "gateway-count-over"
+    # what the general reader cannot read falls to the catch-all
+    bare = PATTERNS.recognise(413, openai("Payload Too Large"), "h")
+    assert bare is not None and bare.pattern.name == "bare-413"
+    # a body limit it reads holds for the whole host, as the named ones do
+    body = PATTERNS.recognise(400, openai("request body limit: 4 MB"), "h")
+    assert body is not None and scope(body) == "host"
+
+
+@pytest.mark.parametrize("status", [401, 403, 404, 407, 408, 429, 500, 502, 503])
+def test_the_general_reader_never_reads_other_statuses(status: int) -> None:
+    assert PATTERNS.recognise(status, openai("too many URL images in request (max 20)"), "h") is None
+
+
+def test_an_answer_about_tokens_is_no_limit_even_as_a_413() -> None:
+    groq = openai("Request too large for model `llama-3.3-70b-versatile` on tokens per minute (TPM): Limit 6000, Requested 10338")
+    assert PATTERNS.recognise(413, groq, "api.groq.com") is None
+    assert PATTERNS.recognise(413, anthropic("Prompt is too long"), "h") is None
+
+
+def test_a_user_pattern_file_is_checked_against_its_own_example_only() -> None:
+    # the general reader would read this example; the pattern itself must, or the file is refused
+    with pytest.raises(RulesError, match="match does not find its own example"):
+        parse_patterns("patterns:\n  - {name: a, status: [400], match: 'nothing like it', limit: image_count, example: 'max 20 images'}")
+
+
+# --- what a refusal may teach ------------------------------------------------------------------------------------
+
+
+def general_error(message: str, status: int = 400) -> LimitError:
+    error = PATTERNS.recognise(status, openai(message), "h")
+    assert error is not None
+    return error
+
+
+@pytest.mark.parametrize(
+    ("message", "refused", "why"),
+    [
+        ("Too many images in request. Max is 0.", Refused(1000, 3), "too many images: 0 is under the floor of 1"),
+        ("images per request: at most 0", Refused(1000, 3), "too many images: 0 is under the floor of 1"),
+        ("request body cannot exceed 0 bytes", Refused(200_000, 3), "request too large: 0 bytes is under the floor of 65,536 bytes"),
+        ("Max 50KB", Refused(200_000, 3), "request too large: 50,000 bytes is under the floor of 65,536 bytes"),
+        ("image must be at most 8 KiB", Refused(200_000, 3), "image too large: 8,192 bytes is under the floor of 65,536 bytes"),
+        ("image side must be at most 40px", Refused(200_000, 3), "image too wide: 40px is under the floor of 256px"),
+    ],
+)
+def test_a_figure_under_a_floor_teaches_nothing_and_says_why(message: str, refused: Refused, why: str) -> None:
+    error = general_error(message) if "Max is 0." not in message else error_for(400, openai(message))
+    assert tightened(error, Limits(), refused) is None
+    assert why_not(error, Limits(), refused) == why
+
+
+def test_the_floors_hold_for_stepped_down_figures_too() -> None:
+    count = error_for(400, openai("HTTP 400 \u2013 Max images exceeded"))
+    assert tightened(count, Limits(), Refused(1000, 1)) is None  # one image refused: the next step is none at all
+    assert why_not(count, Limits(), Refused(1000, 1)) == "too many images: 0 is under the floor of 1"
+    body = error_for(413, b"")
+    assert tightened(body, Limits(), Refused(60_000, 1)) is None  # no common limit under it, and 3/4 of it is under 64 KiB
+    t = tightened(body, Limits(), Refused(70_000, 1))
+    assert t is not None and dict(t.fields) == {"max_body_bytes": 65_536}
+
+
+def test_keep_recent_follows_the_cap_down_but_never_under_one() -> None:
+    t = tightened(general_error("at most 1 image(s) may be sent"), Limits(keep_recent=3), Refused(1000, 4))
+    assert t is not None and dict(t.fields) == {"max_images": 1, "keep_recent": 1}
+
+
+@pytest.mark.parametrize(
+    ("message", "refused", "applied"),
+    [
+        ("image must be at most 5 MB", Refused(9_000_000, 2, largest_image_bytes=6_000_000), True),
+        ("image must be at most 5 MB", Refused(9_000_000, 2, largest_image_bytes=4_000_000), False),  # it was within: a misread
+        ("image must be at most 5 MB", Refused(9_000_000, 2), True),  # the largest image unknown: the figure is taken
+        ("image side must be at most 2000px", Refused(9_000_000, 2, largest_image_side=2560), True),
+        ("image side must be at most 2000px", Refused(9_000_000, 2, largest_image_side=1920), False),
+    ],
+)
+def test_a_per_image_figure_counts_only_below_the_largest_image_sent(message: str, refused: Refused, applied: bool) -> None:
+    error = general_error(message)
+    t = tightened(error, Limits(), refused)
+    assert (t is not None) == applied
+    if not applied:
+        reason = why_not(error, Limits(), refused)
+        assert reason is not None and "no lower than the largest image sent" in reason
+
+
+def test_why_not_names_the_limits_that_held_and_says_nothing_when_fields_are_given() -> None:
+    error = error_for(400, anthropic("messages.0.content.2.image.source.base64: image exceeds 5 MB maximum: 15908784 bytes > 5242880 bytes"))
+    assert why_not(error, Limits(max_image_bytes=5 * 2**20), Refused(1, 1)) == (
+        "image too large: the limits that applied (5,242,880 bytes) already held the request there"
+    )
+    assert why_not(error, Limits(), Refused(1, 1)) is None
+    assert isinstance(assess(error, Limits(), Refused(1, 1)), Tightening)
+    assert isinstance(assess(error, Limits(max_image_bytes=1 << 20), Refused(1, 1)), Rejected)
+
+
+def test_every_reason_is_one_line_without_the_answers_text() -> None:
+    secret = "SECRET-PROMPT"
+    error = general_error(f"request body cannot exceed 0 bytes ({secret})")
+    reason = why_not(error, Limits(), Refused(200_000, 3))
+    assert reason is not None and "\n" not in reason and secret not in reason
+
+
+def test_a_message_is_read_for_its_first_32_numbers_only() -> None:
+    # a hostile answer full of numbers costs a bounded amount of reading: what comes after them is not read
+    assert read_limit("request body: " + ", ".join(str(n) for n in range(31)) + "; max 5 MB") is not None
+    assert read_limit("request body: " + ", ".join(str(n) for n in range(40)) + "; max 5 MB") is None
+
+
+def test_what_read_an_answer_is_named_in_its_error() -> None:
+    general = PATTERNS.recognise(400, openai("a request carries at most 20 images."), "h")
+    assert general is not None and general.pattern.name == "general" and not general.pattern.catch_all
+    assert general.source == "400 general: a request carries at most 20 images."
+    bare = PATTERNS.recognise(413, b"", "h")
+    assert bare is not None and bare.pattern.catch_all

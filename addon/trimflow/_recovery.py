@@ -1,10 +1,18 @@
 """Limit errors: recognise a provider's answer that refused a request for its size, and say which limit to tighten.
 
-The patterns live in YAML (rules/limit_errors.yaml, and a user's file tried before it): per pattern the
-statuses it applies to, a regular expression searched in the answer, the kind of limit, and how to get
-the number (a named group, a fixed value, or a step down from what was refused). `Patterns.recognise`
-turns an answer into a LimitError; `tightened` turns a LimitError and the limits the refused request
-was pruned under into the Limits fields to send it again under. Pure Python, no mitmproxy.
+An answer is read in three passes over the provider's own message (`answer_messages`: the error message of
+the JSON, not every string of it, so that an echoed prompt or file name is never read as a verdict):
+
+1. the named patterns (rules/limit_errors.yaml, and a user's file tried before it): per pattern the statuses
+   it applies to, a regular expression, the kind of limit and how to get the number;
+2. the general reader (`read_limit`), a small grammar for wordings no pattern knows: a limit cue ("max",
+   "limit", "at most", "cannot exceed", "N > M"...) next to a number with its unit, and the words around it
+   that say what is limited (images, one image's bytes or sides, the request body);
+3. the catch-alls (a pattern whose `match` is empty: any 413).
+
+`Patterns.recognise` turns an answer into a LimitError; `tightened` turns a LimitError and the limits the
+refused request was pruned under into the Limits fields to send it again under, never below the floors
+(`FLOORS`), and `why_not` says in one line why it did not. Pure Python, no mitmproxy.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ from typing import Any
 import orjson
 from yaml.nodes import Node, SequenceNode
 
-from ._policy import MIN_IMAGE_BYTES, MIN_SIDE, Limits
+from ._policy import Limits
 from ._yaml import NodeReader, read_text, shipped_file
 from .errors import RulesError
 
@@ -45,7 +53,20 @@ REASONS = {
 }
 MODEL, HOST = "model", "host"
 NEVER = frozenset({401, 403, 404, 407, 408, 429})  # auth, missing, rate limits: never about size
-_MINIMUM = {IMAGE_BYTES: MIN_IMAGE_BYTES, IMAGE_SIDE: MIN_SIDE, MANY_IMAGE_SIDE: MIN_SIDE, IMAGE_COUNT: 0, BODY_BYTES: 0}
+GENERAL_STATUSES = frozenset({400, 413, 422})  # the statuses the general reader reads
+
+_KIB = 1 << 10
+# The least a refusal may teach; a figure under one is not applied (`why_not` says so). Each is far under
+# any limit a provider documents, so a lower figure is a misread or a hostile answer, and applying it would
+# wreck every later request to the host:
+# - one image: the newest is never dropped (keep_recent >= 1 too);
+# - 64 KiB of body holds a system prompt, a few turns and one small screenshot; the smallest body limit
+#   seen in the wild is 1 MiB (Gemini CLI's backend);
+# - 64 KiB of base64 is 48 KiB of image, a legible 1000 px JPEG screenshot; the smallest per-image limit
+#   documented is 4 MB (Gemini inline data), and the shrink ladder turns anything smaller into mush;
+# - 256 px is the smallest side on which a screenshot's text still reads; providers' side limits start
+#   at 1120 px (Llama 3.2 vision on Bedrock).
+FLOORS = {IMAGE_COUNT: 1, BODY_BYTES: 64 * _KIB, IMAGE_BYTES: 64 * _KIB, IMAGE_SIDE: 256, MANY_IMAGE_SIDE: 256}
 
 # What a limit steps down to when the answer names no number: the largest common limit below the
 # refused value (providers set round figures, decimal or binary), or 3/4 of it when none is near.
@@ -60,11 +81,30 @@ BODY_STEPS = tuple(
 COUNT_STEPS = (1, 2, 3, 4, 5, 8, 10, 12, 16, 20, 32, 50, 60, 100, 250, 500, 600, 1000)
 _STEP_RATIO = 0.75
 
-ANSWER_TEXT_MAX = 64 * 1024  # bytes of an answer searched: error texts come first, and a body may echo a request
-SOURCE_MAX = 200  # characters of the matched text kept as a learned limit's source
-_SECRET = re.compile(r"(?:sk-[A-Za-z0-9_-]{8,}|AIza[0-9A-Za-z_-]{10,}|(?i:bearer)\s+\S+|[A-Za-z0-9+/=_-]{48,})")
+ANSWER_TEXT_MAX = 64 * 1024  # bytes of an answer read: error texts come first, and a body may echo a request
+MESSAGE_MAX = 2000  # characters of one message read
+SOURCE_MESSAGE_MAX = 120  # a provider's message longer than this is not kept in a learned limit's source
+_MESSAGES_MAX = 8  # messages read from one answer
+_DEPTH_MAX = 5  # JSON levels walked, embedded JSON strings included
+# What is taken out of a message kept as a source: keys, bearer tokens, e-mail addresses, assignments of
+# secrets, and any long run of letters and digits (request ids, tokens, base64; a hyphenated model name
+# is no token).
+_SECRET = re.compile(
+    r"sk-[A-Za-z0-9_-]{8,}|AIza[0-9A-Za-z_-]{10,}|(?i:bearer)\s+\S+|[\w.+-]+@[\w-]+\.[\w.-]+"
+    r"|(?i:api[_-]?key|token|secret|password)\s*[:=]\s*\S+"
+    r"|(?=[A-Za-z0-9+/=_]*\d)(?=[A-Za-z0-9+/=_]*[A-Za-z])[A-Za-z0-9+/=_]{24,}"
+)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_TO_SENTENCE_END = re.compile(r".*?[.!?](?=\s|$)|.*")  # a dot inside a name ("example.com") ends nothing
 
 _TAGS = re.compile(r"<[^>]*>")
+_TITLE = re.compile(r"<title[^>]*>(.*?)</title>", re.IGNORECASE | re.DOTALL)
+_HTML = re.compile(r"<(?:!doctype|html|head|body|title)\b", re.IGNORECASE)
+# Bedrock's InvokeModel wraps the model's own message: the message is what follows.
+_BEDROCK_WRAPPER = re.compile(r"^\s*(?:\w+Exception:\s*)?the model returned the following errors?:\s*", re.IGNORECASE)
+# An answer about tokens, rates or quotas is no size limit, whatever its status (Groq answers a 413 for
+# its tokens per minute): neither the general reader nor a catch-all reads it.
+_NOT_SIZE = re.compile(r"\btokens?\b|\b[TR]PM\b|rate[ _-]?limit|\bquota\b|context (?:length|window|size)|prompt is too long", re.IGNORECASE)
 _TOP_KEYS = ("patterns",)
 _PATTERN_KEYS = ("name", "provider", "status", "match", "limit", "per", "value", "threshold", "patch_px", "host", "example", "expect")
 
@@ -86,6 +126,19 @@ class Pattern:
     def applies(self, status: int, host: str) -> bool:
         return status in self.status and (self.host is None or fnmatch.fnmatch(host.lower(), self.host.lower()))
 
+    @property
+    def catch_all(self) -> bool:
+        """An empty `match`: the pattern takes any answer with its status, after every other reading failed."""
+        return not self.regex.pattern
+
+
+_NO_EXPRESSION = re.compile(r"(?!)")  # the general reader's patterns match nothing themselves: its grammar reads
+# The general reader's results, one per kind: `pattern.name` is "general" in the log and the learned file.
+GENERAL = {
+    kind: Pattern("general", GENERAL_STATUSES, _NO_EXPRESSION, kind, HOST if kind == BODY_BYTES else MODEL, source="the general reader")
+    for kind in (IMAGE_COUNT, BODY_BYTES, IMAGE_BYTES, IMAGE_SIDE)
+}
+
 
 @dataclass(frozen=True, slots=True)
 class LimitError:
@@ -94,7 +147,7 @@ class LimitError:
     pattern: Pattern
     status: int
     value: int | None
-    text: str  # the matched text, trimmed and with anything like a key taken out: a learned limit's source
+    text: str  # the provider's short message, keys taken out ("" when long, or a catch-all's page): the source's
 
     @property
     def kind(self) -> str:
@@ -110,15 +163,20 @@ class LimitError:
 
     @property
     def source(self) -> str:
+        """What a learned limit keeps of where it came from: the status and the pattern's name, and the
+        provider's message only when it is short; never a page or a body."""
         return f"{self.status} {self.pattern.name}: {self.text}" if self.text else f"{self.status} {self.pattern.name}"
 
 
 @dataclass(frozen=True, slots=True)
 class Refused:
-    """What the refused request sent: its body size and image count, from its record."""
+    """What the refused request sent: its body size and image count, from its record; the base64 length and
+    long side of its largest image when they are known (None: unknown)."""
 
     body_bytes: int
     images: int
+    largest_image_bytes: int | None = None
+    largest_image_side: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +193,13 @@ class Tightening:
         return f"{error.reason} (max {shown}, {'from the answer' if self.named else 'stepped down from what was refused'})"
 
 
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """Why a refusal teaches nothing: one line with figures and no text of the answer, for the log."""
+
+    reason: str
+
+
 def _format_value(kind: str, value: int) -> str:
     if kind in (BODY_BYTES, IMAGE_BYTES):
         return f"{value:,} bytes"
@@ -144,57 +209,59 @@ def _format_value(kind: str, value: int) -> str:
 
 
 class Patterns:
-    """Patterns tried in order: the first that applies to the status and host and matches the answer wins."""
+    """Named patterns tried in order (the first that applies to the status and host and matches one of the
+    answer's messages wins), then the general reader, then the catch-alls."""
 
-    def __init__(self, patterns: Iterable[Pattern]) -> None:
+    def __init__(self, patterns: Iterable[Pattern], general: bool = True) -> None:
         self.patterns = tuple(patterns)
+        self.general = general
 
     def recognise(self, status: int, body: bytes, host: str = "") -> LimitError | None:
         """The limit error the answer `body` (decoded) with `status` names, or None when it is no limit error."""
         if status in NEVER or status < 400 or status >= 500:
             return None
         candidates = [p for p in self.patterns if p.applies(status, host)]
-        if not candidates:
+        if not candidates and not (self.general and status in GENERAL_STATUSES):
             return None
-        texts = answer_texts(body)
+        messages = answer_messages(body)
         for pattern in candidates:
-            for text in texts:
-                match = pattern.regex.search(text)
-                if match is not None:
-                    # A pattern that matches any text (a bare 413) keeps the answer's first words: a title, axum's sentence.
-                    said = match.group(0) or _TAGS.sub(" ", texts[-1])
-                    return LimitError(pattern, status, _number(pattern, match), _clean(said))
+            if pattern.catch_all:
+                continue
+            for message in messages:
+                found = _search(pattern, message)
+                if found is not None:
+                    value, end = found
+                    return LimitError(pattern, status, value, _excerpt(message, end))
+        if any(_NOT_SIZE.search(message) for message in messages):
+            return None
+        if self.general and status in GENERAL_STATUSES:
+            for message in messages:
+                reading = read_limit(message)
+                if reading is not None:
+                    return LimitError(GENERAL[reading.kind], status, reading.value, _excerpt(message, reading.end))
+        for pattern in candidates:
+            if pattern.catch_all:
+                return LimitError(pattern, status, pattern.value, "")  # a page or a bare sentence: nothing of it is kept
         return None
 
     def __len__(self) -> int:
         return len(self.patterns)
 
 
-def answer_texts(body: bytes) -> list[str]:
-    """The answer's text as it came, then (when it is JSON) its strings joined, so that escapes do not matter."""
-    head = body[:ANSWER_TEXT_MAX]
-    text = head.decode("utf-8", "replace")
-    texts = [text]
-    try:
-        parsed = orjson.loads(head) if len(body) <= ANSWER_TEXT_MAX else None
-    except orjson.JSONDecodeError:
-        parsed = None
-    if parsed is not None:
-        strings = "\n".join(_strings(parsed))
-        if strings and strings != text:
-            texts.append(strings)
-    return texts
+def _search(pattern: Pattern, message: str) -> tuple[int | None, int] | None:
+    """(the number, where the match ends) of the pattern's first match in `message` whose number stands
+    alone: "Max is 0.png" is a file name the answer echoes, not a number."""
+    for match in pattern.regex.finditer(message):
+        if "limit" in match.groupdict() and match.group("limit") is not None and _glued(message, match.end("limit")):
+            continue
+        return _number(pattern, match), match.end()
+    return None
 
 
-def _strings(node: Any) -> Iterable[str]:
-    if isinstance(node, str):
-        yield node
-    elif isinstance(node, dict):
-        for value in node.values():
-            yield from _strings(value)
-    elif isinstance(node, list):
-        for value in node:
-            yield from _strings(value)
+def _glued(text: str, end: int) -> bool:
+    """Whether the number ending at `end` goes on into a word ("0.png", "4o")."""
+    rest = text[end : end + 2]
+    return bool(rest) and (rest[0].isalnum() or rest[0] == "_" or (rest[0] in ".-/" and len(rest) > 1 and rest[1].isalnum()))
 
 
 def _number(pattern: Pattern, match: re.Match[str]) -> int | None:
@@ -208,9 +275,306 @@ def _number(pattern: Pattern, match: re.Match[str]) -> int | None:
     return value
 
 
-def _clean(text: str) -> str:
-    text = _SECRET.sub("[redacted]", " ".join(text.split()))
-    return text if len(text) <= SOURCE_MAX else text[: SOURCE_MAX - 3] + "..."
+def _excerpt(message: str, end: int) -> str:
+    """The message kept in a learned limit's source: only a short one, up to the end of the sentence that
+    named the limit, with anything like a key, an address or a token taken out."""
+    if len(message) > SOURCE_MESSAGE_MAX:
+        return ""
+    stop = _TO_SENTENCE_END.match(message, end)
+    text = message[: stop.end() if stop is not None else end]
+    return _SECRET.sub("[redacted]", " ".join(_CONTROL.sub(" ", text).split()))
+
+
+# --- where the message is -----------------------------------------------------------------------
+
+
+def answer_messages(body: bytes) -> list[str]:
+    """The provider's own error messages in an answer, outermost first: in JSON `error` (a string, or its
+    `message`), `message`, `detail` (a string, or a list of validation errors: where and what, never the
+    input they quote), `errors[].message`, and a provider's error JSON embedded as a string (OpenRouter's
+    `error.metadata.raw`, a gateway's "OpenAIException - {...}"); Bedrock's "The model returned the
+    following errors:" wrapper taken off. Not JSON: an HTML page's title, or the text itself. Other
+    strings of the answer (a `param`, an `input`, a request id) are never read."""
+    head = body[:ANSWER_TEXT_MAX]
+    text = head.decode("utf-8", "replace").strip()
+    out: list[str] = []
+    if text[:1] in ("{", "["):
+        if len(body) <= ANSWER_TEXT_MAX:  # a JSON answer cut short cannot be read safely
+            parsed = _json(text)
+            if parsed is not None:
+                _from_json(parsed, out, 0)
+        return out[:_MESSAGES_MAX]
+    if _HTML.search(text):
+        title = _TITLE.search(text)
+        page = title.group(1) if title is not None else _TAGS.sub(" ", text)
+        _add(" ".join(page.split())[:200], out, 0)
+    else:
+        _add(text, out, 0)
+    return out[:_MESSAGES_MAX]
+
+
+def _json(text: str) -> Any:
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+
+
+def _from_json(node: Any, out: list[str], depth: int) -> None:
+    if depth > _DEPTH_MAX or len(out) >= _MESSAGES_MAX:
+        return
+    if isinstance(node, list):  # Gemini's streamed errors: [{"error": {...}}]; errors: [{"message": ...}]
+        for item in node[:4]:
+            _from_json(item, out, depth + 1)
+        return
+    if not isinstance(node, dict):
+        return
+    error = node.get("error")
+    if isinstance(error, str):
+        _add(error, out, depth)
+    elif isinstance(error, (dict, list)):
+        _from_json(error, out, depth + 1)
+    for key in ("message", "Message", "msg", "error_message", "errorMessage"):
+        value = node.get(key)
+        if isinstance(value, str):
+            _add(value, out, depth)
+    detail = node.get("detail")
+    if isinstance(detail, str):
+        _add(detail, out, depth)
+    elif isinstance(detail, list):
+        for item in detail[:4]:
+            if isinstance(item, dict):
+                _add(_validation_message(item), out, depth)
+    errors = node.get("errors")
+    if isinstance(errors, (dict, list)):
+        _from_json(errors, out, depth + 1)
+    metadata = node.get("metadata")
+    if isinstance(metadata, dict) and isinstance(metadata.get("raw"), str):
+        _add(metadata["raw"], out, depth)
+
+
+def _validation_message(item: Mapping[str, Any]) -> str:
+    """A FastAPI/pydantic validation error as "body.messages.3.content.str: Input should be a valid string
+    (string_type)": where and what, without the `input` it quotes (the request's own content)."""
+    loc = item.get("loc")
+    where = ".".join(str(part) for part in loc if isinstance(part, (str, int))) if isinstance(loc, list) else ""
+    msg = item.get("msg") if isinstance(item.get("msg"), str) else ""
+    kind = item.get("type") if isinstance(item.get("type"), str) else ""
+    text = f"{where}: {msg}" if where else str(msg)
+    return f"{text} ({kind})" if kind else text
+
+
+def _add(text: str, out: list[str], depth: int) -> None:
+    text = text.strip()
+    if not text or len(out) >= _MESSAGES_MAX:
+        return
+    start = text.find("{")
+    if start >= 0 and text.endswith("}"):
+        embedded = _json(text[start:])
+        if isinstance(embedded, (dict, list)):
+            prefix = text[:start].strip(" -:")
+            if prefix:
+                out.append(" ".join(prefix.split())[:MESSAGE_MAX])
+            _from_json(embedded, out, depth + 1)
+            return
+    text = _BEDROCK_WRAPPER.sub("", text, count=1)
+    out.append(" ".join(text.split())[:MESSAGE_MAX])
+
+
+# --- the general reader ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """What the general reader found in a message: the kind of limit, its number, and where it ends."""
+
+    kind: str
+    value: int
+    end: int
+
+
+@dataclass(frozen=True, slots=True)
+class Quantity:
+    """A number in a message with its unit: "5 MB", "2048x2048", "20 images", "1048576"."""
+
+    value: float
+    unit: str  # "" (none), "bytes", "px", "area", "count", "tokens"
+    start: int
+    end: int
+    second: float | None = None  # the height of "WxH"
+
+
+# A number standing alone (not part of a name such as "gpt-4o", "messages.19" or "0.png"), with its unit.
+_QUANTITY = re.compile(
+    r"(?<![\w.\-/:$])(?P<number>\d{1,3}(?:,\d{3})+(?![\d,])|\d+(?:\.\d+)?)"
+    r"(?:\s*[x\u00d7]\s*(?P<second>\d+))?"  # "2048x2048", also with the multiplication sign
+    r"(?:\s*(?P<unit>[kmgt]i?b|bytes?|px|pixels?|megapixels?|mp|image\(s\)|images?|pictures?|photos?|media|documents?|attachments?|tokens?))?"
+    r"(?![\w]|[.\-/]\w)",
+    re.IGNORECASE,
+)
+_BYTES = {"kb": 1000, "kib": 1 << 10, "mb": 1000**2, "mib": 1 << 20, "gb": 1000**3, "gib": 1 << 30, "tb": 1000**4, "tib": 1 << 40}
+# A cue that the number after it is a limit, and the words it may take before the number ("maximum allowed
+# file size of", "limit:", "(max"): at most 50 characters, with no other number among them.
+_CUE_BEFORE = re.compile(
+    r"\b(?:max(?:imum)?|limit(?:ed)?|at most|up to|no more than|(?:can ?not|can't|must not|may not|should not) exceed|exceed(?:s|ed|ing)?"
+    r"|below|under|allowed|only)\b[^.!?;]{0,50}$",
+    re.IGNORECASE,
+)
+_CUE_AFTER = re.compile(r"\s*(?:max(?:imum)?|limit)\b", re.IGNORECASE)  # "5 MB maximum", "10MB limit"
+# The left side of a comparison is what was sent ("15908784 bytes >", "47688287, which exceeds"); a limit
+# that "was exceeded" is still the limit ("Maximum request body size 1048576 exceeded").
+_ACTUAL_AFTER = re.compile(r"\s*(?:>|,?\s*(?:which\s+)?exceeds?\b)", re.IGNORECASE)
+_ACTUAL = re.compile(r"\b(?:current|actual|got|provided|received|requested|contains?|your|you sent)\b", re.IGNORECASE)
+_SIZE_WORDS = re.compile(r"\b(?:body|request|payload|file|upload|content|image|media|attachment|entity)\s+size\b", re.IGNORECASE)
+_AREA_WORDS = re.compile(r"\btotal pixels\b|\bpixel (?:count|area)\b|\barea\b|\bmegapixels?\b", re.IGNORECASE)
+# Words of a sentence about how many images: plural, or "image count" ("The image you provided requires 33174
+# patches" is about one image).
+_COUNT_WORDS = re.compile(r"\b(?:images|image\(s\)|image count|pictures|photos|media|attachments|image links)\b", re.IGNORECASE)
+_NOT_COUNT = re.compile(r"\b(?:size|bytes?|[kmg]i?b|pixels?|px|dimensions?|width|height|length|resolution)\b", re.IGNORECASE)
+_IMAGE_WORDS = re.compile(r"\b(?:images?|pictures?|photos?|media|multimodal|files?|attachments?|inline data|base64)\b", re.IGNORECASE)
+_BODY_WORDS = re.compile(r"\b(?:request|body|payload|entity|upload|message)\b", re.IGNORECASE)
+_SIDE_WORDS = re.compile(r"\b(?:dimensions?|width|height|side|resolution|size|limit|max(?:imum)?|exceed\w*)\b", re.IGNORECASE)
+# Echoes the reader skips: quoted spans (a file name, a model, the user's text) and dotted or slashed
+# names ("messages.3.content", "image/png", "response.create").
+_QUOTED = re.compile(r"`[^`]*`|\"[^\"]*\"|(?<![\w])'[^']*'(?![\w])")
+_TOKEN = re.compile(r"\S+")
+_NAME_JOINT = re.compile(r"\w[./]\w")
+_SENTENCE_END = re.compile(r"(?<=[.!?;])\s+")
+_QUANTITIES_MAX = 32  # numbers of one message read
+COUNT_MAX = 10_000  # an image count above this is no count a provider names (the largest documented: 3,600)
+_AREA_FROM = 65_536  # a pixel figure above this is an area: no image side is that long
+
+
+def read_limit(message: str) -> Reading | None:
+    """The limit a provider's message names, by the general reader's grammar: a number is a limit when a cue
+    comes before it ("max 20", "cannot exceed 30MB", "limit: 4194304 bytes", "maximum allowed: 50") or
+    right after it ("5 MB maximum"), or when it is the right side of a comparison ("N bytes > M bytes"),
+    and nothing says it is what was sent ("current", "actual", "got"). Its unit and the words of its
+    sentence say what it limits. None when the message names no number it can read as a limit."""
+    text = _QUOTED.sub(lambda m: " " * len(m.group(0)), message)  # same length: positions stay the message's
+    best: tuple[int, int, Reading] | None = None  # (strength, -position, reading)
+    offset, seen = 0, 0
+    message_words: list[str] = []  # the whole message's words, worked out when a sentence has none of its own
+    for sentence in _SENTENCE_END.split(text):
+        start = text.find(sentence, offset)
+        offset = start + len(sentence)
+        quantities = [q for q in _quantities(sentence) if q.unit != "tokens"][: _QUANTITIES_MAX - seen]
+        seen += len(quantities)
+        words = _without_names(sentence) if quantities else ""
+        for index, quantity in enumerate(quantities):
+            strength = _strength(sentence, quantity, quantities[index - 1] if index else None)
+            if not strength:
+                continue
+            reading = _reading(sentence, words, text, message_words, quantity, start)
+            if reading is not None and (best is None or (strength, -reading.end) > best[:2]):
+                best = (strength, -reading.end, reading)
+        if seen >= _QUANTITIES_MAX:
+            break  # no provider's message names this many numbers: the rest is not read
+    return best[2] if best is not None else None
+
+
+def _without_names(text: str) -> str:
+    """`text` with every word that is a dotted or slashed name blanked out (linear: no backtracking over a
+    long word)."""
+    return _TOKEN.sub(lambda m: " " if _NAME_JOINT.search(m.group(0)) else m.group(0), text)
+
+
+def _quantities(sentence: str) -> list[Quantity]:
+    out = []
+    for match in _QUANTITY.finditer(sentence):
+        number = float(match.group("number").replace(",", ""))
+        unit = (match.group("unit") or "").lower()
+        second = float(match.group("second")) if match.group("second") else None
+        if unit in _BYTES:
+            value, unit = number * _BYTES[unit], "bytes"
+        elif unit.startswith("byte"):
+            value, unit = number, "bytes"
+        elif unit in ("px", "pixel", "pixels"):
+            value = number
+            unit = "area" if number > _AREA_FROM else "px"
+        elif unit in ("megapixel", "megapixels", "mp"):
+            value, unit = number * 1_000_000, "area"
+        elif unit.startswith("token"):
+            value, unit = number, "tokens"
+        elif unit:
+            value, unit = number, "count"
+        else:
+            value = number
+        out.append(Quantity(value, unit, match.start(), match.end(), second))
+    return out
+
+
+def _strength(sentence: str, quantity: Quantity, previous: Quantity | None) -> int:
+    """How surely `quantity` is the limit: 3 the right side of a comparison, 2 after a cue, 1 before a cue,
+    0 not a limit."""
+    if _ACTUAL_AFTER.match(sentence, quantity.end):
+        return 0  # "47688287, which exceeds", "15908784 bytes > ...": what was sent
+    before = sentence[previous.end if previous is not None else 0 : quantity.start]
+    if previous is not None and before.strip() == ">":
+        return 3
+    before = _without_names(before)  # "for model gemini-3.1-pro-preview is": a name, not words
+    cue = _CUE_BEFORE.search(before)
+    if cue is not None and not _ACTUAL.search(before, cue.end()):
+        return 2
+    if _CUE_AFTER.match(sentence, quantity.end):
+        return 1
+    return 0
+
+
+def _reading(sentence: str, words: str, text: str, message_words: list[str], quantity: Quantity, offset: int) -> Reading | None:
+    """The kind and number `quantity` limits, from its unit and its sentence's `words`; None when neither says."""
+    end = offset + quantity.end
+    value = quantity.value
+    if quantity.second is not None:
+        if not _SIDE_WORDS.search(words):
+            return None
+        return Reading(IMAGE_SIDE, int(max(value, quantity.second)), end)
+    unit = quantity.unit
+    if unit == "" and _AREA_WORDS.search(words) and value > _AREA_FROM:
+        unit = "area"
+    if unit == "area":
+        # An area limit as a long side: a square of isqrt(area) a side holds any shape whose long side is
+        # no longer, so the side is the one bound that keeps every image within the area.
+        return Reading(IMAGE_SIDE, math.isqrt(int(value)), end)
+    if unit == "px":
+        return Reading(IMAGE_SIDE, int(value), end)
+    if unit == "" and value >= 1024 and _SIZE_WORDS.search(sentence[: quantity.start]):
+        unit = "bytes"  # "Maximum request body size 1048576", "max allowed file size of 31457280"
+    if unit == "bytes":
+        if not message_words:
+            message_words.append(_without_names(text))
+        return Reading(_bytes_kind(words, quantity.start, message_words[0]), int(value), end)
+    if unit == "" and not (_COUNT_WORDS.search(words) or _NOT_COUNT.search(words)):
+        if not message_words:
+            message_words.append(_without_names(text))
+        words = message_words[0]  # "Too many images in request. Max is 10.": the count's words are a sentence before
+    if unit == "count" or (unit == "" and _COUNT_WORDS.search(words) and not _NOT_COUNT.search(words)):
+        if value != int(value) or value > COUNT_MAX:
+            return None
+        return Reading(IMAGE_COUNT, int(value), end)
+    return None
+
+
+def _bytes_kind(words: str, position: int, message_words: str) -> str:
+    """One image's bytes when the nearest word before the figure (or, with none before, after it) names an
+    image or a file; the request body when it names a request or a payload. A sentence that names neither
+    ("Maximum size is 20 MB.") takes the message's first such word ("The image is too large."); with none
+    at all, the request body."""
+    before = [(m.start(), IMAGE_BYTES) for m in _IMAGE_WORDS.finditer(words, 0, position)]
+    before += [(m.start(), BODY_BYTES) for m in _BODY_WORDS.finditer(words, 0, position)]
+    if before:
+        return max(before)[1]
+    if _IMAGE_WORDS.search(words, position):
+        return IMAGE_BYTES
+    if _BODY_WORDS.search(words, position):
+        return BODY_BYTES
+    image, body = _IMAGE_WORDS.search(message_words), _BODY_WORDS.search(message_words)
+    if image is not None and (body is None or image.start() < body.start()):
+        return IMAGE_BYTES
+    return BODY_BYTES
+
+
+# --- what a refusal may teach ---------------------------------------------------------------------
 
 
 def step_down(kind: str, refused: int) -> int | None:
@@ -224,26 +588,51 @@ def step_down(kind: str, refused: int) -> int | None:
     return fallback if fallback < refused else None
 
 
-def tightened(error: LimitError, limits: Limits, refused: Refused) -> Tightening | None:
-    """The fields to send the refused request again under, each tighter than `limits`; None when nothing can
-    be tightened (the number is no lower than what applied, or no step is left)."""
+def assess(error: LimitError, limits: Limits, refused: Refused) -> Tightening | Rejected:
+    """The fields to send the refused request again under, each tighter than `limits` and none under its
+    floor; or why there are none."""
     kind, current = error.kind, getattr(limits, error.field)
     value, named = error.value, True
     measured = refused.body_bytes if kind == BODY_BYTES else refused.images if kind == IMAGE_COUNT else None
     if measured is not None and (value is None or value >= measured):
         # The answer named no number, or one the refused request was already within: step down from what was sent.
         value, named = step_down(kind, measured), False
-    if value is None or value < _MINIMUM[kind] or (current is not None and value >= current):
-        return None  # what applied already held the request there: a tighter limit is all that could help, and there is none
+        if value is None:
+            return Rejected(f"{error.reason}: no lower step under the {_format_value(kind, measured)} refused")
+    if value is None:
+        return Rejected(f"{error.reason}: the answer names no number, and this limit cannot step down")
+    floor = FLOORS[kind]
+    if value < floor:
+        return Rejected(f"{error.reason}: {_format_value(kind, value)} is under the floor of {_format_value(kind, floor)}")
+    sent = refused.largest_image_bytes if kind == IMAGE_BYTES else refused.largest_image_side if kind in (IMAGE_SIDE, MANY_IMAGE_SIDE) else None
+    if sent is not None and value >= sent:
+        return Rejected(
+            f"{error.reason}: the answer's {_format_value(kind, value)} is no lower than the largest image sent ({_format_value(kind, sent)})"
+        )
+    if current is not None and value >= current:
+        return Rejected(f"{error.reason}: the limits that applied ({_format_value(kind, current)}) already held the request there")
     fields = {error.field: value}
     if kind == IMAGE_COUNT and limits.keep_recent > value:
-        fields["keep_recent"] = value  # the newest images are kept whatever the cap: no more of them than it allows
+        fields["keep_recent"] = value  # the newest images are kept whatever the cap: no more of them than it allows (>= 1: its floor)
     if kind == MANY_IMAGE_SIDE:
         threshold = error.pattern.threshold if error.pattern.threshold is not None else 0
         if limits.many_images_threshold is not None:
             threshold = min(threshold, limits.many_images_threshold)
         fields["many_images_threshold"] = threshold
     return Tightening(fields, named)
+
+
+def tightened(error: LimitError, limits: Limits, refused: Refused) -> Tightening | None:
+    """The fields to send the refused request again under, each tighter than `limits`; None when nothing can
+    be tightened (no number under what applied, no step left, or a figure under a floor: `why_not` says which)."""
+    result = assess(error, limits, refused)
+    return result if isinstance(result, Tightening) else None
+
+
+def why_not(error: LimitError, limits: Limits, refused: Refused) -> str | None:
+    """Why `tightened` gives nothing, in one line with no text of the answer; None when it gives fields."""
+    result = assess(error, limits, refused)
+    return result.reason if isinstance(result, Rejected) else None
 
 
 def scope(error: LimitError) -> str:
@@ -339,8 +728,8 @@ class _PatternsReader(NodeReader[list[Pattern]]):
         example_node = fields["example"][1]
         example = self.text(example_node, "example")
         status = min(pattern.status)
-        found = Patterns([pattern]).recognise(status, example.encode(), pattern.host.replace("*", "x") if pattern.host else "")
-        if found is None:
+        found = Patterns([pattern], general=False).recognise(status, example.encode(), pattern.host.replace("*", "x") if pattern.host else "")
+        if found is None or found.pattern is not pattern:
             raise self.error(example_node, f"{what}: match does not find its own example")
         expect = self.whole(fields, "expect", what)
         if expect is not None and found.value != expect:

@@ -46,6 +46,19 @@ from .helpers import (
 pytestmark = pytest.mark.e2e
 
 RULES_MAX_IMAGES = 8  # the rules allow 8 images and 16 MiB: every profile below is tighter
+LIMIT_BYTES, LIMIT_SIDE = 96 * 1024, 300  # the per-image profiles' limits: above what a refusal may teach at least
+
+
+def big_shots(count: int, seed: int) -> list[bytes]:
+    """Noise PNGs of about 120 KB of base64 each."""
+    return shots(count, seed=seed, width=200, height=150)
+
+
+def wide_shots(count: int, seed: int) -> list[bytes]:
+    """Noise PNGs 320 px wide: small in bytes, wider than the side profile allows."""
+    return shots(count, seed=seed, width=320, height=60)
+
+
 CLAUDE = "claude-sonnet-4-6"
 
 # Each profile answers with a real provider's text (docs/providers.md), at limits the small test images break.
@@ -61,8 +74,8 @@ profiles:
     status: 413
     content_type: text/html
     body: "<html><head><title>413 Request Entity Too Large</title></head><body><center><h1>413 Request Entity Too Large</h1></center></body></html>"
-  bytes-8k:
-    max_image_base64_bytes: 8KiB
+  bytes-96k:
+    max_image_base64_bytes: 96KiB
     status: 400
     content_type: application/json
     body:
@@ -70,8 +83,8 @@ profiles:
       error:
         type: invalid_request_error
         message: "{image_path}.source.base64: image exceeds 5 MB maximum: {image_bytes} bytes > {limit} bytes"
-  side-40:
-    max_image_side: 40
+  side-300:
+    max_image_side: 300
     status: 400
     content_type: application/json
     body:
@@ -95,8 +108,8 @@ def dispatcher(profiles_path: Path) -> Callable[[Received], tuple[int, str, byte
     checks = {
         "count": provider_check(profiles.get("count-4")),
         "body": provider_check(profiles.get("body-64k")),
-        "bytes": provider_check(profiles.get("bytes-8k")),
-        "side": provider_check(profiles.get("side-40")),
+        "bytes": provider_check(profiles.get("bytes-96k")),
+        "side": provider_check(profiles.get("side-300")),
     }
 
     def check(received: Received) -> tuple[int, str, bytes] | None:
@@ -248,7 +261,7 @@ def test_a_bare_413_for_the_body(proxies: dict[str, Any], fresh: FakeProvider, s
         None,
         "max_body_bytes",
         65536,
-        "413 bare-413: 413 Request Entity Too Large 413 Request Entity Too Large",
+        "413 bare-413",  # a bare 413's page is never kept
     )
     fresh.clear()
     assert turn(proxy, "body", "anthropic", shots(7, seed=5), CLAUDE, stream) == REPLY_TEXT
@@ -267,28 +280,28 @@ def test_a_bare_413_for_the_body(proxies: dict[str, Any], fresh: FakeProvider, s
 def test_one_image_over_the_bytes_the_answer_names(proxies: dict[str, Any], fresh: FakeProvider, stream: bool) -> None:
     proxy: Proxy = proxies["bytes"]
     model = f"{CLAUDE}-{'stream' if stream else 'json'}"
-    images = shots(3, seed=7)  # each about 12 KB of base64: over 8 KiB
+    images = big_shots(3, seed=7)  # each about 120 KB of base64: over 96 KiB (a limit over the 64 KiB floor)
     with proxy.expect_records(1) as records:
         assert turn(proxy, "bytes", "anthropic", images, model, stream) == REPLY_TEXT
     refused, retried = fresh.received
-    assert all(len(p) * 4 / 3 > 8192 for p in image_payloads("anthropic", refused.json()))
+    assert all(len(p) * 4 / 3 > LIMIT_BYTES for p in image_payloads("anthropic", refused.json()))
     sent = image_payloads("anthropic", retried.json())
-    assert len(sent) == 3 and all(len(p) * 4 <= 8192 * 3 for p in sent)
+    assert len(sent) == 3 and all(len(p) * 4 <= LIMIT_BYTES * 3 for p in sent)
     (record,) = records
-    assert (record["shrunk"], record["retries"], record["retry_limits"]) == (3, 1, "max_image_bytes=8192")
-    assert "retried: image too large (max 8,192 bytes, from the answer) 200" in proxy.log()
+    assert (record["shrunk"], record["retries"], record["retry_limits"]) == (3, 1, f"max_image_bytes={LIMIT_BYTES}")
+    assert f"retried: image too large (max {LIMIT_BYTES:,} bytes, from the answer) 200" in proxy.log()
     entry = next(e for e in learned_entries(proxies, proxy) if e["model"] == model)
-    assert (entry["limit"], entry["value"]) == ("max_image_bytes", 8192)
+    assert (entry["limit"], entry["value"]) == ("max_image_bytes", LIMIT_BYTES)
     fresh.clear()
-    assert turn(proxy, "bytes", "anthropic", shots(4, seed=8), model, stream) == REPLY_TEXT
+    assert turn(proxy, "bytes", "anthropic", big_shots(4, seed=8), model, stream) == REPLY_TEXT
     (only,) = fresh.received
-    assert all(len(p) * 4 <= 8192 * 3 for p in image_payloads("anthropic", only.json()))
+    assert all(len(p) * 4 <= LIMIT_BYTES * 3 for p in image_payloads("anthropic", only.json()))
     if not stream:
         again = proxies["pool"].restart(proxy, "bytes-restarted")
         fresh.clear()
-        assert turn(again, "bytes", "anthropic", shots(2, seed=9), model, stream) == REPLY_TEXT
+        assert turn(again, "bytes", "anthropic", big_shots(2, seed=9), model, stream) == REPLY_TEXT
         (only,) = fresh.received
-        assert all(len(p) * 4 <= 8192 * 3 for p in image_payloads("anthropic", only.json()))
+        assert all(len(p) * 4 <= LIMIT_BYTES * 3 for p in image_payloads("anthropic", only.json()))
         proxies["bytes"] = again
 
 
@@ -296,27 +309,27 @@ def test_one_image_over_the_bytes_the_answer_names(proxies: dict[str, Any], fres
 def test_one_image_over_the_pixels_the_answer_names(proxies: dict[str, Any], fresh: FakeProvider, stream: bool) -> None:
     proxy: Proxy = proxies["side"]
     model = f"gpt-4.1-{'stream' if stream else 'json'}"
-    images = shots(3, seed=10)  # 64x48: over 40 px
+    images = wide_shots(3, seed=10)  # 320x60: over 300 px (a limit over the 256 px floor)
     with proxy.expect_records(1) as records:
         assert turn(proxy, "side", "openai-chat", images, model, stream) == REPLY_TEXT
     refused, retried = fresh.received
-    assert [sides(p) for p in image_payloads("openai-chat", refused.json())] == [64, 64, 64]
-    assert [sides(p) for p in image_payloads("openai-chat", retried.json())] == [40, 40, 40]
+    assert [sides(p) for p in image_payloads("openai-chat", refused.json())] == [320, 320, 320]
+    assert [sides(p) for p in image_payloads("openai-chat", retried.json())] == [LIMIT_SIDE] * 3
     (record,) = records
-    assert (record["retries"], record["retry_limits"]) == (1, "max_image_side=40")
-    assert "retried: image too wide (max 40px, from the answer) 200" in proxy.log()
+    assert (record["retries"], record["retry_limits"]) == (1, f"max_image_side={LIMIT_SIDE}")
+    assert f"retried: image too wide (max {LIMIT_SIDE}px, from the answer) 200" in proxy.log()
     entry = next(e for e in learned_entries(proxies, proxy) if e["model"] == model)
-    assert (entry["limit"], entry["value"]) == ("max_image_side", 40)
+    assert (entry["limit"], entry["value"]) == ("max_image_side", LIMIT_SIDE)
     fresh.clear()
-    assert turn(proxy, "side", "openai-chat", shots(4, seed=11), model, stream) == REPLY_TEXT
+    assert turn(proxy, "side", "openai-chat", wide_shots(4, seed=11), model, stream) == REPLY_TEXT
     (only,) = fresh.received
-    assert {sides(p) for p in image_payloads("openai-chat", only.json())} == {40}
+    assert {sides(p) for p in image_payloads("openai-chat", only.json())} == {LIMIT_SIDE}
     if not stream:
         again = proxies["pool"].restart(proxy, "side-restarted")
         fresh.clear()
-        assert turn(again, "side", "openai-chat", shots(2, seed=12), model, stream) == REPLY_TEXT
+        assert turn(again, "side", "openai-chat", wide_shots(2, seed=12), model, stream) == REPLY_TEXT
         (only,) = fresh.received
-        assert {sides(p) for p in image_payloads("openai-chat", only.json())} == {40}
+        assert {sides(p) for p in image_payloads("openai-chat", only.json())} == {LIMIT_SIDE}
         proxies["side"] = again
 
 
