@@ -53,13 +53,21 @@ DEFAULT_TTL = 7 * 24 * 3600.0  # a limit is learned again after a week: provider
 MAX_PER_UPSTREAM = 64  # entries kept for one upstream: its models times the fields they taught
 MAX_ENTRIES = 1024  # entries kept in all
 LOCK_PATIENCE = 2.0  # seconds the writer tries for the file's lock before it leaves the write for its next round
-# The Limits fields an answer can teach, and the lowest value each may take: a figure under its floor says more
-# about the answer (an echoed "0", a misconfigured gateway) than about the provider, and is not learned.
+# The Limits fields an answer can teach, and the least each may be taught. Each floor is far under any limit a provider
+# documents, so a lower figure is a misread or a hostile answer ("Max is 0", an echoed file name, a gateway's outage),
+# and applying it would wreck every later request to the upstream:
+# - one image: the newest is never dropped (keep_recent >= 1 too);
+# - 64 KiB of body holds a system prompt, a few turns and one small screenshot; the smallest body limit seen in the
+#   wild is 1 MiB (Gemini CLI's backend);
+# - 64 KiB of base64 is 48 KiB of image, a legible 1000 px JPEG screenshot; the smallest per-image limit documented
+#   is 4 MB (Gemini inline data), and the shrink ladder turns anything smaller into mush;
+# - 256 px is the smallest side on which a screenshot's text still reads; providers' side limits start at 1120 px
+#   (Llama 3.2 vision on Bedrock).
 FLOORS: Mapping[str, int] = {
-    "max_images": 1,  # the newest image is always sent
+    "max_images": 1,
     "keep_recent": 1,
     "max_body_bytes": 64 * 1024,
-    "max_image_bytes": 16 * 1024,  # about a 256 px screenshot's base64
+    "max_image_bytes": 64 * 1024,
     "max_image_side": 256,
     "many_images_max_side": 256,
     "many_images_threshold": 0,

@@ -29,6 +29,7 @@ from typing import Any
 import orjson
 from yaml.nodes import Node, SequenceNode
 
+from ._learned import FLOORS as LEARNED_FLOORS
 from ._policy import Limits
 from ._yaml import NodeReader, read_text, shipped_file
 from .errors import RulesError
@@ -55,18 +56,8 @@ MODEL, HOST = "model", "host"
 NEVER = frozenset({401, 403, 404, 407, 408, 429})  # auth, missing, rate limits: never about size
 GENERAL_STATUSES = frozenset({400, 413, 422})  # the statuses the general reader reads
 
-_KIB = 1 << 10
-# The least a refusal may teach; a figure under one is not applied (`why_not` says so). Each is far under
-# any limit a provider documents, so a lower figure is a misread or a hostile answer, and applying it would
-# wreck every later request to the host:
-# - one image: the newest is never dropped (keep_recent >= 1 too);
-# - 64 KiB of body holds a system prompt, a few turns and one small screenshot; the smallest body limit
-#   seen in the wild is 1 MiB (Gemini CLI's backend);
-# - 64 KiB of base64 is 48 KiB of image, a legible 1000 px JPEG screenshot; the smallest per-image limit
-#   documented is 4 MB (Gemini inline data), and the shrink ladder turns anything smaller into mush;
-# - 256 px is the smallest side on which a screenshot's text still reads; providers' side limits start
-#   at 1120 px (Llama 3.2 vision on Bedrock).
-FLOORS = {IMAGE_COUNT: 1, BODY_BYTES: 64 * _KIB, IMAGE_BYTES: 64 * _KIB, IMAGE_SIDE: 256, MANY_IMAGE_SIDE: 256}
+# The least a refusal may teach, per kind (trimflow._learned.FLOORS says why): a figure under one is not applied.
+FLOORS = {kind: LEARNED_FLOORS[field] for kind, field in FIELDS.items()}
 
 # What a limit steps down to when the answer names no number: the largest common limit below the
 # refused value (providers set round figures, decimal or binary), or 3/4 of it when none is near.

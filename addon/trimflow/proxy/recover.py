@@ -42,7 +42,7 @@ from .._engine import is_sigv4
 from .._learned import DEFAULT_TTL, FILE_NAME, LearnedLimits
 from .._profiles import check_request
 from .._record import Record
-from .._recovery import HOST, NEVER, LimitError, Patterns, Refused, load_patterns, scope, tightened
+from .._recovery import HOST, NEVER, LimitError, Patterns, Refused, Rejected, assess, load_patterns, scope
 from .._sizes import parse_duration
 from ..errors import RulesError
 from ..formats import counted_turn_path
@@ -231,9 +231,9 @@ class Recover:
         simulated = record.simulated
         while True:
             limits = self._limits(state, record.model, upstream, lessons)
-            tightening = tightened(error, limits, Refused(sent.body_bytes, sent.images))
-            if tightening is None:
-                log.info("trimflow: %s%s not retried: %s, and nothing more to cut", request.pretty_host, path_of(flow), error.reason)
+            tightening = assess(error, limits, Refused(sent.body_bytes, sent.images))
+            if isinstance(tightening, Rejected):
+                log.info("trimflow: %s%s not retried: %s", request.pretty_host, path_of(flow), tightening.reason)
                 break
             lessons.append(_Lesson(None if scope(error) == HOST else record.model, dict(tightening.fields), error.source))
             if len(retries) >= ctx.options.trimflow_retries:
