@@ -60,6 +60,9 @@ BODY_STEPS = tuple(
 COUNT_STEPS = (1, 2, 3, 4, 5, 8, 10, 12, 16, 20, 32, 50, 60, 100, 250, 500, 600, 1000)
 _STEP_RATIO = 0.75
 
+# Bytes of an error answer held back from the client to be read for a limit error: a larger answer, or one
+# whose length is unknown and passes it, goes to the client as it comes and is never retried (docs/recovery.md).
+ANSWER_MAX = 1 << 20
 ANSWER_TEXT_MAX = 64 * 1024  # bytes of an answer searched: error texts come first, and a body may echo a request
 SOURCE_MAX = 200  # characters of the matched text kept as a learned limit's source
 _SECRET = re.compile(r"(?:sk-[A-Za-z0-9_-]{8,}|AIza[0-9A-Za-z_-]{10,}|(?i:bearer)\s+\S+|[A-Za-z0-9+/=_-]{48,})")
