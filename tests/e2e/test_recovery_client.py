@@ -268,6 +268,7 @@ def post(proxy: Proxy, path: str, body: bytes) -> tuple[int, bytes]:
 def test_a_retry_is_cancelled_when_its_client_hangs_up(proxy: Proxy, fresh: Upstream, stage: str) -> None:
     model = f"gpt-4o-hangup-{stage}"
     log_before = len(proxy.log())
+    records_before = len(proxy.settled_records())
     conn = open_request(proxy, f"/{stage}/v1/chat/completions", request_body(model, seed=1))
     refused, retry = fresh.wait_for(2)
     assert (refused.images, retry.images) == (6, LIMIT)
@@ -285,6 +286,8 @@ def test_a_retry_is_cancelled_when_its_client_hangs_up(proxy: Proxy, fresh: Upst
     lines = [line for line in proxy.log()[log_before:].splitlines() if "retry failed" in line]
     assert len(lines) == 1, lines
     assert lines[0].endswith(f"trimflow: 127.0.0.1/{stage}/v1/chat/completions retry failed: the client closed its connection; cancelled")
+    (record,) = proxy.records_after(records_before, 1)
+    assert (record["status"], record["retries"], record["refused_status"]) == (400, 1, 400)  # what the provider last said
     entries = [e for e in learned(proxy) if e["model"] == model]
     assert [(e["limit"], e["value"]) for e in entries] == [("max_images", LIMIT)]  # from the refusal, nothing after
     assert len(fresh.seen) == 2  # no other retry went out
