@@ -104,6 +104,15 @@ async def test_an_answer_that_cannot_be_a_limit_error_makes_no_coroutine(chain) 
         assert flow not in recover_of(chain)._originals
 
 
+async def test_an_answer_that_went_to_the_client_as_it_came_is_not_replaced(chain) -> None:
+    flow = llm_flow(turns=12)
+    await requested(chain, flow)
+    assert flow.response is not None and flow.response.status_code == 400  # the profile's refusal
+    flow.response.stream = True  # mitmproxy streamed it (stream_large_bodies): the client has it already
+    assert recover_of(chain).response(flow) is None
+    assert flow not in recover_of(chain)._originals
+
+
 async def test_the_original_body_goes_as_soon_as_the_answer_cannot_be_a_limit_error(chain) -> None:
     answered, refused = llm_flow(turns=12), llm_flow(turns=12)
     for flow, status in ((answered, 200), (refused, 400)):

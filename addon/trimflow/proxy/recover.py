@@ -182,6 +182,8 @@ class Recover:
         original = self._originals.pop(flow, None)
         if original is None or flow.response is None or not _may_be_limit(flow.response.status_code):
             return None
+        if flow.response.stream:
+            return None  # it has gone to the client as it came (stream_large_bodies): it cannot be replaced
         return self._answer(flow, original)
 
     async def _answer(self, flow: http.HTTPFlow, original: bytes) -> None:
@@ -451,8 +453,8 @@ async def resend(request: http.Request, client: connection.Client) -> http.Respo
         await handler.replay()
     finally:
         running.discard(handler)
-        if not running:
-            _retries.pop(client.id, None)
+        if not running and _retries.get(client.id) is running:
+            del _retries[client.id]
     if handler.cancelled:
         return CLIENT_GONE
     if retry.response is not None:
