@@ -75,6 +75,8 @@ def pruned_by_rules(body: bytes) -> int:
 EVENTS_HEADER = "X-Bench-Events"
 INTERVAL_HEADER = "X-Bench-Interval-Ms"
 RECEIVED_HEADER = "X-Bench-Received"  # the body bytes the upstream read
+ERROR_BYTES_HEADER = "X-Bench-Error-Bytes"  # the upstream answers with a 400 event stream of this many bytes
+ERROR_ANSWER_BYTES = 64 * MB
 SHRINK_MODULE = "tests.shrink_bench"
 
 
@@ -422,6 +424,10 @@ class _UpstreamHandler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         received = self._discard_body()
+        error_bytes = int(self.headers.get(ERROR_BYTES_HEADER) or 0)
+        if error_bytes:
+            self._error_stream(error_bytes)
+            return
         events = int(self.headers.get(EVENTS_HEADER) or 0)
         if events:
             self._stream(received, events, float(self.headers.get(INTERVAL_HEADER) or 20) / 1000)
@@ -450,6 +456,18 @@ class _UpstreamHandler(BaseHTTPRequestHandler):
             self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
         done = b"data: [DONE]\n\n"
         self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
+
+    def _error_stream(self, size: int) -> None:
+        """A 400 event stream of `size` bytes, chunked: an error answer far larger than the recover addon reads."""
+        self.send_response(400)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        block = (b'data: {"error":"x"}\n\n' * 4096)[: 64 * 1024]
+        for sent in range(0, size, len(block)):
+            part = block[: size - sent]
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
+        self.wfile.write(b"0\r\n\r\n")
 
 
 def serve_upstream() -> None:
@@ -746,6 +764,46 @@ def memory_figures(workdir: Path, upstream: Upstream, bodies: Bodies, settings: 
         Figure("memory_addon_mb", f"peak RSS with addon, 8 clients x {len(body) / MB:.1f} MB at once", a, "MB", note=note),
         Figure("memory_plain_mb", "peak RSS plain mitmdump, same burst", p, "MB"),
         Figure("memory_ratio", "peak RSS addon / plain", a / p, "x", 1.5),
+    ]
+
+
+def _read_error_answer(port: int, body: bytes) -> int:
+    """Send `body` asking the upstream for its large error answer; the answer's length, read and dropped as it comes."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    try:
+        conn.request("POST", PATH, body=body, headers={**HEADERS, ERROR_BYTES_HEADER: str(ERROR_ANSWER_BYTES)})
+        response = conn.getresponse()
+        size = 0
+        while block := response.read(MB):
+            size += len(block)
+        if response.status != 400 or size != ERROR_ANSWER_BYTES:
+            raise RuntimeError(f"error answer: {response.status}, {size} bytes")
+        return size
+    finally:
+        conn.close()
+
+
+def error_answer_figures(workdir: Path, upstream: Upstream, bodies: Bodies, settings: Settings) -> list[Figure]:
+    """How far a fresh mitmdump's peak RSS rises above its RSS while one large 400 event stream answers an LLM request:
+    trimflow holds an error answer back only up to what it reads for a limit; plain mitmdump buffers it whole."""
+    growth: dict[str, list[float]] = {"addon": [], "plain": []}
+    for round_ in range(settings.memory_rounds):
+        for name in ("addon", "plain"):  # a fresh process each time: freed memory kept from earlier would hide a peak
+            proxy = start_proxy(workdir / f"error-answer-{name}-{round_}", name, upstream, addon=name == "addon")
+            try:
+                Client(proxy.mitmdump.port).post(bodies.text)  # first flow: lazy imports and connection setup
+                Path(f"/proc/{proxy.pid}/clear_refs").write_text("5")  # the peak (VmHWM) starts again from here
+                before = _status_kb(proxy.pid, "VmRSS")
+                _read_error_answer(proxy.mitmdump.port, bodies.text)
+                growth[name].append((_status_kb(proxy.pid, "VmHWM") - before) / 1024)
+            finally:
+                proxy.mitmdump.stop()
+    a, p = statistics.median(growth["addon"]), statistics.median(growth["plain"])
+    size = ERROR_ANSWER_BYTES // MB
+    return [
+        Figure("error_answer_addon_mb", f"peak RSS growth with addon, one {size} MiB 400 event stream", a, "MB"),
+        Figure("error_answer_plain_mb", "peak RSS growth plain mitmdump, same answer", p, "MB"),
+        Figure("error_answer_ratio", "peak RSS growth addon / plain, large error answer", a / p, "x", 0.1),
     ]
 
 
@@ -1173,6 +1231,8 @@ def proxy_figures(
         proxy.mitmdump.stop()
     say("memory, 8 clients x 16 MB at once (fresh processes)")
     figures += memory_figures(workdir, upstream, bodies, settings)
+    say(f"a {ERROR_ANSWER_BYTES // MB} MiB error answer (fresh processes)")
+    figures += error_answer_figures(workdir, upstream, bodies, settings)
     return figures
 
 

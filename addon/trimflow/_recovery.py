@@ -72,6 +72,9 @@ BODY_STEPS = tuple(
 COUNT_STEPS = (1, 2, 3, 4, 5, 8, 10, 12, 16, 20, 32, 50, 60, 100, 250, 500, 600, 1000)
 _STEP_RATIO = 0.75
 
+# Bytes of an error answer held back from the client to be read for a limit error: a larger answer, or one
+# whose length is unknown and passes it, goes to the client as it comes and is never retried (docs/recovery.md).
+ANSWER_MAX = 1 << 20
 ANSWER_TEXT_MAX = 64 * 1024  # bytes of an answer read: error texts come first, and a body may echo a request
 MESSAGE_MAX = 2000  # characters of one message read
 SOURCE_MESSAGE_MAX = 120  # a provider's message longer than this is not kept in a learned limit's source

@@ -8,10 +8,13 @@ import os
 
 import pytest
 from mitmproxy import exceptions, http
+from mitmproxy.connection import ConnectionState
 from mitmproxy.test import taddons
 
 from trimflow import Limits, proxy
+from trimflow._recovery import ANSWER_MAX
 from trimflow.proxy import recover
+from trimflow.proxy.metrics import AnswerScanner
 
 from ..helpers import TrimflowAddons, requested
 from .flows import llm_flow, write_rules
@@ -112,6 +115,15 @@ async def test_an_answer_that_cannot_be_a_limit_error_makes_no_coroutine(chain) 
         assert flow not in recover_of(chain)._originals
 
 
+async def test_an_answer_that_went_to_the_client_as_it_came_is_not_replaced(chain) -> None:
+    flow = llm_flow(turns=12)
+    await requested(chain, flow)
+    assert flow.response is not None and flow.response.status_code == 400  # the profile's refusal
+    flow.response.stream = True  # mitmproxy streamed it (stream_large_bodies): the client has it already
+    assert recover_of(chain).response(flow) is None
+    assert flow not in recover_of(chain)._originals
+
+
 async def test_the_original_body_goes_as_soon_as_the_answer_cannot_be_a_limit_error(chain) -> None:
     answered, refused = llm_flow(turns=12), llm_flow(turns=12)
     for flow, status in ((answered, 200), (refused, 400)):
@@ -136,15 +148,48 @@ def test_the_hold_keeps_a_candidate_error_answer_whole(chain) -> None:
     flow = llm_flow(turns=3)
     recover_of(chain).request(flow)
     flow.response = http.Response.make(400, b"", {"content-type": "text/event-stream"})
-    flow.response.stream = True
+    scanner = AnswerScanner()
+    flow.response.stream = scanner
     recover_of(chain).hold.responseheaders(flow)
     assert flow.response.stream is False
+    assert recover._held[flow].stream is scanner  # what it streams with if it passes ANSWER_MAX
     ok = llm_flow(turns=3)
     recover_of(chain).request(ok)
     ok.response = http.Response.make(200, b"", {"content-type": "text/event-stream"})
     ok.response.stream = True
     recover_of(chain).hold.responseheaders(ok)
     assert ok.response.stream is True
+
+
+@pytest.mark.parametrize(
+    ("headers", "held"),
+    [
+        ({"content-length": str(ANSWER_MAX)}, True),
+        ({"content-length": str(ANSWER_MAX + 1)}, False),
+        ({"transfer-encoding": "chunked"}, True),  # its length unknown: held until it passes ANSWER_MAX, if it does
+        ({}, True),  # read until the connection closes: likewise
+    ],
+    ids=["length-within", "length-over", "chunked", "until-close"],
+)
+def test_the_hold_decides_by_the_length_an_answer_gives(chain, headers: dict[str, str], held: bool) -> None:
+    flow = llm_flow(turns=3)
+    recover_of(chain).request(flow)
+    flow.response = http.Response.make(400, b"", {"content-type": "text/event-stream"})
+    flow.response.headers.pop("content-length", None)
+    flow.response.headers.update(headers)
+    recover_of(chain).hold.responseheaders(flow)
+    assert recover_of(chain).hold.bounded  # this mitmproxy's HTTP layer takes the bound
+    assert (flow.response.stream is False) == held == (flow in recover._held)
+    assert (flow in recover_of(chain)._originals) == held  # an answer that streams through is never retried
+    recover_of(chain).hold.response(flow)
+    assert flow not in recover._held
+
+
+async def test_a_retry_for_a_client_that_has_gone_is_not_sent() -> None:
+    flow = llm_flow(turns=3)
+    flow.client_conn.state = ConnectionState.CAN_WRITE  # it has closed its side: mitmproxy closes the rest
+    assert await recover.resend(flow.request, flow.client_conn) == recover.CLIENT_GONE
+    recover.cancel_retries(flow.client_conn)  # none in flight: nothing to do
 
 
 def test_learned_path_follows_the_confdir() -> None:

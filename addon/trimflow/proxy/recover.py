@@ -10,8 +10,11 @@ answer.
   trimflow_retries times, and never when the tightened limits change nothing. Only when the upstream accepts
   a retry are its limits learned (trimflow._learned, option trimflow_learned), for the upstream the request
   went to; a limit played by trimflow_simulate is learned in memory only.
-- `Hold` (after the metrics addon) keeps a candidate error answer buffered: an answer streamed to the
-  client could not be taken back.
+- `Hold` (after the metrics addon) holds a candidate error answer back from the client, up to ANSWER_MAX bytes:
+  an answer streamed to the client could not be taken back. A larger one goes to the client as it comes and is
+  not retried, so a long answer is never all in memory.
+- A retry ends with its client: when the client's connection closes, the retry's upstream connection is closed
+  (`client_disconnected`), and nothing is learned from it.
 
 The retry's answer reaches the client whole: mitmproxy sends a response set in the `response` hook from
 its content, in one piece, so a streamed retry arrives at once when it is complete (docs/recovery.md).
@@ -23,16 +26,19 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 import logging
 import os
 import time
 import weakref
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Generator, Iterable
 from dataclasses import dataclass, fields
 from typing import Any
 
 from mitmproxy import connection, ctx, exceptions, http
 from mitmproxy.addons.clientplayback import ReplayHandler
+from mitmproxy.connection import ConnectionState
+from mitmproxy.net.http.http1 import expected_http_body_size
 from mitmproxy.proxy import commands
 from mitmproxy.proxy.layers import http as http_layers
 
@@ -42,7 +48,7 @@ from .._engine import is_sigv4
 from .._learned import DEFAULT_TTL, FILE_NAME, LearnedLimits
 from .._profiles import check_request
 from .._record import Record
-from .._recovery import HOST, NEVER, LimitError, Patterns, Refused, Rejected, assess, load_patterns, scope
+from .._recovery import ANSWER_MAX, HOST, NEVER, LimitError, Patterns, Refused, Rejected, assess, load_patterns, scope
 from .._sizes import parse_duration
 from ..errors import RulesError
 from ..formats import counted_turn_path
@@ -56,7 +62,6 @@ log = logging.getLogger("trimflow")
 
 DEFAULT_LEARNED = "{confdir}/" + FILE_NAME
 DEFAULT_RETRIES = 2
-ANSWER_MAX = 1 << 20  # an error answer larger than this is no limit error worth reading
 # What the retry sent, copied into the original flow's record over what the refused request sent.
 _SENT_FIELDS = tuple(
     f.name
@@ -190,6 +195,9 @@ class Recover:
     def error(self, flow: http.HTTPFlow) -> None:
         self._originals.pop(flow, None)
 
+    def client_disconnected(self, client: connection.Client) -> None:
+        cancel_retries(client)
+
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         # An answer that cannot be a limit error lets the client's body go now, not when a long streamed answer ends:
         # a pruned request's original would otherwise live as long as the provider takes to answer.
@@ -202,6 +210,8 @@ class Recover:
         original = self._originals.pop(flow, None)
         if original is None or flow.response is None or not _may_be_limit(flow.response.status_code):
             return None
+        if flow.response.stream:
+            return None  # it has gone to the client as it came (stream_large_bodies): it cannot be replaced
         return self._answer(flow, original)
 
     async def _answer(self, flow: http.HTTPFlow, original: bytes) -> None:
@@ -382,13 +392,16 @@ def _may_be_limit(status: int) -> bool:
 
 
 class Hold:
-    """After the metrics addon: keeps an error answer that may be a limit error buffered, so that the recover
-    addon can read it and answer with the retry's; the metrics addon streams answers on streamed paths."""
+    """After the metrics addon: holds an error answer that may be a limit error back from the client, up to
+    ANSWER_MAX bytes, so that the recover addon can read it and answer with the retry's. A larger answer goes to
+    the client as it comes, the held part first, and is not retried (the metrics addon streams answers on streamed
+    paths; mitmproxy buffers the rest whole)."""
 
     name = "trimflow_recover_hold"
 
     def __init__(self, recover: Recover) -> None:
         self.recover = recover
+        self.bounded = _bound_held_answers()
 
     def done(self) -> None:
         summary = self.recover.summary()  # here, after the metrics addon has written its last lines
@@ -396,8 +409,73 @@ class Hold:
             log.info("%s", summary)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
-        if flow.response is not None and flow.response.stream and flow in self.recover._originals and _may_be_limit(flow.response.status_code):
-            flow.response.stream = False
+        response = flow.response
+        if response is None or flow not in self.recover._originals or not _may_be_limit(response.status_code):
+            return
+        try:
+            length = expected_http_body_size(flow.request, response)  # None or -1: unknown until the answer ends
+        except ValueError:
+            length = None
+        if (length is not None and length > ANSWER_MAX) or (length in (None, -1) and not self.bounded):
+            self.recover._originals.pop(flow, None)  # no retry: the client's body can go
+            response.stream = response.stream or True
+            return
+        _held[flow] = _Held(response.stream, self.recover._originals)
+        response.stream = False
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        _held.pop(flow, None)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        _held.pop(flow, None)
+
+
+@dataclass(slots=True)
+class _Held:
+    """An answer held back from the client: how to stream it if it passes ANSWER_MAX (the metrics addon's scanner,
+    or True), and the originals to drop its flow from then."""
+
+    stream: bool | Callable[[bytes], Iterable[bytes] | bytes]
+    originals: weakref.WeakKeyDictionary[http.HTTPFlow, bytes]
+
+
+_held: weakref.WeakKeyDictionary[http.HTTPFlow, _Held] = weakref.WeakKeyDictionary()
+_bounding_check: Callable[..., Any] | None = None  # mitmproxy's size check as _bound_held_answers extended it
+
+
+def _bound_held_answers() -> bool:
+    """Make mitmproxy stop buffering a held answer at ANSWER_MAX and stream it from there: its headers and the held
+    part go to the client, then the rest as it comes. mitmproxy does this for every answer over its global
+    stream_large_bodies, and only buffering holds back an answer's headers (a stream callable gets the body after
+    they are sent), so its size check is extended for the flows in `_held`. False when this mitmproxy's HTTP layer
+    is not built as expected: then an answer of unknown length is never held."""
+    global _bounding_check
+    stream_class = http_layers.HttpStream
+    check = getattr(stream_class, "check_body_size", None)
+    if check is not None and check is _bounding_check:
+        return True
+    if not inspect.isgeneratorfunction(check) or not callable(getattr(stream_class, "start_response_stream", None)):
+        log.warning("trimflow: this mitmproxy's HTTP layer is not as expected: error answers of unknown length are not retried")
+        return False
+
+    def check_body_size(self: http_layers.HttpStream, request: bool) -> Generator[commands.Command, Any, bool]:
+        stopped = yield from check(self, request)
+        if stopped or request:
+            return stopped
+        held = _held.get(self.flow)
+        if held is None or self.flow.response is None or self.flow.response.stream or len(self.response_body_buf) <= ANSWER_MAX:
+            return stopped
+        del _held[self.flow]
+        held.originals.pop(self.flow, None)  # no retry: the client's body can go
+        self.flow.response.stream = held.stream or True
+        body = bytes(self.response_body_buf)
+        self.response_body_buf.clear()
+        yield from self.start_response_stream()
+        yield from self.handle_event(http_layers.ResponseData(self.stream_id, body))
+        return False
+
+    stream_class.check_body_size = _bounding_check = check_body_size  # type: ignore[method-assign]  # extended, see above
+    return True
 
 
 def learned_path(option: str, confdir: str) -> str | None:
@@ -407,9 +485,14 @@ def learned_path(option: str, confdir: str) -> str | None:
     return os.path.expanduser(option.replace("{confdir}", confdir))
 
 
+CLIENT_GONE = "the client closed its connection; cancelled"
+
+
 class _Resend(ReplayHandler):
     """Sends one flow upstream through mitmproxy's proxy core, as client replay does, without running the
     addons' HTTP hooks for it: the request already went through them as the original flow."""
+
+    cancelled = False
 
     async def handle_hook(self, hook: commands.StartHook) -> None:
         if isinstance(hook, _FLOW_HOOKS) and hook.args()[0] is self.flow:
@@ -423,17 +506,47 @@ class _Resend(ReplayHandler):
             return
         await super().handle_hook(hook)
 
+    def cancel(self) -> None:
+        """Ends the retry at once: its upstream connection closes (or stops opening), and `replay` returns."""
+        self.cancelled = True
+        for transport in self.transports.values():
+            if transport.handler:
+                transport.handler.cancel(CLIENT_GONE)
+        self.done.set()
+
+
+_retries: dict[str, set[_Resend]] = {}  # the retries in flight, by the id of the client connection they answer
+
 
 async def resend(request: http.Request, client: connection.Client) -> http.Response | str:
-    """The upstream's answer to `request`, sent for `client` (the original flow's), or why there is none."""
+    """The upstream's answer to `request`, sent for `client` (the original flow's), or why there is none.
+    A retry for a client that has closed its connection is not sent, and one in flight when it closes is cancelled
+    (`cancel_retries`)."""
+    if not client.state & ConnectionState.CAN_READ:
+        return CLIENT_GONE
     retry = http.HTTPFlow(client, connection.Server(address=(request.host, request.port)))
     retry.request = request
     retry.is_replay = "request"
     handler = _Resend(retry, ctx.options)
-    await handler.replay()
+    running = _retries.setdefault(client.id, set())
+    running.add(handler)
+    try:
+        await handler.replay()
+    finally:
+        running.discard(handler)
+        if not running and _retries.get(client.id) is running:
+            del _retries[client.id]
+    if handler.cancelled:
+        return CLIENT_GONE
     if retry.response is not None:
         return retry.response
     return retry.error.msg if retry.error is not None else "no answer"
 
 
-__all__ = ["DEFAULT_LEARNED", "Hold", "Recover", "learned_path", "resend"]
+def cancel_retries(client: connection.Client) -> None:
+    """Cancel the retries in flight for `client`, whose connection has closed: nobody is left to read their answers."""
+    for handler in _retries.pop(client.id, ()):
+        handler.cancel()
+
+
+__all__ = ["DEFAULT_LEARNED", "Hold", "Recover", "cancel_retries", "learned_path", "resend"]
