@@ -217,7 +217,7 @@ def test_a_file_that_cannot_be_parsed_is_never_written_over(
     path = tmp_path / "learned.yaml"
     typo = "learned:\n- upstream: https://a.example.com:443\n  limit: max_images\n  value: 4\n  model: [oops\n"
     path.write_text(typo)
-    with caplog.at_level(logging.ERROR, "trimflow"):
+    with caplog.at_level(logging.WARNING, "trimflow"):
         learned = started(path, check_interval=0.05)
         for i in range(5):
             learned.learn(H, f"m{i}", {"max_images": 4}, "s")
@@ -245,7 +245,7 @@ def test_a_link_is_followed_so_a_shared_file_stays_shared(tmp_path: Path) -> Non
 def test_a_fifo_is_never_opened_for_reading(tmp_path: Path, started: Callable[..., LearnedLimits], caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "learned.yaml"
     os.mkfifo(path)
-    with caplog.at_level(logging.ERROR, "trimflow"):
+    with caplog.at_level(logging.WARNING, "trimflow"):
         learned = started(path)  # a blocking open would never return: start() waits for the first read
         learned.learn(H, None, {"max_images": 4}, "s")
         learned.sync()
@@ -283,7 +283,7 @@ def test_legacy_and_under_floor_entries_are_ignored_with_a_warning(tmp_path: Pat
         "- {upstream: 'https://api.openai.com:443', model: null, limit: max_images, value: 0}\n"
         "- {upstream: 'https://api.openai.com:443', model: gpt-4o, limit: max_images, value: 10}\n"
     )
-    with caplog.at_level(logging.ERROR, "trimflow"):
+    with caplog.at_level(logging.WARNING, "trimflow"):
         learned = LearnedLimits(path)
         learned.sync()
     assert [(e.model, e.value) for e in learned.entries] == [("gpt-4o", 10)]

@@ -287,7 +287,7 @@ class LearnedLimits:
             try:
                 self._round()
             except Exception as exc:  # noqa: BLE001 - the thread must outlive one bad round; requests never wait on it
-                log.error("trimflow: learned limits: internal error %s", type(exc).__name__)
+                log.warning("trimflow: learned limits: internal error %s", type(exc).__name__)
             self._loaded.set()
             if self._stop.is_set():
                 return
@@ -411,7 +411,7 @@ class LearnedFile:
         """Log `line` once: a file that stays broken or locked is one line, not one a second."""
         if line not in self._said:
             self._said.add(line)
-            log.error("%s", line)
+            log.warning("%s", line)
 
 
 def write_entries(target: Path, entries: Iterable[Entry]) -> None:

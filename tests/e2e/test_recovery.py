@@ -27,6 +27,7 @@ from PIL import Image
 from trimflow._profiles import load_profiles, provider_check
 from trimflow.testing import REPLY_TEXT, FakeProvider, Received
 
+from ..helpers import wait_for
 from .helpers import (
     ANTHROPIC_KEY,
     OPENAI_KEY,
@@ -185,8 +186,15 @@ def anthropic_client(proxy: Proxy, prefix: str) -> anthropic.Anthropic:
     return anthropic.Anthropic(api_key=ANTHROPIC_KEY, base_url=f"{proxy.url}/{prefix}", http_client=direct_http_client(), max_retries=0, timeout=60)
 
 
-def learned_entries(proxies: dict[str, Any], proxy: Proxy) -> list[dict[str, Any]]:
-    return yaml.safe_load(proxies["pool"].learned[id(proxy)].read_text())["learned"]
+def learned_entry(proxies: dict[str, Any], proxy: Proxy, model: str | None) -> dict[str, Any]:
+    """The file's entry for `model`, once the store's thread has written it."""
+    path = proxies["pool"].learned[id(proxy)]
+
+    def entry() -> dict[str, Any] | None:
+        entries = (yaml.safe_load(path.read_text()) or {}).get("learned", []) if path.exists() else []
+        return next((e for e in entries if e["model"] == model), None)
+
+    return wait_for(entry, f"the learned limit for {model}", timeout=30)
 
 
 def sides(payload: bytes) -> int:
@@ -224,8 +232,8 @@ def test_an_image_count_the_answer_names(proxies: dict[str, Any], fresh: FakePro
     assert (record["retries"], record["refused_status"], record["retry_limits"]) == (1, 400, "max_images=4")
     assert record["retry_reasons"] == "too many images (max 4, from the answer)"
     assert "retried: too many images (max 4, from the answer) 200" in proxy.log()
-    entry = next(e for e in learned_entries(proxies, proxy) if e["model"] == model)
-    assert (entry["host"], entry["limit"], entry["value"]) == ("127.0.0.1", "max_images", 4)
+    entry = learned_entry(proxies, proxy, model)
+    assert (entry["upstream"], entry["limit"], entry["value"]) == (fresh.url, "max_images", 4)
     assert entry["source"] == f"400 copilot-gemini-count: too many images: maximum allowed for model {model} is 4, got 6"
     audit = subprocess.run([sys.executable, "-m", "trimflow", "audit", str(proxy.metrics)], capture_output=True, text=True, timeout=120)
     assert "retried 1x (max_images=4)" in audit.stdout, audit.stdout + audit.stderr
@@ -255,9 +263,9 @@ def test_a_bare_413_for_the_body(proxies: dict[str, Any], fresh: FakeProvider, s
     (record,) = records
     assert (record["status"], record["retries"], record["refused_status"], record["retry_limits"]) == (200, 1, 413, "max_body_bytes=65536")
     assert "retried: request too large (max 65,536 bytes, stepped down from what was refused) 200" in proxy.log()
-    (entry,) = learned_entries(proxies, proxy)
-    assert (entry["host"], entry["model"], entry["limit"], entry["value"], entry["source"]) == (
-        "127.0.0.1",
+    entry = learned_entry(proxies, proxy, None)
+    assert (entry["upstream"], entry["model"], entry["limit"], entry["value"], entry["source"]) == (
+        fresh.url,
         None,
         "max_body_bytes",
         65536,
@@ -290,7 +298,7 @@ def test_one_image_over_the_bytes_the_answer_names(proxies: dict[str, Any], fres
     (record,) = records
     assert (record["shrunk"], record["retries"], record["retry_limits"]) == (3, 1, f"max_image_bytes={LIMIT_BYTES}")
     assert f"retried: image too large (max {LIMIT_BYTES:,} bytes, from the answer) 200" in proxy.log()
-    entry = next(e for e in learned_entries(proxies, proxy) if e["model"] == model)
+    entry = learned_entry(proxies, proxy, model)
     assert (entry["limit"], entry["value"]) == ("max_image_bytes", LIMIT_BYTES)
     fresh.clear()
     assert turn(proxy, "bytes", "anthropic", big_shots(4, seed=8), model, stream) == REPLY_TEXT
@@ -318,7 +326,7 @@ def test_one_image_over_the_pixels_the_answer_names(proxies: dict[str, Any], fre
     (record,) = records
     assert (record["retries"], record["retry_limits"]) == (1, f"max_image_side={LIMIT_SIDE}")
     assert f"retried: image too wide (max {LIMIT_SIDE}px, from the answer) 200" in proxy.log()
-    entry = next(e for e in learned_entries(proxies, proxy) if e["model"] == model)
+    entry = learned_entry(proxies, proxy, model)
     assert (entry["limit"], entry["value"]) == ("max_image_side", LIMIT_SIDE)
     fresh.clear()
     assert turn(proxy, "side", "openai-chat", wide_shots(4, seed=11), model, stream) == REPLY_TEXT

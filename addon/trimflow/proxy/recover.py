@@ -264,7 +264,7 @@ class Recover:
             for name in _SENT_FIELDS:
                 setattr(record, name, getattr(retry_record, name))
             if 200 <= answer.status_code < 300:
-                self._learn(flow, upstream, lessons, simulated_by is not None)
+                self._learn(flow, upstream, lessons, self.simulate.profile is not None)
                 break
             if not _may_be_limit(answer.status_code):
                 break
