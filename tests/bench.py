@@ -53,6 +53,7 @@ from PIL import Image
 from tests.mitmdump import Mitmdump, stop_process
 from trimflow._engine import prune_request
 from trimflow._malloc import MMAP_THRESHOLD, TRIM_THRESHOLD
+from trimflow._record import utc_timestamp
 from trimflow._rules import DEFAULT_RULES_PATH, load_rules
 from trimflow.testing import MIME, PATHS, POLICIES, REFERENCE_SESSIONS, data_url, image, run_policy, screenshot, session_body
 
@@ -76,6 +77,7 @@ EVENTS_HEADER = "X-Bench-Events"
 INTERVAL_HEADER = "X-Bench-Interval-Ms"
 RECEIVED_HEADER = "X-Bench-Received"  # the body bytes the upstream read
 ERROR_BYTES_HEADER = "X-Bench-Error-Bytes"  # the upstream answers with a 400 event stream of this many bytes
+MAX_IMAGES_HEADER = "X-Bench-Max-Images"  # the upstream refuses a request with more images, as a provider words it
 ERROR_ANSWER_BYTES = 64 * MB
 SHRINK_MODULE = "tests.shrink_bench"
 
@@ -423,6 +425,10 @@ class _UpstreamHandler(BaseHTTPRequestHandler):
         return done
 
     def do_POST(self) -> None:
+        max_images = self.headers.get(MAX_IMAGES_HEADER)
+        if max_images is not None:
+            self._limit_images(int(max_images))
+            return
         received = self._discard_body()
         error_bytes = int(self.headers.get(ERROR_BYTES_HEADER) or 0)
         if error_bytes:
@@ -456,6 +462,19 @@ class _UpstreamHandler(BaseHTTPRequestHandler):
             self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
         done = b"data: [DONE]\n\n"
         self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
+
+    def _limit_images(self, limit: int) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if body.count(b'"image_url"') <= limit:
+            status, answer = 200, self.REPLY
+        else:
+            message = f"Too many images in request. Max is {limit}."
+            status, answer = 400, orjson.dumps({"error": {"message": message, "type": "invalid_request_error"}})
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
 
     def _error_stream(self, size: int) -> None:
         """A 400 event stream of `size` bytes, chunked: an error answer far larger than the recover addon reads."""
@@ -1153,7 +1172,8 @@ def machine() -> dict[str, Any]:
     return info
 
 
-SECTIONS = ("engine", "proxy", "shaped", "shrink", "cache")
+SECTIONS = ("engine", "proxy", "learned", "shaped", "shrink", "cache")
+LEARNED_ENTRIES = 10_000
 
 
 def cache_figures() -> list[Figure]:
@@ -1194,6 +1214,9 @@ def run(settings: Settings, say: Callable[[str], None], sections: tuple[str, ...
         stack.callback(upstream.stop)
         if "proxy" in sections:
             figures += proxy_figures(workdir, upstream, bodies, settings, say, stack)
+        if "learned" in sections:
+            say(f"learned limits: {LEARNED_ENTRIES:,} entries in a file another process holds locked, learning meanwhile")
+            figures += learned_figures(workdir, upstream, settings)
         if "shaped" in sections:
             figures += shaped_figures(workdir, upstream, bodies, settings, say)
     if "shrink" in sections:
@@ -1234,6 +1257,59 @@ def proxy_figures(
     say(f"a {ERROR_ANSWER_BYTES // MB} MiB error answer (fresh processes)")
     figures += error_answer_figures(workdir, upstream, bodies, settings)
     return figures
+
+
+def learned_figures(workdir: Path, upstream: Upstream, settings: Settings) -> list[Figure]:
+    """An unrelated request's latency through a mitmdump whose learned-limits file holds LEARNED_ENTRIES entries and is
+    held locked by another process (flock), while requests to other models are refused for a limit, retried and
+    learned, against one with no learned file: the file's reads, the lock and the writes stay off the requests' path."""
+    path = workdir / "learned" / "trimflow-learned.yaml"
+    path.parent.mkdir(parents=True)
+    when = utc_timestamp()
+    entry = "- {{upstream: 'https://u{}.example.com:443', model: 'm-{}', limit: max_images, value: 4, learned: '{}'}}\n"
+    path.write_text("learned:\n" + "".join(entry.format(i % 997, i, when) for i in range(LEARNED_ENTRIES)))
+    command = ["flock", "--shared", str(path), "sh", "-c", "echo held; read _"]
+    holder = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held", "flock could not hold the file"
+        learning = start_proxy(workdir / "learned-file", "learned", upstream, addon=True, options={"trimflow_learned": str(path)})
+        none = start_proxy(workdir / "learned-none", "no-learned", upstream, addon=True, options={"trimflow_learned": ""})
+        unrelated = text_session(30)
+        refused = distinct_session(6, scaled_shots(6, 40), "image/jpeg")
+        clients = {p.name: Client(p.mitmdump.port) for p in (learning, none)}
+        teacher = Client(learning.mitmdump.port)
+        times: dict[str, list[float]] = {p.name: [] for p in (learning, none)}
+        try:
+            for rep in range(LATENCY_WARMUP + settings.latency_reps):
+                # a limit learned for a model not seen before: the store has something to write, and the file stays locked
+                status, _, _ = teacher.post(refused.replace(b'"model":"gpt-4o"', b'"model":"gpt-4o-%d"' % rep), {MAX_IMAGES_HEADER: "4"})
+                if status != 200:
+                    raise RuntimeError(f"a refusal was not recovered ({status})")
+                for name, client in clients.items():
+                    gc.collect()
+                    time.sleep(LATENCY_GAP)
+                    started = time.perf_counter()
+                    status, _, _ = client.post(unrelated)
+                    if status != 200:
+                        raise RuntimeError(f"{name} mitmdump answered {status}")
+                    if rep >= LATENCY_WARMUP:
+                        times[name].append((time.perf_counter() - started) * 1000)
+        finally:
+            for client in (*clients.values(), teacher):
+                client.close()
+            learning.mitmdump.stop()
+            none.mitmdump.stop()
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(10)
+    with_file, without = statistics.median(times[learning.name]), statistics.median(times[none.name])
+    size = len(unrelated) / 1000
+    return [
+        Figure("learned_locked_ms", f"latency, {size:.0f} KB text turn, {LEARNED_ENTRIES:,} learned entries, file locked, learning", with_file, "ms"),
+        Figure("learned_none_ms", "latency, same turn, no learned file", without, "ms"),
+        Figure("learned_locked_ratio", "learned file locked and learning / none", with_file / without, "x", 1.10),
+    ]
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:
