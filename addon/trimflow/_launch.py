@@ -829,7 +829,7 @@ def _run_with_proxy(invocation: Invocation, environ: dict[str, str], setup: Setu
     sets = {"listen_host": host, "listen_port": str(port), "trimflow_metrics": str(metrics), "flow_detail": "0", **setup.options}
     given = invocation.mitmdump_args
     options_dir = None
-    if setup.upstream_auth is not None:
+    if setup.upstream_auth is not None and "upstream_auth" not in invocation.sets:  # one the user gave wins
         options_dir = mitmdump_confdir(run_dir, confdir, setup.upstream_auth)
         sets["confdir"] = str(options_dir)
         given = without_option(given, "confdir")
