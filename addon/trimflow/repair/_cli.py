@@ -106,7 +106,8 @@ def _replace_notes(replaced: _files.Replaced) -> list[str]:
     if replaced.carried:
         notes.append(f"the agent appended {format_size(replaced.carried)} during the repair: carried over to the repaired file")
     if replaced.stranded:
-        notes.append(f"the agent appended {format_size(replaced.stranded)} during the repair that is in the backup only (the file was replaced again meanwhile)")
+        size = format_size(replaced.stranded)
+        notes.append(f"the agent appended {size} during the repair that is in the backup only (the file was replaced again meanwhile)")
     if replaced.still_open:
         notes.append(f"the original is still open in {', '.join(replaced.still_open)}: what it writes there goes to the backup")
     return notes
