@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import socket
 import stat
 import subprocess
 import tomllib
@@ -423,7 +424,7 @@ def test_the_folders_of_runs_whose_launcher_is_gone_are_removed_keeping_what_the
     pid = dead_pid()
     stale = runs / f"20261124-112213-gemini-{pid}"
     stale.mkdir()
-    (stale / LAUNCHER_FILE).write_text(f"{pid} 12345\n")
+    (stale / LAUNCHER_FILE).write_text(f"{socket.gethostname()} {pid} 12345\n")
     setup_for("gemini", ["gemini"], {"GEMINI_API_KEY": "AIza-x"}, LISTEN, stale, home=tmp_path / "home")
     private = stale / "gemini-home" / ".gemini"
     (private / "trustedFolders.json").write_text("{}")  # new
@@ -432,13 +433,16 @@ def test_the_folders_of_runs_whose_launcher_is_gone_are_removed_keeping_what_the
     live = new_run_dir(runs, f"20261124-112214-claude-{os.getpid()}")  # this process: running
     reused = runs / f"20261124-112215-claude-{os.getpid()}"  # this pid, but another process's start time
     reused.mkdir()
-    (reused / LAUNCHER_FILE).write_text(f"{os.getpid()} 1\n")
+    (reused / LAUNCHER_FILE).write_text(f"{socket.gethostname()} {os.getpid()} 1\n")
+    elsewhere = runs / f"20261124-112217-claude-{dead_pid()}"  # a launcher on another machine sharing the home
+    elsewhere.mkdir()
+    (elsewhere / LAUNCHER_FILE).write_text(f"not-{socket.gethostname()} {elsewhere.name.rpartition('-')[2]} 1\n")
     older = runs / f"20261124-112216-codex-{dead_pid()}"  # an older launcher's folder, with no marker
     older.mkdir()
     lines = clean_stale_runs(runs)
     kept = runs / f"{stale.name}.gemini"
     assert lines == [f"trimflow run: Gemini CLI wrote GEMINI.md, trustedFolders.json in its private settings folder, not in {user}: kept in {kept}"]
-    assert sorted(p.name for p in runs.iterdir()) == sorted([kept.name, live.name])
+    assert sorted(p.name for p in runs.iterdir()) == sorted([kept.name, live.name, elsewhere.name])
     assert (kept / "GEMINI.md").read_text() == "the agent's" and (user / "GEMINI.md").read_text() == "mine"
     assert stat.S_IMODE(kept.stat().st_mode) == 0o700
 

@@ -461,7 +461,7 @@ def state_dir(environ: Mapping[str, str]) -> Path:
 def private_folder(path: Path) -> None:
     """Make `path` a folder only its owner can enter; a LaunchError when it is someone else's or not a folder."""
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    st = os.lstat(path)
+    st = os.stat(path)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
         raise LaunchError(f"trimflow run: {path} is not a folder of yours: the run's files cannot be kept private there")
     if stat.S_IMODE(st.st_mode) != 0o700:
@@ -492,10 +492,10 @@ def _running(pid: int, started: str | None) -> bool:
 
 
 def new_run_dir(runs: Path, stem: str) -> Path:
-    """The run's own folder (0700), marked with the launcher's pid and start time."""
+    """The run's own folder (0700), marked with the launcher's host, pid and start time."""
     run_dir = runs / stem
     run_dir.mkdir(mode=0o700)
-    write_private(run_dir / LAUNCHER_FILE, f"{os.getpid()} {_start_time(os.getpid()) or ''}\n".encode())
+    write_private(run_dir / LAUNCHER_FILE, f"{socket.gethostname()} {os.getpid()} {_start_time(os.getpid()) or '-'}\n".encode())
     return run_dir
 
 
@@ -510,10 +510,12 @@ def clean_stale_runs(runs: Path) -> list[str]:
         if entry.is_symlink() or not entry.is_dir():
             continue
         try:
-            pid, _, started = (entry / LAUNCHER_FILE).read_text(encoding="ascii").strip().partition(" ")
-        except (OSError, UnicodeDecodeError):
-            pid, started = entry.name.rpartition("-")[2], ""  # being made right now, or by an older launcher
-        if pid.isdigit() and not _running(int(pid), started or None):
+            host, pid, started = (entry / LAUNCHER_FILE).read_text(encoding="utf-8").split()
+        except (OSError, UnicodeDecodeError, ValueError):
+            host, pid, started = socket.gethostname(), entry.name.rpartition("-")[2], "-"  # being made now, or older
+        if host != socket.gethostname():  # a home shared with another machine: its pids are not this one's
+            continue
+        if pid.isdigit() and not _running(int(pid), None if started == "-" else started):
             lines += finish_run_dir(entry)
     return lines
 
