@@ -402,6 +402,9 @@ def test_the_runs_folder_is_made_private_and_refused_when_it_is_someone_elses(tm
     runs.chmod(0o755)
     private_folder(runs)
     assert stat.S_IMODE(runs.stat().st_mode) == 0o700
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(LaunchError, match=r"cannot make .*a-file/runs \(Not a directory\)"):
+        private_folder(tmp_path / "a-file" / "runs")
     if os.geteuid() == 0:
         theirs = tmp_path / "theirs"
         theirs.mkdir()

@@ -81,7 +81,7 @@ OPENAI_API = "https://api.openai.com/v1"
 GEMINI_API = "https://generativelanguage.googleapis.com"
 GEMINI_API_KEY_AUTH = "gemini-api-key"
 
-LAUNCHER_FILE = "launcher"  # in a run's folder: the launcher's pid and start time, to tell a live run from a stale one
+LAUNCHER_FILE = "launcher"  # in a run's folder: the launcher's host, pid and start time, to tell a live run from a stale one
 PRIVATE_FILE = "private.json"  # in a run's folder: what the launcher put in each private settings folder
 PR_SET_PDEATHSIG = 1  # prctl(2)
 MITMDUMP_CONFDIR = "mitmproxy"  # in a run's folder: the confdir whose config.yaml gives mitmdump the upstream's credentials
@@ -460,8 +460,11 @@ def state_dir(environ: Mapping[str, str]) -> Path:
 
 def private_folder(path: Path) -> None:
     """Make `path` a folder only its owner can enter; a LaunchError when it is someone else's or not a folder."""
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    st = os.stat(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        st = os.stat(path)
+    except OSError as exc:
+        raise LaunchError(f"trimflow run: cannot make {path} ({exc.strerror or type(exc).__name__})") from None
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
         raise LaunchError(f"trimflow run: {path} is not a folder of yours: the run's files cannot be kept private there")
     if stat.S_IMODE(st.st_mode) != 0o700:
