@@ -14,7 +14,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from trimflow.repair._cli import main
+from trimflow.repair import _files
+from trimflow.repair._cli import _replace_notes, main
 
 from .helpers import FIXTURES, PROMPT, SESSIONS, fixture
 
@@ -311,3 +312,13 @@ def test_the_backup_of_a_symlinked_session_is_printed_where_it_is(tmp_path: Path
     assert backup.is_absolute() and backup.parent == real.parent and backup.read_bytes() == original
     assert link.is_symlink() and len(real.read_bytes()) < len(original)
     assert [p.name for p in link.parent.iterdir()] == ["s.jsonl"]
+
+
+def test_what_happened_to_the_agents_appends_is_said() -> None:
+    replaced = _files.Replaced(Path("/s.jsonl.trimflow-backup-x"), carried=2048, stranded=10, still_open=("node (pid 7)",))
+    assert _replace_notes(replaced) == [
+        "the agent appended 2KB during the repair: carried over to the repaired file",
+        "the agent appended 10B during the repair that is in the backup only (the file was replaced again meanwhile)",
+        "the original is still open in node (pid 7): what it writes there goes to the backup",
+    ]
+    assert _replace_notes(_files.Replaced(Path("/b"))) == []

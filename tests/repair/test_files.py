@@ -211,3 +211,21 @@ def test_a_copied_backup_is_renamed_into_place_whole_next_to_an_earlier_one(tmp_
     assert (first.read_bytes(), second.read_bytes()) == (b'{"a":1}\n', b'{"a":2}\n')
     assert second.name.endswith("Z-2")
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["s.jsonl", first.name, second.name])
+
+
+def test_a_process_that_still_holds_the_original_after_the_wait_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = session(tmp_path)
+    snapshot = _files.read(path)
+    holder = subprocess.Popen(["sh", "-c", 'exec 3<"$1"; echo ready; exec sleep 30', "sh", str(path)], stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"ready\n"
+        deadline = time.monotonic() + 10
+        while not _files.holders(path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        monkeypatch.setattr(_files, "CARRY_WAIT", 0.0)  # it opened the file after the repair's check: no waiting it out here
+        done = _files.replace(snapshot, b'{"a":2}\n', NOW)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert done.still_open == (f"sleep (pid {holder.pid})",) and done.carried == done.stranded == 0
+    assert path.read_bytes() == b'{"a":2}\n'
