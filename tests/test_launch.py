@@ -330,6 +330,12 @@ def test_the_credentials_of_the_users_proxy_leave_the_mode_for_upstream_auth(tmp
     assert setup.env["HTTPS_PROXY"] == LISTEN and "s3cr" not in repr(dataclasses.replace(setup, upstream_auth=None))
 
 
+def test_a_proxy_password_without_a_user_is_refused_without_showing_it(tmp_path: Path) -> None:
+    with pytest.raises(LaunchError) as caught:
+        setup_for("proxy", ["python", "agent.py"], {"HTTPS_PROXY": f"http://:{SECRET}@corp-proxy:3128"}, LISTEN, tmp_path)
+    assert str(caught.value) == "trimflow run: the proxy http://corp-proxy:3128 in HTTPS_PROXY has a password but no user name"
+
+
 def test_a_base_urls_credentials_stay_with_the_agent_in_the_url_it_gets_for_the_proxy(tmp_path: Path) -> None:
     env = {"ANTHROPIC_BASE_URL": f"https://team:{SECRET}@gateway.example/anthropic"}
     setup = setup_for("claude", ["claude"], env, LISTEN, tmp_path)

@@ -233,6 +233,8 @@ def forward_setup(agent: str, command: Sequence[str], environ: Mapping[str, str]
     if theirs is not None:
         # As curl reads it: a proxy without a scheme is http://.
         theirs, auth = without_credentials(theirs if "://" in theirs else f"http://{theirs}")
+        if auth is not None and auth.startswith(":"):  # mitmproxy would refuse it, printing it whole
+            raise LaunchError(f"trimflow run: the proxy {theirs} in HTTPS_PROXY has a password but no user name")
     mode = f"upstream:{theirs}" if theirs else "regular"
     setup = Setup(agent, mode, list(command), env=dict.fromkeys(PROXY_VARIABLES, listen), ca_bundle=True, upstream=theirs, upstream_auth=auth)
     if note:
