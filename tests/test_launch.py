@@ -6,23 +6,35 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import socket
+import stat
+import subprocess
 import tomllib
 from pathlib import Path
 
 import orjson
 import pytest
+import yaml
 
 from trimflow import load_rules, prune_request
 from trimflow._launch import (
     CA_VARIABLES,
+    LAUNCHER_FILE,
     LaunchError,
     Setup,
     agent_of,
     ca_bundle,
+    clean_stale_runs,
     codex_overrides,
+    finish_run_dir,
+    mitmdump_confdir,
+    new_run_dir,
     parse,
+    private_folder,
     setup_for,
     summary,
+    without_option,
 )
 from trimflow._rules import DEFAULT_RULES_PATH
 from trimflow.testing import PATHS, image, session_body
@@ -296,3 +308,166 @@ def test_the_summary_counts_this_runs_records_only(tmp_path: Path) -> None:
 def test_a_run_with_no_llm_request_says_so(tmp_path: Path) -> None:
     lines = summary(tmp_path / "none.jsonl", 0, Setup("proxy", "regular", ["true"]), 3, tmp_path / "run.log")
     assert lines == [f"trimflow: true exited 3; no LLM request went through trimflow (proxy log: {tmp_path / 'run.log'})"]
+
+
+# --- credentials, the run's files, stale runs ----------------------------------------------------------------
+
+SECRET = "s3cr%40t"  # a password as a URL carries it: "s3cr@t" percent-encoded
+
+
+@pytest.mark.parametrize(
+    ("theirs", "mode", "auth"),
+    [
+        (f"http://corp-user:{SECRET}@corp-proxy:3128", "upstream:http://corp-proxy:3128", "corp-user:s3cr@t"),
+        (f"corp-user:{SECRET}@corp-proxy:3128", "upstream:http://corp-proxy:3128", "corp-user:s3cr@t"),  # no scheme: http
+        ("http://corp%5Cuser@corp-proxy:3128/", "upstream:http://corp-proxy:3128/", "corp\\user:"),
+        ("corp-proxy:3128", "upstream:http://corp-proxy:3128", None),
+    ],
+)
+def test_the_credentials_of_the_users_proxy_leave_the_mode_for_upstream_auth(tmp_path: Path, theirs: str, mode: str, auth: str | None) -> None:
+    setup = setup_for("proxy", ["python", "agent.py"], {"HTTPS_PROXY": theirs}, LISTEN, tmp_path)
+    assert (setup.mode, setup.upstream_auth) == (mode, auth)
+    assert setup.env["HTTPS_PROXY"] == LISTEN and "s3cr" not in repr(dataclasses.replace(setup, upstream_auth=None))
+
+
+def test_a_proxy_password_without_a_user_is_refused_without_showing_it(tmp_path: Path) -> None:
+    with pytest.raises(LaunchError) as caught:
+        setup_for("proxy", ["python", "agent.py"], {"HTTPS_PROXY": f"http://:{SECRET}@corp-proxy:3128"}, LISTEN, tmp_path)
+    assert str(caught.value) == "trimflow run: the proxy http://corp-proxy:3128 in HTTPS_PROXY has a password but no user name"
+
+
+def test_a_base_urls_credentials_stay_with_the_agent_in_the_url_it_gets_for_the_proxy(tmp_path: Path) -> None:
+    env = {"ANTHROPIC_BASE_URL": f"https://team:{SECRET}@gateway.example/anthropic"}
+    setup = setup_for("claude", ["claude"], env, LISTEN, tmp_path)
+    assert setup.mode == "reverse:https://gateway.example" and setup.upstream == "https://gateway.example/anthropic"
+    assert setup.env == {"ANTHROPIC_BASE_URL": f"http://team:{SECRET}@127.0.0.1:41234/anthropic"}
+    assert setup.upstream_auth is None  # reverse mode: the agent's own Authorization header is left alone
+
+
+@pytest.mark.parametrize(
+    ("config", "env"),
+    [
+        ("", {"OPENAI_API_KEY": "sk-x", "OPENAI_BASE_URL": f"https://team:{SECRET}@gateway.example/v1"}),
+        (f'model_provider = "corp"\n[model_providers.corp]\nbase_url = "https://team:{SECRET}@gateway.example/v1"\n', {}),
+    ],
+)
+def test_codex_with_credentials_in_its_base_url_goes_through_forward_mode_keeping_them_off_its_command_line(
+    tmp_path: Path, config: str, env: dict[str, str]
+) -> None:
+    (tmp_path / ".codex").mkdir()
+    (tmp_path / ".codex" / "config.toml").write_text(config)
+    setup = setup_for("codex", ["codex", "exec", "hi"], env, LISTEN, tmp_path, home=tmp_path)
+    assert setup.mode == "regular" and setup.command == ["codex", "exec", "hi"]
+    assert "holds credentials" in setup.notes[-1] and "s3cr" not in " ".join(setup.notes)
+
+
+def test_a_bad_base_url_is_refused_without_its_credentials(tmp_path: Path) -> None:
+    with pytest.raises(LaunchError) as caught:
+        setup_for("claude", ["claude"], {"ANTHROPIC_BASE_URL": f"ftp://team:{SECRET}@gateway.example/"}, LISTEN, tmp_path)
+    assert str(caught.value) == "trimflow run: 'ftp://gateway.example/' is not an http(s) URL"
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o640])
+def test_geminis_settings_copy_keeps_the_mode_of_the_users_file(tmp_path: Path, mode: int) -> None:
+    (tmp_path / ".gemini").mkdir()
+    settings = tmp_path / ".gemini" / "settings.json"
+    settings.write_text('{"mcpServers": {"tools": {"headers": {"Authorization": "Bearer t"}}}}')
+    settings.chmod(mode)
+    setup = setup_for("gemini", ["gemini"], {"GEMINI_API_KEY": "AIza-x"}, LISTEN, tmp_path / "run", home=tmp_path)
+    private = Path(setup.env["GEMINI_CLI_HOME"]) / ".gemini"
+    assert stat.S_IMODE((private / "settings.json").stat().st_mode) == mode
+    assert stat.S_IMODE(private.stat().st_mode) == 0o700
+
+
+def test_mitmdumps_confdir_of_the_run_holds_the_users_config_and_the_credentials_readable_by_them_alone(tmp_path: Path) -> None:
+    user, run_dir = tmp_path / "user-confdir", tmp_path / "run"
+    user.mkdir()
+    run_dir.mkdir()
+    (user / "config.yaml").write_text("ssl_insecure: false\nscripts: [mine.py]\nupstream_cert: false\n")
+    confdir = mitmdump_confdir(run_dir, user, "corp-user:s3cr@t: x")
+    assert stat.S_IMODE(confdir.stat().st_mode) == 0o700
+    config = confdir / "config.yaml"
+    assert stat.S_IMODE(config.stat().st_mode) == 0o600
+    assert yaml.safe_load(config.read_text()) == {
+        "ssl_insecure": False,
+        "scripts": [str(user / "mine.py")],  # mitmproxy reads them relative to the file that names them
+        "upstream_cert": False,
+        "confdir": str(user),  # the CA stays the user's
+        "upstream_auth": "corp-user:s3cr@t: x",
+    }
+
+
+def test_a_users_confdir_option_makes_way_for_the_runs(tmp_path: Path) -> None:
+    args = ["--set", "confdir=/c", "-q", "--set=confdir=/d", "--set", "confdirx=1", "--set=trimflow_mode=observe"]
+    assert without_option(args, "confdir") == ["-q", "--set", "confdirx=1", "--set=trimflow_mode=observe"]
+
+
+def test_the_runs_folder_is_made_private_and_refused_when_it_is_someone_elses(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    runs.mkdir(mode=0o755)
+    runs.chmod(0o755)
+    private_folder(runs)
+    assert stat.S_IMODE(runs.stat().st_mode) == 0o700
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(LaunchError, match=r"cannot make .*a-file/runs \(Not a directory\)"):
+        private_folder(tmp_path / "a-file" / "runs")
+    if os.geteuid() == 0:
+        theirs = tmp_path / "theirs"
+        theirs.mkdir()
+        os.chown(theirs, 4321, 4321)
+        with pytest.raises(LaunchError, match="is not a folder of yours"):
+            private_folder(theirs)
+
+
+def dead_pid() -> int:
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+def test_the_folders_of_runs_whose_launcher_is_gone_are_removed_keeping_what_the_agent_wrote(tmp_path: Path) -> None:
+    user, runs = tmp_path / "home" / ".gemini", tmp_path / "runs"
+    user.mkdir(parents=True)
+    (user / "GEMINI.md").write_text("mine")
+    runs.mkdir()
+    pid = dead_pid()
+    stale = runs / f"20261124-112213-gemini-{pid}"
+    stale.mkdir()
+    (stale / LAUNCHER_FILE).write_text(f"{socket.gethostname()} {pid} 12345\n")
+    setup_for("gemini", ["gemini"], {"GEMINI_API_KEY": "AIza-x"}, LISTEN, stale, home=tmp_path / "home")
+    private = stale / "gemini-home" / ".gemini"
+    (private / "trustedFolders.json").write_text("{}")  # new
+    (private / "GEMINI.md").unlink()  # a link the agent replaced with a file of its own
+    (private / "GEMINI.md").write_text("the agent's")
+    live = new_run_dir(runs, f"20261124-112214-claude-{os.getpid()}")  # this process: running
+    reused = runs / f"20261124-112215-claude-{os.getpid()}"  # this pid, but another process's start time
+    reused.mkdir()
+    (reused / LAUNCHER_FILE).write_text(f"{socket.gethostname()} {os.getpid()} 1\n")
+    elsewhere = runs / f"20261124-112217-claude-{dead_pid()}"  # a launcher on another machine sharing the home
+    elsewhere.mkdir()
+    (elsewhere / LAUNCHER_FILE).write_text(f"not-{socket.gethostname()} {elsewhere.name.rpartition('-')[2]} 1\n")
+    older = runs / f"20261124-112216-codex-{dead_pid()}"  # an older launcher's folder, with no marker
+    older.mkdir()
+    lines = clean_stale_runs(runs)
+    kept = runs / f"{stale.name}.gemini"
+    assert lines == [f"trimflow run: Gemini CLI wrote GEMINI.md, trustedFolders.json in its private settings folder, not in {user}: kept in {kept}"]
+    assert sorted(p.name for p in runs.iterdir()) == sorted([kept.name, live.name, elsewhere.name])
+    assert (kept / "GEMINI.md").read_text() == "the agent's" and (user / "GEMINI.md").read_text() == "mine"
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o700
+
+
+def test_a_run_whose_agent_changed_nothing_leaves_no_folder_and_no_line(tmp_path: Path) -> None:
+    (tmp_path / "home" / ".gemini").mkdir(parents=True)
+    (tmp_path / "home" / ".gemini" / "GEMINI.md").write_text("mine")
+    run_dir = new_run_dir(tmp_path, "20261124-112213-gemini-1")
+    setup_for("gemini", ["gemini"], {"GEMINI_API_KEY": "AIza-x"}, LISTEN, run_dir, home=tmp_path / "home")
+    assert finish_run_dir(run_dir) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["home"]
+    assert (tmp_path / "home" / ".gemini" / "GEMINI.md").read_text() == "mine"  # links removed, never followed
+
+
+def test_the_ca_bundle_is_the_users_alone(tmp_path: Path) -> None:
+    ours = tmp_path / "ca.pem"
+    ours.write_text("-----BEGIN CERTIFICATE-----\nMITM\n-----END CERTIFICATE-----\n")
+    bundle = ca_bundle(ours, {"SSL_CERT_FILE": str(tmp_path / "none.pem")}, tmp_path / "bundle.pem")
+    assert stat.S_IMODE(bundle.stat().st_mode) == 0o600

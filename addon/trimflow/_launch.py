@@ -20,6 +20,16 @@ Known agents get their own setup, and no file of the user's is edited:
   a CA bundle (the system's CAs and mitmproxy's) in NODE_EXTRA_CA_CERTS, SSL_CERT_FILE, REQUESTS_CA_BUNDLE and
   CODEX_CA_CERTIFICATE. An HTTPS_PROXY the user had stays their way out: mitmdump runs in upstream mode to it.
 
+Credentials in a URL (`http://user:pass@proxy:3128`, a base URL with a user) never reach an argv, a log line or
+a file that outlives the run: an upstream proxy's go to mitmdump as `upstream_auth` in a config.yaml of a confdir
+of the run (0600, read at start and removed once mitmdump listens); a base URL's stay with the agent, in the
+URL it is given for the proxy (its environment, which only the user can read).
+
+The run's files are the user's alone: the runs folder is 0700 and every file the launcher writes 0600 (a
+copied settings file keeps the mode of the user's). mitmdump and the agent get a signal when the launcher
+dies, however it dies (PR_SET_PDEATHSIG, Linux), and a run folder whose launcher is gone is removed at the
+next start. What the agent wrote into its private settings folder is kept beside the run and named in one line.
+
 Every request's metrics go to a JSONL file of this run (or the trimflow_metrics file given, from where it
 stood at start), and at exit one summary per conversation is printed from it by the audit.
 """
@@ -27,6 +37,8 @@ stood at start), and at exit one summary per conversation is printed from it by 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import hashlib
 import json
 import os
 import shlex
@@ -34,6 +46,7 @@ import shutil
 import signal
 import socket
 import ssl
+import stat
 import subprocess
 import sys
 import time
@@ -42,7 +55,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+import yaml
 
 from . import _run
 from ._rules import DEFAULT_RULES_PATH, builtin_rules, load_rules
@@ -65,6 +80,12 @@ ANTHROPIC_API = "https://api.anthropic.com"
 OPENAI_API = "https://api.openai.com/v1"
 GEMINI_API = "https://generativelanguage.googleapis.com"
 GEMINI_API_KEY_AUTH = "gemini-api-key"
+
+LAUNCHER_FILE = "launcher"  # in a run's folder: the launcher's host, pid and start time, to tell a live run from a stale one
+PRIVATE_FILE = "private.json"  # in a run's folder: what the launcher put in each private settings folder
+PR_SET_PDEATHSIG = 1  # prctl(2)
+MITMDUMP_CONFDIR = "mitmproxy"  # in a run's folder: the confdir whose config.yaml gives mitmdump the upstream's credentials
+PRIVATE_MODE = 0o600
 
 
 class LaunchError(Exception):
@@ -153,7 +174,8 @@ class Setup:
     notes: list[str] = field(default_factory=list)  # said before the command starts
     ca_bundle: bool = False  # forward mode: the CA variables point at a bundle written once the proxy runs
     private_dirs: list[Path] = field(default_factory=list)  # made for this run, removed after it
-    upstream: str | None = None  # where the requests go on to, for the summary's first line
+    upstream: str | None = None  # where the requests go on to, without credentials
+    upstream_auth: str | None = None  # user:password for an upstream proxy, never on mitmdump's command line
 
 
 def agent_of(command: Sequence[str], chosen: str | None) -> str:
@@ -163,12 +185,34 @@ def agent_of(command: Sequence[str], chosen: str | None) -> str:
     return name if name in AGENTS and name != PROXY else PROXY
 
 
-def split_url(url: str) -> tuple[str, str]:
-    """(origin, path) of a base URL: reverse mode goes to the origin, and the client keeps the path."""
+def without_credentials(url: str) -> tuple[str, str | None]:
+    """The URL without its `user:password@`, and those as mitmproxy's upstream_auth (`user:password`, decoded)."""
     parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url, None
+    userinfo, _, host = parts.netloc.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    return urlunsplit(parts._replace(netloc=host)), f"{unquote(user)}:{unquote(password)}"
+
+
+def userinfo(url: str) -> str:
+    """The `user:password@` of a URL as written, or ''."""
+    netloc = urlsplit(url).netloc
+    return netloc.rpartition("@")[0] + "@" if "@" in netloc else ""
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """(origin, path) of a base URL: reverse mode goes to the origin (without credentials), and the client keeps the path."""
+    shown, _ = without_credentials(url)
+    parts = urlsplit(shown)
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise LaunchError(f"trimflow run: {url!r} is not an http(s) URL")
+        raise LaunchError(f"trimflow run: {shown!r} is not an http(s) URL")
     return f"{parts.scheme}://{parts.netloc}", parts.path.rstrip("/")
+
+
+def _at_proxy(listen: str, url: str, path: str) -> str:
+    """The agent's base URL for the proxy: the credentials of its own base URL (the client sends them) and its path."""
+    return listen.replace("://", "://" + userinfo(url), 1) + path
 
 
 def setup_for(agent: str, command: Sequence[str], environ: Mapping[str, str], listen: str, run_dir: Path, home: Path | None = None) -> Setup:
@@ -185,8 +229,14 @@ def setup_for(agent: str, command: Sequence[str], environ: Mapping[str, str], li
 
 def forward_setup(agent: str, command: Sequence[str], environ: Mapping[str, str], listen: str, note: str | None = None) -> Setup:
     theirs = next((environ[name] for name in PROXY_VARIABLES[:2] if environ.get(name)), None)
+    auth = None
+    if theirs is not None:
+        # As curl reads it: a proxy without a scheme is http://.
+        theirs, auth = without_credentials(theirs if "://" in theirs else f"http://{theirs}")
+        if auth is not None and auth.startswith(":"):  # mitmproxy would refuse it, printing it whole
+            raise LaunchError(f"trimflow run: the proxy {theirs} in HTTPS_PROXY has a password but no user name")
     mode = f"upstream:{theirs}" if theirs else "regular"
-    setup = Setup(agent, mode, list(command), env=dict.fromkeys(PROXY_VARIABLES, listen), ca_bundle=True, upstream=theirs)
+    setup = Setup(agent, mode, list(command), env=dict.fromkeys(PROXY_VARIABLES, listen), ca_bundle=True, upstream=theirs, upstream_auth=auth)
     if note:
         setup.notes.append(note)
     return setup
@@ -195,7 +245,8 @@ def forward_setup(agent: str, command: Sequence[str], environ: Mapping[str, str]
 def _claude(command: Sequence[str], environ: Mapping[str, str], listen: str) -> Setup:
     upstream = environ.get("ANTHROPIC_BASE_URL") or ANTHROPIC_API
     origin, path = split_url(upstream)
-    return Setup("claude", f"reverse:{origin}", list(command), env={"ANTHROPIC_BASE_URL": listen + path}, upstream=upstream)
+    env = {"ANTHROPIC_BASE_URL": _at_proxy(listen, upstream, path)}
+    return Setup("claude", f"reverse:{origin}", list(command), env=env, upstream=origin + path)
 
 
 # Codex: -c overrides, parsed as TOML by Codex; a JSON string is a TOML basic string.
@@ -256,15 +307,16 @@ def _codex(command: Sequence[str], environ: Mapping[str, str], listen: str, home
         prefix = f"model_providers.{provider}."
         table.update({key[len(prefix) :]: value for key, value in given.items() if key.startswith(prefix)})
         base = table.get("base_url")
-        if not isinstance(base, str):
-            note = f"trimflow run: Codex's provider {provider!r} has no base_url in {codex_home / 'config.toml'}: forward mode"
+        if not isinstance(base, str) or userinfo(base):
+            why = "holds credentials (a -c override would show them to every local user)" if isinstance(base, str) else "is missing"
+            note = f"trimflow run: the base_url of Codex's provider {provider!r} {why}: forward mode"
             setup = forward_setup("codex", command, environ, listen, note)
             setup.options.update(websocket)
             return setup
         origin, path = split_url(base)
         overrides = {f"{prefix}base_url": listen + path, f"{prefix}wire_api": "responses", f"{prefix}supports_websockets": False}
         args = [item for key, value in overrides.items() for item in ("-c", f"{key}={_toml(value)}")]
-        return Setup("codex", f"reverse:{origin}", head + args + tail, options=websocket, notes=notes, upstream=base)
+        return Setup("codex", f"reverse:{origin}", head + args + tail, options=websocket, notes=notes, upstream=origin + path)
     key = next((name for name in ("OPENAI_API_KEY", "CODEX_API_KEY") if environ.get(name)), None)
     if key is None:
         note = "trimflow run: no OPENAI_API_KEY for Codex, so it uses its sign-in (ChatGPT): forward mode, its CA in CODEX_CA_CERTIFICATE"
@@ -272,10 +324,15 @@ def _codex(command: Sequence[str], environ: Mapping[str, str], listen: str, home
         setup.options.update(websocket)
         return setup
     base = given.get("openai_base_url") or config.get("openai_base_url") or environ.get("OPENAI_BASE_URL") or OPENAI_API
+    if userinfo(str(base)):
+        note = "trimflow run: Codex's base URL holds credentials (a -c override would show them to every local user): forward mode"
+        setup = forward_setup("codex", command, environ, listen, note)
+        setup.options.update(websocket)
+        return setup
     origin, path = split_url(str(base))
     table = {"name": "trimflow", "base_url": listen + path, "wire_api": "responses", "env_key": key, "supports_websockets": False}
     args = ["-c", 'model_provider="trimflow"', "-c", f"model_providers.trimflow={_toml(table)}"]
-    return Setup("codex", f"reverse:{origin}", head + args + tail, options=websocket, notes=notes, upstream=str(base))
+    return Setup("codex", f"reverse:{origin}", head + args + tail, options=websocket, notes=notes, upstream=origin + path)
 
 
 def _read_settings(path: Path) -> dict[str, Any] | None:
@@ -334,29 +391,65 @@ def _gemini(command: Sequence[str], environ: Mapping[str, str], listen: str, run
         return forward_setup("gemini", command, environ, listen, note)
     upstream = environ.get("GOOGLE_GEMINI_BASE_URL") or GEMINI_API
     origin, path = split_url(upstream)
-    setup = Setup("gemini", f"reverse:{origin}", list(command), env={"GOOGLE_GEMINI_BASE_URL": listen + path}, upstream=upstream)
+    env = {"GOOGLE_GEMINI_BASE_URL": _at_proxy(listen, upstream, path)}
+    setup = Setup("gemini", f"reverse:{origin}", list(command), env=env, upstream=origin + path)
     if selected is None:
         private = run_dir / "gemini-home"
-        gemini_settings(settings, user_dir, private / ".gemini")
+        entries = gemini_settings(settings, user_dir, private / ".gemini")
+        _record_private(run_dir, {"agent": "Gemini CLI", "folder": "gemini-home/.gemini", "user": str(user_dir), "entries": entries})
         setup.env["GEMINI_CLI_HOME"] = str(private)
         setup.private_dirs.append(private)
     return setup
 
 
-def gemini_settings(settings: dict[str, Any], user_dir: Path, private_dir: Path) -> None:
-    """A .gemini folder for GEMINI_CLI_HOME: the user's settings selecting the API key, every other entry a link
-    into the user's own folder (its sessions and history land there, as without the launcher)."""
-    private_dir.mkdir(parents=True, exist_ok=True)
+def gemini_settings(settings: dict[str, Any], user_dir: Path, private_dir: Path) -> dict[str, str]:
+    """A .gemini folder for GEMINI_CLI_HOME: the user's settings selecting the API key (with the mode of the user's
+    file: it may hold MCP servers' tokens), every other entry a link into the user's own folder (its sessions and
+    history land there, as without the launcher). Returns what each entry is, to find what the agent changed."""
+    private_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     merged = dict(settings)
     security = dict(merged.get("security") or {})
     security["auth"] = {**(security.get("auth") or {}), "selectedType": GEMINI_API_KEY_AUTH}
     merged["security"] = security
-    (private_dir / "settings.json").write_text(json.dumps(merged, indent=2) + "\n", encoding="utf-8")
+    try:
+        mode = stat.S_IMODE(os.stat(user_dir / "settings.json").st_mode)
+    except OSError:
+        mode = PRIVATE_MODE
+    text = (json.dumps(merged, indent=2) + "\n").encode()
+    write_private(private_dir / "settings.json", text, mode)
+    entries = {"settings.json": _digest(text)}
     for name in ("tmp", "history"):  # what Gemini CLI writes a session into, made where it would make it
         (user_dir / name).mkdir(parents=True, exist_ok=True)
     for entry in user_dir.iterdir():
         if entry.name != "settings.json":
             (private_dir / entry.name).symlink_to(entry)
+            entries[entry.name] = f"link:{entry}"
+    return entries
+
+
+def _digest(data: bytes) -> str:
+    return f"sha256:{hashlib.sha256(data).hexdigest()}"
+
+
+def _record_private(run_dir: Path, folder: dict[str, Any]) -> None:
+    path = run_dir / PRIVATE_FILE
+    try:
+        folders = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        folders = []
+    write_private(path, json.dumps([*folders, folder]).encode())
+
+
+def write_private(path: Path, data: bytes, mode: int = PRIVATE_MODE) -> None:
+    """Write a file of the run with `mode` from its creation on (never through a link planted in its place)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+    try:
+        os.fchmod(fd, mode)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
 
 
 # --- the run -------------------------------------------------------------------------------------------------
@@ -365,6 +458,155 @@ def gemini_settings(settings: dict[str, Any], user_dir: Path, private_dir: Path)
 def state_dir(environ: Mapping[str, str]) -> Path:
     base = environ.get("XDG_STATE_HOME") or str(Path(environ.get("HOME") or Path.home()) / ".local" / "state")
     return Path(base) / "trimflow" / "runs"
+
+
+def private_folder(path: Path) -> None:
+    """Make `path` a folder only its owner can enter; a LaunchError when it is someone else's or not a folder."""
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        st = os.stat(path)
+    except OSError as exc:
+        raise LaunchError(f"trimflow run: cannot make {path} ({exc.strerror or type(exc).__name__})") from None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        raise LaunchError(f"trimflow run: {path} is not a folder of yours: the run's files cannot be kept private there")
+    if stat.S_IMODE(st.st_mode) != 0o700:
+        os.chmod(path, 0o700)
+
+
+def _start_time(pid: int) -> str | None:
+    """A process's start time (Linux /proc), which tells it from a later process given the same pid."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return None
+    fields = text.rpartition(")")[2].split()
+    return fields[19] if len(fields) > 19 and fields[0] != "Z" else None
+
+
+def _running(pid: int, started: str | None) -> bool:
+    if Path("/proc/self/stat").exists():
+        now = _start_time(pid)
+        return now is not None and (started is None or now == started)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def new_run_dir(runs: Path, stem: str) -> Path:
+    """The run's own folder (0700), marked with the launcher's host, pid and start time."""
+    run_dir = runs / stem
+    run_dir.mkdir(mode=0o700)
+    write_private(run_dir / LAUNCHER_FILE, f"{socket.gethostname()} {os.getpid()} {_start_time(os.getpid()) or '-'}\n".encode())
+    return run_dir
+
+
+def clean_stale_runs(runs: Path) -> list[str]:
+    """Remove the folders of runs whose launcher is gone (killed before it could clean up); lines to say."""
+    lines: list[str] = []
+    try:
+        entries = sorted(runs.iterdir())
+    except OSError:
+        return lines
+    for entry in entries:
+        if entry.is_symlink() or not entry.is_dir():
+            continue
+        try:
+            host, pid, started = (entry / LAUNCHER_FILE).read_text(encoding="utf-8").split()
+        except (OSError, UnicodeDecodeError, ValueError):
+            host, pid, started = socket.gethostname(), entry.name.rpartition("-")[2], "-"  # being made now, or older
+        if host != socket.gethostname():  # a home shared with another machine: its pids are not this one's
+            continue
+        if pid.isdigit() and not _running(int(pid), None if started == "-" else started):
+            lines += finish_run_dir(entry)
+    return lines
+
+
+def finish_run_dir(run_dir: Path) -> list[str]:
+    """Remove a run's folder. What the agent wrote into a private settings folder (a changed settings file, a new
+    one) is moved to `<run>.<folder>` beside it first and named in one line: it is the user's to keep or drop,
+    and their own files are never overwritten."""
+    lines = []
+    try:
+        folders = json.loads((run_dir / PRIVATE_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        folders = []
+    for folder in folders if isinstance(folders, list) else []:
+        try:
+            relative = Path(str(folder["folder"]))
+            if relative.is_absolute() or ".." in relative.parts:
+                continue
+            private, entries = run_dir / relative, dict(folder["entries"])
+            changed = [entry for entry in sorted(private.iterdir()) if _changed(entry, entries.get(entry.name))]
+        except (OSError, KeyError, TypeError, ValueError):
+            continue
+        if not changed:
+            continue
+        kept = run_dir.with_name(f"{run_dir.name}.{Path(str(folder['folder'])).name.lstrip('.')}")
+        names = ", ".join(entry.name for entry in changed)
+        try:
+            private_folder(kept)
+            for entry in changed:
+                os.rename(entry, kept / entry.name)
+        except (OSError, LaunchError) as exc:
+            lines.append(f"trimflow run: {folder.get('agent')} wrote {names} in its private settings folder, left in {private} ({exc})")
+            return lines  # the folder stays, with them
+        lines.append(f"trimflow run: {folder.get('agent')} wrote {names} in its private settings folder, not in {folder.get('user')}: kept in {kept}")
+    shutil.rmtree(run_dir, ignore_errors=True)  # links into the user's folder are removed, never followed
+    return lines
+
+
+def _changed(entry: Path, expected: str | None) -> bool:
+    """Whether an entry of a private settings folder is not what the launcher put there."""
+    if expected is None:
+        return True
+    if expected.startswith("link:"):
+        return not entry.is_symlink() or os.readlink(entry) != expected.removeprefix("link:")
+    if entry.is_symlink() or not entry.is_file():
+        return True
+    return _digest(entry.read_bytes()) != expected
+
+
+def mitmdump_confdir(run_dir: Path, user_confdir: Path, auth: str) -> Path:
+    """A confdir of the run whose config.yaml gives mitmdump `upstream_auth` off its command line: the user's own
+    config.yaml (mitmdump reads it from the confdir), the credentials, and `confdir` back to the user's (its CA)."""
+    options: dict[str, Any] = {}
+    for name in ("config.yaml", "config.yml"):  # in mitmproxy's order, the later one winning
+        path = user_confdir / name
+        try:
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            continue
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            raise LaunchError(f"trimflow run: cannot read {path} ({type(exc).__name__})") from None
+        if loaded is None:
+            continue
+        if not isinstance(loaded, dict):
+            raise LaunchError(f"trimflow run: {path} is not a mapping of mitmproxy options")
+        if isinstance(loaded.get("scripts"), list):  # mitmproxy reads them relative to the file's folder
+            loaded["scripts"] = [str(user_confdir / Path(str(script)).expanduser()) for script in loaded["scripts"]]
+        options.update(loaded)
+    options.update(confdir=str(user_confdir), upstream_auth=auth)
+    confdir = run_dir / MITMDUMP_CONFDIR
+    confdir.mkdir(mode=0o700)
+    write_private(confdir / "config.yaml", yaml.safe_dump(options).encode())
+    return confdir
+
+
+def without_option(args: list[str], name: str) -> list[str]:
+    """mitmdump's arguments without `--set NAME=...` (in either form)."""
+    out, items = [], iter(args)
+    for item in items:
+        if item == "--set":
+            value = next(items, "")
+            if value.partition("=")[0] != name:
+                out += [item, value]
+        elif not (item.startswith("--set=") and item[len("--set=") :].partition("=")[0] == name):
+            out.append(item)
+    return out
 
 
 def free_port(host: str) -> int:
@@ -388,8 +630,26 @@ def ca_bundle(mitmproxy_ca: Path, environ: Mapping[str, str], out: Path) -> Path
     with contextlib.suppress(OSError):
         parts.append(Path(theirs).read_bytes().rstrip() + b"\n")
     parts.append(mitmproxy_ca.read_bytes())
-    out.write_bytes(b"".join(parts))
+    write_private(out, b"".join(parts))
     return out
+
+
+def _parent_death_signal(sig: signal.Signals) -> Any:
+    """A preexec_fn that has the child get `sig` when the launcher dies (Linux prctl PR_SET_PDEATHSIG); None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def child() -> None:
+        prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        if os.getppid() != parent:  # the launcher died before the call: the signal would never come
+            os.kill(os.getpid(), sig)
+
+    return child
 
 
 class Proxy:
@@ -401,8 +661,18 @@ class Proxy:
 
     def start(self, ca: Path | None = None, timeout: float = LISTEN_TIMEOUT) -> None:
         """Start mitmdump and return once it listens (and, given `ca`, once it has written its CA there)."""
-        with open(self.log, "ab") as out:
-            self.process = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        out = os.open(self.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, PRIVATE_MODE)
+        try:
+            self.process = subprocess.Popen(
+                self.command,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_parent_death_signal(signal.SIGTERM),  # SIGTERM: it writes the records it holds
+            )
+        finally:
+            os.close(out)
         deadline = time.monotonic() + timeout
         listening = False
         while True:
@@ -458,7 +728,8 @@ class Agent:
     def run(self) -> int:
         previous = {sig: signal.signal(sig, self._forward) for sig in FORWARDED}
         try:
-            self.process = subprocess.Popen(self.command, env=self.env, process_group=0)
+            # SIGHUP when the launcher dies: the agent's proxy is gone, as when a terminal hangs up.
+            self.process = subprocess.Popen(self.command, env=self.env, process_group=0, preexec_fn=_parent_death_signal(signal.SIGHUP))
             self._give_terminal()
             return self._wait()
         finally:
@@ -541,34 +812,47 @@ def launch(invocation: Invocation, environ: dict[str, str]) -> int:
     listen = f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}"
     agent = agent_of(command, invocation.agent)
     runs = state_dir(environ)
-    runs.mkdir(parents=True, exist_ok=True)
+    private_folder(runs)
+    for line in clean_stale_runs(runs):
+        say(line)
     stem = f"{time.strftime('%Y%m%d-%H%M%S')}-{agent}-{os.getpid()}"
-    run_dir = runs / stem
-    setup = setup_for(agent, command, environ, listen, run_dir)
+    run_dir = new_run_dir(runs, stem)
     try:
-        return _run_with_proxy(invocation, environ, setup, runs / stem, listen, host, port)
+        setup = setup_for(agent, command, environ, listen, run_dir)
+        return _run_with_proxy(invocation, environ, setup, run_dir, listen, host, port)
     finally:
-        for private in setup.private_dirs:
-            shutil.rmtree(private, ignore_errors=True)  # links only: the user's files stay
-        with contextlib.suppress(OSError):
-            run_dir.rmdir()
+        for line in finish_run_dir(run_dir):
+            say(line)
 
 
-def _run_with_proxy(invocation: Invocation, environ: dict[str, str], setup: Setup, stem: Path, listen: str, host: str, port: int) -> int:
+def _run_with_proxy(invocation: Invocation, environ: dict[str, str], setup: Setup, run_dir: Path, listen: str, host: str, port: int) -> int:
+    stem = run_dir.parent / run_dir.name
     metrics = Path(invocation.metrics) if invocation.metrics else stem.with_suffix(".jsonl")
     offset = metrics.stat().st_size if metrics.exists() else 0
+    if not invocation.metrics:
+        write_private(metrics, b"")  # mitmdump appends to it, keeping its mode
     log = stem.with_suffix(".log")
+    confdir = Path(invocation.confdir or Path(environ.get("HOME") or Path.home()) / ".mitmproxy").expanduser()
     sets = {"listen_host": host, "listen_port": str(port), "trimflow_metrics": str(metrics), "flow_detail": "0", **setup.options}
-    ours = [item for name, value in sets.items() if name not in invocation.sets for item in ("--set", f"{name}={value}")]
-    mitmdump = _run.command(["--mode", setup.mode, *ours, *invocation.mitmdump_args])
+    given = invocation.mitmdump_args
+    options_dir = None
+    if setup.upstream_auth is not None and "upstream_auth" not in invocation.sets:  # one the user gave wins
+        options_dir = mitmdump_confdir(run_dir, confdir, setup.upstream_auth)
+        sets["confdir"] = str(options_dir)
+        given = without_option(given, "confdir")
+    ours = [item for name, value in sets.items() if name not in invocation.sets or name == "confdir" for item in ("--set", f"{name}={value}")]
+    mitmdump = _run.command(["--mode", setup.mode, *ours, *given])
     if mitmdump is None:
         raise LaunchError("trimflow run: mitmdump not found: pip install mitmproxy")
     for note in setup.notes:
         say(note)
     proxy = Proxy(mitmdump, log, host, port)
-    confdir = Path(invocation.confdir or Path(environ.get("HOME") or Path.home()) / ".mitmproxy").expanduser()
     ca = confdir / "mitmproxy-ca-cert.pem"
-    proxy.start(ca if setup.ca_bundle else None)
+    try:
+        proxy.start(ca if setup.ca_bundle else None)
+    finally:
+        if options_dir is not None:  # read once, at start: the credentials stay on disk no longer than that
+            shutil.rmtree(options_dir, ignore_errors=True)
     try:
         env = {**environ, **setup.env}
         if setup.ca_bundle:
@@ -598,7 +882,7 @@ def summary(metrics: Path, offset: int, setup: Setup, status: int, log: Path) ->
         source = log.with_suffix(".jsonl")
         with open(metrics, "rb") as f:
             f.seek(offset)
-            source.write_bytes(f.read())
+            write_private(source, f.read())
     if not source.exists() or source.stat().st_size == 0:
         return [f"{head}; no LLM request went through trimflow (proxy log: {log})"]
     try:

@@ -78,7 +78,8 @@ def repair(session_id: str, env: dict[str, str]) -> tuple[int, int, Path]:
     assert found is not None, done.stdout
     assert "iVBOR" not in done.stdout + done.stderr and PROMPT not in done.stdout + done.stderr
     path = Path(found[1])
-    backup = path.with_name(found[6])
+    backup = Path(found[6])
+    assert backup.parent == path.resolve().parent
     assert backup.stat().st_size > path.stat().st_size
     return int(found[3]), int(found[4]), path
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from trimflow.repair._cli import main
+from trimflow.repair import _files
+from trimflow.repair._cli import _replace_notes, main
 
 from .helpers import FIXTURES, PROMPT, SESSIONS, fixture
 
@@ -295,3 +296,29 @@ def test_an_internal_error_in_one_file_names_only_its_kind_and_the_next_file_is_
     assert err == f"trimflow repair: {gemini}: internal error (KeyError); file untouched\n"
     assert gemini.read_bytes() == (SESSIONS / "gemini-10.jsonl").read_bytes()
     assert LINE.fullmatch(out.strip()) is not None
+
+
+def test_the_backup_of_a_symlinked_session_is_printed_where_it_is(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The repair replaces the file the link points at and keeps the backup beside it, not beside the link."""
+    real = fixture("claude-10.jsonl", tmp_path / "store")
+    original = real.read_bytes()
+    link = tmp_path / "projects" / "s.jsonl"
+    link.parent.mkdir()
+    link.symlink_to(real)
+    code, out, err = run(capsys, str(link))
+    found = LINE.fullmatch(out.strip())
+    assert code == 0 and err == "" and found is not None, out + err
+    backup = Path(found["done"].removeprefix("backup "))
+    assert backup.is_absolute() and backup.parent == real.parent and backup.read_bytes() == original
+    assert link.is_symlink() and len(real.read_bytes()) < len(original)
+    assert [p.name for p in link.parent.iterdir()] == ["s.jsonl"]
+
+
+def test_what_happened_to_the_agents_appends_is_said() -> None:
+    replaced = _files.Replaced(Path("/s.jsonl.trimflow-backup-x"), carried=2048, stranded=10, still_open=("node (pid 7)",))
+    assert _replace_notes(replaced) == [
+        "the agent appended 2KB during the repair: carried over to the repaired file",
+        "the agent appended 10B during the repair that is in the backup only (the file was replaced again meanwhile)",
+        "the original is still open in node (pid 7): what it writes there goes to the backup",
+    ]
+    assert _replace_notes(_files.Replaced(Path("/b"))) == []

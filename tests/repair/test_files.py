@@ -3,9 +3,11 @@ the original's mode, a file that changes while it is repaired, a file another pr
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
+import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,7 +30,7 @@ def session(folder: Path, data: bytes = b'{"a":1}\n', mode: int = 0o640) -> Path
 def test_replace_puts_the_new_bytes_in_place_and_keeps_the_original_as_a_backup(tmp_path: Path) -> None:
     path = session(tmp_path, mode=0o604)
     snapshot = _files.read(path)
-    backup = _files.replace(snapshot, b'{"a":2}\n', NOW)
+    backup = _files.replace(snapshot, b'{"a":2}\n', NOW).backup
     assert path.read_bytes() == b'{"a":2}\n'
     assert backup == tmp_path / "s.jsonl.trimflow-backup-20261124T113005Z"
     assert backup.read_bytes() == b'{"a":1}\n'
@@ -39,9 +41,9 @@ def test_replace_puts_the_new_bytes_in_place_and_keeps_the_original_as_a_backup(
 
 def test_a_second_repair_in_the_same_second_never_overwrites_the_first_backup(tmp_path: Path) -> None:
     path = session(tmp_path)
-    first = _files.replace(_files.read(path), b'{"a":2}\n', NOW)
-    second = _files.replace(_files.read(path), b'{"a":3}\n', NOW)
-    third = _files.replace(_files.read(path), b'{"a":4}\n', NOW)
+    first = _files.replace(_files.read(path), b'{"a":2}\n', NOW).backup
+    second = _files.replace(_files.read(path), b'{"a":3}\n', NOW).backup
+    third = _files.replace(_files.read(path), b'{"a":4}\n', NOW).backup
     assert [first.read_bytes(), second.read_bytes(), third.read_bytes()] == [b'{"a":1}\n', b'{"a":2}\n', b'{"a":3}\n']
     assert second.name.endswith("Z-2") and third.name.endswith("Z-3")
 
@@ -77,7 +79,7 @@ def test_without_hard_links_the_backup_is_a_copy_with_the_same_mode(tmp_path: Pa
         raise PermissionError(1, "Operation not permitted")
 
     monkeypatch.setattr(os, "link", no_links)
-    backup = _files.replace(_files.read(path), b'{"a":2}\n', NOW)
+    backup = _files.replace(_files.read(path), b'{"a":2}\n', NOW).backup
     assert backup.read_bytes() == b'{"a":1}\n' and stat.S_IMODE(backup.stat().st_mode) == 0o600
     assert backup.stat().st_ino != path.stat().st_ino
 
@@ -113,3 +115,117 @@ def test_holders_names_a_process_that_has_the_file_open(tmp_path: Path) -> None:
     finally:
         holder.kill()
         holder.wait()
+
+
+# An agent that opens, appends one line and closes (as Claude Code does per entry), with a pause of up to a
+# millisecond between lines: often enough that a line lands between the repair's last check and its rename.
+WRITER = """
+import os, random, sys, time
+path, stop = sys.argv[1], sys.argv[2]
+written = 0
+while not os.path.exists(stop):
+    with open(path, "ab") as file:
+        file.write(b'{"written":%d}\\n' % written)
+    written += 1
+    time.sleep(random.uniform(0, 0.001))
+print(written)
+"""
+TRIALS = 1500  # enough for the race to be hit many times over (docs/security.md#repair has the figures)
+
+
+def test_a_line_appended_while_the_file_is_replaced_is_never_lost(tmp_path: Path) -> None:
+    """Repairs, one after another, of a file an agent keeps appending to: each either refuses (the file changed)
+    or replaces it, and every line the agent wrote is in the file at the end, once."""
+    path = session(tmp_path, b'{"start":0}\n')
+    stop = tmp_path / "stop"
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(path), str(stop)], stdout=subprocess.PIPE)
+    replaced = races = 0
+    try:
+        while b'"written"' not in path.read_bytes():
+            assert writer.poll() is None
+        for trial in range(TRIALS):
+            try:
+                snapshot = _files.read(path)
+                done = _files.replace(snapshot, snapshot.data + b'{"repaired":%d}\n' % trial)
+            except SessionError as exc:
+                assert "changed while it was being" in str(exc)
+                continue
+            replaced += 1
+            races += done.carried > 0
+            assert done.stranded == 0
+            done.backup.unlink()
+    finally:
+        stop.touch()
+        out, _ = writer.communicate(timeout=60)
+    written = int(out)
+    lines = path.read_bytes().splitlines()
+    assert sorted(line for line in lines if line.startswith(b'{"written"')) == sorted(b'{"written":%d}' % i for i in range(written))
+    assert sum(line.startswith(b'{"repaired"') for line in lines) == replaced
+    assert len(lines) == len(set(lines)) == 1 + written + replaced  # nothing doubled either
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.jsonl", "stop"]
+    assert races > 0, f"no line reached the original between the last check and the rename in {TRIALS} trials ({replaced} replaced)"
+
+
+# No hard links (some network and FUSE file systems) and a disk that fills up during the copy: the file size
+# limit (RLIMIT_FSIZE) lets the small repaired file be written and stops the copy of the larger original partway.
+COPY_FAILS = """
+import errno, json, os, resource, signal, sys
+from pathlib import Path
+from trimflow.repair import _files
+from trimflow.repair._lines import SessionError
+
+def no_links(*args, **kwargs):
+    raise OSError(errno.EPERM, "Operation not permitted")
+
+os.link = no_links
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead of killing
+resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[2]), int(sys.argv[2])))
+path = Path(sys.argv[1])
+try:
+    _files.replace(_files.read(path), b'{"a":2}\\n')
+except SessionError as exc:
+    print(json.dumps(str(exc)))
+"""
+
+
+def test_a_backup_copy_that_fails_partway_leaves_no_file_under_a_backup_name(tmp_path: Path) -> None:
+    original = b"".join(b'{"line":%d,"pad":"%s"}\n' % (i, b"x" * 200) for i in range(300))
+    path = session(tmp_path, original, mode=0o600)
+    limit = len(original) // 3
+    done = subprocess.run([sys.executable, "-c", COPY_FAILS, str(path), str(limit)], capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == "could not be backed up (File too large)"
+    assert path.read_bytes() == original
+    assert [p.name for p in tmp_path.iterdir()] == ["s.jsonl"]  # no backup, no partial copy, no temporary file
+
+
+def test_a_copied_backup_is_renamed_into_place_whole_next_to_an_earlier_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = session(tmp_path, mode=0o600)
+
+    def no_links(*args: object, **kwargs: object) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    first = _files.replace(_files.read(path), b'{"a":2}\n', NOW).backup
+    second = _files.replace(_files.read(path), b'{"a":3}\n', NOW).backup
+    assert (first.read_bytes(), second.read_bytes()) == (b'{"a":1}\n', b'{"a":2}\n')
+    assert second.name.endswith("Z-2")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["s.jsonl", first.name, second.name])
+
+
+def test_a_process_that_still_holds_the_original_after_the_wait_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = session(tmp_path)
+    snapshot = _files.read(path)
+    holder = subprocess.Popen(["sh", "-c", 'exec 3<"$1"; echo ready; exec sleep 30', "sh", str(path)], stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"ready\n"
+        deadline = time.monotonic() + 10
+        while not _files.holders(path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        monkeypatch.setattr(_files, "CARRY_WAIT", 0.0)  # it opened the file after the repair's check: no waiting it out here
+        done = _files.replace(snapshot, b'{"a":2}\n', NOW)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert done.still_open == (f"sleep (pid {holder.pid})",) and done.carried == done.stranded == 0
+    assert path.read_bytes() == b'{"a":2}\n'

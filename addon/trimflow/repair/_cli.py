@@ -54,7 +54,7 @@ class FileReport:
         if not self.changed:
             return f"{AGENT_NAMES[self.agent]} session, {images}, file {format_size(self.bytes_before)}: nothing to prune"
         size = format_size_change(self.bytes_before, self.bytes_after)
-        done = "dry run, nothing written" if self.dry_run else f"backup {self.backup.name if self.backup else '?'}"
+        done = "dry run, nothing written" if self.dry_run else f"backup {self.backup if self.backup else '?'}"
         return f"{AGENT_NAMES[self.agent]} session, {images}, file {size} ({done})"
 
 
@@ -95,9 +95,22 @@ def repair_file(path: Path, rules: Rules, agent: str = "auto", dry_run: bool = F
         return report
     around: AbstractContextManager[list[str]] = _codex.index_reset(real, repaired.lines) if module is _codex else nullcontext([])
     with around as notes:
-        report.backup = _files.replace(snapshot, data, now)
-    report.notes = notes
+        replaced = _files.replace(snapshot, data, now)
+    report.backup = replaced.backup
+    report.notes = [*notes, *_replace_notes(replaced)]
     return report
+
+
+def _replace_notes(replaced: _files.Replaced) -> list[str]:
+    notes = []
+    if replaced.carried:
+        notes.append(f"the agent appended {format_size(replaced.carried)} during the repair: carried over to the repaired file")
+    if replaced.stranded:
+        size = format_size(replaced.stranded)
+        notes.append(f"the agent appended {size} during the repair that is in the backup only (the file was replaced again meanwhile)")
+    if replaced.still_open:
+        notes.append(f"the original is still open in {', '.join(replaced.still_open)}: what it writes there goes to the backup")
+    return notes
 
 
 def session_paths(target: str, agent: str, env: Mapping[str, str]) -> tuple[list[Path], bool]:
