@@ -329,6 +329,7 @@ class LearnedFile:
         self._stamp: tuple[int, int, int] | None = None
         self._problem: str | None = None  # why the file is not written: it could not be read or parsed
         self._said: set[str] = set()  # problems already logged
+        self._read_before = False  # a later read is a reload, and says so
 
     def target(self) -> Path:
         """The file a write replaces: the link's target when the path is a symbolic link (a shared file stays shared)."""
@@ -340,21 +341,26 @@ class LearnedFile:
     def read_if_changed(self) -> dict[tuple[str, str | None, str], Entry] | None:
         """The file's entries when it changed since the last look (an empty dict when it is gone), else None."""
         stamp = _stat(self.path)
-        if stamp == self._stamp:
+        if stamp == self._stamp and self._read_before:
             return None
         self._stamp = stamp
         if stamp is None:
             self._problem = None
+            self._read_before = True
             return {}  # deleted: a person forgot every learned limit
         try:
             entries = self.read()
         except RulesError as exc:
             self._problem = str(exc)
+            self._read_before = True  # read again when it changes, not every round
             self._say(f"trimflow: {exc}; the file is left as it is and what is learned now is kept in memory only")
             return None
         if self._problem is not None:
             log.info("trimflow: learned limits file %s is readable again", self.path)
+        elif self._read_before:
+            log.info("trimflow: learned limits reloaded from %s (%d)", self.path, len(entries))
         self._problem = None
+        self._read_before = True
         return entries
 
     def read(self) -> dict[tuple[str, str | None, str], Entry]:

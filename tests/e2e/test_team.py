@@ -356,8 +356,8 @@ def test_a_limit_learned_through_one_instance_holds_on_the_other(team: Team) -> 
     refused, retried = team.provider.received
     assert [len(image_payloads("openai-chat", r.json())) for r in (refused, retried)] == [6, 4]
     assert (record["retries"], record["retry_limits"], record["images_after"]) == (1, "max_images=4", 4)
-    (entry,) = yaml.safe_load(team.learned.read_text())["learned"]
-    assert (entry["host"], entry["model"], entry["limit"], entry["value"]) == ("127.0.0.1", "gpt-4o", "max_images", 4)
+    (entry,) = wait_for(lambda: team.learned.exists() and (yaml.safe_load(team.learned.read_text()) or {}).get("learned"), "the shared file written")
+    assert (entry["upstream"], entry["model"], entry["limit"], entry["value"]) == (team.provider.url, "gpt-4o", "max_images", 4)
     # The other instance looks at the file once a second: past that, its next request is within the limit.
     wait_for(lambda: time.time() - team.learned.stat().st_mtime > CHECK_INTERVAL, "check interval since the file was written")
     team.provider.clear()
