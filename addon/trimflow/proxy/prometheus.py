@@ -301,8 +301,9 @@ class Prometheus:
             self._serving.remove_reader(self._socket.fileno())  # before the socket closes: its number may be reused
         if self._socket is not None:
             self._socket.close()
-        for client in list(self._clients):
-            client.task.cancel()
+        if self._serving is not None and not self._serving.is_closed():
+            for client in list(self._clients):
+                client.task.cancel()  # each closes its connection
         self._serving = self._socket = self.address = None
 
     def _accept(self, listener: socket.socket) -> None:
