@@ -26,6 +26,7 @@ from trimflow._decode import DEFAULT_MAX_DECODED_BYTES
 from ..audit.helpers import OK_ANSWER, audit, audit_json, body_of, llm_flow, markdown_as_text, markdown_html, write_dump
 from ..bombs import GiB, MiB, gzip_bomb
 from ..helpers import rules_with
+from .cases import HOST, HOSTILE, marker
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -93,6 +94,32 @@ def test_max_decoded_bytes_sets_the_bound_and_a_body_within_it_is_measured(tmp_p
     assert [r["body_bytes_before"] for r in report["records"]] == [len(body_of("anthropic", 1, "another conversation"))]
     code, _, err = audit(capsys, dump, "--max-decoded-bytes", "none")
     assert code == 2 and "--max-decoded-bytes" in err and "needs a bound" in err
+
+
+def test_every_hostile_request_body_recorded_is_audited_without_an_internal_error(tmp_path: Path, capsys) -> None:
+    """The named hostile bodies (cases.py), each recorded as it went on the wire: the audit measures each or counts
+    it with a reason, quotes none of them, and a 16 MiB bound refuses the gzip bomb as the proxy does."""
+    flows = []
+    for case in HOSTILE:
+        if not case.e2e:
+            continue
+        wire = case.wire()
+        flow = llm_flow(case.fmt, host=HOST, path=case.path, body=b"")
+        for name, value in case.request_headers(wire).items():
+            flow.request.headers[name] = value
+        flow.request.raw_content = wire
+        flows.append(flow)
+    dump = write_dump(tmp_path / "hostile.mitm", flows)
+    code, out, err = audit(capsys, dump, "--max-decoded-bytes", "16MiB")
+    assert code == 0, err
+    check_text(out)
+    code, report, _ = audit_json(capsys, dump, "--max-decoded-bytes", "16MiB")
+    summary = report["summary"]
+    assert summary["flows"] == len(flows) and summary["llm_requests"] + sum(summary["unreadable"].values()) == len(flows)
+    assert not any("internal error" in reason for reason in summary["unreadable"]), summary["unreadable"]
+    assert "request body inflates past 16.0MB (--max-decoded-bytes); not inflated" in summary["unreadable"]
+    for case in HOSTILE:
+        assert marker(case.id) not in out
 
 
 # --- free text a recording chose --------------------------------------------------------------------------------
