@@ -16,7 +16,8 @@ returns it so that the output shows it literally:
   what a terminal or the runner would act on, and the same when escaped again.
 - `for_markdown`: the same escapes, then a backslash before every character that could start Markdown
   (CommonMark and GitHub's flavour: emphasis, code, links, autolinks, HTML, entities, tables,
-  strikethrough, math) and before a line-start marker (heading, list, quote, setext underline).
+  strikethrough, math) and before a line-start marker (heading, list, quote, setext underline); leading
+  spaces as entities (four would make a code block).
 - `for_markdown_cell`: the same but the line-start rule, for a table cell.
 - `for_markdown_code`: a value in a code span when it can be one, else `for_markdown`.
 - `for_html`: the same escapes, then HTML-escaped, quotes included (the value may go in an attribute).
@@ -73,7 +74,9 @@ def for_text(value: str) -> str:
 def for_markdown(value: str) -> str:
     """One line of Markdown, or what follows fixed text on one, that renders as the text it was given: see the
     module's docstring."""
-    return _MARKDOWN_LINE_START.sub(lambda m: m.group(1) + m.group(2)[:-1] + "\\" + m.group(2)[-1], for_markdown_cell(value))
+    value = _MARKDOWN_LINE_START.sub(lambda m: m.group(1) + m.group(2)[:-1] + "\\" + m.group(2)[-1], for_markdown_cell(value))
+    indent = len(value) - len(value.lstrip(" "))
+    return "&#32;" * indent + value[indent:]  # spaces as entities: four of them would start a code block
 
 
 def for_markdown_cell(value: str) -> str:
