@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 
+from .. import _jsoncodec
 from .._sizes import format_size
 from ._escape import for_markdown, for_markdown_cell, for_markdown_code, for_text
 from ._gate import Gate
@@ -339,7 +340,11 @@ def records(summary: Summary) -> list[dict[str, Any]]:
 def json(summary: Summary, gate: Gate | None) -> str:
     body = summary.to_dict()
     body["gate"] = gate.to_dict() if gate is not None else None
-    return orjson.dumps({"records": records(summary), "summary": body}, option=orjson.OPT_INDENT_2).decode() + "\n"
+    document = {"records": records(summary), "summary": body}
+    try:
+        return orjson.dumps(document, option=orjson.OPT_INDENT_2).decode() + "\n"
+    except TypeError:  # a lone surrogate (a "\ud800" escape in a recorded body), which only an escape can hold
+        return _jsoncodec.dumps(document, fallback=True).decode() + "\n"
 
 
 # --- Markdown
