@@ -358,3 +358,25 @@ async def test_a_connection_that_sends_part_of_its_head_is_closed(addon) -> None
     assert await closed_by_the_server(reader)
     writer.close()
     assert (await scrape(port_of(addon)))[0] == 200
+
+
+async def test_scrapes_with_nothing_new_reuse_the_last_render_and_a_new_record_is_in_the_next(
+    addon, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    addon.tctx.configure(addon, trimflow_prometheus="127.0.0.1:0", trimflow_metrics=str(tmp_path / "m.jsonl"))
+    instruments = addon.get(proxy.Prometheus).instruments
+    renders = []
+    render = instruments.render
+    monkeypatch.setattr(instruments, "render", lambda accept: renders.append(accept) or render(accept))  # counts, renders as ever
+    port = port_of(addon)
+    first = [await scrape(port) for _ in range(10)]
+    assert len(renders) == 1 and all(answer == first[0] for answer in first)
+    flow = llm_flow()
+    await requested(addon, flow)
+    flow.response = json_answer()
+    addon.response(flow)
+    await answer_sent()
+    status, _, body = await scrape(port)
+    assert status == 200 and len(renders) == 2 and total(samples(body), "trimflow_requests_total") == 1
+    assert (await scrape(port, b"GET /metrics HTTP/1.1\r\nAccept: application/openmetrics-text; version=1.0.0\r\n\r\n"))[2].endswith(b"# EOF\n")
+    assert len(renders) == 3  # another format is its own render

@@ -15,8 +15,9 @@ The endpoint shares the proxy's process, its file descriptors and its loop, so a
 little: at most MAX_CONNECTIONS open connections, each answered once and closed; a connection that has not sent its
 request head within HEAD_TIMEOUT is closed, and so is the oldest such idle one when a new connection would pass the
 bound (a scraper that sends its request at once is served while idle connections crowd the port); one log line
-when the bound is reached, repeated at most once a minute with a count. Scrapes that arrive while the exposition
-is being rendered share that render.
+when the bound is reached, repeated at most once a minute with a count. Connections are taken at ACCEPT_RATE per
+second at most, so a flood of cheap scrapes cannot take the loop from the proxy; a scrape gets the last render
+again while no record has been counted and no limit learned since, and scrapes that arrive during a render share it.
 """
 
 from __future__ import annotations
@@ -55,6 +56,9 @@ MAX_CONNECTIONS = 32  # a few scrapers and health checks; an instance is scraped
 HEAD_TIMEOUT = 2.0  # seconds for the request head: a scraper sends it at once
 _WRITE_TIMEOUT = 10.0  # seconds for a client to take the answer
 _ACCEPT_BATCH = 8  # connections accepted per wakeup, so that a flood of them leaves the loop to the proxy in between
+# Connections taken per second at most: a scraper comes every few seconds, while a flood of them, each cheap, would
+# otherwise take the proxy's loop for itself. Past it, the listening socket waits (the kernel keeps the backlog).
+ACCEPT_RATE = 100
 _ACCEPT_RETRY = 1.0  # seconds before accepting again when the process is out of descriptors (as asyncio's servers do)
 _LOG_INTERVAL = 60.0  # seconds between two lines saying the same thing about the endpoint
 
@@ -158,9 +162,12 @@ class Instruments:
         self.body = client.Histogram("trimflow_request_body_bytes", body_doc, by, buckets=BODY_BUCKETS, registry=registry)
         self.overhead = client.Histogram("trimflow_overhead_seconds", overhead_doc, by, buckets=OVERHEAD_BUCKETS, registry=registry)
         self.registry.register(_Learned(client, recover))
+        self.recover = recover
+        self.observed = 0  # records counted: with the learned limits, what a render depends on
         self._children: dict[tuple[str, str, str], tuple[list[Any], Any, Any]] = {}
 
     def observe(self, record: Record) -> None:
+        self.observed += 1
         family = model_family(record.model)
         key = (record.format, family, record.rule or "none")
         children = self._children.get(key)
@@ -187,6 +194,10 @@ class Instruments:
     def content_type(self, accept: str) -> str:
         """The content type `render` answers `accept` with."""
         return self._choose_encoder(accept)[1]
+
+    def state(self) -> tuple[int, int, int]:
+        """What a render shows changes only with this: the records counted and the learned limits."""
+        return self.observed, len(self.recover.learned.entries), self.recover.limits_learned
 
 
 class _Learned:
@@ -219,8 +230,10 @@ class Prometheus:
         self._value = ""  # the option's value in effect
         self._clients: dict[_Client, None] = {}  # the endpoint's open connections, oldest first
         self._at_bound = _Throttled()
+        self._tokens, self._refilled = float(_ACCEPT_BATCH), time.monotonic()  # the accept rate's bucket
         self._accept_failed = _Throttled()
         self._renders: dict[tuple[Instruments, str], asyncio.Future[tuple[bytes, str]]] = {}  # renders in progress
+        self._rendered: dict[tuple[Instruments, str], tuple[tuple[int, int, int], bytes]] = {}  # the last, by its state
         metrics.listeners.append(self.observe)
 
     def load(self, loader) -> None:
@@ -251,6 +264,7 @@ class Prometheus:
         sock = _bind(*address) if address is not None and client is not None else None  # before the old one stops: a refusal leaves it
         self._stop()
         self.instruments, self._value = None, value
+        self._rendered.clear()
         if sock is None:
             return
         self._socket, self.address = sock, sock.getsockname()[:2]
@@ -310,7 +324,13 @@ class Prometheus:
         """The listening socket is readable: accept what is waiting, a few at a time, admitting each before the next
         (asyncio's servers accept a whole backlog first, and hold a burst's descriptors before any can be refused)."""
         assert self._serving is not None
+        now = time.monotonic()
+        self._tokens, self._refilled = min(float(_ACCEPT_BATCH), self._tokens + (now - self._refilled) * ACCEPT_RATE), now
         for _ in range(_ACCEPT_BATCH):
+            if self._tokens < 1:  # past the rate: wait until a connection's worth has come back
+                self._serving.remove_reader(listener.fileno())
+                self._serving.call_later((1 - self._tokens) / ACCEPT_RATE, self._resume, listener)
+                return
             try:
                 conn, _ = listener.accept()
             except (BlockingIOError, InterruptedError):
@@ -320,6 +340,7 @@ class Prometheus:
                 self._serving.remove_reader(listener.fileno())
                 self._serving.call_later(_ACCEPT_RETRY, self._resume, listener)
                 return
+            self._tokens -= 1
             conn.setblocking(False)
             if not self._make_room():
                 conn.close()
@@ -403,13 +424,23 @@ class Prometheus:
 
     async def _render(self, instruments: Instruments, accept: str) -> tuple[bytes, str]:
         """The exposition, rendered in a worker thread (with many label sets a render takes milliseconds, which the
-        loop spends proxying); a scrape that asks for a format being rendered waits for that render."""
-        key = (instruments, instruments.content_type(accept))
+        loop spends proxying); the last render again while nothing it shows has changed, and a scrape that asks for
+        a format being rendered waits for that render: a scrape flood costs the loop little."""
+        content_type = instruments.content_type(accept)
+        key, state = (instruments, content_type), instruments.state()
+        last = self._rendered.get(key)
+        if last is not None and last[0] == state:
+            return last[1], content_type
         render = self._renders.get(key)
         if render is None:
             render = self._renders[key] = asyncio.ensure_future(asyncio.to_thread(instruments.render, accept))
             render.add_done_callback(lambda _: self._renders.pop(key, None))
+            render.add_done_callback(lambda done: self._keep(key, state, done))
         return await asyncio.shield(render)  # one scraper gone does not cancel the render the others wait for
+
+    def _keep(self, key: tuple[Instruments, str], state: tuple[int, int, int], render: asyncio.Future[tuple[bytes, str]]) -> None:
+        if not render.cancelled() and render.exception() is None and key[0] is self.instruments:
+            self._rendered[key] = (state, render.result()[0])
 
 
 class _Client:
