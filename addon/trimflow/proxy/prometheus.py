@@ -394,8 +394,10 @@ class Prometheus:
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, OSError):
             pass  # an idle, slow or vanished client: nothing is owed to it
         finally:
-            if client.writer is not None:
-                client.writer.close() if answered else client.writer.transport.abort()
+            if client.writer is not None and answered:
+                client.writer.close()
+            elif client.writer is not None:
+                client.writer.transport.abort()
 
     async def _respond(self, head: bytes) -> tuple[int, dict[str, str], bytes]:
         lines = head.split(b"\r\n")
@@ -467,7 +469,7 @@ class _Throttled:
         now = time.monotonic()
         if self.said is not None and now - self.said < _LOG_INTERVAL:
             return
-        log.warning(message + " (%d since the last such line; it comes at most once a minute)", *args, self.count)
+        log.warning(message + " (times since the last such line: %d; it comes at most once a minute)", *args, self.count)
         self.said, self.count = now, 0
 
 
@@ -498,6 +500,7 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 __all__ = [
+    "ACCEPT_RATE",
     "HEAD_TIMEOUT",
     "MAX_CONNECTIONS",
     "OPTION",
