@@ -95,6 +95,13 @@ def test_max_decoded_bytes_sets_the_bound_and_a_body_within_it_is_measured(tmp_p
     assert [r["body_bytes_before"] for r in report["records"]] == [len(body_of("anthropic", 1, "another conversation"))]
     code, _, err = audit(capsys, dump, "--max-decoded-bytes", "none")
     assert code == 2 and "--max-decoded-bytes" in err and "needs a bound" in err
+    answered = llm_flow(turn=1)
+    assert answered.response is not None
+    answered.response.headers["content-encoding"] = "gzip"
+    answered.response.raw_content = gzip_bomb(32 * MiB)
+    code, out, err = audit(capsys, write_dump(tmp_path / "answer.mitm", [answered]), "--max-decoded-bytes", "1MiB")
+    assert code == 0, err
+    assert "0 unreadable; answers not read: 1 inflates past 1.0MB (--max-decoded-bytes); not inflated" in out
 
 
 def test_every_hostile_request_body_recorded_is_audited_without_an_internal_error(tmp_path: Path, capsys) -> None:
