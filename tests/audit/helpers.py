@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import html
 import json
+import re
 from pathlib import Path
 
 import orjson
+from markdown_it import MarkdownIt
 from mitmproxy import http
 from mitmproxy import io as mitm_io
 from mitmproxy.addons.savehar import SaveHar
@@ -106,3 +109,14 @@ def write_rules(path: Path, text: str) -> Path:
 def write_bytes(path: Path, data: bytes) -> Path:
     path.write_bytes(data)
     return path
+
+
+def markdown_html(text: str) -> str:
+    """Markdown rendered as GitHub's flavour does: CommonMark with tables and strikethrough (linkify needs a package
+    of its own)."""
+    return MarkdownIt("gfm-like", {"linkify": False}).disable("linkify").render(text)
+
+
+def markdown_as_text(text: str) -> str:
+    """What a reader sees of rendered Markdown: the text without its tags."""
+    return html.unescape(re.sub(r"<[^>]*>", "", markdown_html(text)))

@@ -13,7 +13,7 @@ from trimflow._prices import load_prices
 from trimflow._record import Record
 from trimflow.testing import session_body
 
-from .helpers import SHOT, audit, audit_json, llm_flow, only_conversation, rows, write_bytes, write_dump
+from .helpers import SHOT, audit, audit_json, llm_flow, markdown_as_text, only_conversation, rows, write_bytes, write_dump
 
 # Anthropic's usage as its answers carry it: a first turn that writes the prefix, then turns that read it.
 USAGE = [
@@ -81,7 +81,7 @@ def test_markdown_and_html_show_the_cost(tmp_path, capsys) -> None:
     dump = write_dump(tmp_path / "run.mitm", flows())
     total = f"${sum(expected_cost(MODEL, u) for u in USAGE):,.4f}"
     _, markdown, _ = audit(capsys, dump, "--format", "markdown")
-    assert f"Usage: in 11,905 (cached 6,900, written 4,900) · out 260 · cost {total} (prices: rules/prices.yaml)." in markdown
+    assert f"Usage: in 11,905 (cached 6,900, written 4,900) · out 260 · cost {total} (prices: rules/prices.yaml)." in markdown_as_text(markdown)
     assert "| in tokens | cache read | cache write | out tokens | cost |" in markdown
     _, html, _ = audit(capsys, dump, "--format", "html")
     assert f"<b>{total}</b>" in html and "cache read 6,900 · written 4,900" in html

@@ -8,7 +8,6 @@ from html.parser import HTMLParser
 
 import orjson
 import pytest
-from markdown_it import MarkdownIt
 
 from trimflow import ENFORCE, prune_request
 
@@ -23,6 +22,8 @@ from .helpers import (
     audit_json,
     body_of,
     llm_flow,
+    markdown_as_text,
+    markdown_html,
     rows,
     session,
     write_bytes,
@@ -119,10 +120,8 @@ class _Blocks(HTMLParser):
 
 
 def render_markdown(text: str) -> _Blocks:
-    # GitHub's flavour: CommonMark with tables; linkify is off (it needs a package of its own and adds no block).
-    html = MarkdownIt("gfm-like", {"linkify": False}).disable("linkify").render(text)
     blocks = _Blocks()
-    blocks.feed(html)
+    blocks.feed(markdown_html(text))
     return blocks
 
 
@@ -146,7 +145,7 @@ def test_markdown_lists_the_inputs_that_fail_the_gate(recording, tmp_path, capsy
     code, out, _ = audit(capsys, recording, cut, empty, "--format", "markdown")
     assert code == 1
     assert "### Gate: ❌ failed (0 of 0 --fail-on broken, 2 inputs failing)" in out
-    assert f"- ❌ {cut}: cut short: the file ends inside flow 5" in out
+    assert f"❌ {cut}: cut short: the file ends inside flow 5" in markdown_as_text(out)
     assert "> **Warning:**" not in out  # each problem is said once, in the gate
     blocks = render_markdown(out)
     assert blocks.tags.count("table") == 1 + out.count("### Conversation") and "|" not in blocks.paragraph_text

@@ -16,7 +16,7 @@ from mitmproxy.test import taddons
 
 from trimflow import proxy
 from trimflow._record import Record
-from trimflow.proxy.prometheus import ENABLE, model_family, outcome_of, parse_address, status_class
+from trimflow.proxy.prometheus import ENABLE, MAX_CONNECTIONS, model_family, outcome_of, parse_address, status_class
 
 from ..helpers import TrimflowAddons, answer_sent, requested
 from .flows import json_answer, llm_flow
@@ -307,3 +307,76 @@ async def test_moving_or_clearing_the_address_frees_the_port(addon) -> None:
     assert addon.get(proxy.Prometheus).address is None
     with pytest.raises(ConnectionRefusedError):
         await scrape(second)
+
+
+# --- what anyone who reaches the port can do ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["0:0", "0.0.0.0:0"])
+def test_binding_every_interface_says_so_in_one_warning(addon, caplog: pytest.LogCaptureFixture, value: str) -> None:
+    caplog.set_level(logging.INFO, "trimflow")
+    addon.tctx.configure(addon, trimflow_prometheus=value)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warnings == [
+        f"trimflow: trimflow_prometheus={value} serves /metrics on every interface: anyone who can reach this machine can read it "
+        "(127.0.0.1:PORT keeps it on this machine)"
+    ]
+    caplog.clear()
+    addon.tctx.configure(addon, trimflow_prometheus="127.0.0.1:0")
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+async def closed_by_the_server(reader: asyncio.StreamReader) -> bool:
+    """Whether the endpoint closes a connection that sends nothing (read until EOF or a reset; a generous net so a
+    connection left open fails the test rather than hanging it)."""
+    try:
+        return await asyncio.wait_for(reader.read(), 30) == b""
+    except ConnectionError:
+        return True
+
+
+async def test_idle_connections_past_the_bound_leave_room_for_a_scrape(addon, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "trimflow")
+    addon.tctx.configure(addon, trimflow_prometheus="127.0.0.1:0")
+    port = port_of(addon)
+    idle = [await asyncio.open_connection("127.0.0.1", port) for _ in range(MAX_CONNECTIONS + 20)]
+    # A scraper that sends its request at once is served while every slot is held by a connection that sent nothing.
+    status, _, body = await scrape(port)
+    assert status == 200 and b"trimflow_requests_total" in body
+    assert all(await asyncio.gather(*(closed_by_the_server(reader) for reader, _ in idle)))
+    lines = [r.getMessage() for r in caplog.records if "bound" in r.getMessage()]
+    assert len(lines) == 1 and f"reached its bound of {MAX_CONNECTIONS} open connections" in lines[0], lines
+    for _, writer in idle:
+        writer.close()
+
+
+async def test_a_connection_that_sends_part_of_its_head_is_closed(addon) -> None:
+    addon.tctx.configure(addon, trimflow_prometheus="127.0.0.1:0")
+    reader, writer = await asyncio.open_connection("127.0.0.1", port_of(addon))
+    writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # and never the blank line
+    await writer.drain()
+    assert await closed_by_the_server(reader)
+    writer.close()
+    assert (await scrape(port_of(addon)))[0] == 200
+
+
+async def test_scrapes_with_nothing_new_reuse_the_last_render_and_a_new_record_is_in_the_next(
+    addon, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    addon.tctx.configure(addon, trimflow_prometheus="127.0.0.1:0", trimflow_metrics=str(tmp_path / "m.jsonl"))
+    instruments = addon.get(proxy.Prometheus).instruments
+    renders = []
+    render = instruments.render
+    monkeypatch.setattr(instruments, "render", lambda accept: renders.append(accept) or render(accept))  # counts, renders as ever
+    port = port_of(addon)
+    first = [await scrape(port) for _ in range(10)]
+    assert len(renders) == 1 and all(answer == first[0] for answer in first)
+    flow = llm_flow()
+    await requested(addon, flow)
+    flow.response = json_answer()
+    addon.response(flow)
+    await answer_sent()
+    status, _, body = await scrape(port)
+    assert status == 200 and len(renders) == 2 and total(samples(body), "trimflow_requests_total") == 1
+    assert (await scrape(port, b"GET /metrics HTTP/1.1\r\nAccept: application/openmetrics-text; version=1.0.0\r\n\r\n"))[2].endswith(b"# EOF\n")
+    assert len(renders) == 3  # another format is its own render

@@ -2,7 +2,7 @@
 rules file would change, and a CI gate on all of it.
 
     scripts/audit FILE... [--rules FILE] [--profile NAME]... [--prices FILE] [--format text|json|markdown|html]
-                  [--fail-on EXPR]... [--allow-empty] [--out PATH]
+                  [--fail-on EXPR]... [--allow-empty] [--max-decoded-bytes SIZE] [--out PATH]
 
 Inputs are mitmproxy dumps (`mitmdump -w`), HAR files and trimflow's metrics JSONL, several at once.
 Exit 0 when every --fail-on expression holds nowhere, 1 when one is true somewhere (each named with
@@ -18,10 +18,14 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
+from .._decode import DEFAULT_MAX_DECODED_BYTES
+from .._decode import OPTION as DECODE_OPTION
 from .._prices import DEFAULT_PRICES_PATH, load_prices
 from .._profiles import DEFAULT_PROFILES_PATH, UnknownProfile, load_profiles
 from .._rules import DEFAULT_RULES_PATH, RulesError, builtin_rules, load_rules
+from .._sizes import format_size, parse_size
 from . import _gate, _html, _report
+from ._escape import for_text
 from ._gate import Gate
 from ._read import InputError, Reader
 from ._summary import ProfileLimits, summarize
@@ -39,7 +43,7 @@ EXIT_OK, EXIT_GATE, EXIT_UNUSABLE = 0, 1, 2
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
-        print(f"trimflow audit: {message}", file=sys.stderr)
+        print(for_text(f"trimflow audit: {message}"), file=sys.stderr)
         raise SystemExit(EXIT_UNUSABLE)
 
 
@@ -90,6 +94,15 @@ def parser() -> _Parser:
         help="pass an input with no LLM request (by default it fails: the client may not have gone through "
         "the proxy); an input cut short fails all the same",
     )
+    p.add_argument(
+        "--max-decoded-bytes",
+        type=_size,
+        default=DEFAULT_MAX_DECODED_BYTES,
+        metavar="SIZE",
+        help="largest size a recorded compressed body (request or answer) is inflated to, as the proxy's "
+        f"{DECODE_OPTION}; a request past it is counted unreadable, an answer past it unread "
+        f"(default: {format_size(DEFAULT_MAX_DECODED_BYTES)}; bytes or k/m/g, binary)",
+    )
     p.add_argument("--out", metavar="PATH", help="write the report to PATH instead of stdout")
     return p
 
@@ -114,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         prices = load_prices(args.prices)
     except (RulesError, UnknownProfile) as exc:  # ProfilesError is a RulesError, and so is a prices file's error
         return _fail(str(exc))
-    reader = Reader(engine_rules, limit_rules, what_if=bool(args.rules))
+    reader = Reader(engine_rules, limit_rules, what_if=bool(args.rules), max_decoded_bytes=args.max_decoded_bytes)
     try:
         inputs = reader.check(args.files)
         summary = summarize(reader.rows(inputs), reader.tallies, args.rules, limits_source, profiles, prices)
@@ -128,12 +141,12 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         return _fail(f"cannot write {args.out}: {exc.strerror or type(exc).__name__}")
     for warning in _report.warnings(summary, gate):
-        print(f"trimflow audit: warning: {warning}", file=sys.stderr)
+        print(for_text(f"trimflow audit: warning: {warning}"), file=sys.stderr)
     if gate is not None and not gate.ok:
         for failure in gate.input_failures:
-            print(f"trimflow audit: FAIL {failure.text}", file=sys.stderr)
+            print(for_text(f"trimflow audit: FAIL {failure.text}"), file=sys.stderr)
         for breach in gate.breaches:
-            print(f"trimflow audit: FAIL {breach.line()}", file=sys.stderr)
+            print(for_text(f"trimflow audit: FAIL {breach.line()}"), file=sys.stderr)
         return EXIT_GATE
     return EXIT_OK
 
@@ -147,6 +160,17 @@ def _profile_limits(names: list[str], path: str) -> list[ProfileLimits]:
         profile = profiles.get(name)
         out.append(ProfileLimits(profile.name, profile.max_images, profile.max_body_bytes))
     return out
+
+
+def _size(value: str) -> int:
+    """A --max-decoded-bytes value: a size, never unbounded."""
+    try:
+        size = parse_size(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if size is None or size <= 0:
+        raise argparse.ArgumentTypeError(f"{value!r}: a compressed body needs a bound (a size such as 256MB)")
+    return size
 
 
 def _write(report: str, out: str | None) -> None:
@@ -163,7 +187,7 @@ def _write(report: str, out: str | None) -> None:
 
 
 def _fail(reason: str) -> int:
-    print(f"trimflow audit: {reason}", file=sys.stderr)
+    print(for_text(f"trimflow audit: {reason}"), file=sys.stderr)
     return EXIT_UNUSABLE
 
 

@@ -1,15 +1,16 @@
 """The audit as one self-contained HTML page: charts of body size and image count per turn, before and
 after pruning, with the limits drawn. Inline SVG made here, inline CSS and a few lines of inline JS
-(hover readout); no external asset of any kind, so the page reads the same offline.
+(hover readout); no external asset of any kind, so the page reads the same offline. Every text in it,
+content or attribute, goes through _escape.for_html: a recording's names never become markup.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from html import escape
 
 from .._sizes import format_size
+from ._escape import for_html as escape
 from ._gate import Gate
 from ._read import Row
 from ._report import (

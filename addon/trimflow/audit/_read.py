@@ -22,9 +22,11 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from .._conversation import Conversations, History, Thread, response_id_of
+from .._decode import DEFAULT_MAX_DECODED_BYTES, BodyTooLarge, DecodeError, decode_body
 from .._engine import ENFORCE, OBSERVE, prune
 from .._record import Record, utc_timestamp
 from .._rules import Rules, Target
+from .._sizes import format_size
 from .._usage import Usage, usage_of
 from ..errors import InputError
 from ..formats import openai_responses
@@ -92,6 +94,7 @@ class InputTally:
     llm_requests: int = 0
     skipped: int = 0  # not LLM requests (other hosts and paths, GETs, TCP/DNS flows)
     unreadable: Counter[str] = field(default_factory=Counter)  # LLM requests that could not be measured, by reason
+    unread_answers: Counter[str] = field(default_factory=Counter)  # measured requests whose answer was not read, by reason
     truncated: str | None = None  # why reading stopped before the end of the file
     proxy_records: int = 0  # flows carrying the addon's own record (recorded through trimflow)
 
@@ -103,6 +106,7 @@ class InputTally:
             "llm_requests": self.llm_requests,
             "skipped": self.skipped,
             "unreadable": dict(self.unreadable),
+            "unread_answers": dict(self.unread_answers),
             "truncated": self.truncated,
             "proxy_records": self.proxy_records,
         }
@@ -187,13 +191,16 @@ class Reader:
 
     `rules` is what the engine runs with: the built-in endpoints (no limits) for the recording as it
     is, or a rules file for a what-if. `limits` gives the reference limits of each request for the
-    crossing report.
+    crossing report. `max_decoded_bytes` bounds what a recorded compressed body, request or answer, may
+    inflate to, as `trimflow_max_decoded_bytes` does in the proxy: a recording may come from anywhere,
+    and one gzip bomb in it would otherwise inflate in full.
     """
 
-    def __init__(self, rules: Rules, limits: Rules, *, what_if: bool) -> None:
+    def __init__(self, rules: Rules, limits: Rules, *, what_if: bool, max_decoded_bytes: int = DEFAULT_MAX_DECODED_BYTES) -> None:
         self.rules = rules
         self.limits = limits
         self.what_if = what_if
+        self.max_decoded_bytes = max_decoded_bytes
         # An audit sees every conversation of the recording; no salt: the same input gives the same ids on every run.
         self.conversations = Conversations(capacity=1 << 20, salt=b"")
         self.tallies: list[InputTally] = []
@@ -311,7 +318,7 @@ class Reader:
         status, failure, usage = None, None, Usage()
         if flow.response is not None:
             status = flow.response.status_code
-            content = flow.response.get_content(strict=False)
+            content = self._answer(flow.response, tally)
             if content:
                 usage = usage_of(content)
                 if thread is not None and record.format == openai_responses.NAME:
@@ -330,19 +337,31 @@ class Reader:
         _set_usage(record, usage)
         return [self._row(record, index, failure, after)]
 
-    @staticmethod
-    def _body(request: http.Request, tally: InputTally) -> bytes | None:
+    def _body(self, request: http.Request, tally: InputTally) -> bytes | None:
         """The decoded request body; None (counted with the reason) when there is none to measure."""
         if request.raw_content is None:
             tally.unreadable["request body not recorded (streamed by mitmproxy)"] += 1
             return None
         try:
-            return request.get_content(strict=True) or b""
-        except ValueError:
-            encoding = request.headers.get("content-encoding", "")
-            shown = encoding if _ENCODING_NAME.fullmatch(encoding) else "?"
-            tally.unreadable[f"cannot decode content-encoding {shown!r}"] += 1
-            return None
+            return decode_body(request.raw_content, request.headers.get("content-encoding"), self.max_decoded_bytes)
+        except BodyTooLarge:
+            tally.unreadable[f"request body inflates past {format_size(self.max_decoded_bytes)} (--max-decoded-bytes); not inflated"] += 1
+        except DecodeError:
+            tally.unreadable[f"cannot decode content-encoding {_encoding_shown(request)}"] += 1
+        return None
+
+    def _answer(self, response: http.Response, tally: InputTally) -> bytes:
+        """The decoded answer; empty (counted with the reason) when it cannot be read: its usage is then unknown and
+        its failure category comes from the status alone."""
+        if not response.raw_content:
+            return b""
+        try:
+            return decode_body(response.raw_content, response.headers.get("content-encoding"), self.max_decoded_bytes)
+        except BodyTooLarge:
+            tally.unread_answers[f"inflates past {format_size(self.max_decoded_bytes)} (--max-decoded-bytes); not inflated"] += 1
+        except DecodeError:
+            tally.unread_answers[f"cannot decode content-encoding {_encoding_shown(response)}"] += 1
+        return b""
 
     def _history(self, request: http.Request, target: Target, tally: InputTally) -> History | None:
         """The history of a recorded body, for numbering a record the proxy did not number."""
@@ -433,6 +452,12 @@ class Reader:
     def _row(self, record: Record, index: int, failure: str | None, after: str | None) -> Row:
         limits = self.limits.limits_for(record.host, record.path, record.model)
         return Row(record, index, failure, limits.rule, limits.max_images, limits.max_body_bytes, after)
+
+
+def _encoding_shown(message: http.Message) -> str:
+    """The Content-Encoding header quoted for a reason, or '?' for a value that is no plain coding name."""
+    encoding = message.headers.get("content-encoding", "")
+    return repr(encoding if _ENCODING_NAME.fullmatch(encoding) else "?")
 
 
 def _set_usage(record: Record, usage: Usage) -> None:

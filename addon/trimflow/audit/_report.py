@@ -4,7 +4,8 @@ Cost is the price table's (rules/prices.yaml, or --prices): a request it cannot 
 and named, never priced at 0.
 
 Every figure comes from the metrics records: names, counts and sizes, never a body, a header or a
-URL's query string.
+URL's query string. The names are what the recording says, so every line goes out through _escape for
+its format.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from typing import Any
 
 import orjson
 
+from .. import _jsoncodec
 from .._sizes import format_size
+from ._escape import for_markdown, for_markdown_cell, for_markdown_code, for_text
 from ._gate import Gate
 from ._read import PROXY, Row
 from ._summary import Conversation, Crossing, Summary, Totals
@@ -165,6 +168,9 @@ def counts_text(summary: Summary) -> str:
     )
     if unreadable:
         text += " (" + "; ".join(f"{n} {reason}" for reason, n in unreadable.items()) + ")"
+    unread = summary.unread_answers()
+    if unread:
+        text += "; answers not read: " + "; ".join(f"{n} {reason}" for reason, n in unread.items())
     return text
 
 
@@ -272,7 +278,8 @@ def text(summary: Summary, gate: Gate | None) -> str:
     lines += [f"warning: {w}" for w in warnings(summary, gate)]
     for conversation in summary.conversations:
         lines += ["", f"conversation {conversation.id} · {conversation_title(conversation)}"]
-        lines += ["  " + line for line in _table([list(TURN_COLUMNS)] + [turn_cells(r) for r in conversation.rows])]
+        cells = [[for_text(cell) for cell in turn_cells(r)] for r in conversation.rows]  # escaped before the widths are taken
+        lines += ["  " + line for line in _table([list(TURN_COLUMNS), *cells])]
         lines += ["  " + line for line in growth_lines(conversation)]
         lines.append(f"  usage: {usage_text(conversation.totals)}")
         lines += [f"  {crossing_text(c, with_after=conversation.has_after)}" for c in conversation.crossings]
@@ -283,7 +290,7 @@ def text(summary: Summary, gate: Gate | None) -> str:
     if gate is not None:
         lines.append("")
         lines += gate_lines(gate)
-    return "\n".join(lines) + "\n"
+    return "".join(for_text(line) + "\n" for line in lines)
 
 
 def gate_verdict(gate: Gate) -> str:
@@ -333,15 +340,14 @@ def records(summary: Summary) -> list[dict[str, Any]]:
 def json(summary: Summary, gate: Gate | None) -> str:
     body = summary.to_dict()
     body["gate"] = gate.to_dict() if gate is not None else None
-    return orjson.dumps({"records": records(summary), "summary": body}, option=orjson.OPT_INDENT_2).decode() + "\n"
+    document = {"records": records(summary), "summary": body}
+    try:
+        return orjson.dumps(document, option=orjson.OPT_INDENT_2).decode() + "\n"
+    except TypeError:  # a lone surrogate (a "\ud800" escape in a recorded body), which only an escape can hold
+        return _jsoncodec.dumps(document, fallback=True).decode() + "\n"
 
 
 # --- Markdown
-
-
-def _md(text: str) -> str:
-    """Text safe in a Markdown table cell or line: no pipes, no HTML."""
-    return text.replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;").replace("\n", " ")
 
 
 def markdown(summary: Summary, gate: Gate | None) -> str:
@@ -349,18 +355,25 @@ def markdown(summary: Summary, gate: Gate | None) -> str:
     none runs on into the next (a table straight after a blockquote would be read as its lazy continuation)."""
     arrow = " → "
     t = summary.totals
-    lines = ["## trimflow audit", "", f"{_md(counts_text(summary))}.  ", f"Inputs: {_md(inputs_text(summary))}.  ", f"{_md(mode_text(summary))}.", ""]
+    lines = [
+        "## trimflow audit",
+        "",
+        f"{for_markdown(counts_text(summary))}.  ",
+        f"Inputs: {for_markdown(inputs_text(summary))}.  ",
+        f"{for_markdown(mode_text(summary))}.",
+        "",
+    ]
     for w in warnings(summary, gate):
-        lines += [f"> **Warning:** {_md(w)}", ""]
+        lines += [f"> **Warning:** {for_markdown(w)}", ""]
     if gate is not None:
-        lines += [f"### Gate: {'✅ passed' if gate.ok else '❌ failed'} ({_md(gate_verdict(gate))})", ""]
-        lines += [f"- ❌ {_md(p.text)}" for p in gate.input_failures]
+        lines += [f"### Gate: {'✅ passed' if gate.ok else '❌ failed'} ({for_markdown(gate_verdict(gate))})", ""]
+        lines += [f"- ❌ {for_markdown(p.text)}" for p in gate.input_failures]
         for expr in gate.expressions:
             hits = gate.broken(expr)
             if not hits:
-                lines.append(f"- ✅ `{expr.text}`")
+                lines.append(f"- ✅ {for_markdown_code(expr.text)}")
             for b in hits:
-                lines.append(f"- ❌ `{b.expression}`: {_md(b.line().split(': ', 1)[1])}")
+                lines.append(f"- ❌ {for_markdown_code(b.expression)}: {for_markdown(b.line().split(': ', 1)[1])}")
         lines.append("")
     lines += [
         "| | before | after | saved |",
@@ -370,17 +383,17 @@ def markdown(summary: Summary, gate: Gate | None) -> str:
         f"| ~tokens | {tokens(t.est_tokens_before)} | {tokens(t.est_tokens_after)} | {tokens(t.est_tokens_saved)} |",
         f"| images | {t.images_before:,} | {t.images_after:,} | {t.images_before - t.images_after:,} |",
         "",
-        f"Usage: {_md(usage_text(t))} (prices: {_md(summary.prices_source)}).",
+        f"Usage: {for_markdown(usage_text(t))} (prices: {for_markdown(summary.prices_source)}).",
         "",
     ]
     for conversation in summary.conversations:
-        lines += [f"### Conversation `{conversation.id}`", "", _md(conversation_title(conversation)), ""]
-        lines += [f"- {_md(line)}" for line in growth_lines(conversation)]
-        lines.append(f"- usage: {_md(usage_text(conversation.totals))}")
-        lines += [f"- {_md(crossing_text(c, with_after=conversation.has_after))}" for c in conversation.crossings]
+        lines += [f"### Conversation {for_markdown_code(conversation.id)}", "", for_markdown(conversation_title(conversation)), ""]
+        lines += [f"- {for_markdown(line)}" for line in growth_lines(conversation)]
+        lines.append(f"- usage: {for_markdown(usage_text(conversation.totals))}")
+        lines += [f"- {for_markdown(crossing_text(c, with_after=conversation.has_after))}" for c in conversation.crossings]
         if conversation.failures:
-            lines.append(f"- failures: {_md(failure_text(conversation))}")
-        lines += [f"- note: {_md(n)}" for n in notes(conversation)]
+            lines.append(f"- failures: {for_markdown(failure_text(conversation))}")
+        lines += [f"- note: {for_markdown(n)}" for n in notes(conversation)]
         lines += [
             "",
             "<details><summary>Turns</summary>",
@@ -388,6 +401,6 @@ def markdown(summary: Summary, gate: Gate | None) -> str:
             "| " + " | ".join(TURN_COLUMNS) + " |",
             "|" + "|".join("---" if i in LEFT_COLUMNS else "---:" for i in range(len(TURN_COLUMNS))) + "|",
         ]
-        lines += ["| " + " | ".join(_md(c) for c in turn_cells(row, arrow)) + " |" for row in conversation.rows]
+        lines += ["| " + " | ".join(for_markdown_cell(c) for c in turn_cells(row, arrow)) + " |" for row in conversation.rows]
         lines += ["", "</details>", ""]
     return "\n".join(lines) + "\n"

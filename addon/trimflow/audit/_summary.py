@@ -263,6 +263,14 @@ class Summary:
                 out[reason] = out.get(reason, 0) + n
         return out
 
+    def unread_answers(self) -> dict[str, int]:
+        """Answers of measured requests that were not read (their usage is unknown), by reason."""
+        out: dict[str, int] = {}
+        for tally in self.inputs:
+            for reason, n in tally.unread_answers.items():
+                out[reason] = out.get(reason, 0) + n
+        return out
+
     def input_problems(self) -> list[InputProblem]:
         problems = []
         for t in self.inputs:
@@ -288,6 +296,7 @@ class Summary:
             "llm_requests": self.totals.requests,
             "skipped_not_llm": self.skipped,
             "unreadable": self.unreadable(),
+            "unread_answers": self.unread_answers(),
             "what_if_rules": self.rules_source,
             "limits_source": self.limits_source,
             "profiles": self.profiles,

@@ -10,13 +10,24 @@ conversation or anything a request carries.
 prometheus_client is imported here only, when the option is set: without it, trimflow runs as ever and says in
 one line how to add it. The endpoint is served from mitmproxy's own event loop (the exposition is rendered in a
 worker thread), so an answer from /metrics also says that the proxy's loop runs: a balancer's health check can use it.
+
+The endpoint shares the proxy's process, its file descriptors and its loop, so anyone who can reach it is held to
+little: at most MAX_CONNECTIONS open connections, each answered once and closed; a connection that has not sent its
+request head within HEAD_TIMEOUT is closed, and so is the oldest such idle one when a new connection would pass the
+bound (a scraper that sends its request at once is served while idle connections crowd the port); one log line
+when the bound is reached, repeated at most once a minute with a count. Connections are taken at ACCEPT_RATE per
+second at most, so a flood of cheap scrapes cannot take the loop from the proxy; a scrape gets the last render
+again while no record has been counted and no limit learned since, and scrapes that arrive during a render share it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import ipaddress
 import logging
 import socket
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +52,15 @@ FAMILIES = ("claude", "gpt", "gemini", "other")
 BODY_BUCKETS = (64 << 10, 256 << 10, 1 << 20, 2 << 20, 4 << 20, 8 << 20, 16 << 20, 32 << 20, 64 << 20)
 OVERHEAD_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
 _HEAD_LIMIT = 16 << 10  # a scrape's request head is a few hundred bytes
-_READ_TIMEOUT = 10.0
+MAX_CONNECTIONS = 32  # a few scrapers and health checks; an instance is scraped by a handful at most
+HEAD_TIMEOUT = 2.0  # seconds for the request head: a scraper sends it at once
+_WRITE_TIMEOUT = 10.0  # seconds for a client to take the answer
+_ACCEPT_BATCH = 8  # connections accepted per wakeup, so that a flood of them leaves the loop to the proxy in between
+# Connections taken per second at most: a scraper comes every few seconds, while a flood of them, each cheap, would
+# otherwise take the proxy's loop for itself. Past it, the listening socket waits (the kernel keeps the backlog).
+ACCEPT_RATE = 100
+_ACCEPT_RETRY = 1.0  # seconds before accepting again when the process is out of descriptors (as asyncio's servers do)
+_LOG_INTERVAL = 60.0  # seconds between two lines saying the same thing about the endpoint
 
 
 def model_family(model: str | None) -> str:
@@ -143,9 +162,12 @@ class Instruments:
         self.body = client.Histogram("trimflow_request_body_bytes", body_doc, by, buckets=BODY_BUCKETS, registry=registry)
         self.overhead = client.Histogram("trimflow_overhead_seconds", overhead_doc, by, buckets=OVERHEAD_BUCKETS, registry=registry)
         self.registry.register(_Learned(client, recover))
+        self.recover = recover
+        self.observed = 0  # records counted: with the learned limits, what a render depends on
         self._children: dict[tuple[str, str, str], tuple[list[Any], Any, Any]] = {}
 
     def observe(self, record: Record) -> None:
+        self.observed += 1
         family = model_family(record.model)
         key = (record.format, family, record.rule or "none")
         children = self._children.get(key)
@@ -168,6 +190,14 @@ class Instruments:
         """The exposition in the format the scraper asks for (Accept), and its content type."""
         encoder, content_type = self._choose_encoder(accept)
         return encoder(self.registry), content_type
+
+    def content_type(self, accept: str) -> str:
+        """The content type `render` answers `accept` with."""
+        return self._choose_encoder(accept)[1]
+
+    def state(self) -> tuple[int, int, int]:
+        """What a render shows changes only with this: the records counted and the learned limits."""
+        return self.observed, len(self.recover.learned.entries), self.recover.limits_learned
 
 
 class _Learned:
@@ -195,9 +225,15 @@ class Prometheus:
         self.instruments: Instruments | None = None
         self.address: tuple[str, int] | None = None  # where /metrics is served, once bound
         self._socket: socket.socket | None = None
-        self._serving: asyncio.Task[None] | None = None
+        self._serving: asyncio.AbstractEventLoop | None = None  # the loop watching the socket, once serving
         self._failed = False
         self._value = ""  # the option's value in effect
+        self._clients: dict[_Client, None] = {}  # the endpoint's open connections, oldest first
+        self._at_bound = _Throttled()
+        self._tokens, self._refilled = float(_ACCEPT_BATCH), time.monotonic()  # the accept rate's bucket
+        self._accept_failed = _Throttled()
+        self._renders: dict[tuple[Instruments, str], asyncio.Future[tuple[bytes, str]]] = {}  # renders in progress
+        self._rendered: dict[tuple[Instruments, str], tuple[tuple[int, int, int], bytes]] = {}  # the last, by its state
         metrics.listeners.append(self.observe)
 
     def load(self, loader) -> None:
@@ -228,9 +264,17 @@ class Prometheus:
         sock = _bind(*address) if address is not None and client is not None else None  # before the old one stops: a refusal leaves it
         self._stop()
         self.instruments, self._value = None, value
+        self._rendered.clear()
         if sock is None:
             return
         self._socket, self.address = sock, sock.getsockname()[:2]
+        if every_interface(self.address[0]):
+            log.warning(
+                "trimflow: %s=%s serves /metrics on every interface: anyone who can reach this machine can read it "
+                "(127.0.0.1:PORT keeps it on this machine)",
+                OPTION,
+                value,
+            )
         self.instruments = Instruments(client, self.recover)
         self._failed = False
         try:
@@ -261,41 +305,99 @@ class Prometheus:
 
     def _serve_on_loop(self) -> None:
         assert self._socket is not None and self.address is not None
-        sock = self._socket
-        self._serving = asyncio.get_running_loop().create_task(self._serve(sock))
-        # Closed once the task has ended: the server unregisters it from the loop first (closing it while registered
-        # could unregister another connection that gets its file descriptor); a task cancelled before it ran never opens it.
-        self._serving.add_done_callback(lambda _: sock.close())
+        self._serving = asyncio.get_running_loop()
+        self._serving.add_reader(self._socket.fileno(), self._accept, self._socket)
         host, port = self.address
         log.info("trimflow: Prometheus metrics at http://%s:%d/metrics", f"[{host}]" if ":" in host else host, port)
 
-    async def _serve(self, sock: socket.socket) -> None:
-        server = await asyncio.start_server(self._answer, sock=sock, limit=_HEAD_LIMIT)
-        async with server:
-            await server.serve_forever()
-
     def _stop(self) -> None:
-        if self._serving is not None:
-            self._serving.cancel()  # its done callback closes the socket
-        elif self._socket is not None:
+        if self._serving is not None and self._socket is not None:
+            self._serving.remove_reader(self._socket.fileno())  # before the socket closes: its number may be reused
+        if self._socket is not None:
             self._socket.close()
+        if self._serving is not None and not self._serving.is_closed():
+            for client in list(self._clients):
+                client.task.cancel()  # each closes its connection
         self._serving = self._socket = self.address = None
 
-    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _accept(self, listener: socket.socket) -> None:
+        """The listening socket is readable: accept what is waiting, a few at a time, admitting each before the next
+        (asyncio's servers accept a whole backlog first, and hold a burst's descriptors before any can be refused)."""
+        assert self._serving is not None
+        now = time.monotonic()
+        self._tokens, self._refilled = min(float(_ACCEPT_BATCH), self._tokens + (now - self._refilled) * ACCEPT_RATE), now
+        for _ in range(_ACCEPT_BATCH):
+            if self._tokens < 1:  # past the rate: wait until a connection's worth has come back
+                self._serving.remove_reader(listener.fileno())
+                self._serving.call_later((1 - self._tokens) / ACCEPT_RATE, self._resume, listener)
+                return
+            try:
+                conn, _ = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # out of descriptors (the proxy's connections share them): pause, then accept again
+                self._accept_failed.say("trimflow: /metrics cannot accept a connection (%s); pausing a second", exc.strerror or type(exc).__name__)
+                self._serving.remove_reader(listener.fileno())
+                self._serving.call_later(_ACCEPT_RETRY, self._resume, listener)
+                return
+            self._tokens -= 1
+            conn.setblocking(False)
+            if not self._make_room():
+                conn.close()
+                continue
+            client = _Client(conn)
+            client.task = self._serving.create_task(self._answer(client))
+            client.task.add_done_callback(functools.partial(self._closed, client))  # also for a task cancelled before it ran
+            self._clients[client] = None
+
+    def _resume(self, listener: socket.socket) -> None:
+        if self._socket is listener and self._serving is not None:
+            self._serving.add_reader(listener.fileno(), self._accept, listener)
+
+    def _make_room(self) -> bool:
+        """Whether a new connection may be served: within the bound, or once the oldest idle connection is closed;
+        not when every open connection is being answered."""
+        if len(self._clients) < MAX_CONNECTIONS:
+            return True
+        self._at_bound.say(
+            "trimflow: /metrics reached its bound of %d open connections: the oldest idle one is closed for each new one",
+            MAX_CONNECTIONS,
+        )
+        idle = next((client for client in self._clients if not client.answering), None)
+        if idle is None:
+            return False
+        del self._clients[idle]
+        idle.task.cancel()  # its handler closes the connection
+        return True
+
+    def _closed(self, client: _Client, _: asyncio.Task[None]) -> None:
+        self._clients.pop(client, None)
+        if client.writer is None:
+            client.conn.close()  # no transport took it (one cancelled on its way closes the socket itself)
+
+    async def _answer(self, client: _Client) -> None:
         """One request per connection: GET or HEAD /metrics."""
+        answered = False
         try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), _READ_TIMEOUT)
+            reader, writer = await asyncio.open_connection(sock=client.conn, limit=_HEAD_LIMIT)
+            client.writer = writer
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT)
+            client.answering = True  # no longer the idle one a new connection may displace
             status, headers, body = await self._respond(head)
             reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 500: "Internal Server Error"}[status]
             lines = [f"HTTP/1.1 {status} {reason}", *(f"{k}: {v}" for k, v in headers.items()), f"Content-Length: {len(body)}", "Connection: close"]
             writer.write("\r\n".join(lines).encode("latin-1") + b"\r\n\r\n")
             if not head.startswith(b"HEAD "):
                 writer.write(body)
-            await writer.drain()
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ConnectionError):
-            pass
+            await asyncio.wait_for(writer.drain(), _WRITE_TIMEOUT)
+            answered = True
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, OSError):
+            pass  # an idle, slow or vanished client: nothing is owed to it
         finally:
-            writer.close()
+            if client.writer is not None and answered:
+                client.writer.close()
+            elif client.writer is not None:
+                client.writer.transport.abort()
 
     async def _respond(self, head: bytes) -> tuple[int, dict[str, str], bytes]:
         lines = head.split(b"\r\n")
@@ -316,12 +418,67 @@ class Prometheus:
         if instruments is None:
             return 404, {"Content-Type": "text/plain"}, b"trimflow: metrics are off\n"
         try:
-            # In a worker thread: with many label sets a render takes milliseconds, which the loop spends proxying.
-            body, content_type = await asyncio.to_thread(instruments.render, accept)
+            body, content_type = await self._render(instruments, accept)
         except Exception as exc:  # noqa: BLE001 - this scrape fails; the proxy goes on
             log.warning("trimflow: Prometheus metrics not rendered: internal error %s", type(exc).__name__)
             return 500, {"Content-Type": "text/plain"}, b"trimflow: internal error\n"
         return 200, {"Content-Type": content_type}, body
+
+    async def _render(self, instruments: Instruments, accept: str) -> tuple[bytes, str]:
+        """The exposition, rendered in a worker thread (with many label sets a render takes milliseconds, which the
+        loop spends proxying); the last render again while nothing it shows has changed, and a scrape that asks for
+        a format being rendered waits for that render: a scrape flood costs the loop little."""
+        content_type = instruments.content_type(accept)
+        key, state = (instruments, content_type), instruments.state()
+        last = self._rendered.get(key)
+        if last is not None and last[0] == state:
+            return last[1], content_type
+        render = self._renders.get(key)
+        if render is None:
+            render = self._renders[key] = asyncio.ensure_future(asyncio.to_thread(instruments.render, accept))
+            render.add_done_callback(lambda _: self._renders.pop(key, None))
+            render.add_done_callback(lambda done: self._keep(key, state, done))
+        return await asyncio.shield(render)  # one scraper gone does not cancel the render the others wait for
+
+    def _keep(self, key: tuple[Instruments, str], state: tuple[int, int, int], render: asyncio.Future[tuple[bytes, str]]) -> None:
+        if not render.cancelled() and render.exception() is None and key[0] is self.instruments:
+            self._rendered[key] = (state, render.result()[0])
+
+
+class _Client:
+    """One connection to the endpoint: idle until its request head is in, then answering."""
+
+    __slots__ = ("answering", "conn", "task", "writer")
+
+    def __init__(self, conn: socket.socket) -> None:
+        self.conn = conn
+        self.answering = False
+        self.writer: asyncio.StreamWriter | None = None
+        self.task: asyncio.Task[None]
+
+
+class _Throttled:
+    """A log line said at most once per _LOG_INTERVAL, with how often it happened since it was last said."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.said: float | None = None  # time.monotonic() of the last line
+
+    def say(self, message: str, *args: object) -> None:
+        self.count += 1
+        now = time.monotonic()
+        if self.said is not None and now - self.said < _LOG_INTERVAL:
+            return
+        log.warning(message + " (times since the last such line: %d; it comes at most once a minute)", *args, self.count)
+        self.said, self.count = now, 0
+
+
+def every_interface(host: str) -> bool:
+    """Whether a bound address is the unspecified one (0.0.0.0, ::): every interface of the machine."""
+    try:
+        return ipaddress.ip_address(host.partition("%")[0]).is_unspecified
+    except ValueError:
+        return False
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -342,4 +499,16 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-__all__ = ["OPTION", "Instruments", "Prometheus", "model_family", "outcome_of", "parse_address", "status_class"]
+__all__ = [
+    "ACCEPT_RATE",
+    "HEAD_TIMEOUT",
+    "MAX_CONNECTIONS",
+    "OPTION",
+    "Instruments",
+    "Prometheus",
+    "every_interface",
+    "model_family",
+    "outcome_of",
+    "parse_address",
+    "status_class",
+]
