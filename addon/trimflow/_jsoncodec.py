@@ -17,14 +17,14 @@ from .errors import BodyError
 
 # Every byte but a digit becomes a space: a run of 19 digits then shows as a run of b"0".
 _DIGITS = bytes(0x30 if 0x30 <= b <= 0x39 else 0x20 for b in range(256))
+_LONG_RUN = b"0" * 19  # 2**63 has 19 digits
+_BEFORE_NUMBER = frozenset(b":,[")  # what stands before a number in JSON (spaces aside)
 
 
 def loads(body: bytes) -> tuple[Any, bool]:
     """The parsed body and whether it needed the fallback parser."""
-    # orjson reads an integer over 64 bits as a float, changing its value: such bodies (any run of
-    # 19+ digits) take the exact parser. The engine parses a skeleton of a large body, so this scan
-    # only ever sees its small remainder.
-    if b"0" * 19 not in body.translate(_DIGITS):
+    # orjson reads an integer over 64 bits as a float, changing its value: such bodies take the exact parser.
+    if not _may_hold_big_integer(body):
         try:
             return orjson.loads(body), False
         except orjson.JSONDecodeError:
@@ -41,6 +41,29 @@ def loads(body: bytes) -> tuple[Any, bool]:
         raise BodyError("body is JSON nested too deeply to parse") from None
     except json.JSONDecodeError as exc:
         raise BodyError(f"body is not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+
+
+def _may_hold_big_integer(body: bytes) -> bool:
+    """Whether the body may hold an integer of 19 digits or more: a run of that many digits where a number
+    can stand, after ':', ',' or '[' (or at the start) with spaces and a sign between. A run inside a string
+    (an id or a timestamp in a tool's output) is not a number; a run after a colon in quoted JSON may be
+    taken for one, which only costs the exact parser's time."""
+    digits = body.translate(_DIGITS)
+    run = digits.find(_LONG_RUN)
+    looked = 0
+    while run >= 0:
+        looked += 1
+        if looked > 16 + len(body) // 2048:
+            return True  # too many to look at: the exact parser it is
+        start = run - 1 if run > 0 and body[run - 1] == 0x2D else run  # "-"
+        before = body[max(0, start - 64) : start].rstrip(b" \t\r\n")
+        if not before or before[-1] in _BEFORE_NUMBER:
+            return True
+        after = digits.find(b" ", run)
+        if after < 0:
+            return False
+        run = digits.find(_LONG_RUN, after)
+    return False
 
 
 class _Overflow(Exception):

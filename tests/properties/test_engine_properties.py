@@ -24,14 +24,14 @@ unknown_value = st.one_of(st.integers(-(2**60), 2**60), st.floats(allow_nan=Fals
 unknown = st.dictionaries(st.sampled_from(["x_extra", "metadata_x", "z"]), unknown_value, max_size=2)
 
 
-def render(fmt: str, conv: list, extra: dict) -> dict[str, Any]:
-    """The conversation in one wire format, tool results nested where the format has them."""
+def render(fmt: str, conv: list, extra: dict, pool: list[bytes] = POOL) -> dict[str, Any]:
+    """The conversation in one wire format, tool results nested where the format has them; image i is pool[i]."""
     if fmt == "openai-chat":
         msgs = [
             {
                 "role": role,
                 "content": [
-                    {"type": "text", "text": v} if k == "text" else {"type": "image_url", "image_url": {"url": data_url(POOL[v], "image/png")}}
+                    {"type": "text", "text": v} if k == "text" else {"type": "image_url", "image_url": {"url": data_url(pool[v], "image/png")}}
                     for k, v in parts
                 ],
             }
@@ -42,7 +42,7 @@ def render(fmt: str, conv: list, extra: dict) -> dict[str, Any]:
         items = []
         for i, (role, tool, parts) in enumerate(conv):
             content = [
-                {"type": "input_text", "text": v} if k == "text" else {"type": "input_image", "image_url": data_url(POOL[v], "image/png")}
+                {"type": "input_text", "text": v} if k == "text" else {"type": "input_image", "image_url": data_url(pool[v], "image/png")}
                 for k, v in parts
             ]
             items.append({"type": "function_call_output", "call_id": f"c{i}", "output": content} if tool else {"role": role, "content": content})
@@ -53,7 +53,7 @@ def render(fmt: str, conv: list, extra: dict) -> dict[str, Any]:
             blocks = [
                 {"type": "text", "text": v}
                 if k == "text"
-                else {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(POOL[v])}}
+                else {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(pool[v])}}
                 for k, v in parts
             ]
             msgs.append({"role": role, "content": [{"type": "tool_result", "tool_use_id": f"t{i}", "content": blocks}] if tool else blocks})
@@ -61,21 +61,21 @@ def render(fmt: str, conv: list, extra: dict) -> dict[str, Any]:
     if fmt == "gemini":
         contents = []
         for role, tool, parts in conv:
-            ps = [{"text": v} if k == "text" else {"inlineData": {"mimeType": "image/png", "data": b64(POOL[v])}} for k, v in parts]
+            ps = [{"text": v} if k == "text" else {"inlineData": {"mimeType": "image/png", "data": b64(pool[v])}} for k, v in parts]
             parts_or_tool = [{"functionResponse": {"name": "f", "response": {}, "parts": ps}}] if tool else ps
             contents.append({"role": "user" if role == "user" else "model", "parts": parts_or_tool})
         return {"contents": contents, **extra}
     if fmt == "bedrock-converse":
         msgs = []
         for i, (role, tool, parts) in enumerate(conv):
-            blocks = [{"text": v} if k == "text" else {"image": {"format": "png", "source": {"bytes": b64(POOL[v])}}} for k, v in parts]
+            blocks = [{"text": v} if k == "text" else {"image": {"format": "png", "source": {"bytes": b64(pool[v])}}} for k, v in parts]
             msgs.append({"role": role, "content": [{"toolResult": {"toolUseId": f"t{i}", "content": blocks}}] if tool else blocks})
         return {"messages": msgs, **extra}
     msgs = []
     for role, _tool, parts in conv:
         texts = [v for k, v in parts if k == "text"]
         msg = {"role": role, "content": " ".join(texts)}
-        images = [b64(POOL[v]) for k, v in parts if k == "image"]
+        images = [b64(pool[v]) for k, v in parts if k == "image"]
         if images:
             msg["images"] = images
         msgs.append(msg)
