@@ -32,6 +32,7 @@ import io
 import json
 import os
 import platform
+import random
 import signal
 import socket
 import statistics
@@ -169,6 +170,10 @@ class Settings:
     shrink_turns: int
     shaped_rates: tuple[int, ...]  # Mbit/s of the shaped link, one run of the session each
     shaped_turns: int  # turns of the screenshot session sent over it (at most 24)
+    text_reps: int  # per text body
+    text_sizes_kb: tuple[int, ...]  # sizes of the OpenAI chat coding session (the other formats: 1 MB)
+    text_session_turns: int  # turns of the text session through the proxy
+    text_session_runs: int  # times it is sent to both proxies
 
 
 QUICK = Settings(
@@ -187,6 +192,10 @@ QUICK = Settings(
     shrink_turns=30,
     shaped_rates=(100,),
     shaped_turns=12,
+    text_reps=5,
+    text_sizes_kb=(100, 1024, 8192),
+    text_session_turns=60,
+    text_session_runs=1,
 )
 FULL = Settings(
     engine_reps=31,
@@ -204,6 +213,10 @@ FULL = Settings(
     shrink_turns=30,
     shaped_rates=(20, 50, 100),
     shaped_turns=24,
+    text_reps=15,
+    text_sizes_kb=(100, 300, 1024, 3072, 8192),
+    text_session_turns=60,
+    text_session_runs=3,
 )
 
 
@@ -364,6 +377,242 @@ def scaling_figures(bodies: Bodies, settings: Settings) -> list[Figure]:
             )
         )
     return figures
+
+
+# --- text: what coding agents send between screenshots ----------------------------------------------------------
+
+TEXT_FORMATS = ("openai-chat", "openai-responses", "anthropic", "gemini", "bedrock-converse", "ollama")
+TOOL_OUTPUTS = ("json", "code", "diff", "log")  # what tool results hold, in turn
+
+
+def _tool_output(kind: str, rng: random.Random, lines: int) -> str:
+    """A tool result as coding agents get them: a JSON listing, Python source, a unified diff, a log.
+    Quotes, backslashes and newlines, which JSON escapes, as often as real ones have them."""
+    if kind == "json":
+        entries = [
+            {
+                "path": f"src/pkg_{rng.randrange(40)}/module_{rng.randrange(1000)}.py",
+                "size": rng.randrange(200_000),
+                "mode": "rw-r--r--",
+                "modified": f"2026-11-{rng.randrange(1, 28):02d}T{rng.randrange(24):02d}:{rng.randrange(60):02d}:00Z",
+                "lines": rng.randrange(2000),
+                "kind": rng.choice(["file", "symlink", "dir"]),
+            }
+            for _ in range(max(1, lines // 8))
+        ]
+        return json.dumps({"entries": entries, "truncated": False}, indent=2)
+    if kind == "code":
+        out = []
+        for n in range(lines):
+            name = f"value_{rng.randrange(100)}"
+            out.append(
+                rng.choice(
+                    [
+                        f'    {name} = re.compile(r"^\\s*(\\w+)=\\"([^\\"]*)\\"$")',
+                        f'    log.info("loaded %s from \\"%s\\"", {name}, path)',
+                        f"    if {name} is None:  # nothing cached yet",
+                        f"def handle_{n}(request: dict[str, str]) -> str:",
+                        f'        return f"{{{name}!r}}: {{request[\\"key\\"]}}\\n"',
+                        f"    {name} = '\\\\'.join(parts)  # Windows paths",
+                        "",
+                    ]
+                )
+            )
+        return "\n".join(out)
+    if kind == "diff":
+        out = [f"diff --git a/src/app_{rng.randrange(50)}.py b/src/app_{rng.randrange(50)}.py", "--- a/src/app.py", "+++ b/src/app.py"]
+        for n in range(lines):
+            if n % 12 == 0:
+                out.append(f"@@ -{n},7 +{n},8 @@ class Handler:")
+            sign = rng.choice([" ", " ", " ", "-", "+"])
+            out.append(f'{sign}        self.headers["X-Request-{n}"] = "{rng.randrange(10**6)}"  # was \'{n}\'')
+        return "\n".join(out)
+    out = []
+    for n in range(lines):
+        ns = 1764201600_000_000_000 + n * 1_234_567  # nanosecond timestamps: 19-digit runs inside a string
+        out.append(
+            rng.choice(
+                [
+                    f'{ns} INFO  worker-{rng.randrange(8)} id="{rng.randrange(10**9):09d}" path="/api/v1/items" took={rng.random():.3f}s',
+                    f'{ns} WARN  retry {n}: {{"error": "timeout", "after_ms": {rng.randrange(5000)}, "url": "https://example.test/x?q=1"}}',
+                    f'{ns} ERROR Traceback (most recent call last):\\n  File "C:\\\\app\\\\main.py", line {n}, in <module>',
+                ]
+            )
+        )
+    return "\n".join(out)
+
+
+def _tool_call(fmt: str, turn: int, output: str, args: dict[str, Any]) -> list[dict[str, Any]]:
+    """One tool call and its result, as `fmt` writes them into the history."""
+    call_id, name = f"call_{turn:04d}", "run_tool"
+    if fmt == "openai-chat":
+        call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+        return [{"role": "assistant", "content": None, "tool_calls": [call]}, {"role": "tool", "tool_call_id": call_id, "content": output}]
+    if fmt == "openai-responses":
+        return [
+            {"type": "function_call", "call_id": call_id, "name": name, "arguments": json.dumps(args)},
+            {"type": "function_call_output", "call_id": call_id, "output": output},
+        ]
+    if fmt == "anthropic":
+        return [
+            {"role": "assistant", "content": [{"type": "tool_use", "id": call_id, "name": name, "input": args}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call_id, "content": output}]},
+        ]
+    if fmt == "gemini":
+        return [
+            {"role": "model", "parts": [{"functionCall": {"name": name, "args": args}}]},
+            {"role": "user", "parts": [{"functionResponse": {"name": name, "response": {"output": output}}}]},
+        ]
+    if fmt == "bedrock-converse":
+        return [
+            {"role": "assistant", "content": [{"toolUse": {"toolUseId": call_id, "name": name, "input": args}}]},
+            {"role": "user", "content": [{"toolResult": {"toolUseId": call_id, "content": [{"text": output}]}}]},
+        ]
+    call = {"function": {"name": name, "arguments": args}}  # ollama
+    return [{"role": "assistant", "content": "", "tool_calls": [call]}, {"role": "tool", "content": output}]
+
+
+def coding_session(fmt: str, turns: int, lines: int = 120, seed: int = 0) -> bytes:
+    """The body of turn `turns` of a coding agent's session in `fmt`: the whole history, each turn a tool call
+    whose result holds about `lines` lines of JSON, code, a diff or a log, in turn. No image in it."""
+    rng = random.Random(seed)
+    system = "You are a coding agent. Use the tools to read, run and change the repository. " * 20
+    history: list[dict[str, Any]] = []
+    user = {"role": "user", "content": "The tests fail on main; find out why and fix it."}
+    for turn in range(1, turns + 1):
+        kind = TOOL_OUTPUTS[(turn - 1) % len(TOOL_OUTPUTS)]
+        args = {"command": f"cat src/app_{turn}.py" if kind == "code" else f"make {kind} --verbose", "timeout": 120}
+        history += _tool_call(fmt, turn, _tool_output(kind, rng, lines), args)
+    if fmt == "openai-chat":
+        body: dict[str, Any] = {"model": "gpt-4o", "messages": [{"role": "system", "content": system}, user, *history], "stream": True}
+    elif fmt == "openai-responses":
+        body = {"model": "gpt-5-codex", "instructions": system, "input": [user, *history], "stream": True, "store": False}
+    elif fmt == "anthropic":
+        body = {"model": "claude-sonnet-4-5", "max_tokens": 32000, "system": [{"type": "text", "text": system}], "messages": [user, *history]}
+    elif fmt == "gemini":
+        first = {"role": "user", "parts": [{"text": user["content"]}]}
+        body = {"contents": [first, *history], "systemInstruction": {"parts": [{"text": system}]}}
+    elif fmt == "bedrock-converse":
+        first = {"role": "user", "content": [{"text": user["content"]}]}
+        body = {"messages": [first, *history], "system": [{"text": system}], "inferenceConfig": {"maxTokens": 4096}}
+    else:
+        body = {"model": "qwen3-coder", "messages": [{"role": "system", "content": system}, user, *history], "stream": False}
+    return orjson.dumps(body)
+
+
+def escaped_quotes_body(size: int) -> bytes:
+    """The worst case for any walk over quotes: a body that is almost all escaped quotes."""
+    return orjson.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": '"' * (size // 2)}]})
+
+
+def _turns_for(fmt: str, size: int) -> int:
+    """Turns of `coding_session(fmt, ...)` that come nearest `size` bytes (from the size of a few turns)."""
+    per_turn = (len(coding_session(fmt, 8)) - len(coding_session(fmt, 4))) / 4
+    return max(1, round((size - len(coding_session(fmt, 0))) / per_turn))
+
+
+def text_bodies(settings: Settings) -> dict[str, tuple[str, bytes]]:
+    """name -> (format, body): each format at 1 MB, OpenAI chat from 100 KB to 8 MB, and the worst case."""
+    bodies: dict[str, tuple[str, bytes]] = {}
+    for fmt in TEXT_FORMATS:
+        bodies[f"{fmt}_1mb"] = (fmt, coding_session(fmt, _turns_for(fmt, MB)))
+    for kb in settings.text_sizes_kb:
+        if kb != 1024:
+            bodies[f"openai-chat_{kb}kb"] = ("openai-chat", coding_session("openai-chat", _turns_for("openai-chat", kb * 1024)))
+    bodies["escaped_quotes_1mb"] = ("openai-chat", escaped_quotes_body(MB))
+    return bodies
+
+
+def _text_url(fmt: str) -> str:
+    return f"https://api.example.test{PATHS[fmt]}"
+
+
+def _text_engine(fmt: str, body: bytes) -> Callable[[], Any]:
+    url = _text_url(fmt)
+
+    def run() -> Any:
+        return prune_request(url, HEADERS, body, RULES)
+
+    return run
+
+
+def _orjson_loads(body: bytes) -> Callable[[], Any]:
+    def run() -> Any:
+        return orjson.loads(body)
+
+    return run
+
+
+def text_figures(settings: Settings, say: Callable[[str], None]) -> list[Figure]:
+    """The engine on text bodies that need nothing, against json.loads and orjson.loads of the same body."""
+    say("text bodies: coding sessions in every format, 100 KB to 8 MB")
+    bodies = text_bodies(settings)
+    figures: list[Figure] = []
+    worst: tuple[float, str] = (0.0, "")
+    for name, (fmt, body) in bodies.items():
+        outcome = prune_request(_text_url(fmt), HEADERS, body, RULES)
+        record = outcome.record
+        if record is None or outcome.changed or record.images_before or record.reason:
+            raise RuntimeError(f"the text body {name} must be an LLM request with nothing to change")
+        loops = max(1, round(4 * MB / len(body)))  # samples of about the same work at every size
+        engine, loads, fast = interleaved_ms(settings.text_reps, _text_engine(fmt, body), _loads(body), _orjson_loads(body), loops=[loops] * 3)
+        size = f"{len(body) / MB:.2f} MB" if len(body) >= MB else f"{len(body) // 1024} KB"
+        what = "mostly escaped quotes" if name.startswith("escaped") else f"{fmt} coding session"
+        escaped = body.count(b'\\"')
+        figures += [
+            Figure(f"text_{name}_engine_ms", f"engine, {what}, {size} ({escaped:,} escaped quotes)", engine, "ms"),
+            Figure(f"text_{name}_loads_ms", "json.loads, same body", loads, "ms"),
+            Figure(f"text_{name}_orjson_ms", "orjson.loads, same body", fast, "ms"),
+            Figure(f"text_{name}_vs_loads", "engine / json.loads", engine / loads, "x", 1.5 if name.startswith("escaped") else 1.0),
+            Figure(f"text_{name}_vs_orjson", "engine / orjson.loads", engine / fast, "x"),
+        ]
+        worst = max(worst, (engine / loads, name))
+    figures.append(Figure("text_worst_vs_loads", "engine / json.loads, the worst text body", worst[0], "x", 1.5, note=worst[1]))
+    return figures
+
+
+def text_session_figures(workdir: Path, upstream: Upstream, settings: Settings, say: Callable[[str], None]) -> list[Figure]:
+    """A coding agent's 60-turn text session (OpenAI chat, the whole history every turn, nothing to change)
+    through a fresh mitmdump with the addon and a fresh plain one, same upstream: each turn goes to both, one
+    after the other (who goes first alternates), after the same idle time."""
+    turns = settings.text_session_turns
+    say(f"text session through the proxy: {turns} turns, with the addon and plain mitmdump")
+    session = [coding_session(FORMAT, turn) for turn in range(1, turns + 1)]
+    names = ("addon", "plain")
+    times: dict[str, list[float]] = {name: [] for name in names}
+    received: dict[str, int] = dict.fromkeys(names, 0)
+    with contextlib.ExitStack() as stack:
+        clients = {}
+        for name in names:
+            proxy = start_proxy(workdir / f"text-session-{name}", name, upstream, addon=name == "addon")
+            stack.callback(proxy.mitmdump.stop)
+            client = Client(proxy.mitmdump.port)
+            stack.callback(client.close)
+            for body in session[:: max(1, turns // LATENCY_WARMUP)][:LATENCY_WARMUP]:  # connections, the addon's first imports
+                _post_ok(client, body)
+            clients[name] = client
+        for run in range(settings.text_session_runs):
+            for turn, body in enumerate(session):
+                order = names if (turn + run) % 2 == 0 else names[::-1]
+                for name in order:
+                    gc.collect()
+                    time.sleep(LATENCY_GAP)
+                    started = time.perf_counter()
+                    status, got, _ = clients[name].post(body)
+                    times[name].append((time.perf_counter() - started) * 1000)
+                    if status != 200:
+                        raise RuntimeError(f"{name} mitmdump answered {status} on turn {turn + 1}")
+                    received[name] += got
+    if received["addon"] != received["plain"]:
+        raise RuntimeError("the addon changed a text session that needs nothing")
+    a, p = statistics.median(times["addon"]), statistics.median(times["plain"])
+    runs = settings.text_session_runs
+    what = f"{turns} turns x {runs} run{'s' if runs > 1 else ''}, {len(session[0]) // 1024} KB to {len(session[-1]) // 1024} KB"
+    return [
+        Figure("text_session_addon_ms", f"text session turn with addon (median; {what})", a, "ms"),
+        Figure("text_session_plain_ms", "text session turn plain mitmdump, same turns (median)", p, "ms"),
+        Figure("text_session_ratio", "text session turn, addon / plain (median)", a / p, "x", 1.05),
+    ]
 
 
 # --- the upstream ------------------------------------------------------------------------------------------
@@ -1095,7 +1344,7 @@ def machine() -> dict[str, Any]:
     return info
 
 
-SECTIONS = ("engine", "proxy", "shaped", "shrink", "cache")
+SECTIONS = ("engine", "text", "proxy", "shaped", "shrink", "cache")
 
 
 def cache_figures() -> list[Figure]:
@@ -1130,12 +1379,16 @@ def run(settings: Settings, say: Callable[[str], None], sections: tuple[str, ...
         figures += engine_figures(bodies, settings)
         say("engine scaling")
         figures += scaling_figures(bodies, settings)
+    if "text" in sections:
+        figures += text_figures(settings, say)
     with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory(prefix="trimflow-bench-") as tmp:
         workdir = Path(tmp)
         upstream = Upstream().start()
         stack.callback(upstream.stop)
         if "proxy" in sections:
             figures += proxy_figures(workdir, upstream, bodies, settings, say, stack)
+        if "text" in sections:
+            figures += text_session_figures(workdir, upstream, settings, say)
         if "shaped" in sections:
             figures += shaped_figures(workdir, upstream, bodies, settings, say)
     if "shrink" in sections:
@@ -1195,8 +1448,9 @@ def main(argv: list[str] | None = None) -> int:
         "--only",
         action="append",
         choices=SECTIONS,
-        help="run only this section (repeat for several): engine (in process, scaling), proxy (latency, throughput, "
-        "streaming, memory), shaped (the screenshot session over a shaped link), shrink; default: all",
+        help="run only this section (repeat for several): engine (in process, scaling), text (coding agents' text bodies "
+        "in process, and a 60-turn text session through the proxy), proxy (latency, throughput, streaming, memory), "
+        "shaped (the screenshot session over a shaped link), shrink, cache; default: all",
     )
     parser.add_argument("--serve-upstream", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import orjson
 import pytest
 from hypothesis import given
@@ -9,7 +11,7 @@ from hypothesis import strategies as st
 
 from trimflow._document import MIN_PAYLOAD, Payload, parse
 from trimflow._jsoncodec import BodyError
-from trimflow.formats import FORMATS
+from trimflow.formats import FORMATS, Media
 from trimflow.testing import b64, image, session_body
 
 SHOT = image(200, 150, "PNG", seed=9)  # ~90 KB of noise: far over MIN_PAYLOAD as base64
@@ -177,3 +179,28 @@ def test_text_with_no_run_long_enough_for_a_payload_is_parsed_whole() -> None:
     body = b'{"messages":[{"role":"tool","content":"' + lines + b'"}]}'
     doc = parse(body)
     assert not doc.is_skeleton and doc.parsed == orjson.loads(body)
+
+
+@pytest.mark.parametrize("payloads", [0, 3])
+def test_a_lazy_parse_reads_a_big_integer_as_a_float_until_made_exact_for_a_write(payloads: int) -> None:
+    body = _with_text(b"line\\n" * 4000, payloads)[:-1] + b',"seed":123456789012345678901234567890}'
+    doc = parse(body, exact=False)
+    assert doc is not None and doc.is_skeleton == (payloads > 0)
+    assert isinstance(doc.parsed["seed"], float)  # orjson's reading: harmless while nothing is written
+    stubs = [m.data for m in FORMATS["openai-chat"].find_media(doc.parsed)]
+    with pytest.raises(AssertionError, match="make_exact"):
+        doc.write(doc.parsed)
+    doc.make_exact()
+    assert doc.parsed["seed"] == 123456789012345678901234567890
+    out = doc.dumps(doc.parsed)
+    assert b'"seed":123456789012345678901234567890}' in out and json.loads(out) == json.loads(body)
+    assert all(doc.resolve(Media("image", (), stub)).data == "data:image/png;base64," + b64(SHOT) for stub in stubs)
+
+
+def test_a_lazy_parse_with_no_big_integer_stays_as_it_was() -> None:
+    body = _with_text(b"x" * 20_000, 3)[:-1] + b',"n":[123456789012345678,"12345678901234567890123"]}'
+    doc = parse(body, exact=False)
+    parsed = doc.parsed
+    doc.make_exact()
+    assert doc.parsed is parsed and doc.is_skeleton
+    assert doc.dumps(doc.parsed) == orjson.dumps(orjson.loads(body))

@@ -81,7 +81,7 @@ class Payload:
         """The whole string with its escapes decoded, as a full parse would give it."""
         if self._decoded is None:
             raw = memoryview(self.body)[self.start - 1 : self.end + 1]  # with its quotes: a JSON string
-            self._decoded = _jsoncodec.loads(bytes(raw))[0]
+            self._decoded = _jsoncodec.loads(bytes(raw), exact=False)[0]  # a string: no number to keep
         return self._decoded
 
     def __eq__(self, other: object) -> bool:
@@ -131,11 +131,38 @@ class Written:
 
 
 class Document:
-    """The parsed body, and how to write or measure a value built from it."""
+    """The parsed body, and how to write or measure a value built from it.
 
-    def __init__(self, parsed: Any, fallback: bool, body: bytes, spans: list[tuple[int, int]] | None = None) -> None:
+    Parsed with `exact=False`, a body may hold an integer orjson read as a float (_jsoncodec): nothing but a
+    write needs it exact, and a body that changes nothing is forwarded as it came. `make_exact` must then come
+    before any value to write is built from `parsed`.
+    """
+
+    def __init__(
+        self,
+        parsed: Any,
+        fallback: bool,
+        body: bytes,
+        spans: list[tuple[int, int]] | None = None,
+        source: bytes | None = None,
+        exact: bool = True,
+    ) -> None:
         self.parsed, self.fallback, self.body = parsed, fallback, body
         self._spans = spans or []
+        self._splices = bool(self._spans)  # whether a write splices payloads back (else `parsed` holds them)
+        self._source = body if source is None else source  # the bytes `parsed` came from: the skeleton or the body
+        self._exact = exact or fallback
+
+    def make_exact(self) -> None:
+        """Parse again with the exact parser if `parsed` may hold an integer read as a float. A skeleton is then
+        replaced by the whole body parsed (its stubs still resolve), so a write never depends on how the standard
+        library escapes the marker."""
+        if self._exact:
+            return
+        self._exact = True
+        if _jsoncodec.may_hold_big_integer(self._source):
+            self.parsed, self.fallback = _jsoncodec.loads(self.body)
+            self._splices = False
 
     @property
     def is_skeleton(self) -> bool:
@@ -146,8 +173,9 @@ class Document:
 
     def write(self, value: Any) -> Written:
         """The value written as the body, not yet joined (see Written)."""
+        assert self._exact, "make_exact() comes before a value to write is built"
         out = _jsoncodec.dumps(value, self.fallback)
-        if not self._spans or _MARK_BYTES not in out:
+        if not self._splices or _MARK_BYTES not in out:
             return Written([out])
         return Written(self._splice(out))
 
@@ -182,26 +210,27 @@ class Document:
         return Media(media.kind, media.path, payload, media.data_offset, media.declared_mime, media.detail)  # type: ignore[arg-type]
 
 
-def parse(body: bytes, whole_max: int | None = None) -> Document | None:
+def parse(body: bytes, whole_max: int | None = None, exact: bool = True) -> Document | None:
     """The body as a Document: a skeleton where that is safe and worth it, else fully parsed.
 
-    None when the body would need a full parse and is larger than `whole_max` bytes.
+    None when the body would need a full parse and is larger than `whole_max` bytes. With `exact=False`, the
+    check for integers orjson would read as floats waits for `Document.make_exact` (see Document).
     Raises _jsoncodec.BodyError for a body that is not JSON, as a full parse would.
     """
     split = _split(body) if len(body) >= 4 * MIN_PAYLOAD else None
     if split is not None:
         skeleton, spans = split
         try:
-            parsed, fallback = _jsoncodec.loads(skeleton)
+            parsed, fallback = _jsoncodec.loads(skeleton, exact)
         except _jsoncodec.BodyError:
             parsed, fallback = None, True
         # The standard library writes the marker as an escape with ensure_ascii: keep to orjson.
         if not fallback:
-            return Document(parsed, False, body, spans)
+            return Document(parsed, False, body, spans, skeleton, exact)
     if whole_max is not None and len(body) > whole_max:
         return None
-    parsed, fallback = _jsoncodec.loads(body)
-    return Document(parsed, fallback, body)
+    parsed, fallback = _jsoncodec.loads(body, exact)
+    return Document(parsed, fallback, body, exact=exact)
 
 
 def _split(body: bytes) -> tuple[bytes, list[tuple[int, int]]] | None:

@@ -91,11 +91,13 @@ def test_the_skeleton_finds_and_writes_what_a_full_parse_does(fmt: str, conv: li
     value = render(fmt, conv, {**extra, "x_deep": deep(depth, "leaf")}, BIG_POOL)
     body, writer = encoded(writer, value)
     reference = json.loads(body)
-    doc = parse(body)
+    doc = parse(body, exact=False)  # as the engine parses: integers made exact only for a write
+    assert doc is not None
     event(f"skeleton: {doc.is_skeleton}, writer: {writer}")
     module = FORMATS[fmt]
     found = [doc.resolve(m) for m in module.find_media(doc.parsed)]
     assert _facts(found) == _facts(module.find_media(reference))
+    doc.make_exact()
 
     # Everything left as it came, every image but the newest pruned: the bytes a full parse would write.
     assert json.loads(doc.dumps(doc.parsed)) == reference
