@@ -173,7 +173,8 @@ class Settings:
     text_reps: int  # per text body
     text_sizes_kb: tuple[int, ...]  # sizes of the OpenAI chat coding session (the other formats: 1 MB)
     text_session_turns: int  # turns of the text session through the proxy
-    text_session_runs: int  # times it is sent to both proxies
+    text_session_mbit: int  # its shaped link's rate
+    text_session_runs: int  # times it is sent to both proxies (fresh ones each time over the shaped link)
 
 
 QUICK = Settings(
@@ -195,6 +196,7 @@ QUICK = Settings(
     text_reps=5,
     text_sizes_kb=(100, 1024, 8192),
     text_session_turns=60,
+    text_session_mbit=100,
     text_session_runs=1,
 )
 FULL = Settings(
@@ -216,6 +218,7 @@ FULL = Settings(
     text_reps=15,
     text_sizes_kb=(100, 300, 1024, 3072, 8192),
     text_session_turns=60,
+    text_session_mbit=100,
     text_session_runs=3,
 )
 
@@ -572,29 +575,61 @@ def text_figures(settings: Settings, say: Callable[[str], None]) -> list[Figure]
 
 
 def text_session_figures(workdir: Path, upstream: Upstream, settings: Settings, say: Callable[[str], None]) -> list[Figure]:
-    """A coding agent's 60-turn text session (OpenAI chat, the whole history every turn, nothing to change)
-    through a fresh mitmdump with the addon and a fresh plain one, same upstream: each turn goes to both, one
-    after the other (who goes first alternates), after the same idle time."""
-    turns = settings.text_session_turns
-    say(f"text session through the proxy: {turns} turns, with the addon and plain mitmdump")
+    """A coding agent's text session (OpenAI chat, the whole history every turn, nothing to change) through a
+    fresh mitmdump with the addon and a fresh plain one, same upstream: over a shaped link each, every turn sent to
+    both at the same moment, as the screenshot session is (`_session_turns`); then on loopback, where the upstream
+    answers at once and nothing hides what the addon costs, each turn to one proxy then the other."""
+    turns, rate, runs = settings.text_session_turns, settings.text_session_mbit, settings.text_session_runs
     session = [coding_session(FORMAT, turn) for turn in range(1, turns + 1)]
+    sizes = f"{len(session[0]) // 1024} KB to {len(session[-1]) // 1024} KB"
+    shaped: dict[str, list[float]] = {"addon": [], "plain": []}
+    for run in range(runs):
+        say(f"text session, {rate} Mbit/s {SHAPED_RTT_MS:g} ms RTT: {turns} turns through both proxies at once (run {run + 1} of {runs})")
+        times, received, _ = _session_turns(workdir / f"text-{run}", upstream, session[0], lambda turn: session[turn - 1], turns, rate)
+        if received["addon"] != received["plain"]:
+            raise RuntimeError("the addon changed a text session that needs nothing")
+        for name in shaped:
+            shaped[name] += [t * 1000 for t in times[name]]
+    say(f"text session on loopback: {turns} turns, each to one proxy then the other")
+    loopback = _loopback_turns(workdir, upstream, session, runs)
+    a, p = statistics.median(shaped["addon"]), statistics.median(shaped["plain"])
+    la, lp = statistics.median(loopback["addon"]), statistics.median(loopback["plain"])
+    what = f"{turns} turns x {runs}, {sizes}"
+    return [
+        Figure("text_session_addon_ms", f"text session turn with addon, {rate} Mbit/s {SHAPED_RTT_MS:g} ms RTT (median; {what})", a, "ms"),
+        Figure("text_session_plain_ms", "text session turn plain mitmdump, same link (median)", p, "ms"),
+        Figure("text_session_ratio", "text session turn, addon / plain (median)", a / p, "x", 1.05),
+        Figure("text_session_loopback_addon_ms", "text session turn with addon on loopback (median)", la, "ms"),
+        Figure("text_session_loopback_plain_ms", "text session turn plain mitmdump on loopback (median)", lp, "ms"),
+        Figure(
+            "text_session_loopback_ratio",
+            "text session turn on loopback, addon / plain (median)",
+            la / lp,
+            "x",
+            note=f"the addon's own time per turn, nothing hiding it: {la - lp:+.2f} ms",
+        ),
+    ]
+
+
+def _loopback_turns(workdir: Path, upstream: Upstream, session: list[bytes], runs: int) -> dict[str, list[float]]:
+    """Turn times (ms) through a fresh mitmdump with the addon and a fresh plain one, both straight to the upstream:
+    each turn to one then the other (who goes first alternates), after the same idle time."""
     names = ("addon", "plain")
     times: dict[str, list[float]] = {name: [] for name in names}
     received: dict[str, int] = dict.fromkeys(names, 0)
     with contextlib.ExitStack() as stack:
         clients = {}
         for name in names:
-            proxy = start_proxy(workdir / f"text-session-{name}", name, upstream, addon=name == "addon")
+            proxy = start_proxy(workdir / f"text-loopback-{name}", name, upstream, addon=name == "addon")
             stack.callback(proxy.mitmdump.stop)
             client = Client(proxy.mitmdump.port)
             stack.callback(client.close)
-            for body in session[:: max(1, turns // LATENCY_WARMUP)][:LATENCY_WARMUP]:  # connections, the addon's first imports
-                _post_ok(client, body)
+            for _ in range(3):  # the connection to the upstream, the addon's first imports
+                _post_ok(client, session[0])
             clients[name] = client
-        for run in range(settings.text_session_runs):
+        for run in range(runs):
             for turn, body in enumerate(session):
-                order = names if (turn + run) % 2 == 0 else names[::-1]
-                for name in order:
+                for name in names if (turn + run) % 2 == 0 else names[::-1]:
                     gc.collect()
                     time.sleep(LATENCY_GAP)
                     started = time.perf_counter()
@@ -605,14 +640,7 @@ def text_session_figures(workdir: Path, upstream: Upstream, settings: Settings, 
                     received[name] += got
     if received["addon"] != received["plain"]:
         raise RuntimeError("the addon changed a text session that needs nothing")
-    a, p = statistics.median(times["addon"]), statistics.median(times["plain"])
-    runs = settings.text_session_runs
-    what = f"{turns} turns x {runs} run{'s' if runs > 1 else ''}, {len(session[0]) // 1024} KB to {len(session[-1]) // 1024} KB"
-    return [
-        Figure("text_session_addon_ms", f"text session turn with addon (median; {what})", a, "ms"),
-        Figure("text_session_plain_ms", "text session turn plain mitmdump, same turns (median)", p, "ms"),
-        Figure("text_session_ratio", "text session turn, addon / plain (median)", a / p, "x", 1.05),
-    ]
+    return times
 
 
 # --- the upstream ------------------------------------------------------------------------------------------
@@ -1159,11 +1187,12 @@ def _timed_post(client: Client, body: bytes, received: list[int], what: str) -> 
 
 
 def _session_turns(
-    workdir: Path, upstream: Upstream, bodies: Bodies, turns: int, rate: int
+    workdir: Path, upstream: Upstream, warmup: bytes, turn_body: Callable[[int], bytes], turns: int, rate: int
 ) -> tuple[dict[str, list[float]], dict[str, list[int]], list[float]]:
     """Turn times (s) and bytes the upstream received per turn through each proxy, and the Mbit/s each link
     gave one upload straight through it (its round trip taken off). Each proxy is fresh (trimflow's state starts
-    with the session) and has a link of its own at `rate`; every turn goes to both at the same moment."""
+    with the session) and has a link of its own at `rate`; every turn (turn_body(1) to turn_body(turns)) goes to
+    both at the same moment; `warmup` is sent three times first."""
     names = ("addon", "plain")
     times: dict[str, list[float]] = {name: [] for name in names}
     received: dict[str, list[int]] = {name: [] for name in names}
@@ -1180,15 +1209,15 @@ def _session_turns(
         measured = [len(check) * 8 / (s - SHAPED_RTT_MS / 1000) / 1e6 for s in seconds]
         clients = []
         for name, link in zip(names, links, strict=True):
-            mitmdump = Mitmdump(workdir / f"shaped-{rate}-{name}", "--mode", f"reverse:{link.url}", addon=name == "addon").start()
+            mitmdump = Mitmdump(workdir / f"{rate}-{name}", "--mode", f"reverse:{link.url}", addon=name == "addon").start()
             stack.callback(mitmdump.stop)
             client = Client(mitmdump.port)
             stack.callback(client.close)
             for _ in range(3):  # the connection to the upstream (and its handshake round trip), the addon's first imports
-                _post_ok(client, bodies.text)
+                _post_ok(client, warmup)
             clients.append(client)
         for turn in range(1, turns + 1):
-            body = distinct_session(turn, bodies.shots[:turn], MIME["WEBP"])
+            body = turn_body(turn)
             gc.collect()
             time.sleep(SHAPED_GAP)
             calls = [
@@ -1209,7 +1238,8 @@ def shaped_figures(workdir: Path, upstream: Upstream, bodies: Bodies, settings: 
     sent: dict[str, int] = {}
     for rate in settings.shaped_rates:
         say(f"shaped link, {rate} Mbit/s {link}: {turns} turns through both proxies at once, each over a link of its own")
-        times, received, measured = _session_turns(workdir, upstream, bodies, turns, rate)
+        session = lambda turn: distinct_session(turn, bodies.shots[:turn], MIME["WEBP"])  # noqa: E731
+        times, received, measured = _session_turns(workdir / "shaped", upstream, bodies.text, session, turns, rate)
         a, p = times["addon"], times["plain"]
         last = f"turn {turns}: {{:.2f}} s for {{:.1f}} MB"
         figures += [
