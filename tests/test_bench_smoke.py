@@ -82,6 +82,9 @@ CONTEXT = [
     *(f"text_{name}_{figure}" for name in TEXT_BODIES for figure in ("engine_ms", "loads_ms", "orjson_ms", "vs_orjson")),
     "text_session_addon_ms",
     "text_session_plain_ms",
+    "text_session_loopback_addon_ms",
+    "text_session_loopback_plain_ms",
+    "text_session_loopback_ratio",
 ]
 
 
