@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 import orjson
-from hypothesis import event, given
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from trimflow import prune_request
@@ -18,7 +18,7 @@ from trimflow.formats import FORMATS, Media
 from trimflow.testing import image
 
 from ..helpers import rules_with, url_for
-from .test_engine_properties import render
+from .strategies import render
 
 # Real images whose base64 is longer than MIN_PAYLOAD: the skeleton leaves them in the body's bytes.
 BIG_POOL = [image(40, 40 + i, "PNG", seed=100 + i) for i in range(4)]
@@ -56,6 +56,9 @@ def _ascii_json(value: Any) -> bytes:
     return json.dumps(value).encode()
 
 
+# Bodies of a few hundred kilobytes, some nested past orjson's depth: no deadline.
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
 WRITERS = {
     "orjson": orjson.dumps,
     "json, ensure_ascii": _ascii_json,  # non-ASCII and lone surrogates as \\u escapes
@@ -80,6 +83,7 @@ def _facts(media: list[Media]) -> list[tuple[Any, ...]]:
     return [(m.kind, m.path, m.declared_mime, m.data_offset, m.detail, m.data.decoded() if isinstance(m.data, Payload) else m.data) for m in media]
 
 
+@SETTINGS
 @given(
     fmt=st.sampled_from(sorted(FORMATS)),
     conv=conversation,
@@ -111,6 +115,7 @@ def test_the_skeleton_finds_and_writes_what_a_full_parse_does(fmt: str, conv: li
     assert doc.size(module.replace_media(doc.parsed, paths)) == len(written)
 
 
+@SETTINGS
 @given(fmt=st.sampled_from(sorted(FORMATS)), conv=conversation, writer=st.sampled_from(sorted(WRITERS)))
 def test_the_engine_counts_every_image_and_forwards_a_body_it_leaves_alone_as_it_came(fmt: str, conv: list, writer: str) -> None:
     value = render(fmt, conv, {}, BIG_POOL)

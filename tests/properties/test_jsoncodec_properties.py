@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trimflow._jsoncodec import loads, may_hold_big_integer
@@ -34,6 +34,7 @@ def typed(value: Any) -> str:
     return json.dumps(value, sort_keys=False)
 
 
+@settings(max_examples=200, deadline=None)
 @given(values, st.sampled_from(range(len(WRITERS))))
 def test_the_value_read_is_the_exact_one(value: Any, writer: int) -> None:
     body = WRITERS[writer](value).encode()
@@ -41,6 +42,7 @@ def test_the_value_read_is_the_exact_one(value: Any, writer: int) -> None:
     assert typed(parsed) == typed(json.loads(body))
 
 
+@settings(max_examples=200, deadline=None)
 @given(values, st.sampled_from(range(len(WRITERS))))
 def test_a_parse_that_skips_the_check_is_exact_unless_the_check_says_so(value: Any, writer: int) -> None:
     body = WRITERS[writer](value).encode()
