@@ -503,9 +503,14 @@ def coding_session(fmt: str, turns: int, lines: int = 120, seed: int = 0) -> byt
     return orjson.dumps(body)
 
 
-def escaped_quotes_body(size: int) -> bytes:
-    """The worst case for any walk over quotes: a body that is almost all escaped quotes."""
-    return orjson.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": '"' * (size // 2)}]})
+def escaped_quotes_body(size: int, shot: bytes | None = None) -> bytes:
+    """The worst case for any walk over quotes: a body that is almost all escaped quotes; with `shot`, a
+    screenshot before them, so that the skeleton's walk starts (and must give up)."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": '"' * (size // 2)}]
+    if shot is not None:
+        image_part = {"type": "image_url", "image_url": {"url": data_url(shot, MIME["WEBP"])}}
+        messages.insert(0, {"role": "user", "content": [image_part]})
+    return orjson.dumps({"model": "gpt-4o", "messages": messages})
 
 
 def _turns_for(fmt: str, size: int) -> int:
@@ -515,7 +520,8 @@ def _turns_for(fmt: str, size: int) -> int:
 
 
 def text_bodies(settings: Settings) -> dict[str, tuple[str, bytes]]:
-    """name -> (format, body): each format at 1 MB, OpenAI chat from 100 KB to 8 MB, and the worst case."""
+    """name -> (format, body): each format at 1 MB, OpenAI chat from 100 KB to 8 MB, and the worst case, alone
+    and after a screenshot (the one body here with an image; under every limit, it needs nothing either)."""
     bodies: dict[str, tuple[str, bytes]] = {}
     for fmt in TEXT_FORMATS:
         bodies[f"{fmt}_1mb"] = (fmt, coding_session(fmt, _turns_for(fmt, MB)))
@@ -523,6 +529,7 @@ def text_bodies(settings: Settings) -> dict[str, tuple[str, bytes]]:
         if kb != 1024:
             bodies[f"openai-chat_{kb}kb"] = ("openai-chat", coding_session("openai-chat", _turns_for("openai-chat", kb * 1024)))
     bodies["escaped_quotes_1mb"] = ("openai-chat", escaped_quotes_body(MB))
+    bodies["escaped_quotes_screenshot_1mb"] = ("openai-chat", escaped_quotes_body(MB, screenshot(200, "WEBP", seed=1)))
     return bodies
 
 
@@ -555,12 +562,14 @@ def text_figures(settings: Settings, say: Callable[[str], None]) -> list[Figure]
     for name, (fmt, body) in bodies.items():
         outcome = prune_request(_text_url(fmt), HEADERS, body, RULES)
         record = outcome.record
-        if record is None or outcome.changed or record.images_before or record.reason:
+        if record is None or outcome.changed or record.images_before != ("screenshot" in name) or record.reason:
             raise RuntimeError(f"the text body {name} must be an LLM request with nothing to change")
         loops = max(1, round(4 * MB / len(body)))  # samples of about the same work at every size
         engine, loads, fast = interleaved_ms(settings.text_reps, _text_engine(fmt, body), _loads(body), _orjson_loads(body), loops=[loops] * 3)
         size = f"{len(body) / MB:.2f} MB" if len(body) >= MB else f"{len(body) // 1024} KB"
-        what = "mostly escaped quotes" if name.startswith("escaped") else f"{fmt} coding session"
+        what = f"{fmt} coding session"
+        if name.startswith("escaped"):
+            what = "mostly escaped quotes, after a screenshot" if "screenshot" in name else "mostly escaped quotes"
         escaped = body.count(b'\\"')
         figures += [
             Figure(f"text_{name}_engine_ms", f"engine, {what}, {size} ({escaped:,} escaped quotes)", engine, "ms"),

@@ -19,7 +19,13 @@ pytestmark = pytest.mark.e2e  # starts real mitmdump processes
 ROOT = Path(__file__).resolve().parents[1]
 
 TEXT_FORMATS = ("openai-chat", "openai-responses", "anthropic", "gemini", "bedrock-converse", "ollama")
-TEXT_BODIES = (*(f"{fmt}_1mb" for fmt in TEXT_FORMATS), "openai-chat_100kb", "openai-chat_8192kb", "escaped_quotes_1mb")
+TEXT_BODIES = (
+    *(f"{fmt}_1mb" for fmt in TEXT_FORMATS),
+    "openai-chat_100kb",
+    "openai-chat_8192kb",
+    "escaped_quotes_1mb",
+    "escaped_quotes_screenshot_1mb",
+)
 
 # The figures docs/performance.md reports; a figure with a target must also say whether it was met.
 TARGETED = [
