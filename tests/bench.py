@@ -10,6 +10,10 @@ and delayed link of its own to the upstream (tests/shaped_link.py, in a process 
 turn sent to both at the same moment: what trimflow saves in time on a real uplink, where the bytes
 it does not send are what a turn costs.
 
+The text section measures what coding agents send between screenshots: sessions of tool results (JSON,
+code, diffs, logs) in every wire format, the engine against json.loads and orjson.loads of each body, and a
+60-turn text session through both proxies, over shaped links as above and on loopback.
+
 The upstream is a minimal HTTP server in its own process (`serve_upstream`), not FakeProvider: it
 reads and discards the body, so the only saving credited to the addon is the bytes that no longer
 cross the proxy and the socket. FakeProvider parses every body and scans its base64; that per-byte
