@@ -10,6 +10,10 @@ and delayed link of its own to the upstream (tests/shaped_link.py, in a process 
 turn sent to both at the same moment: what trimflow saves in time on a real uplink, where the bytes
 it does not send are what a turn costs.
 
+The text section measures what coding agents send between screenshots: sessions of tool results (JSON,
+code, diffs, logs) in every wire format, the engine against json.loads and orjson.loads of each body, and a
+60-turn text session through both proxies, over shaped links as above and on loopback.
+
 The upstream is a minimal HTTP server in its own process (`serve_upstream`), not FakeProvider: it
 reads and discards the body, so the only saving credited to the addon is the bytes that no longer
 cross the proxy and the socket. FakeProvider parses every body and scans its base64; that per-byte
@@ -32,6 +36,7 @@ import io
 import json
 import os
 import platform
+import random
 import signal
 import socket
 import statistics
@@ -173,6 +178,11 @@ class Settings:
     shrink_turns: int
     shaped_rates: tuple[int, ...]  # Mbit/s of the shaped link, one run of the session each
     shaped_turns: int  # turns of the screenshot session sent over it (at most 24)
+    text_reps: int  # per text body
+    text_sizes_kb: tuple[int, ...]  # sizes of the OpenAI chat coding session (the other formats: 1 MB)
+    text_session_turns: int  # turns of the text session through the proxy
+    text_session_mbit: int  # its shaped link's rate
+    text_session_runs: int  # times it is sent to both proxies (fresh ones each time over the shaped link)
 
 
 QUICK = Settings(
@@ -191,6 +201,11 @@ QUICK = Settings(
     shrink_turns=30,
     shaped_rates=(100,),
     shaped_turns=12,
+    text_reps=5,
+    text_sizes_kb=(100, 1024, 8192),
+    text_session_turns=60,
+    text_session_mbit=100,
+    text_session_runs=1,
 )
 FULL = Settings(
     engine_reps=31,
@@ -208,6 +223,11 @@ FULL = Settings(
     shrink_turns=30,
     shaped_rates=(20, 50, 100),
     shaped_turns=24,
+    text_reps=15,
+    text_sizes_kb=(100, 300, 1024, 3072, 8192),
+    text_session_turns=60,
+    text_session_mbit=100,
+    text_session_runs=3,
 )
 
 
@@ -368,6 +388,276 @@ def scaling_figures(bodies: Bodies, settings: Settings) -> list[Figure]:
             )
         )
     return figures
+
+
+# --- text: what coding agents send between screenshots ----------------------------------------------------------
+
+TEXT_FORMATS = ("openai-chat", "openai-responses", "anthropic", "gemini", "bedrock-converse", "ollama")
+TOOL_OUTPUTS = ("json", "code", "diff", "log")  # what tool results hold, in turn
+
+
+def _tool_output(kind: str, rng: random.Random, lines: int) -> str:
+    """A tool result as coding agents get them: a JSON listing, Python source, a unified diff, a log.
+    Quotes, backslashes and newlines, which JSON escapes, as often as real ones have them."""
+    if kind == "json":
+        entries = [
+            {
+                "path": f"src/pkg_{rng.randrange(40)}/module_{rng.randrange(1000)}.py",
+                "size": rng.randrange(200_000),
+                "mode": "rw-r--r--",
+                "modified": f"2026-11-{rng.randrange(1, 28):02d}T{rng.randrange(24):02d}:{rng.randrange(60):02d}:00Z",
+                "lines": rng.randrange(2000),
+                "kind": rng.choice(["file", "symlink", "dir"]),
+            }
+            for _ in range(max(1, lines // 8))
+        ]
+        return json.dumps({"entries": entries, "truncated": False}, indent=2)
+    if kind == "code":
+        out = []
+        for n in range(lines):
+            name = f"value_{rng.randrange(100)}"
+            out.append(
+                rng.choice(
+                    [
+                        f'    {name} = re.compile(r"^\\s*(\\w+)=\\"([^\\"]*)\\"$")',
+                        f'    log.info("loaded %s from \\"%s\\"", {name}, path)',
+                        f"    if {name} is None:  # nothing cached yet",
+                        f"def handle_{n}(request: dict[str, str]) -> str:",
+                        f'        return f"{{{name}!r}}: {{request[\\"key\\"]}}\\n"',
+                        f"    {name} = '\\\\'.join(parts)  # Windows paths",
+                        "",
+                    ]
+                )
+            )
+        return "\n".join(out)
+    if kind == "diff":
+        out = [f"diff --git a/src/app_{rng.randrange(50)}.py b/src/app_{rng.randrange(50)}.py", "--- a/src/app.py", "+++ b/src/app.py"]
+        for n in range(lines):
+            if n % 12 == 0:
+                out.append(f"@@ -{n},7 +{n},8 @@ class Handler:")
+            sign = rng.choice([" ", " ", " ", "-", "+"])
+            out.append(f'{sign}        self.headers["X-Request-{n}"] = "{rng.randrange(10**6)}"  # was \'{n}\'')
+        return "\n".join(out)
+    out = []
+    for n in range(lines):
+        ns = 1764201600_000_000_000 + n * 1_234_567  # nanosecond timestamps: 19-digit runs inside a string
+        out.append(
+            rng.choice(
+                [
+                    f'{ns} INFO  worker-{rng.randrange(8)} id="{rng.randrange(10**9):09d}" path="/api/v1/items" took={rng.random():.3f}s',
+                    f'{ns} WARN  retry {n}: {{"error": "timeout", "after_ms": {rng.randrange(5000)}, "url": "https://example.test/x?q=1"}}',
+                    f'{ns} ERROR Traceback (most recent call last):\\n  File "C:\\\\app\\\\main.py", line {n}, in <module>',
+                ]
+            )
+        )
+    return "\n".join(out)
+
+
+def _tool_call(fmt: str, turn: int, output: str, args: dict[str, Any]) -> list[dict[str, Any]]:
+    """One tool call and its result, as `fmt` writes them into the history."""
+    call_id, name = f"call_{turn:04d}", "run_tool"
+    if fmt == "openai-chat":
+        call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+        return [{"role": "assistant", "content": None, "tool_calls": [call]}, {"role": "tool", "tool_call_id": call_id, "content": output}]
+    if fmt == "openai-responses":
+        return [
+            {"type": "function_call", "call_id": call_id, "name": name, "arguments": json.dumps(args)},
+            {"type": "function_call_output", "call_id": call_id, "output": output},
+        ]
+    if fmt == "anthropic":
+        return [
+            {"role": "assistant", "content": [{"type": "tool_use", "id": call_id, "name": name, "input": args}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call_id, "content": output}]},
+        ]
+    if fmt == "gemini":
+        return [
+            {"role": "model", "parts": [{"functionCall": {"name": name, "args": args}}]},
+            {"role": "user", "parts": [{"functionResponse": {"name": name, "response": {"output": output}}}]},
+        ]
+    if fmt == "bedrock-converse":
+        return [
+            {"role": "assistant", "content": [{"toolUse": {"toolUseId": call_id, "name": name, "input": args}}]},
+            {"role": "user", "content": [{"toolResult": {"toolUseId": call_id, "content": [{"text": output}]}}]},
+        ]
+    call = {"function": {"name": name, "arguments": args}}  # ollama
+    return [{"role": "assistant", "content": "", "tool_calls": [call]}, {"role": "tool", "content": output}]
+
+
+def coding_session(fmt: str, turns: int, lines: int = 120, seed: int = 0) -> bytes:
+    """The body of turn `turns` of a coding agent's session in `fmt`: the whole history, each turn a tool call
+    whose result holds about `lines` lines of JSON, code, a diff or a log, in turn. No image in it."""
+    rng = random.Random(seed)
+    system = "You are a coding agent. Use the tools to read, run and change the repository. " * 20
+    history: list[dict[str, Any]] = []
+    user = {"role": "user", "content": "The tests fail on main; find out why and fix it."}
+    for turn in range(1, turns + 1):
+        kind = TOOL_OUTPUTS[(turn - 1) % len(TOOL_OUTPUTS)]
+        args = {"command": f"cat src/app_{turn}.py" if kind == "code" else f"make {kind} --verbose", "timeout": 120}
+        history += _tool_call(fmt, turn, _tool_output(kind, rng, lines), args)
+    if fmt == "openai-chat":
+        body: dict[str, Any] = {"model": "gpt-4o", "messages": [{"role": "system", "content": system}, user, *history], "stream": True}
+    elif fmt == "openai-responses":
+        body = {"model": "gpt-5-codex", "instructions": system, "input": [user, *history], "stream": True, "store": False}
+    elif fmt == "anthropic":
+        body = {"model": "claude-sonnet-4-5", "max_tokens": 32000, "system": [{"type": "text", "text": system}], "messages": [user, *history]}
+    elif fmt == "gemini":
+        first = {"role": "user", "parts": [{"text": user["content"]}]}
+        body = {"contents": [first, *history], "systemInstruction": {"parts": [{"text": system}]}}
+    elif fmt == "bedrock-converse":
+        first = {"role": "user", "content": [{"text": user["content"]}]}
+        body = {"messages": [first, *history], "system": [{"text": system}], "inferenceConfig": {"maxTokens": 4096}}
+    else:
+        body = {"model": "qwen3-coder", "messages": [{"role": "system", "content": system}, user, *history], "stream": False}
+    return orjson.dumps(body)
+
+
+def escaped_quotes_body(size: int, shot: bytes | None = None) -> bytes:
+    """The worst case for any walk over quotes: a body that is almost all escaped quotes; with `shot`, a
+    screenshot before them, so that the skeleton's walk starts (and must give up)."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": '"' * (size // 2)}]
+    if shot is not None:
+        image_part = {"type": "image_url", "image_url": {"url": data_url(shot, MIME["WEBP"])}}
+        messages.insert(0, {"role": "user", "content": [image_part]})
+    return orjson.dumps({"model": "gpt-4o", "messages": messages})
+
+
+def _turns_for(fmt: str, size: int) -> int:
+    """Turns of `coding_session(fmt, ...)` that come nearest `size` bytes (from the size of a few turns)."""
+    per_turn = (len(coding_session(fmt, 8)) - len(coding_session(fmt, 4))) / 4
+    return max(1, round((size - len(coding_session(fmt, 0))) / per_turn))
+
+
+def text_bodies(settings: Settings) -> dict[str, tuple[str, bytes]]:
+    """name -> (format, body): each format at 1 MB, OpenAI chat from 100 KB to 8 MB, and the worst case, alone
+    and after a screenshot (the one body here with an image; under every limit, it needs nothing either)."""
+    bodies: dict[str, tuple[str, bytes]] = {}
+    for fmt in TEXT_FORMATS:
+        bodies[f"{fmt}_1mb"] = (fmt, coding_session(fmt, _turns_for(fmt, MB)))
+    for kb in settings.text_sizes_kb:
+        if kb != 1024:
+            bodies[f"openai-chat_{kb}kb"] = ("openai-chat", coding_session("openai-chat", _turns_for("openai-chat", kb * 1024)))
+    bodies["escaped_quotes_1mb"] = ("openai-chat", escaped_quotes_body(MB))
+    bodies["escaped_quotes_screenshot_1mb"] = ("openai-chat", escaped_quotes_body(MB, screenshot(200, "WEBP", seed=1)))
+    return bodies
+
+
+def _text_url(fmt: str) -> str:
+    return f"https://api.example.test{PATHS[fmt]}"
+
+
+def _text_engine(fmt: str, body: bytes) -> Callable[[], Any]:
+    url = _text_url(fmt)
+
+    def run() -> Any:
+        return prune_request(url, HEADERS, body, RULES)
+
+    return run
+
+
+def _orjson_loads(body: bytes) -> Callable[[], Any]:
+    def run() -> Any:
+        return orjson.loads(body)
+
+    return run
+
+
+def text_figures(settings: Settings, say: Callable[[str], None]) -> list[Figure]:
+    """The engine on text bodies that need nothing, against json.loads and orjson.loads of the same body."""
+    say("text bodies: coding sessions in every format, 100 KB to 8 MB")
+    bodies = text_bodies(settings)
+    figures: list[Figure] = []
+    worst: tuple[float, str] = (0.0, "")
+    for name, (fmt, body) in bodies.items():
+        outcome = prune_request(_text_url(fmt), HEADERS, body, RULES)
+        record = outcome.record
+        if record is None or outcome.changed or record.images_before != ("screenshot" in name) or record.reason:
+            raise RuntimeError(f"the text body {name} must be an LLM request with nothing to change")
+        loops = max(1, round(4 * MB / len(body)))  # samples of about the same work at every size
+        engine, loads, fast = interleaved_ms(settings.text_reps, _text_engine(fmt, body), _loads(body), _orjson_loads(body), loops=[loops] * 3)
+        size = f"{len(body) / MB:.2f} MB" if len(body) >= MB else f"{len(body) // 1024} KB"
+        what = f"{fmt} coding session"
+        if name.startswith("escaped"):
+            what = "mostly escaped quotes, after a screenshot" if "screenshot" in name else "mostly escaped quotes"
+        escaped = body.count(b'\\"')
+        figures += [
+            Figure(f"text_{name}_engine_ms", f"engine, {what}, {size} ({escaped:,} escaped quotes)", engine, "ms"),
+            Figure(f"text_{name}_loads_ms", "json.loads, same body", loads, "ms"),
+            Figure(f"text_{name}_orjson_ms", "orjson.loads, same body", fast, "ms"),
+            Figure(f"text_{name}_vs_loads", "engine / json.loads", engine / loads, "x", 1.5 if name.startswith("escaped") else 1.0),
+            Figure(f"text_{name}_vs_orjson", "engine / orjson.loads", engine / fast, "x"),
+        ]
+        worst = max(worst, (engine / loads, name))
+    figures.append(Figure("text_worst_vs_loads", "engine / json.loads, the worst text body", worst[0], "x", 1.5, note=worst[1]))
+    return figures
+
+
+def text_session_figures(workdir: Path, upstream: Upstream, settings: Settings, say: Callable[[str], None]) -> list[Figure]:
+    """A coding agent's text session (OpenAI chat, the whole history every turn, nothing to change) through a
+    fresh mitmdump with the addon and a fresh plain one, same upstream: over a shaped link each, every turn sent to
+    both at the same moment, as the screenshot session is (`_session_turns`); then on loopback, where the upstream
+    answers at once and nothing hides what the addon costs, each turn to one proxy then the other."""
+    turns, rate, runs = settings.text_session_turns, settings.text_session_mbit, settings.text_session_runs
+    session = [coding_session(FORMAT, turn) for turn in range(1, turns + 1)]
+    sizes = f"{len(session[0]) // 1024} KB to {len(session[-1]) // 1024} KB"
+    shaped: dict[str, list[float]] = {"addon": [], "plain": []}
+    for run in range(runs):
+        say(f"text session, {rate} Mbit/s {SHAPED_RTT_MS:g} ms RTT: {turns} turns through both proxies at once (run {run + 1} of {runs})")
+        times, received, _ = _session_turns(workdir / f"text-{run}", upstream, session[0], lambda turn: session[turn - 1], turns, rate)
+        if received["addon"] != received["plain"]:
+            raise RuntimeError("the addon changed a text session that needs nothing")
+        for name in shaped:
+            shaped[name] += [t * 1000 for t in times[name]]
+    say(f"text session on loopback: {turns} turns, each to one proxy then the other")
+    loopback = _loopback_turns(workdir, upstream, session, runs)
+    a, p = statistics.median(shaped["addon"]), statistics.median(shaped["plain"])
+    la, lp = statistics.median(loopback["addon"]), statistics.median(loopback["plain"])
+    what = f"{turns} turns x {runs}, {sizes}"
+    return [
+        Figure("text_session_addon_ms", f"text session turn with addon, {rate} Mbit/s {SHAPED_RTT_MS:g} ms RTT (median; {what})", a, "ms"),
+        Figure("text_session_plain_ms", "text session turn plain mitmdump, same link (median)", p, "ms"),
+        Figure("text_session_ratio", "text session turn, addon / plain (median)", a / p, "x", 1.05),
+        Figure("text_session_loopback_addon_ms", "text session turn with addon on loopback (median)", la, "ms"),
+        Figure("text_session_loopback_plain_ms", "text session turn plain mitmdump on loopback (median)", lp, "ms"),
+        Figure(
+            "text_session_loopback_ratio",
+            "text session turn on loopback, addon / plain (median)",
+            la / lp,
+            "x",
+            note=f"the addon's own time per turn, nothing hiding it: {la - lp:+.2f} ms",
+        ),
+    ]
+
+
+def _loopback_turns(workdir: Path, upstream: Upstream, session: list[bytes], runs: int) -> dict[str, list[float]]:
+    """Turn times (ms) through a fresh mitmdump with the addon and a fresh plain one, both straight to the upstream:
+    each turn to one then the other (who goes first alternates), after the same idle time."""
+    names = ("addon", "plain")
+    times: dict[str, list[float]] = {name: [] for name in names}
+    received: dict[str, int] = dict.fromkeys(names, 0)
+    with contextlib.ExitStack() as stack:
+        clients = {}
+        for name in names:
+            proxy = start_proxy(workdir / f"text-loopback-{name}", name, upstream, addon=name == "addon")
+            stack.callback(proxy.mitmdump.stop)
+            client = Client(proxy.mitmdump.port)
+            stack.callback(client.close)
+            for _ in range(3):  # the connection to the upstream, the addon's first imports
+                _post_ok(client, session[0])
+            clients[name] = client
+        for run in range(runs):
+            for turn, body in enumerate(session):
+                for name in names if (turn + run) % 2 == 0 else names[::-1]:
+                    gc.collect()
+                    time.sleep(LATENCY_GAP)
+                    started = time.perf_counter()
+                    status, got, _ = clients[name].post(body)
+                    times[name].append((time.perf_counter() - started) * 1000)
+                    if status != 200:
+                        raise RuntimeError(f"{name} mitmdump answered {status} on turn {turn + 1}")
+                    received[name] += got
+    if received["addon"] != received["plain"]:
+        raise RuntimeError("the addon changed a text session that needs nothing")
+    return times
 
 
 # --- the upstream ------------------------------------------------------------------------------------------
@@ -987,11 +1277,12 @@ def _timed_post(client: Client, body: bytes, received: list[int], what: str) -> 
 
 
 def _session_turns(
-    workdir: Path, upstream: Upstream, bodies: Bodies, turns: int, rate: int
+    workdir: Path, upstream: Upstream, warmup: bytes, turn_body: Callable[[int], bytes], turns: int, rate: int
 ) -> tuple[dict[str, list[float]], dict[str, list[int]], list[float]]:
     """Turn times (s) and bytes the upstream received per turn through each proxy, and the Mbit/s each link
     gave one upload straight through it (its round trip taken off). Each proxy is fresh (trimflow's state starts
-    with the session) and has a link of its own at `rate`; every turn goes to both at the same moment."""
+    with the session) and has a link of its own at `rate`; every turn (turn_body(1) to turn_body(turns)) goes to
+    both at the same moment; `warmup` is sent three times first."""
     names = ("addon", "plain")
     times: dict[str, list[float]] = {name: [] for name in names}
     received: dict[str, list[int]] = {name: [] for name in names}
@@ -1008,15 +1299,15 @@ def _session_turns(
         measured = [len(check) * 8 / (s - SHAPED_RTT_MS / 1000) / 1e6 for s in seconds]
         clients = []
         for name, link in zip(names, links, strict=True):
-            mitmdump = Mitmdump(workdir / f"shaped-{rate}-{name}", "--mode", f"reverse:{link.url}", addon=name == "addon").start()
+            mitmdump = Mitmdump(workdir / f"{rate}-{name}", "--mode", f"reverse:{link.url}", addon=name == "addon").start()
             stack.callback(mitmdump.stop)
             client = Client(mitmdump.port)
             stack.callback(client.close)
             for _ in range(3):  # the connection to the upstream (and its handshake round trip), the addon's first imports
-                _post_ok(client, bodies.text)
+                _post_ok(client, warmup)
             clients.append(client)
         for turn in range(1, turns + 1):
-            body = distinct_session(turn, bodies.shots[:turn], MIME["WEBP"])
+            body = turn_body(turn)
             gc.collect()
             time.sleep(SHAPED_GAP)
             calls = [
@@ -1037,7 +1328,8 @@ def shaped_figures(workdir: Path, upstream: Upstream, bodies: Bodies, settings: 
     sent: dict[str, int] = {}
     for rate in settings.shaped_rates:
         say(f"shaped link, {rate} Mbit/s {link}: {turns} turns through both proxies at once, each over a link of its own")
-        times, received, measured = _session_turns(workdir, upstream, bodies, turns, rate)
+        session = lambda turn: distinct_session(turn, bodies.shots[:turn], MIME["WEBP"])  # noqa: E731
+        times, received, measured = _session_turns(workdir / "shaped", upstream, bodies.text, session, turns, rate)
         a, p = times["addon"], times["plain"]
         last = f"turn {turns}: {{:.2f}} s for {{:.1f}} MB"
         figures += [
@@ -1172,7 +1464,7 @@ def machine() -> dict[str, Any]:
     return info
 
 
-SECTIONS = ("engine", "proxy", "learned", "shaped", "shrink", "cache")
+SECTIONS = ("engine", "text", "proxy", "learned", "shaped", "shrink", "cache")
 LEARNED_ENTRIES = 10_000
 
 
@@ -1208,6 +1500,8 @@ def run(settings: Settings, say: Callable[[str], None], sections: tuple[str, ...
         figures += engine_figures(bodies, settings)
         say("engine scaling")
         figures += scaling_figures(bodies, settings)
+    if "text" in sections:
+        figures += text_figures(settings, say)
     with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory(prefix="trimflow-bench-") as tmp:
         workdir = Path(tmp)
         upstream = Upstream().start()
@@ -1217,6 +1511,8 @@ def run(settings: Settings, say: Callable[[str], None], sections: tuple[str, ...
         if "learned" in sections:
             say(f"learned limits: {LEARNED_ENTRIES:,} entries in a file another process holds locked, learning meanwhile")
             figures += learned_figures(workdir, upstream, settings)
+        if "text" in sections:
+            figures += text_session_figures(workdir, upstream, settings, say)
         if "shaped" in sections:
             figures += shaped_figures(workdir, upstream, bodies, settings, say)
     if "shrink" in sections:
@@ -1331,8 +1627,9 @@ def main(argv: list[str] | None = None) -> int:
         "--only",
         action="append",
         choices=SECTIONS,
-        help="run only this section (repeat for several): engine (in process, scaling), proxy (latency, throughput, "
-        "streaming, memory), shaped (the screenshot session over a shaped link), shrink; default: all",
+        help="run only this section (repeat for several): engine (in process, scaling), text (coding agents' text bodies "
+        "in process, and a 60-turn text session through the proxy), proxy (latency, throughput, streaming, memory), "
+        "shaped (the screenshot session over a shaped link), shrink, cache; default: all",
     )
     parser.add_argument("--serve-upstream", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

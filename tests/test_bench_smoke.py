@@ -18,6 +18,15 @@ pytestmark = pytest.mark.e2e  # starts real mitmdump processes
 
 ROOT = Path(__file__).resolve().parents[1]
 
+TEXT_FORMATS = ("openai-chat", "openai-responses", "anthropic", "gemini", "bedrock-converse", "ollama")
+TEXT_BODIES = (
+    *(f"{fmt}_1mb" for fmt in TEXT_FORMATS),
+    "openai-chat_100kb",
+    "openai-chat_8192kb",
+    "escaped_quotes_1mb",
+    "escaped_quotes_screenshot_1mb",
+)
+
 # The figures docs/performance.md reports; a figure with a target must also say whether it was met.
 TARGETED = [
     "engine_prune_vs_floor",
@@ -39,6 +48,10 @@ TARGETED = [
     "cache_writes_vs_rolling",
     "cache_cost_vs_cheaper",
     "cache_broken_share",
+    # Text bodies (--quick: every format at 1 MB, OpenAI chat at 100 KB and 8 MB, the escaped quotes) and the text session.
+    *(f"text_{name}_vs_loads" for name in TEXT_BODIES),
+    "text_worst_vs_loads",
+    "text_session_ratio",
 ]
 CONTEXT = [
     "engine_prune_ms",
@@ -78,6 +91,12 @@ CONTEXT = [
     "cache_cost_shipped",
     "cache_cost_rolling",
     "cache_cost_none",
+    *(f"text_{name}_{figure}" for name in TEXT_BODIES for figure in ("engine_ms", "loads_ms", "orjson_ms", "vs_orjson")),
+    "text_session_addon_ms",
+    "text_session_plain_ms",
+    "text_session_loopback_addon_ms",
+    "text_session_loopback_plain_ms",
+    "text_session_loopback_ratio",
 ]
 
 
@@ -140,9 +159,22 @@ def test_the_shipped_rules_meet_the_prompt_cache_targets(report: dict) -> None:
     assert all(figures[name]["ok"] for name in ("cache_writes_vs_rolling", "cache_cost_vs_cheaper", "cache_broken_share"))
 
 
+def test_the_text_figures_compare_the_engine_with_both_parsers_of_the_same_body(report: dict) -> None:
+    figures = report["figures"]
+    for name in TEXT_BODIES:
+        engine, loads, fast = (figures[f"text_{name}_{f}"]["value"] for f in ("engine_ms", "loads_ms", "orjson_ms"))
+        assert figures[f"text_{name}_vs_loads"]["value"] == pytest.approx(engine / loads)
+        assert figures[f"text_{name}_vs_orjson"]["value"] == pytest.approx(engine / fast)
+    assert figures["text_worst_vs_loads"]["value"] == pytest.approx(max(figures[f"text_{name}_vs_loads"]["value"] for name in TEXT_BODIES))
+    assert figures["text_worst_vs_loads"]["note"] in TEXT_BODIES
+    session = figures["text_session_addon_ms"]["value"] / figures["text_session_plain_ms"]["value"]
+    assert figures["text_session_ratio"]["value"] == pytest.approx(session)
+    assert "60 turns" in figures["text_session_addon_ms"]["label"]
+
+
 def test_report_names_the_machine_and_the_mode(report: dict) -> None:
     assert report["mode"] == "quick"
-    assert report["sections"] == ["engine", "proxy", "shaped", "shrink", "cache"]
+    assert report["sections"] == ["engine", "text", "proxy", "shaped", "shrink", "cache"]
     machine = report["machine"]
     assert machine["nproc"] >= 1 and machine["python"] and machine["mitmproxy"]
     assert _number(report["seconds"])

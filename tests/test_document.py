@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import orjson
 import pytest
 from hypothesis import given
@@ -9,7 +11,7 @@ from hypothesis import strategies as st
 
 from trimflow._document import MIN_PAYLOAD, Payload, parse
 from trimflow._jsoncodec import BodyError
-from trimflow.formats import FORMATS
+from trimflow.formats import FORMATS, Media
 from trimflow.testing import b64, image, session_body
 
 SHOT = image(200, 150, "PNG", seed=9)  # ~90 KB of noise: far over MIN_PAYLOAD as base64
@@ -74,7 +76,10 @@ def test_an_escaped_payload_is_written_as_sent_and_read_decoded() -> None:
     encoded = b64(SHOT)
     assert "/" in encoded[1000:]
     written = "data:image/png;base64," + encoded[:1000] + encoded[1000:].replace("/", "\\/")
-    body = b'{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"' + written.encode() + b'"}}]}]}'
+    escaped = b'{"type":"image_url","image_url":{"url":"' + written.encode() + b'"}}'
+    # Another, plain payload in the body: one escaped all along is no reason to leave the rest in place.
+    plain = b'{"type":"image_url","image_url":{"url":"data:image/png;base64,' + encoded.encode() + b'"}}'
+    body = b'{"messages":[{"role":"user","content":[' + escaped + b"," + plain + b"]}]}"
     doc = parse(body)
     assert doc.is_skeleton
     media = doc.resolve(FORMATS["openai-chat"].find_media(doc.parsed)[0])
@@ -88,6 +93,8 @@ def test_an_escaped_payload_is_written_as_sent_and_read_decoded() -> None:
     assert doc.dumps(doc.parsed) == body  # kept as the client wrote it
     unescaped = parse(body.replace(b"\\/", b"/"))
     assert media.data != unescaped.resolve(FORMATS["openai-chat"].find_media(unescaped.parsed)[0]).data  # written differently
+    alone = parse(body.replace(b"," + plain, b""))  # no clean run long enough for a payload: parsed whole
+    assert not alone.is_skeleton and alone.dumps(alone.parsed) == orjson.dumps(orjson.loads(body.replace(b"," + plain, b"")))
 
 
 def test_payloads_compare_by_their_bytes() -> None:
@@ -135,3 +142,65 @@ def test_any_document_writes_what_a_full_parse_writes(value) -> None:
     assert doc.parsed == value or doc.is_skeleton
     assert doc.dumps(doc.parsed) == body
     assert doc.size(doc.parsed) == len(body)
+
+
+PAYLOAD = b64(SHOT).encode()
+
+
+def _with_text(text: bytes, payloads: int = 1) -> bytes:
+    """A chat body: a text string as written (escapes and all), then `payloads` images."""
+    images = b",".join(b'{"type":"image_url","image_url":{"url":"data:image/png;base64,' + PAYLOAD + b'"}}' for _ in range(payloads))
+    return b'{"messages":[{"role":"tool","content":"' + text + b'"},{"role":"user","content":[' + images + b"]}]}"
+
+
+@pytest.mark.parametrize("backslashes", [2, 3, 64, 65, 100_000, 100_001])
+def test_a_run_of_backslashes_before_a_quote_is_counted_whole(backslashes: int) -> None:
+    # An even run ends the string at the quote after it; an odd one escapes that quote.
+    text = b"x" + b"\\" * backslashes + (b'"y' if backslashes % 2 else b"")
+    body = _with_text(text)
+    doc = parse(body)
+    assert doc.is_skeleton
+    assert doc.parsed["messages"][0]["content"] == orjson.loads(body)["messages"][0]["content"]
+    assert doc.dumps(doc.parsed) == body
+
+
+def test_escaped_quotes_count_against_the_walk_and_a_text_heavy_body_is_parsed_whole() -> None:
+    quoted = orjson.dumps(orjson.dumps([{"name": f"file{i}.py", "size": i} for i in range(200)]).decode())[1:-1]
+    few, many = _with_text(quoted, payloads=8), _with_text(quoted * 40, payloads=1)
+    assert few.count(b'\\"') < len(few) // 512 < many.count(b'\\"') // 4
+    assert parse(few).is_skeleton
+    doc = parse(many)
+    assert not doc.is_skeleton
+    assert doc.dumps(doc.parsed) == many  # orjson wrote it: the whole parse writes it back the same
+
+
+def test_text_with_no_run_long_enough_for_a_payload_is_parsed_whole() -> None:
+    lines = b"\\n".join(b"def f%d(x):  # a line of code, escaped newline after it" % i for i in range(2000))
+    body = b'{"messages":[{"role":"tool","content":"' + lines + b'"}]}'
+    doc = parse(body)
+    assert not doc.is_skeleton and doc.parsed == orjson.loads(body)
+
+
+@pytest.mark.parametrize("payloads", [0, 3])
+def test_a_lazy_parse_reads_a_big_integer_as_a_float_until_made_exact_for_a_write(payloads: int) -> None:
+    body = _with_text(b"line\\n" * 4000, payloads)[:-1] + b',"seed":123456789012345678901234567890}'
+    doc = parse(body, exact=False)
+    assert doc is not None and doc.is_skeleton == (payloads > 0)
+    assert isinstance(doc.parsed["seed"], float)  # orjson's reading: harmless while nothing is written
+    stubs = [m.data for m in FORMATS["openai-chat"].find_media(doc.parsed)]
+    with pytest.raises(AssertionError, match="make_exact"):
+        doc.write(doc.parsed)
+    doc.make_exact()
+    assert doc.parsed["seed"] == 123456789012345678901234567890
+    out = doc.dumps(doc.parsed)
+    assert b'"seed":123456789012345678901234567890}' in out and json.loads(out) == json.loads(body)
+    assert all(doc.resolve(Media("image", (), stub)).data == "data:image/png;base64," + b64(SHOT) for stub in stubs)
+
+
+def test_a_lazy_parse_with_no_big_integer_stays_as_it_was() -> None:
+    body = _with_text(b"x" * 20_000, 3)[:-1] + b',"n":[123456789012345678,"12345678901234567890123"]}'
+    doc = parse(body, exact=False)
+    parsed = doc.parsed
+    doc.make_exact()
+    assert doc.parsed is parsed and doc.is_skeleton
+    assert doc.dumps(doc.parsed) == orjson.dumps(orjson.loads(body))

@@ -49,11 +49,32 @@ def test_nesting_deeper_than_orjson_allows_takes_the_exact_parser_where_it_can()
     assert dumps(parsed, fallback) == body
 
 
-def test_a_19_digit_run_anywhere_takes_the_exact_parser_and_changes_nothing() -> None:
-    body = b'{"id":"call_1234567890123456789012","x":1}'  # inside a string: harmless, but the scan cannot tell
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"id":"call_1234567890123456789012","x":1}',
+        b'{"log":"at 1732680000123456789 ns: ok","ids":["99999999999999999999"]}',
+        b'{"t":"0.12345678901234567890123"}',
+    ],
+)
+def test_a_long_digit_run_inside_a_string_stays_on_orjson_and_changes_nothing(body: bytes) -> None:
     parsed, fallback = loads(body)
-    assert fallback and parsed == {"id": "call_1234567890123456789012", "x": 1}
+    assert not fallback and parsed == json.loads(body)
     assert dumps(parsed, fallback) == body
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"[12345678901234567890]",
+        b'{"a": [1, -12345678901234567890]}',
+        b'{"a":\n\t 12345678901234567890.5e3}',
+        b'{"quoted":"{\\"n\\":12345678901234567890}"}',  # quoted JSON: taken for a number, which costs only time
+    ],
+)
+def test_a_long_digit_run_where_a_number_stands_takes_the_exact_parser(body: bytes) -> None:
+    parsed, fallback = loads(body)
+    assert fallback and parsed == json.loads(body)
 
 
 def test_an_18_digit_integer_stays_on_orjson() -> None:

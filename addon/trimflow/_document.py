@@ -16,8 +16,14 @@ The body's bytes are scanned only at memchr speed, once for quotes: a payload is
 escapes up front, since most are never read (kept ones are spliced back as written, dropped ones
 only have their first kilobytes sniffed). A read that meets an escape gets the decoded string.
 
+Most of what an agent sends is text: tool results of JSON, code, diffs, where a quote is escaped
+every few bytes. orjson parses that whole faster than any walk over its quotes in Python, so a body
+with no run of unescaped text long enough to be a payload is parsed whole without a walk, and the
+walk gives up (at a bounded cost) once a body proves to hold more strings or escaped quotes than a
+payload-heavy body has.
+
 Anything unusual falls back to parsing the whole body: a skeleton that holds the marker characters
-(raw or escaped), that orjson cannot parse, or more strings than a payload-heavy body has.
+(raw or escaped), that orjson cannot parse, or text-heavy as above.
 
 Writing a value gives a `Written`: the pieces of the new body, joined only when its bytes are
 asked for, so the caller picks the thread that pays for the copy (see `Written`).
@@ -35,6 +41,7 @@ _MARK_BYTES, _END_BYTES = MARK.encode(), END.encode()
 MIN_PAYLOAD = 4096  # strings shorter than this stay in the skeleton
 HEAD = 600  # characters of a payload kept in its stub: more than any data URL header
 _QUOTE, _BACKSLASH = b'"', 0x5C
+CLEAN_BLOCK = MIN_PAYLOAD // 2  # see _has_clean_block
 _COMPARED = 1 << 16  # bytes compared at a time when two payloads are compared
 _ESCAPED_MARKS = (b"\\ue00", b"\\uE00")  # U+E000..U+E00F written as JSON escapes
 
@@ -74,7 +81,7 @@ class Payload:
         """The whole string with its escapes decoded, as a full parse would give it."""
         if self._decoded is None:
             raw = memoryview(self.body)[self.start - 1 : self.end + 1]  # with its quotes: a JSON string
-            self._decoded = _jsoncodec.loads(bytes(raw))[0]
+            self._decoded = _jsoncodec.loads(bytes(raw), exact=False)[0]  # a string: no number to keep
         return self._decoded
 
     def __eq__(self, other: object) -> bool:
@@ -124,11 +131,38 @@ class Written:
 
 
 class Document:
-    """The parsed body, and how to write or measure a value built from it."""
+    """The parsed body, and how to write or measure a value built from it.
 
-    def __init__(self, parsed: Any, fallback: bool, body: bytes, spans: list[tuple[int, int]] | None = None) -> None:
+    Parsed with `exact=False`, a body may hold an integer orjson read as a float (_jsoncodec): nothing but a
+    write needs it exact, and a body that changes nothing is forwarded as it came. `make_exact` must then come
+    before any value to write is built from `parsed`.
+    """
+
+    def __init__(
+        self,
+        parsed: Any,
+        fallback: bool,
+        body: bytes,
+        spans: list[tuple[int, int]] | None = None,
+        source: bytes | None = None,
+        exact: bool = True,
+    ) -> None:
         self.parsed, self.fallback, self.body = parsed, fallback, body
         self._spans = spans or []
+        self._splices = bool(self._spans)  # whether a write splices payloads back (else `parsed` holds them)
+        self._source = body if source is None else source  # the bytes `parsed` came from: the skeleton or the body
+        self._exact = exact or fallback
+
+    def make_exact(self) -> None:
+        """Parse again with the exact parser if `parsed` may hold an integer read as a float. A skeleton is then
+        replaced by the whole body parsed (its stubs still resolve), so a write never depends on how the standard
+        library escapes the marker."""
+        if self._exact:
+            return
+        self._exact = True
+        if _jsoncodec.may_hold_big_integer(self._source):
+            self.parsed, self.fallback = _jsoncodec.loads(self.body)
+            self._splices = False
 
     @property
     def is_skeleton(self) -> bool:
@@ -139,8 +173,9 @@ class Document:
 
     def write(self, value: Any) -> Written:
         """The value written as the body, not yet joined (see Written)."""
+        assert self._exact, "make_exact() comes before a value to write is built"
         out = _jsoncodec.dumps(value, self.fallback)
-        if not self._spans or _MARK_BYTES not in out:
+        if not self._splices or _MARK_BYTES not in out:
             return Written([out])
         return Written(self._splice(out))
 
@@ -175,32 +210,37 @@ class Document:
         return Media(media.kind, media.path, payload, media.data_offset, media.declared_mime, media.detail)  # type: ignore[arg-type]
 
 
-def parse(body: bytes, whole_max: int | None = None) -> Document | None:
+def parse(body: bytes, whole_max: int | None = None, exact: bool = True) -> Document | None:
     """The body as a Document: a skeleton where that is safe and worth it, else fully parsed.
 
-    None when the body would need a full parse and is larger than `whole_max` bytes.
+    None when the body would need a full parse and is larger than `whole_max` bytes. With `exact=False`, the
+    check for integers orjson would read as floats waits for `Document.make_exact` (see Document).
     Raises _jsoncodec.BodyError for a body that is not JSON, as a full parse would.
     """
     split = _split(body) if len(body) >= 4 * MIN_PAYLOAD else None
     if split is not None:
         skeleton, spans = split
         try:
-            parsed, fallback = _jsoncodec.loads(skeleton)
+            parsed, fallback = _jsoncodec.loads(skeleton, exact)
         except _jsoncodec.BodyError:
             parsed, fallback = None, True
         # The standard library writes the marker as an escape with ensure_ascii: keep to orjson.
         if not fallback:
-            return Document(parsed, False, body, spans)
+            return Document(parsed, False, body, spans, skeleton, exact)
     if whole_max is not None and len(body) > whole_max:
         return None
-    parsed, fallback = _jsoncodec.loads(body)
-    return Document(parsed, fallback, body)
+    parsed, fallback = _jsoncodec.loads(body, exact)
+    return Document(parsed, fallback, body, exact=exact)
 
 
 def _split(body: bytes) -> tuple[bytes, list[tuple[int, int]]] | None:
     """The skeleton and the spans of its stubbed strings, or None when it would not pay off or the
     body already holds a marker character outside its payloads."""
-    # A payload-heavy body has few strings per byte; a text-heavy one is parsed whole instead.
+    if not _has_clean_block(body):
+        return None  # no payload to leave out: the whole parse is the cheaper one
+    # Each step of the walk below is a little Python: a string, or a quote inside one that an escape
+    # hides. A payload-heavy body takes few steps per byte; a text-heavy one, where JSON, code and
+    # diffs escape a quote every few bytes, is parsed whole instead, at C speed.
     budget = 64 + len(body) // 512
     find = body.find
     pieces: list[bytes] = []
@@ -208,17 +248,14 @@ def _split(body: bytes) -> tuple[bytes, list[tuple[int, int]]] | None:
     copied = i = 0
     while (opening := find(_QUOTE, i)) >= 0:
         budget -= 1
+        closing = find(_QUOTE, opening + 1)
+        while closing > 0 and body[closing - 1] == _BACKSLASH and _escaped(body, closing, opening + 1):
+            budget -= 1
+            if budget < 0:
+                return None
+            closing = find(_QUOTE, closing + 1)
         if budget < 0:
             return None
-        closing = find(_QUOTE, opening + 1)
-        while closing > 0 and body[closing - 1] == _BACKSLASH:
-            # Escaped unless the backslashes before it pair up.
-            k = closing - 1
-            while body[k] == _BACKSLASH:
-                k -= 1
-            if (closing - 1 - k) % 2 == 0:
-                break
-            closing = find(_QUOTE, closing + 1)
         if closing < 0:
             return None  # unterminated: the full parse says why
         start = opening + 1
@@ -238,3 +275,32 @@ def _split(body: bytes) -> tuple[bytes, list[tuple[int, int]]] | None:
     if skeleton.count(_MARK_BYTES) != stubs or skeleton.count(_END_BYTES) != stubs or any(e in skeleton for e in _ESCAPED_MARKS):
         return None
     return skeleton, spans
+
+
+def _has_clean_block(body: bytes) -> bool:
+    """Whether an aligned block of CLEAN_BLOCK bytes holds neither a quote nor a backslash.
+
+    Every string the skeleton would leave out as written (MIN_PAYLOAD bytes or more with no escape: a
+    base64 payload, a data URL) holds such a block, since MIN_PAYLOAD >= 2 * CLEAN_BLOCK - 1. Text,
+    whose lines end in an escaped newline, seldom does. A memchr per block: this costs a small part of
+    the full parse it chooses."""
+    find = body.find
+    for start in range(0, len(body) - CLEAN_BLOCK + 1, CLEAN_BLOCK):
+        end = start + CLEAN_BLOCK
+        if find(_QUOTE, start, end) < 0 and find(b"\\", start, end) < 0:
+            return True
+    return False
+
+
+def _escaped(body: bytes, quote: int, floor: int) -> bool:
+    """Whether the quote at `quote`, inside a string whose text starts at `floor`, is escaped: an odd
+    run of backslashes before it. A long run is measured at C speed, never byte by byte in Python."""
+    if body[quote - 2] != _BACKSLASH or quote - 2 < floor:
+        return True  # one backslash: the usual \"
+    reach = 64
+    while True:
+        start = max(floor, quote - reach)
+        run = quote - start - len(body[start:quote].rstrip(b"\\"))
+        if run < quote - start or start == floor:
+            return run % 2 == 1
+        reach *= 8

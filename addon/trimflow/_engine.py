@@ -162,7 +162,8 @@ def prune(
     if inline and len(body) > INLINE_MAX_BODY:
         raise NeedsWorker(f"a body over {format_size(INLINE_MAX_BODY)}")
     try:
-        doc = _document.parse(body, INLINE_MAX_WHOLE if inline else None)
+        # Exact integers are only needed to write a body back: _DocumentWriter asks for them then.
+        doc = _document.parse(body, INLINE_MAX_WHOLE if inline else None, exact=False)
     except _jsoncodec.BodyError as exc:
         if fmt is None:
             return Outcome(body, None)
@@ -372,12 +373,19 @@ class _DocumentWriter:
     def write(self, texts: Mapping[JsonPath, str], images: Mapping[JsonPath, tuple[str, str]]) -> bytes | _document.Written:
         if not texts and not images:
             return self._doc.body  # nothing changes: the very same bytes
+        self._doc.make_exact()
         return self._doc.write(self._module.replace_media(self._with_images(images), texts))
 
     def sizer(
         self, images: Mapping[JsonPath, tuple[str, str]], written: Any, paths: list[JsonPath], text: Callable[[int], str]
     ) -> Callable[[int], int]:
-        doc, staged = self._doc, self._with_images(images)
+        doc = self._doc
+
+        def staged() -> Any:
+            # Measuring a pruned body is writing it: from here on the document must be exact (make_exact).
+            doc.make_exact()
+            return self._with_images(images)
+
         # Pruning k >= 1 writes a compact body: measure from the compact size of this one.
         compact = (lambda: doc.size(doc.parsed)) if written is doc.body else (lambda: len(written))
         return _BodySizer(self._module, staged, doc, len(written), compact, paths, text).size_after
@@ -395,14 +403,15 @@ class _BodySizer:
     def __init__(
         self,
         module: WireFormat,
-        staged: Any,
+        stage: Callable[[], Any],
         doc: _document.Document,
         size: int,
         compact_size: Callable[[], int],
         paths: list[tuple[str | int, ...]],
         text: Callable[[int], str],
     ) -> None:
-        self._module, self._staged, self._doc = module, staged, doc
+        self._module, self._stage, self._doc = module, stage, doc
+        self._staged: Any = None  # the body with its new images: staged on the first k >= 1
         self._size, self._compact_size = size, compact_size
         self._compact: int | None = None  # measured on the first k >= 1
         self._paths, self._text = paths, text
@@ -412,6 +421,7 @@ class _BodySizer:
         if k == 0:
             return self._size  # the body as it goes with nothing pruned by a budget
         if self._compact is None:
+            self._staged = self._stage()
             self._compact = self._compact_size()
         while len(self._saved_total) <= k:
             n = len(self._saved_total) - 1

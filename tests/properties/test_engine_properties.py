@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-from typing import Any
 
 import orjson
 from hypothesis import HealthCheck, given, settings
@@ -11,10 +10,9 @@ from hypothesis import strategies as st
 
 from trimflow import prune_request
 from trimflow.formats import FORMATS
-from trimflow.testing import b64, data_url
 
 from ..helpers import rules_with, url_for
-from .strategies import POOL, limits, text
+from .strategies import POOL, limits, render, text
 
 part = st.one_of(st.tuples(st.just("text"), text), st.tuples(st.just("image"), st.integers(0, len(POOL) - 1)))
 # A message: its role, whether its parts sit inside a tool result, and the parts.
@@ -22,64 +20,6 @@ message = st.tuples(st.sampled_from(["user", "assistant"]), st.booleans(), st.li
 conversation = st.lists(message, min_size=1, max_size=8)
 unknown_value = st.one_of(st.integers(-(2**60), 2**60), st.floats(allow_nan=False, allow_infinity=False), text)
 unknown = st.dictionaries(st.sampled_from(["x_extra", "metadata_x", "z"]), unknown_value, max_size=2)
-
-
-def render(fmt: str, conv: list, extra: dict) -> dict[str, Any]:
-    """The conversation in one wire format, tool results nested where the format has them."""
-    if fmt == "openai-chat":
-        msgs = [
-            {
-                "role": role,
-                "content": [
-                    {"type": "text", "text": v} if k == "text" else {"type": "image_url", "image_url": {"url": data_url(POOL[v], "image/png")}}
-                    for k, v in parts
-                ],
-            }
-            for role, _tool, parts in conv
-        ]
-        return {"model": "gpt-4o", "messages": msgs, **extra}
-    if fmt == "openai-responses":
-        items = []
-        for i, (role, tool, parts) in enumerate(conv):
-            content = [
-                {"type": "input_text", "text": v} if k == "text" else {"type": "input_image", "image_url": data_url(POOL[v], "image/png")}
-                for k, v in parts
-            ]
-            items.append({"type": "function_call_output", "call_id": f"c{i}", "output": content} if tool else {"role": role, "content": content})
-        return {"model": "gpt-4.1", "input": items, **extra}
-    if fmt == "anthropic":
-        msgs = []
-        for i, (role, tool, parts) in enumerate(conv):
-            blocks = [
-                {"type": "text", "text": v}
-                if k == "text"
-                else {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(POOL[v])}}
-                for k, v in parts
-            ]
-            msgs.append({"role": role, "content": [{"type": "tool_result", "tool_use_id": f"t{i}", "content": blocks}] if tool else blocks})
-        return {"model": "claude-x", "max_tokens": 10, "messages": msgs, **extra}
-    if fmt == "gemini":
-        contents = []
-        for role, tool, parts in conv:
-            ps = [{"text": v} if k == "text" else {"inlineData": {"mimeType": "image/png", "data": b64(POOL[v])}} for k, v in parts]
-            parts_or_tool = [{"functionResponse": {"name": "f", "response": {}, "parts": ps}}] if tool else ps
-            contents.append({"role": "user" if role == "user" else "model", "parts": parts_or_tool})
-        return {"contents": contents, **extra}
-    if fmt == "bedrock-converse":
-        msgs = []
-        for i, (role, tool, parts) in enumerate(conv):
-            blocks = [{"text": v} if k == "text" else {"image": {"format": "png", "source": {"bytes": b64(POOL[v])}}} for k, v in parts]
-            msgs.append({"role": role, "content": [{"toolResult": {"toolUseId": f"t{i}", "content": blocks}}] if tool else blocks})
-        return {"messages": msgs, **extra}
-    msgs = []
-    for role, _tool, parts in conv:
-        texts = [v for k, v in parts if k == "text"]
-        msg = {"role": role, "content": " ".join(texts)}
-        images = [b64(POOL[v]) for k, v in parts if k == "image"]
-        if images:
-            msg["images"] = images
-        msgs.append(msg)
-    return {"model": "llava", "messages": msgs, **extra}
 
 
 def image_data(fmt: str, body: dict) -> list[str]:
