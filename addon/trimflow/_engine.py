@@ -35,6 +35,7 @@ from ._policy import BODY, CACHE, COUNT_CAP, IMAGE_LIMIT, REPEAT, TOKENS, Limits
 from ._record import Record, utc_timestamp
 from ._rules import Rules, Target
 from ._sizes import format_size
+from ._text import escape_controls
 from ._tokens import text_tokens
 from .formats import FORMATS, IMAGE, JsonPath, Media, WireFormat, counted_turn_path, detect_shape, openai_responses
 
@@ -247,7 +248,11 @@ def _prune(
 
     def record_of(plan: Plan, out: bytes | _document.Written, started: float) -> Record:
         # The conversation is the session id's when one names it; the proxy and the audit assign the rest (Outcome.history).
-        record = Record(utc_timestamp(), session_key(headers, module.history(parsed).request), None, host, path, fmt, model, limits.rule, mode)
+        # The model name is the client's text: a control character or a lone surrogate must not reach a log or the JSONL.
+        recorded_model = escape_controls(model) if model is not None else None
+        record = Record(
+            utc_timestamp(), session_key(headers, module.history(parsed).request), None, host, path, fmt, recorded_model, limits.rule, mode
+        )
         if counted is not None:
             record.kind = COUNT_TOKENS
         elif fmt == openai_responses.NAME and openai_responses.is_warmup(parsed):

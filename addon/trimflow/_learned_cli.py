@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ._learned import DEFAULT_TTL, FILE_NAME, FLOORS, Entry, LearnedFile, LearnedLimits, locked, write_entries
 from ._sizes import parse_duration
+from ._text import for_text
 from .errors import RulesError
 
 DEFAULT_FILE = f"~/.mitmproxy/{FILE_NAME}"  # mitmproxy's default confdir: trimflow_learned's default
@@ -52,7 +53,7 @@ def _read(path: Path) -> list[Entry] | None:
     try:
         return list(LearnedFile(path).read().values()) if path.exists() else []
     except RulesError as exc:
-        sys.stderr.write(f"trimflow learned: {printable(str(exc))}\n")
+        sys.stderr.write(f"trimflow learned: {for_text(str(exc))}\n")
         return None
 
 
@@ -61,32 +62,32 @@ def _list(path: Path, ttl: float | None) -> int:
     if entries is None:
         return 1
     if not entries:
-        print(f"{printable(str(path))}: no learned limits")
+        print(f"{for_text(str(path))}: no learned limits")
         return 0
     store = LearnedLimits(None, ttl=ttl)
     now = time.time()
     live = [e for e in entries if not store.expired(e, now)]
-    print(f"{printable(str(path))}: {len(entries)} learned limits, {len(live)} apply now")
+    print(f"{for_text(str(path))}: {len(entries)} learned limits, {len(live)} apply now")
     for entry in sorted(entries, key=lambda e: (e.upstream, e.model or "", e.limit)):
-        model = printable(entry.model) if entry.model is not None else "every model"
+        model = for_text(entry.model) if entry.model is not None else "every model"
         if ttl is None:
             state = "never expires"
         else:
             state = "expired" if store.expired(entry, now) else f"expires in {_duration(entry.learned_at + ttl - now)}"
-        print(f"\n{printable(entry.upstream)}  {model}  {entry.limit}={entry.value}")
-        print(f"  learned {printable(entry.learned) or 'at an unknown time'} ({state}), from: {printable(entry.source) or 'not said'}")
-        print(f"  requests for {model} sent to {printable(entry.upstream)} are cut to {entry.limit}={entry.value} where the rules allow more")
+        print(f"\n{for_text(entry.upstream)}  {model}  {entry.limit}={entry.value}")
+        print(f"  learned {for_text(entry.learned) or 'at an unknown time'} ({state}), from: {for_text(entry.source) or 'not said'}")
+        print(f"  requests for {model} sent to {for_text(entry.upstream)} are cut to {entry.limit}={entry.value} where the rules allow more")
     return 0
 
 
 def _forget(path: Path, args: argparse.Namespace) -> int:
     if not path.exists():
-        print(f"{printable(str(path))}: no learned limits")
+        print(f"{for_text(str(path))}: no learned limits")
         return 0
     target = Path(os.path.realpath(path))
     with locked(target, FORGET_PATIENCE) as held:
         if not held:
-            sys.stderr.write(f"trimflow learned: {printable(str(path))} stays locked by another process; nothing changed\n")
+            sys.stderr.write(f"trimflow learned: {for_text(str(path))} stays locked by another process; nothing changed\n")
             return 1
         entries = _read(path)
         if entries is None:
@@ -94,7 +95,7 @@ def _forget(path: Path, args: argparse.Namespace) -> int:
         kept = [e for e in entries if not _matches(e, args)]
         if len(kept) != len(entries):
             write_entries(target, kept)
-    print(f"{printable(str(path))}: forgot {len(entries) - len(kept)} learned limits, {len(kept)} left")
+    print(f"{for_text(str(path))}: forgot {len(entries) - len(kept)} learned limits, {len(kept)} left")
     return 0
 
 
@@ -114,8 +115,3 @@ def _duration(seconds: float) -> str:
     seconds = max(0, int(seconds))
     days, rest = divmod(seconds, 86400)
     return f"{days}d {rest // 3600}h" if days else f"{rest // 3600}h {rest % 3600 // 60}m"
-
-
-def printable(text: str) -> str:
-    """`text` with control characters shown as escapes: a hand-edited or hostile file cannot move the terminal."""
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)

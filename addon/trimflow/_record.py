@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 
 from ._sizes import format_size
+from ._text import for_text
 
 
 @dataclass(slots=True)
@@ -87,9 +88,9 @@ class Record:
     def summary(self) -> str:
         """The per-turn log line: sizes and counts only."""
         parts = [f"conv {self.conversation or '-'} {self.place}"]
-        parts.append(self.model or self.format)
+        parts.append(for_text(self.model) if self.model else self.format)  # the client chose it: one line, no escapes
         if self.reason:
-            parts.append(f"untouched ({self.reason})")
+            parts.append(f"untouched ({for_text(self.reason)})")
         images = f"images {self.images_before}->{self.images_after}"
         done = [
             f"{n} {what}"

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trimflow.audit._escape import for_html, for_markdown, for_markdown_cell, for_markdown_code, for_text
+from trimflow._text import for_text
+from trimflow.audit._escape import for_html, for_markdown, for_markdown_cell, for_markdown_code
 
 from .helpers import markdown_html
 

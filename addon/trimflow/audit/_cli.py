@@ -24,8 +24,8 @@ from .._prices import DEFAULT_PRICES_PATH, load_prices
 from .._profiles import DEFAULT_PROFILES_PATH, UnknownProfile, load_profiles
 from .._rules import DEFAULT_RULES_PATH, RulesError, builtin_rules, load_rules
 from .._sizes import format_size, parse_size
+from .._text import for_text
 from . import _gate, _html, _report
-from ._escape import for_text
 from ._gate import Gate
 from ._read import InputError, Reader
 from ._summary import ProfileLimits, summarize

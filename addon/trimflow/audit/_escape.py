@@ -29,17 +29,8 @@ from __future__ import annotations
 
 import html
 import re
-import unicodedata
 
-# Cc: C0, DEL, C1; Cf: bidi overrides and isolates, zero-width characters, tag characters; Zl, Zp: U+2028/2029,
-# which some terminals and editors break lines at; Cs: a lone surrogate (it cannot even be written as UTF-8).
-_ESCAPED_CATEGORIES = frozenset(("Cc", "Cf", "Zl", "Zp", "Cs"))
-_SHORT = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
-_NEEDS_LOOK = re.compile(r"[^\x20-\x7e\u00a0-\u00ac\u00ae-\u05ff]")  # fast path: printable ASCII and Latin text
-
-# GitHub Actions workflow commands: `::name ...::` after leading whitespace, `##[name ...]` anywhere in a line.
-_RUNNER_LINE_COMMAND = re.compile(r"^(\s*):(?=:)")
-_RUNNER_COMMAND = "##["
+from .._text import escape_controls as _escape_controls
 
 # Characters that can start inline Markdown anywhere in a line: backslash escapes, code, emphasis, links and
 # images, autolinks and HTML, tables, entities, strikethrough, GitHub's math. Every one may be backslash-escaped.
@@ -49,26 +40,6 @@ _MARKDOWN_AUTOLINK = re.compile(r"(?i)(?<=[a-z])(:)(?=//)|(?<=www)(\.)|(@)|(?<=m
 # Markers that make a block when they start a line: a list (-, +, "1." and "1)"), a setext underline (=), and a
 # colon (a workflow command, when the Markdown is printed to a job's log too).
 _MARKDOWN_LINE_START = re.compile(r"^(\s*)([-+=:]|\d{1,9}[.)])")
-
-
-def _escape_controls(value: str) -> str:
-    if not _NEEDS_LOOK.search(value):
-        return value
-    out = []
-    for char in value:
-        if unicodedata.category(char) in _ESCAPED_CATEGORIES:
-            code = ord(char)
-            out.append(_SHORT.get(char) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"))
-        else:
-            out.append(char)
-    return "".join(out)
-
-
-def for_text(value: str) -> str:
-    """One line of plain text for a terminal, a CI log or a file: see the module's docstring."""
-    value = _escape_controls(value)
-    value = value.replace(_RUNNER_COMMAND, "#\\x23[")
-    return _RUNNER_LINE_COMMAND.sub(r"\1\\x3a", value)
 
 
 def for_markdown(value: str) -> str:

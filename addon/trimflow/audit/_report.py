@@ -17,7 +17,8 @@ import orjson
 
 from .. import _jsoncodec
 from .._sizes import format_size
-from ._escape import for_markdown, for_markdown_cell, for_markdown_code, for_text
+from .._text import for_text
+from ._escape import for_markdown, for_markdown_cell, for_markdown_code
 from ._gate import Gate
 from ._read import PROXY, Row
 from ._summary import Conversation, Crossing, Summary, Totals
