@@ -888,7 +888,7 @@ def test_the_cache_aware_cut_reads_a_share_and_a_duration(tmp_path: Path) -> Non
         ("defaults:\n  low_water: 0\n", 2, "low_water must be a share over 0 and at most 1, like 0.5 or null, got 0"),
         ("defaults:\n  low_water: 50%\n", 2, "low_water must be a share over 0 and at most 1, like 0.5 or null, got '50%'"),
         ("defaults:\n  low_water: true\n", 2, "low_water must be a share over 0 and at most 1"),
-        ("defaults:\n  low_water: 0.5\n  cache_ttl: soon\n", 3, "cache_ttl: invalid duration 'soon': use seconds or an s/m/h suffix, like 5m"),
+        ("defaults:\n  low_water: 0.5\n  cache_ttl: soon\n", 3, "cache_ttl: invalid duration 'soon': use seconds or an s/m/h/d suffix, like 5m"),
         ("defaults:\n  low_water: 0.5\n  cache_ttl: -5\n", 3, "cache_ttl: invalid duration -5: must not be negative"),
         ("defaults:\n  cache_ttl: 5m\n", 2, "cache_ttl is set in defaults but low_water is not: cache_ttl needs it"),
         ("defaults:\n  max_images: 8\nrules:\n  - name: r\n    cache_ttl: 5m\n", 5, "cache_ttl is set in rule 'r' but low_water is not"),
