@@ -197,7 +197,7 @@ class Instruments:
 
     def state(self) -> tuple[int, int, int]:
         """What a render shows changes only with this: the records counted and the learned limits."""
-        return self.observed, len(self.recover.learned.entries), self.recover.limits_learned
+        return self.observed, len(self.recover.learned.live()), self.recover.limits_learned
 
 
 class _Learned:
@@ -211,7 +211,7 @@ class _Learned:
         held = self.client.metrics_core.GaugeMetricFamily(
             "trimflow_learned_limits", "Learned limits that apply now (the learned-limits file, shared by the instances that use it)."
         )
-        held.add_metric([], len(self.recover.learned.entries))
+        held.add_metric([], len(self.recover.learned.live()))
         learned = self.client.metrics_core.CounterMetricFamily("trimflow_limits_learned", "Limits this process learned from providers' answers.")
         learned.add_metric([], self.recover.limits_learned)
         return [held, learned]
