@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import ssl
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ import yaml
 from trimflow._learned import upstream_key
 from trimflow.testing import FakeProvider, Received
 
+from ..certs import make_server_cert
 from ..helpers import wait_for
 from .helpers import Proxy, image_payloads, post, session, shots, start_all, stop_all, write_rules
 
@@ -125,6 +127,28 @@ def test_a_host_header_naming_another_provider_teaches_only_the_server_it_went_t
     # a request to another server, naming the same Host, is not touched by it
     status, _ = post(proxy.port, f"{genuine.url}/ok{CHAT}", body(6, seed=2), spoofed)
     assert status == 200 and sent_images(genuine.received[-1]) == 6
+
+
+def test_through_a_tls_tunnel_the_key_is_the_connect_target_not_the_host_header(start: Any, tmp_path: Path) -> None:
+    certs = tmp_path / "certs"
+    (attacker_cert, attacker_key), (genuine_cert, genuine_key) = make_server_cert(certs, "attacker"), make_server_cert(certs, "genuine")
+    bundle = certs / "trusted.pem"
+    bundle.write_bytes(attacker_cert.read_bytes() + genuine_cert.read_bytes())
+    with (
+        FakeProvider(check=answer, certfile=str(attacker_cert), keyfile=str(attacker_key)) as attacker,
+        FakeProvider(check=answer, certfile=str(genuine_cert), keyfile=str(genuine_key)) as genuine,
+    ):
+        proxy = start("--mode", "regular", ssl_verify_upstream_trusted_ca=str(bundle))
+        trust = ssl.create_default_context(cafile=str(proxy.mitm.ca_cert))
+        spoofed = {"Host": "api.openai.com"}
+        status, _ = post(proxy.port, f"/limit{CHAT}", body(6, seed=1), spoofed, tunnel=(attacker.host, attacker.port), context=trust)
+        assert status == 200
+        learned = tmp_path / "learned.yaml"
+        wait_for(lambda: learned_file_holds(learned, value=LIMIT), "the attacker's limit in the file")
+        assert {e["upstream"] for e in entries(learned)} == {attacker.url}
+        assert attacker.url.startswith("https://127.0.0.1:")
+        status, _ = post(proxy.port, f"/ok{CHAT}", body(6, seed=2), spoofed, tunnel=(genuine.host, genuine.port), context=trust)
+        assert status == 200 and sent_images(genuine.received[-1]) == 6
 
 
 @pytest.mark.parametrize("stage", ["zero", "echo", "zero-bytes"])

@@ -255,7 +255,7 @@ class Recover:
             retry_request, retry_record, body = attempt
             retries.append((tightening.describe(error), " ".join(f"{k}={v}" for k, v in tightening.fields.items())))
             refused_status = refused_status or last_response.status_code
-            answer, simulated_by = await self._send(retry_request, flow.client_conn, body, record.format)
+            answer, simulated_by = await self._send(retry_request, flow, body, record.format)
             if isinstance(answer, str):  # no answer: the client gets the last one the provider gave
                 log.warning("trimflow: %s%s retry failed: %s", request.pretty_host, path_of(flow), answer)
                 break
@@ -352,7 +352,7 @@ class Recover:
         retry.timestamp_start, retry.timestamp_end = time.time(), None
         return retry, retry_record, new_body
 
-    async def _send(self, request: http.Request, client: connection.Client, body: bytes, wire_format: str) -> tuple[http.Response | str, str | None]:
+    async def _send(self, request: http.Request, original: http.HTTPFlow, body: bytes, wire_format: str) -> tuple[http.Response | str, str | None]:
         """The answer to `request` (or why there is none), and the simulated profile when one answered."""
         profile = self.simulate.profile
         if profile is not None:
@@ -360,7 +360,7 @@ class Recover:
             if violation is not None:
                 response = http.Response.make(violation.status, violation.body, {"content-type": violation.content_type})
                 return response, violation.profile
-        return await resend(request, client), None
+        return await resend(request, original.client_conn, original.server_conn.sni), None
 
 
 @dataclass(frozen=True, slots=True)
@@ -518,8 +518,10 @@ class _Resend(ReplayHandler):
 _retries: dict[str, set[_Resend]] = {}  # the retries in flight, by the id of the client connection they answer
 
 
-async def resend(request: http.Request, client: connection.Client) -> http.Response | str:
-    """The upstream's answer to `request`, sent for `client` (the original flow's), or why there is none.
+async def resend(request: http.Request, client: connection.Client, sni: str | None = None) -> http.Response | str:
+    """The upstream's answer to `request`, sent for `client` (the original flow's), or why there is none. `sni`: the
+    server name the original request's TLS connection gave and verified (mitmproxy's replay would take the Host
+    header, which the client chose and the upstream's certificate need not name).
     A retry for a client that has closed its connection is not sent, and one in flight when it closes is cancelled
     (`cancel_retries`)."""
     if not client.state & ConnectionState.CAN_READ:
@@ -528,6 +530,9 @@ async def resend(request: http.Request, client: connection.Client) -> http.Respo
     retry.request = request
     retry.is_replay = "request"
     handler = _Resend(retry, ctx.options)
+    server = handler.layer.context.server  # the one Server the replay's layers share
+    if sni is not None and server.tls:
+        server.sni = sni
     running = _retries.setdefault(client.id, set())
     running.add(handler)
     try:
