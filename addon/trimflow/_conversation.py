@@ -19,6 +19,21 @@ skeleton left in the body (trimflow._document: a string of 4 KiB or more) standi
 first and last 64 bytes. Nothing reads a payload's bytes in between: a 16 MB body costs its skeleton.
 What is kept: 8-byte digests, and per line of history the position of its last history, where its last
 turn's cut ended and when that turn went (no text, no id).
+
+An image's age is when it first came, not where it sits: some agents (aider) send every image again in one
+early message, in an order that changes from request to request. Each line of history remembers, per image
+its last turn sent, a digest of the image (`image_digest`), the turn it first came and whether it was cut;
+`recall` orders the next request's images oldest first by that (position decides only among images of one
+turn, or in a conversation new to this memory), and an image once cut comes first, so it stays cut. Copies
+of one image are matched in the order they sit to the newest remembered ones; a copy more is new. An image
+a turn no longer sends is forgotten (the agent dropped it: if it comes back, it is new). Bounded: at most
+MAX_IMAGES_PER_LINE per line, the oldest forgotten first, and MAX_IMAGES_REMEMBERED in all, past which the
+least recently seen conversations are forgotten.
+
+An image digest is its payload's length, first and last KiB of base64 (`image_key`, enough to tell a
+screenshot apart from every other in a PNG, whose last bytes hold the Adler-32 of all its pixel rows and the
+CRC-32 of its last chunk) and, for any other format, the CRC-32 of the whole payload: two JPEG or WebP
+screenshots that differ by a cursor often have the same length and the same ends (docs/how-it-works.md).
 """
 
 from __future__ import annotations
@@ -27,14 +42,15 @@ import hashlib
 import os
 import re
 import time
+import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import orjson
 
-from ._document import END, HEAD, MARK, MIN_PAYLOAD
-from .formats import HistoryParts, JsonPath
+from ._document import END, HEAD, MARK, MIN_PAYLOAD, Payload
+from .formats import HistoryParts, JsonPath, Media
 
 # Headers agents use for a session id (lower case).
 SESSION_HEADERS = ("x-claude-code-session-id", "session_id", "session-id", "x-session-id", "conversation_id", "x-conversation-id")
@@ -48,6 +64,8 @@ WARMUP = "warmup"  # a Responses `generate: false`: prepares the next turn, answ
 
 DEFAULT_CAPACITY = 10_000  # conversations the proxy remembers (least recently seen forgotten first)
 MAX_SEGMENTS = 8  # histories remembered per session id
+MAX_IMAGES_PER_LINE = 1024  # images a line of history remembers the arrival of (the oldest forgotten first)
+MAX_IMAGES_REMEMBERED = 1 << 18  # in all conversations (past it, the least recently seen are forgotten)
 
 # A text placeholder trimflow wrote in place of an image starts with this (the default templates do).
 PLACEHOLDER_PREFIX = "[trimflow:"
@@ -59,6 +77,10 @@ _MAYBE_PAYLOAD = MIN_PAYLOAD // 6  # a shorter string cannot take MIN_PAYLOAD by
 _ESCAPED = re.compile(r'["\\\x00-\x1f]')  # what JSON writes as an escape
 _RESPONSE_ID = re.compile(rb'"id"\s*:\s*"([^"\\]{1,256})"')
 _RESPONSE_ID_SCAN = 4096  # a Responses answer names its id first (the object's first key, or response.created's)
+
+_IMAGE_ENDS = 1024  # characters of an image payload's start and end its key reads
+_PNG = "iVBORw0KGgo"  # a PNG's signature as base64
+_NEW = 1 << 62  # the arrival of an image its line of history has not seen: this turn, after every remembered one
 
 # (length as written, first bytes, last bytes) of a payload the skeleton left in the body, for a stub.
 PayloadEnds = Callable[[str], "tuple[int, bytes, bytes] | None"]
@@ -96,15 +118,40 @@ def response_id_of(head: bytes) -> str | None:
     return found.group(1).decode("utf-8", "replace") if found else None
 
 
+def image_key(media: Media) -> bytes:
+    """8 bytes of an image's payload length and its first and last KiB: cheap (no read in between), and an image's
+    whole digest starts with it. A remote image has no payload: every one has the same key."""
+    data, start = media.data, media.data_offset
+    if data is None:
+        return _digest(b"remote")
+    end = len(data)
+    head, tail = data[start : start + _IMAGE_ENDS], data[max(start, end - _IMAGE_ENDS) : end]
+    return _digest(str(end - start).encode(), head.encode("utf-8", "surrogatepass"), tail.encode("utf-8", "surrogatepass"))
+
+
+def image_digest(media: Media, key: bytes) -> bytes:
+    """The image's digest: its `key`, and for a payload that is not a PNG the CRC-32 of the whole payload as written
+    (read in place; see the module's docstring)."""
+    data, start = media.data, media.data_offset
+    if data is None or data[start : start + len(_PNG)] == _PNG:
+        return key
+    if isinstance(data, Payload):
+        crc = zlib.crc32(memoryview(data.body)[data.start + start : data.end])
+    else:
+        crc = zlib.crc32(data[start:].encode("utf-8", "surrogatepass"))
+    return key + crc.to_bytes(4, "big")
+
+
 class History:
     """A request's conversation as digests: its host, session id (hashed), head (system prompt, instructions) and
     one digest per message, oldest first; `origin`, a stable digest of the head and first message, seeds a new
-    conversation's id. `previous_response` stands for a Responses `previous_response_id`.
+    conversation's id. `previous_response` stands for a Responses `previous_response_id`. `images`: the digest of
+    each of the request's images (image_digest), in the order they sit; empty when the caller keeps no memory.
 
     The head and message digests are Python's keyed hash of the message's canonical JSON: 64 bits, the same for
     the same message within a process (they are compared, never stored or written)."""
 
-    __slots__ = ("host", "session", "head", "messages", "origin", "previous_response", "_prefixes")
+    __slots__ = ("host", "session", "head", "messages", "origin", "previous_response", "images", "_prefixes")
 
     def __init__(
         self,
@@ -114,10 +161,12 @@ class History:
         messages: Sequence[int],
         origin: bytes = b"",
         previous_response: bytes | None = None,
+        images: Sequence[bytes] = (),
     ) -> None:
         self.host, self.session, self.head = host, session, head
         self.messages = tuple(messages)
         self.origin, self.previous_response = origin, previous_response
+        self.images = tuple(images)
         self._prefixes: list[int] | None = None
 
     @property
@@ -145,10 +194,11 @@ def history_of(
     media_paths: Iterable[JsonPath],
     payload_ends: PayloadEnds,
     skeleton: bool,
+    images: Sequence[bytes] = (),
 ) -> History:
     """A request's History: `parts` is its format's view of the body (formats' `history`), `media_paths` every
     media part the format found (left out of the digests), `skeleton` whether the body was parsed as one
-    (trimflow._document) and `payload_ends` what a payload's stub stands for."""
+    (trimflow._document), `payload_ends` what a payload's stub stands for and `images` its images' digests."""
     root = len(parts.path)
     media: dict[int, list[JsonPath]] = {}
     for path in media_paths:
@@ -166,6 +216,7 @@ def history_of(
         [hash(raw) for raw in messages],
         hashlib.blake2b(head + b"\0" + (messages[0] if messages else b""), digest_size=8).digest(),
         _digest(b"r", previous.encode()) if isinstance(previous, str) and previous else None,
+        images,
     )
 
 
@@ -293,9 +344,10 @@ class _Conversation:
 
 class Thread:
     """One line of history of a conversation (a segment): where its last request's history ended, and for
-    the cache-aware cut (trimflow._policy: low_water) where its last turn's cut ended and when that turn went."""
+    the cache-aware cut (trimflow._policy: low_water) where its last turn's cut ended and when that turn went;
+    the images its last turn sent: by digest, when each copy first came and whether it was cut."""
 
-    __slots__ = ("conversation", "segment", "head", "tip", "response", "used", "cut", "sent_at")
+    __slots__ = ("conversation", "segment", "head", "tip", "response", "used", "cut", "sent_at", "images")
 
     def __init__(self, conversation: _Conversation, segment: int, head: int) -> None:
         self.conversation, self.segment, self.head = conversation, segment, head
@@ -304,13 +356,38 @@ class Thread:
         self.used = 0
         self.cut = 0  # images pruned from the oldest, as a position: what the next turn holds
         self.sent_at: float | None = None  # its last turn's time on the memory's clock
+        self.images: dict[bytes, list[tuple[int, bool]]] = {}  # digest -> (turn it came, cut) per copy, oldest first
 
 
 class Recall(NamedTuple):
-    """What a conversation's last turn left for the next one: where its cut ended and how long ago it went."""
+    """What a conversation's last turn left for the next one: where its cut ended and how long ago it went.
+
+    Given the request's image digests (History.images), `order` is its images oldest first by arrival (indices in
+    the order they sit; the ones cut before first) and `cut` how many of them at its front were cut before."""
 
     cut: int
     idle: float
+    order: tuple[int, ...] | None = None
+
+
+def _arrivals(remembered: Mapping[bytes, list[tuple[int, bool]]], digests: Sequence[bytes]) -> tuple[list[int], list[bool]]:
+    """Each image's arrival turn (_NEW for one not remembered) and whether it was cut: copies of one digest, in the
+    order they sit, are matched to the newest remembered copies; a copy more than remembered is new."""
+    turns, cut = [_NEW] * len(digests), [False] * len(digests)
+    places: dict[bytes, list[int]] = {}
+    for i, digest in enumerate(digests):
+        places.setdefault(digest, []).append(i)
+    for digest, where in places.items():
+        seen = remembered.get(digest)
+        if seen:
+            for i, (turn, was_cut) in zip(where, seen[max(0, len(seen) - len(where)) :], strict=False):
+                turns[i], cut[i] = turn, was_cut
+    return turns, cut
+
+
+def _oldest_first(turns: Sequence[int], cut: Sequence[bool]) -> list[int]:
+    """Image indices oldest first: the ones cut before, then by arrival; position among those of one turn."""
+    return sorted(range(len(turns)), key=lambda i: (not cut[i], turns[i], i))
 
 
 class Conversations:
@@ -333,6 +410,8 @@ class Conversations:
         self._by_response: dict[bytes, Thread] = {}
         self._started = 0
         self._clock = 0
+        self._images = 0  # image copies remembered in all lines of history
+        self._cut_keys: dict[bytes, int] = {}  # image_key -> copies remembered as cut
 
     def __len__(self) -> int:
         return len(self._conversations)
@@ -349,10 +428,22 @@ class Conversations:
         thread = self._continued(history, TURN, named)
         if thread is None or thread.sent_at is None:
             return None
-        return Recall(thread.cut, max(0.0, self.clock() - thread.sent_at))
+        idle = max(0.0, self.clock() - thread.sent_at)
+        if not history.images:
+            return Recall(thread.cut, idle)
+        turns, cut = _arrivals(thread.images, history.images)
+        return Recall(sum(cut), idle, tuple(_oldest_first(turns, cut)))
+
+    def was_cut(self, keys: Iterable[bytes]) -> bool:
+        """Whether an image with one of these keys (image_key) was cut in a line of history remembered: a request
+        holding one needs its order (`recall`) even when no limit would change it."""
+        index = self._cut_keys
+        return bool(index) and any(key in index for key in keys)
 
     def assign(self, history: History, kind: str = TURN, cut: int | None = None) -> Assignment:
-        """Number a request of `kind`; a turn also leaves `cut` (the engine's Outcome.cut) and its time for the next one."""
+        """Number a request of `kind`; a turn also leaves `cut` (the engine's Outcome.cut: a position in the order
+        `recall` gave) and its time for the next one, and its images' arrivals (a history the provider keeps,
+        previous_response_id, sends only its new items: the arrivals stay)."""
         self._clock += 1
         named = None
         if history.session is not None:
@@ -382,7 +473,47 @@ class Conversations:
                 turn = conversation.turns
                 thread.cut = cut or 0
                 thread.sent_at = self.clock()
+                if history.previous_response is None:
+                    self._remember(thread, history.images, cut or 0, turn)
         return Assignment(conversation.id, turn, thread.segment, thread)
+
+    def _remember(self, thread: Thread, digests: Sequence[bytes], cut: int, turn: int) -> None:
+        """The images of the turn `thread` just sent: each copy's arrival (this turn for a new one), and the first
+        `cut` in the order `recall` gave as cut. What the turn no longer sends is forgotten."""
+        turns, was_cut = _arrivals(thread.images, digests)
+        order = _oldest_first(turns, was_cut)
+        skipped = max(0, len(order) - MAX_IMAGES_PER_LINE)
+        images: dict[bytes, list[tuple[int, bool]]] = {}
+        for rank in range(skipped, len(order)):
+            i = order[rank]
+            images.setdefault(digests[i], []).append((turn if turns[i] == _NEW else turns[i], rank < cut))
+        for copies in images.values():
+            copies.sort()
+        self._forget_images(thread)
+        thread.images = images
+        for digest, copies in images.items():
+            self._images += len(copies)
+            cuts = sum(1 for _, c in copies if c)
+            if cuts:
+                key = digest[:8]
+                self._cut_keys[key] = self._cut_keys.get(key, 0) + cuts
+        while self._images > MAX_IMAGES_REMEMBERED and len(self._conversations) > 1:
+            _, forgotten = self._conversations.popitem(last=False)  # never this one: just made the most recent
+            for dropped in forgotten.threads:
+                self._drop_thread(dropped)
+
+    def _forget_images(self, thread: Thread) -> None:
+        for digest, copies in thread.images.items():
+            self._images -= len(copies)
+            cuts = sum(1 for _, c in copies if c)
+            if cuts:
+                key = digest[:8]
+                left = self._cut_keys[key] - cuts
+                if left:
+                    self._cut_keys[key] = left
+                else:
+                    del self._cut_keys[key]
+        thread.images = {}
 
     def responded(self, thread: Thread | None, response_id: str | None) -> None:
         """The answer to `thread`'s last request had this id: a request naming it as previous_response_id continues it."""
@@ -446,5 +577,6 @@ class Conversations:
 
     def _drop_thread(self, thread: Thread) -> None:
         self._unindex(thread)
+        self._forget_images(thread)
         if thread.response is not None and self._by_response.get(thread.response) is thread:
             del self._by_response[thread.response]
