@@ -80,7 +80,7 @@ _RESPONSE_ID_SCAN = 4096  # a Responses answer names its id first (the object's 
 
 _IMAGE_ENDS = 1024  # characters of an image payload's start and end its key reads
 _PNG = "iVBORw0KGgo"  # a PNG's signature as base64
-_NEW = 1 << 62  # the arrival of an image its line of history has not seen: this turn, after every remembered one
+_NEW = 1 << 62  # when an image its line of history has not seen came: now, after every remembered one
 
 # (length as written, first bytes, last bytes) of a payload the skeleton left in the body, for a stub.
 PayloadEnds = Callable[[str], "tuple[int, bytes, bytes] | None"]
@@ -356,7 +356,8 @@ class Thread:
         self.used = 0
         self.cut = 0  # images pruned from the oldest, as a position: what the next turn holds
         self.sent_at: float | None = None  # its last turn's time on the memory's clock
-        self.images: dict[bytes, list[tuple[int, bool]]] = {}  # digest -> (turn it came, cut) per copy, oldest first
+        # digest -> per copy, oldest first: when it came (the memory's request count then) and whether it was cut
+        self.images: dict[bytes, list[tuple[int, bool]]] = {}
 
 
 class Recall(NamedTuple):
@@ -371,23 +372,23 @@ class Recall(NamedTuple):
 
 
 def _arrivals(remembered: Mapping[bytes, list[tuple[int, bool]]], digests: Sequence[bytes]) -> tuple[list[int], list[bool]]:
-    """Each image's arrival turn (_NEW for one not remembered) and whether it was cut: copies of one digest, in the
+    """When each image came (_NEW for one not remembered) and whether it was cut: copies of one digest, in the
     order they sit, are matched to the newest remembered copies; a copy more than remembered is new."""
-    turns, cut = [_NEW] * len(digests), [False] * len(digests)
+    arrived, cut = [_NEW] * len(digests), [False] * len(digests)
     places: dict[bytes, list[int]] = {}
     for i, digest in enumerate(digests):
         places.setdefault(digest, []).append(i)
     for digest, where in places.items():
         seen = remembered.get(digest)
         if seen:
-            for i, (turn, was_cut) in zip(where, seen[max(0, len(seen) - len(where)) :], strict=False):
-                turns[i], cut[i] = turn, was_cut
-    return turns, cut
+            for i, (came, was_cut) in zip(where, seen[max(0, len(seen) - len(where)) :], strict=False):
+                arrived[i], cut[i] = came, was_cut
+    return arrived, cut
 
 
-def _oldest_first(turns: Sequence[int], cut: Sequence[bool]) -> list[int]:
-    """Image indices oldest first: the ones cut before, then by arrival; position among those of one turn."""
-    return sorted(range(len(turns)), key=lambda i: (not cut[i], turns[i], i))
+def _oldest_first(arrived: Sequence[int], cut: Sequence[bool]) -> list[int]:
+    """Image indices oldest first: the ones cut before, then by arrival; position among those that came together."""
+    return sorted(range(len(arrived)), key=lambda i: (not cut[i], arrived[i], i))
 
 
 class Conversations:
@@ -412,6 +413,7 @@ class Conversations:
         self._clock = 0
         self._images = 0  # image copies remembered in all lines of history
         self._cut_keys: dict[bytes, int] = {}  # image_key -> copies remembered as cut
+        self._by_image: dict[bytes, list[Thread]] = {}  # image digest -> the lines of history that remember it
 
     def __len__(self) -> int:
         return len(self._conversations)
@@ -423,16 +425,16 @@ class Conversations:
         if history.previous_response is not None:
             return None
         named = self._conversations.get(history.session) if history.session is not None else None
-        if history.session is not None and named is None:
-            return None
-        thread = self._continued(history, TURN, named)
+        thread = None if history.session is not None and named is None else self._continued(history, TURN, named)
         if thread is None or thread.sent_at is None:
-            return None
+            thread = self._sent_again(history.images)
+            if thread is None or thread.sent_at is None:
+                return None
         idle = max(0.0, self.clock() - thread.sent_at)
         if not history.images:
             return Recall(thread.cut, idle)
-        turns, cut = _arrivals(thread.images, history.images)
-        return Recall(sum(cut), idle, tuple(_oldest_first(turns, cut)))
+        arrived, cut = _arrivals(thread.images, history.images)
+        return Recall(sum(cut), idle, tuple(_oldest_first(arrived, cut)))
 
     def was_cut(self, keys: Iterable[bytes]) -> bool:
         """Whether an image with one of these keys (image_key) was cut in a line of history remembered: a request
@@ -451,6 +453,10 @@ class Conversations:
             if named is None:
                 named = self._add(_Conversation(history.session, named=True))
         thread = self._continued(history, kind, named)
+        # When this turn's images came: as its own line remembers them, or one whose images it sends again (see
+        # _sent_again). Taken before a new line may make room by forgetting that one.
+        source = thread if thread is not None and thread.sent_at is not None else self._sent_again(history.images)
+        remembered = source.images if source is not None else {}
         if thread is None:
             if kind == COUNT_TOKENS:  # never a conversation or segment of its own
                 return Assignment(named.id if named else None, None, None, None)
@@ -474,24 +480,41 @@ class Conversations:
                 thread.cut = cut or 0
                 thread.sent_at = self.clock()
                 if history.previous_response is None:
-                    self._remember(thread, history.images, cut or 0, turn)
+                    self._remember(thread, remembered, history.images, cut or 0)
         return Assignment(conversation.id, turn, thread.segment, thread)
 
-    def _remember(self, thread: Thread, digests: Sequence[bytes], cut: int, turn: int) -> None:
-        """The images of the turn `thread` just sent: each copy's arrival (this turn for a new one), and the first
-        `cut` in the order `recall` gave as cut. What the turn no longer sends is forgotten."""
-        turns, was_cut = _arrivals(thread.images, digests)
-        order = _oldest_first(turns, was_cut)
+    def _sent_again(self, digests: Sequence[bytes]) -> Thread | None:
+        """The line of history whose images a request that continues no history sends again, at least half of them:
+        an agent that rewrites an early message every turn (aider puts every image the user added into one, and the
+        date into its system prompt) starts a new history each time, but not a new set of images. The line with the
+        most of them, the most recently used of equals."""
+        shared: dict[Thread, int] = {}
+        for digest in set(digests):
+            for thread in self._by_image.get(digest, ()):
+                shared[thread] = shared.get(thread, 0) + 1
+        best, most = None, 0
+        for thread, n in shared.items():
+            if 2 * n >= len(thread.images) and (n > most or (n == most and best is not None and thread.used > best.used)):
+                best, most = thread, n
+        return best
+
+    def _remember(self, thread: Thread, remembered: Mapping[bytes, list[tuple[int, bool]]], digests: Sequence[bytes], cut: int) -> None:
+        """The images of the turn `thread` just sent: when each copy came (as `remembered`; now for a new one, on the
+        memory's clock, which runs on across conversations) and the first `cut` in the order `recall` gave as cut.
+        What the turn no longer sends is forgotten."""
+        arrived, was_cut = _arrivals(remembered, digests)
+        order = _oldest_first(arrived, was_cut)
         skipped = max(0, len(order) - MAX_IMAGES_PER_LINE)
         images: dict[bytes, list[tuple[int, bool]]] = {}
         for rank in range(skipped, len(order)):
             i = order[rank]
-            images.setdefault(digests[i], []).append((turn if turns[i] == _NEW else turns[i], rank < cut))
+            images.setdefault(digests[i], []).append((self._clock if arrived[i] == _NEW else arrived[i], rank < cut))
         for copies in images.values():
-            copies.sort()
+            copies.sort(key=lambda copy: (copy[0], not copy[1]))  # as _oldest_first: of copies that came together, the cut first
         self._forget_images(thread)
         thread.images = images
         for digest, copies in images.items():
+            self._by_image.setdefault(digest, []).append(thread)
             self._images += len(copies)
             cuts = sum(1 for _, c in copies if c)
             if cuts:
@@ -504,6 +527,10 @@ class Conversations:
 
     def _forget_images(self, thread: Thread) -> None:
         for digest, copies in thread.images.items():
+            holders = self._by_image[digest]
+            holders.remove(thread)
+            if not holders:
+                del self._by_image[digest]
             self._images -= len(copies)
             cuts = sum(1 for _, c in copies if c)
             if cuts:
