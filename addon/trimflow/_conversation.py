@@ -484,7 +484,7 @@ class Conversations:
         return Assignment(conversation.id, turn, thread.segment, thread)
 
     def _sent_again(self, digests: Sequence[bytes]) -> Thread | None:
-        """The line of history whose images a request that continues no history sends again, at least half of them:
+        """The line of history whose images a request that continues no history sends again, more than half of them:
         an agent that rewrites an early message every turn (aider puts every image the user added into one, and the
         date into its system prompt) starts a new history each time, but not a new set of images. The line with the
         most of them, the most recently used of equals."""
@@ -494,7 +494,7 @@ class Conversations:
                 shared[thread] = shared.get(thread, 0) + 1
         best, most = None, 0
         for thread, n in shared.items():
-            if 2 * n >= len(thread.images) and (n > most or (n == most and best is not None and thread.used > best.used)):
+            if 2 * n > len(thread.images) and (n > most or (n == most and best is not None and thread.used > best.used)):
                 best, most = thread, n
         return best
 
