@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from . import _document, _jsoncodec
-from ._conversation import COUNT_TOKENS, WARMUP, History, Recall, history_of, image_digest, image_key, session_key
+from ._conversation import COUNT_TOKENS, WARMUP, History, Images, Recall, history_of, session_key
 from ._imageinfo import sniff_media
 from ._placeholder import MediaFacts
 from ._policy import BODY, CACHE, COUNT_CAP, IMAGE_LIMIT, REPEAT, TOKENS, Limits, NeedsWorker, Plan, changed_fields, nothing_to_change
@@ -271,25 +271,22 @@ def _prune(
         record.overhead_ms = _elapsed_ms(started)
         return record
 
-    # With a memory, each image's digest goes into the history, for its arrival; a cheap key first, so a request
-    # nothing changes and that holds no image cut before reads no payload through.
-    keys = [image_key(m) for m in images] if memory is not None else []
-    digests: list[bytes] | None = None if keys else []
-
-    def image_digests() -> list[bytes]:
-        nonlocal digests
-        if digests is None:
-            digests = [image_digest(m, key) for m, key in zip(images, keys, strict=True)]
-        return digests
+    # With a memory, the images go into the history, for their arrivals: by their keys, which read no payload through,
+    # so a request that no limit changes and that holds no image cut before costs what it did.
+    arrivals = Images.of(images) if memory is not None else None
 
     def history() -> History | None:
         try:
-            return history_of(host, headers, module.history(parsed), [m.path for m in media], _payload_ends(doc), doc.is_skeleton, image_digests())
+            return history_of(host, headers, module.history(parsed), [m.path for m in media], _payload_ends(doc), doc.is_skeleton, arrivals)
         except Exception:  # noqa: BLE001 - a request left unnumbered, never a request lost
             return None
 
     held, cold, known, order, cut_before = 0, False, None, None, 0
-    if memory is not None and images and (limits.low_water is not None or not nothing_to_change(images, limits, len(body)) or _was_cut(memory, keys)):
+    if (
+        memory is not None
+        and arrivals
+        and (limits.low_water is not None or not nothing_to_change(images, limits, len(body)) or _was_cut(memory, arrivals.keys))
+    ):
         # The cut needs the images' arrivals (and the cache-aware cut the last cut) now: the history is digested first.
         known = history()
         try:
@@ -320,7 +317,7 @@ def _prune(
     return Outcome(forward, record, history=known or history, cut=plan.cut())
 
 
-def _was_cut(memory: CutMemory, keys: list[bytes]) -> bool:
+def _was_cut(memory: CutMemory, keys: tuple[bytes, ...]) -> bool:
     try:
         return memory.was_cut(keys)
     except Exception:  # noqa: BLE001 - as a failed recall: the request is cut on its own
