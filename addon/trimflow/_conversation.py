@@ -40,6 +40,7 @@ read when the image first comes, and again only where a key is not the only one 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import re
 import time
@@ -81,6 +82,7 @@ _RESPONSE_ID_SCAN = 4096  # a Responses answer names its id first (the object's 
 
 _IMAGE_ENDS = 1024  # characters of an image payload's start and end its key reads
 _PNG = "iVBORw0KGgo"  # a PNG's signature as base64
+_SENT_AGAIN_HOLDERS = 16  # lines of history that remember an image looked at for a request that continues none
 _NEW = 1 << 62  # when an image its line of history has not seen came: now, after every remembered one
 
 # (length as written, first bytes, last bytes) of a payload the skeleton left in the body, for a stub.
@@ -464,7 +466,8 @@ class Conversations:
         self._clock = 0
         self._images = 0  # image copies remembered in all lines of history
         self._cut_keys: dict[bytes, int] = {}  # image_key -> copies remembered as cut
-        self._by_image: dict[bytes, list[Thread]] = {}  # image_key -> the lines of history that remember it
+        # image_key -> the lines of history that remember it, the most recent last (a dict: removal in constant time)
+        self._by_image: dict[bytes, dict[Thread, None]] = {}
 
     def __len__(self) -> int:
         return len(self._conversations)
@@ -541,7 +544,9 @@ class Conversations:
         most of them, the most recently used of equals."""
         shared: dict[Thread, int] = {}
         for key in set(keys):
-            for thread in self._by_image.get(key, ()):
+            holders = self._by_image.get(key)
+            # The most recent few: one image many conversations sent costs a request that sends it no more than that.
+            for thread in itertools.islice(reversed(holders), _SENT_AGAIN_HOLDERS) if holders else ():
                 shared[thread] = shared.get(thread, 0) + 1
         best, most = None, 0
         for thread, n in shared.items():
@@ -566,7 +571,7 @@ class Conversations:
         self._forget_images(thread)
         thread.images = table
         for key, copies in table.items():
-            self._by_image.setdefault(key, []).append(thread)
+            self._by_image.setdefault(key, {})[thread] = None
             self._images += len(copies)
             cuts = sum(1 for copy in copies if copy.cut)
             if cuts:
@@ -579,7 +584,7 @@ class Conversations:
     def _forget_images(self, thread: Thread) -> None:
         for key, copies in thread.images.items():
             holders = self._by_image[key]
-            holders.remove(thread)
+            del holders[thread]
             if not holders:
                 del self._by_image[key]
             self._images -= len(copies)
