@@ -123,7 +123,8 @@ def response_id_of(head: bytes) -> str | None:
 
 def image_key(media: Media) -> bytes:
     """8 bytes of an image's payload length and its first and last KiB (as written, like a payload's stub above):
-    no read in between. A remote image has no payload: every one has the same key."""
+    no read in between. A remote image has no payload: every one has the same key. (A payload with JSON escapes,
+    `\\/`, reads otherwise parsed whole than as a skeleton: should its body's parse change, it counts as new.)"""
     data, start = media.data, media.data_offset
     if data is None:
         return _digest(b"remote")
