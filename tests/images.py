@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import io
+import random
 
 import orjson
 from PIL import Image
@@ -32,6 +33,26 @@ def chat_with_images(count: int, *, text_last: bool = False) -> dict:
         messages.append({"role": "assistant", "content": f"answer {i}"})
     if text_last:
         messages.append({"role": "user", "content": "and now?"})
+    return {"model": "gpt-4o", "messages": messages}
+
+
+def reshuffled_chat(urls: list[str], turn: int, seed: int = 0) -> dict:
+    """Turn `turn` of an aider-like OpenAI chat: every image the user added (`urls`, oldest first) in one early user
+    message, each after its file name, in an order that changes on every request; a system prompt with the time,
+    which changes too; then one question and answer per turn."""
+    order = list(range(len(urls)))
+    random.Random(seed * 7919 + turn).shuffle(order)
+    content: list[dict] = []
+    for i in order:
+        content += [{"type": "text", "text": f"Image file: shot{i}.png"}, {"type": "image_url", "image_url": {"url": urls[i], "detail": "high"}}]
+    messages: list[dict] = [
+        {"role": "system", "content": f"Act as an expert software developer.\n- Current date/time: 2026-01-01T10:{turn:02d}:00"},
+        {"role": "user", "content": content},
+        {"role": "assistant", "content": "Ok."},
+    ]
+    for n in range(1, turn):
+        messages += [{"role": "user", "content": f"what changed in shot{n - 1}.png?"}, {"role": "assistant", "content": f"answer {n}"}]
+    messages.append({"role": "user", "content": f"what changed in shot{turn - 1}.png?"})
     return {"model": "gpt-4o", "messages": messages}
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 import pytest
 
-from trimflow import OBSERVE, prune_request
+from trimflow import OBSERVE, _conversation, prune_request
 from trimflow._conversation import (
     COUNT_TOKENS,
     MAX_SEGMENTS,
@@ -25,10 +25,14 @@ from trimflow._conversation import (
     WARMUP,
     Conversations,
     History,
+    Images,
+    image_crc,
+    image_key,
     response_id_of,
     session_key,
 )
-from trimflow.formats import FORMATS, counted_turn_path, openai_responses
+from trimflow._document import Payload
+from trimflow.formats import FORMATS, Media, counted_turn_path, openai_responses
 from trimflow.testing import PATHS, b64, image, session_body
 
 from .helpers import rules_with
@@ -530,3 +534,115 @@ def test_recall_knows_nothing_of_a_history_the_provider_keeps() -> None:
     body = session("openai-responses", 2)
     conversations.assign(history(body, "openai-responses"), TURN, cut=1)
     assert conversations.recall(history({**body, "previous_response_id": "resp_1"}, "openai-responses")) is None
+
+
+# --- an image's age: when it first came, not where it sits --------------------------------------------------------
+
+
+def line(n: int, turn: int, keys: list[bytes], crcs: list[int] | None = None, session: str | None = None) -> History:
+    """Turn `turn` of synthetic conversation `n` (one message a turn), sending images of these keys (and CRC-32s)."""
+    images = Images(keys, (lambda i: crcs[i]) if crcs is not None else None)
+    return History(HOST, session, 0, [hash((n, i)) for i in range(turn)], n.to_bytes(8, "big"), images=images)
+
+
+A, B, C, D, E = (image_key(Media("image", (), c * 3000)) for c in "ABCDE")
+
+
+def test_images_are_ordered_by_when_they_came_and_position_decides_among_those_that_came_together() -> None:
+    conversations = Conversations()
+    assert conversations.recall(line(0, 1, [B, A])) is None  # new to the memory: position decides
+    conversations.assign(line(0, 1, [B, A]))
+    recalled = conversations.recall(line(0, 2, [C, A, B]))
+    # A and B came together (where they sit now decides between them), then C.
+    assert recalled is not None and recalled.order == (1, 2, 0) and recalled.cut == 0
+    conversations.assign(line(0, 2, [C, A, B]))
+    assert conversations.recall(line(0, 3, [A, D, C, B])).order == (0, 3, 2, 1)
+
+
+def test_an_image_once_cut_comes_first_and_stays_cut_and_one_no_longer_sent_is_forgotten() -> None:
+    conversations = Conversations()
+    conversations.assign(line(0, 1, [A, B]))
+    conversations.assign(line(0, 2, [C, A, B]), TURN, cut=1)  # oldest first A, B, C: A is cut
+    assert conversations.was_cut([A]) and not conversations.was_cut([B])
+    recalled = conversations.recall(line(0, 3, [B, D, C, A]))
+    assert recalled.cut == 1 and recalled.order == (3, 0, 2, 1)  # A first: cut before
+    conversations.assign(line(0, 3, [B, D, C]))  # the agent dropped A
+    assert not conversations.was_cut([A])
+    recalled = conversations.recall(line(0, 4, [A, B, D, C]))
+    assert recalled.cut == 0 and recalled.order == (1, 3, 2, 0)  # A again: new, the newest
+
+
+def test_copies_of_one_image_match_the_newest_remembered_in_the_order_they_sit() -> None:
+    conversations = Conversations()
+    conversations.assign(line(0, 1, [A]))
+    conversations.assign(line(0, 2, [A, B]))
+    conversations.assign(line(0, 3, [A, B, A]), TURN, cut=1)  # the same screenshot again: the second A is new
+    recalled = conversations.recall(line(0, 4, [A, B, A, C]))
+    assert recalled.order == (0, 1, 2, 3) and recalled.cut == 1
+    recalled = conversations.recall(line(0, 4, [B, A, C]))  # one A left: it is the newer, which was never cut
+    assert recalled.order == (0, 1, 2) and recalled.cut == 0
+
+
+def test_a_request_that_continues_no_history_takes_the_arrivals_of_the_line_whose_images_it_sends_again() -> None:
+    conversations = Conversations()
+    conversations.assign(line(0, 1, [A, B]))
+    # Another history (a rewritten early message) with the same images and one more: B, A, C oldest first. B is cut.
+    conversations.assign(line(1, 2, [C, B, A]), TURN, cut=1)
+    recalled = conversations.recall(line(2, 3, [D, B, C, A]))
+    assert recalled is not None and recalled.order == (1, 3, 2, 0) and recalled.cut == 1
+    assert conversations.recall(line(3, 1, [A, D, E])) is None  # half of a line's images or less: another conversation
+    assert conversations.recall(line(3, 1, [A, B, E])) is not None
+
+
+def test_a_history_the_provider_keeps_leaves_the_arrivals_as_they_were() -> None:
+    conversations = Conversations()
+    conversations.assign(line(0, 1, [A, B]), TURN, cut=1)
+    kept = History(HOST, None, 0, [], b"", previous_response=b"r", images=Images([C]))
+    conversations.assign(kept)
+    assert conversations.was_cut([A])
+
+
+def test_what_a_line_remembers_is_bounded_and_all_of_it_goes_with_the_conversation(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_conversation, "MAX_IMAGES_PER_LINE", 4)
+    monkeypatch.setattr(_conversation, "MAX_IMAGES_REMEMBERED", 10)
+    conversations = Conversations()
+    shots = [image_key(Media("image", (), chr(0x61 + i) * 3000)) for i in range(6)]
+    conversations.assign(line(0, 1, shots), TURN, cut=3)
+    recalled = conversations.recall(line(0, 2, shots))
+    assert recalled.order == (2, 3, 4, 5, 0, 1) and recalled.cut == 1  # the two oldest forgotten: new again
+    for n in range(1, 4):  # four conversations of four images: past ten, the least recently seen go
+        conversations.assign(line(n, 1, [image_key(Media("image", (), f"{n}{i}" * 3000)) for i in range(4)]), TURN, cut=2)
+    assert len(conversations) == 2
+    assert conversations._images == 8 and len(conversations._by_image) == 8 and sum(conversations._cut_keys.values()) == 4
+    for n in range(4, 8):  # conversations with no image push the rest out: nothing of them is left behind
+        conversations.assign(line(n, 1, []))
+    conversations.capacity = 1
+    conversations.assign(line(9, 1, []))
+    assert conversations._images == 0 and not conversations._by_image and not conversations._cut_keys
+
+
+def test_images_with_one_key_are_told_apart_by_their_crc() -> None:
+    """Two JPEG screenshots with the same length and ends (a cursor moved): the CRC-32 says which is which."""
+    conversations = Conversations()
+    conversations.assign(line(0, 1, [A, B], [1, 0]), TURN, cut=1)  # A (CRC 1) is cut
+    recalled = conversations.recall(line(0, 2, [A, B, A], [2, 0, 1]))  # a new image with A's key, sent first
+    assert recalled.order == (2, 1, 0) and recalled.cut == 1
+    conversations.assign(line(0, 2, [A, B, A], [2, 0, 1]), TURN, cut=1)
+    recalled = conversations.recall(line(0, 3, [B, A, A, C], [0, 1, 2, 0]))
+    assert recalled.order == (1, 0, 2, 3) and recalled.cut == 1  # the CRC-1 copy stays cut wherever it sits
+    assert conversations.recall(line(0, 3, [A, B], [7, 0])).order == (1, 0)  # neither A: the key alone is new
+
+
+def test_an_image_key_reads_the_ends_and_the_crc_the_whole_payload_but_for_a_png() -> None:
+    png = b64(image(64, 40, "PNG", seed=1))
+    jpeg = "/9j/" + "A" * 5000
+    other = jpeg[:2500] + "B" + jpeg[2501:]  # one character in the middle: same length, same ends
+    assert image_key(Media("image", (), jpeg)) == image_key(Media("image", (), other))
+    assert image_crc(Media("image", (), jpeg)) != image_crc(Media("image", (), other))
+    assert image_crc(Media("image", (), png)) == 0 and image_key(Media("image", (), png)) != image_key(Media("image", (), jpeg))
+    url = "data:image/jpeg;base64," + jpeg  # the payload, not its data URL's header
+    in_url = Media("image", (), url, len(url) - len(jpeg))
+    assert (image_key(in_url), image_crc(in_url)) == (image_key(Media("image", (), jpeg)), image_crc(Media("image", (), jpeg)))
+    body = b'{"x":"' + jpeg.encode() + b'"}'  # a payload the skeleton left in the body reads as the same string
+    in_place = Media("image", (), Payload(body, 6, 6 + len(jpeg)))
+    assert (image_key(in_place), image_crc(in_place)) == (image_key(Media("image", (), jpeg)), image_crc(Media("image", (), jpeg)))

@@ -10,11 +10,12 @@ import orjson
 import pytest
 
 from trimflow import _shrink, prune, prune_request
+from trimflow._conversation import Conversations
 from trimflow.formats import FORMATS
 from trimflow.testing import b64, data_url, image, screenshot, session_body
 
 from .helpers import encode, rules_with, url_for
-from .images import FIVE_MB, anthropic, chat, chat_with_images, check_image, images_left, prune_with, sent
+from .images import FIVE_MB, anthropic, chat, chat_with_images, check_image, images_left, prune_with, reshuffled_chat, sent
 
 SHOT = image(96, 64, "PNG", seed=3)
 ALL_FORMATS = sorted(FORMATS)
@@ -409,3 +410,81 @@ def test_a_bad_escape_inside_an_image_that_is_read_forwards_the_body_with_the_re
     outcome = prune_inline(raw, rules_with(max_images=8))
     assert outcome.body is raw and not outcome.changed
     assert "not JSON" in outcome.record.reason
+
+
+# --- with a memory: an image's age is when it first came in the conversation -----------------------------------
+
+
+def _shot(n: int, fmt: str = "PNG") -> str:
+    return data_url(image(64, 40, fmt, seed=n), MIME_OF[fmt])
+
+
+MIME_OF = {"PNG": "image/png", "JPEG": "image/jpeg"}
+
+
+def _reshuffled(turns: int, memory: Conversations | None, fmt: str = "PNG", **limits) -> list[tuple[list[str], list[str]]]:
+    """An aider-like session, one image added a turn, all re-sent in a new order: per turn (the images the agent had
+    added, oldest first; the images that went), each turn numbered in `memory` as the proxy numbers it."""
+    rules, urls, turns_seen = rules_with(**limits), [], []
+    for turn in range(1, turns + 1):
+        urls.append(_shot(turn, fmt))
+        raw = encode(reshuffled_chat(urls, turn))
+        outcome = prune(rules.target_for_url(url_for("openai-chat")), {}, raw, rules, inline=True, memory=memory)
+        if memory is not None:
+            memory.assign(outcome.history, outcome.record.kind, outcome.cut)
+        turns_seen.append((list(urls), [m.data for m in sent("openai-chat", outcome.body)]))
+    return turns_seen
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG"])
+def test_with_a_memory_the_newest_image_by_arrival_goes_and_one_once_cut_never_comes_back(fmt: str) -> None:
+    cut: set[str] = set()
+    for added, went in _reshuffled(12, Conversations(), fmt, max_images=8):
+        assert len(went) == min(len(added), 8)
+        assert added[-1] in went  # the one just added, byte for byte
+        assert not cut & set(went)
+        cut |= set(added) - set(went)
+    assert len(cut) == 4
+    # By position alone the same session loses the newest image or brings a cut one back (the test can fail).
+    cut, lost = set(), 0
+    for added, went in _reshuffled(12, None, fmt, max_images=8):
+        lost += added[-1] not in went or bool(cut & set(went))
+        cut |= set(added) - set(went)
+    assert lost
+
+
+def test_with_a_memory_batches_and_the_cache_aware_cut_follow_arrival_too() -> None:
+    for limits in ({"max_images": 8, "prune_batch": 6}, {"max_images": 8, "low_water": 0.5}):
+        cut: set[str] = set()
+        for added, went in _reshuffled(14, Conversations(), **limits):
+            assert added[-1] in went and not cut & set(went) and len(went) <= 8
+            cut |= set(added) - set(went)
+
+
+def test_an_image_cut_stays_cut_when_the_agent_sends_fewer_images() -> None:
+    rules, memory = rules_with(max_images=8), Conversations()
+    urls = [_shot(n) for n in range(10)]
+    first = chat(*urls)
+    outcome = prune(rules.target_for_url(url_for("openai-chat")), {}, encode(first), rules, inline=True, memory=memory)
+    memory.assign(outcome.history, outcome.record.kind, outcome.cut)
+    assert [m.data for m in sent("openai-chat", outcome.body)] == urls[2:]  # new to the memory: position decides
+    # The next turn: the agent left out four images it still had (under the cap now) and asks again.
+    fewer = chat(*urls[:3], *urls[7:])
+    fewer["messages"].append({"role": "user", "content": "and now?"})
+    outcome = prune(rules.target_for_url(url_for("openai-chat")), {}, encode(fewer), rules, inline=True, memory=memory)
+    assert [m.data for m in sent("openai-chat", outcome.body)] == [urls[2], *urls[7:]]
+    assert outcome.record.pruned == 2 and outcome.record.images_after == 4
+    # Without a memory that request is under every limit: it goes as it came.
+    assert not prune_request(url_for("openai-chat"), {}, encode(fewer), rules).changed
+
+
+def test_copies_of_one_screenshot_keep_their_places() -> None:
+    """The same screen sent every turn: a new copy is the newest, so the copies cut are the first ones."""
+    shot, rules, memory = screenshot(10, "PNG"), rules_with(max_images=3), Conversations()
+    for turn in range(1, 7):
+        outcome = prune_request(url_for("openai-chat"), {}, encode(session_body("openai-chat", turn, shot, "image/png")), rules, memory=memory)
+        memory.assign(outcome.history, outcome.record.kind, outcome.cut)
+    messages = orjson.loads(outcome.body)["messages"]
+    users = [i for i, m in enumerate(messages) if m["role"] == "user"]
+    with_image = [i for i in users if any(p.get("type") == "image_url" for p in messages[i]["content"])]
+    assert len(users) == 6 and with_image == users[-3:]

@@ -19,22 +19,40 @@ skeleton left in the body (trimflow._document: a string of 4 KiB or more) standi
 first and last 64 bytes. Nothing reads a payload's bytes in between: a 16 MB body costs its skeleton.
 What is kept: 8-byte digests, and per line of history the position of its last history, where its last
 turn's cut ended and when that turn went (no text, no id).
+
+An image's age is when it first came, not where it sits: some agents (aider) send every image again in one
+early message, in an order that changes from request to request. Each line of history remembers the images its
+last turn sent (`Copy`: when each first came, whether it was cut); `recall` orders the next request's images
+oldest first by that (position decides only among images that came together, or in a conversation new to this
+memory), and an image once cut comes first, so it stays cut. Copies of one image are matched in the order they
+sit to the newest remembered ones; a copy more is new. An image a turn no longer sends is forgotten (the agent
+dropped it: sent again, it is new). A request that continues no line of history takes the arrivals of the line
+whose images it sends again (`_sent_again`). Bounded: at most MAX_IMAGES_PER_LINE per line, the oldest
+forgotten first, and MAX_IMAGES_REMEMBERED in all, past which the least recently seen conversations go.
+
+An image is known by its key (`image_key`): its payload's length and first and last KiB, read without the bytes
+in between. That tells PNG screenshots apart (a PNG ends with the Adler-32 of all its pixel rows and the CRC-32
+of its last chunk), but not always JPEG or WebP ones that differ by a cursor: those can have the same length and
+ends (docs/how-it-works.md). So each copy also keeps the CRC-32 of its whole payload (`image_crc`, 0 for a PNG),
+read when the image first comes, and again only where a key is not the only one of its kind on either side.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import re
 import time
+import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import orjson
 
-from ._document import END, HEAD, MARK, MIN_PAYLOAD
-from .formats import HistoryParts, JsonPath
+from ._document import END, HEAD, MARK, MIN_PAYLOAD, Payload
+from .formats import HistoryParts, JsonPath, Media
 
 # Headers agents use for a session id (lower case).
 SESSION_HEADERS = ("x-claude-code-session-id", "session_id", "session-id", "x-session-id", "conversation_id", "x-conversation-id")
@@ -48,6 +66,8 @@ WARMUP = "warmup"  # a Responses `generate: false`: prepares the next turn, answ
 
 DEFAULT_CAPACITY = 10_000  # conversations the proxy remembers (least recently seen forgotten first)
 MAX_SEGMENTS = 8  # histories remembered per session id
+MAX_IMAGES_PER_LINE = 1024  # images a line of history remembers the arrival of (the oldest forgotten first)
+MAX_IMAGES_REMEMBERED = 1 << 18  # in all conversations (past it, the least recently seen are forgotten)
 
 # A text placeholder trimflow wrote in place of an image starts with this (the default templates do).
 PLACEHOLDER_PREFIX = "[trimflow:"
@@ -59,6 +79,11 @@ _MAYBE_PAYLOAD = MIN_PAYLOAD // 6  # a shorter string cannot take MIN_PAYLOAD by
 _ESCAPED = re.compile(r'["\\\x00-\x1f]')  # what JSON writes as an escape
 _RESPONSE_ID = re.compile(rb'"id"\s*:\s*"([^"\\]{1,256})"')
 _RESPONSE_ID_SCAN = 4096  # a Responses answer names its id first (the object's first key, or response.created's)
+
+_IMAGE_ENDS = 1024  # characters of an image payload's start and end its key reads
+_PNG = "iVBORw0KGgo"  # a PNG's signature as base64
+_SENT_AGAIN_HOLDERS = 16  # lines of history that remember an image looked at for a request that continues none
+_NEW = 1 << 62  # when an image its line of history has not seen came: now, after every remembered one
 
 # (length as written, first bytes, last bytes) of a payload the skeleton left in the body, for a stub.
 PayloadEnds = Callable[[str], "tuple[int, bytes, bytes] | None"]
@@ -96,15 +121,67 @@ def response_id_of(head: bytes) -> str | None:
     return found.group(1).decode("utf-8", "replace") if found else None
 
 
+def image_key(media: Media) -> bytes:
+    """8 bytes of an image's payload length and its first and last KiB (as written, like a payload's stub above):
+    no read in between. A remote image has no payload: every one has the same key. (A payload with JSON escapes,
+    `\\/`, reads otherwise parsed whole than as a skeleton: should its body's parse change, it counts as new.)"""
+    data, start = media.data, media.data_offset
+    if data is None:
+        return _digest(b"remote")
+    if isinstance(data, Payload):
+        body, first, end = data.body, data.start + start, data.end
+        return _digest(str(end - first).encode(), body[first : first + _IMAGE_ENDS], body[max(first, end - _IMAGE_ENDS) : end])
+    # Parsed whole: the string's ends stand for the bytes a skeleton would read (base64 has no escape).
+    end = len(data)
+    head, tail = data[start : start + _IMAGE_ENDS], data[max(start, end - _IMAGE_ENDS) :]
+    return _digest(str(end - start).encode(), head.encode("utf-8", "surrogatepass"), tail.encode("utf-8", "surrogatepass"))
+
+
+def image_crc(media: Media) -> int:
+    """The CRC-32 of an image's whole payload as written (read in place), where its key may not tell it apart:
+    0 for a PNG, whose last bytes (in its key) hold checksums of all of it, and for a remote image."""
+    data, start = media.data, media.data_offset
+    if data is None or data[start : start + len(_PNG)] == _PNG:
+        return 0
+    if isinstance(data, Payload):
+        return zlib.crc32(memoryview(data.body)[data.start + start : data.end])
+    return zlib.crc32(data[start:].encode("utf-8", "surrogatepass"))
+
+
+class Images:
+    """A request's images as its memory tells them apart: each one's key (image_key), in the order they sit, and its
+    CRC-32 (image_crc), read only when asked for (a new image, or one whose key is not the only one)."""
+
+    __slots__ = ("keys", "_crc", "_crcs")
+
+    def __init__(self, keys: Sequence[bytes] = (), crc: Callable[[int], int] | None = None) -> None:
+        self.keys = tuple(keys)
+        self._crc = crc
+        self._crcs: dict[int, int] = {}
+
+    @classmethod
+    def of(cls, media: Sequence[Media]) -> Images:
+        return cls([image_key(m) for m in media], lambda i: image_crc(media[i]))
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def crc(self, i: int) -> int:
+        if i not in self._crcs:
+            self._crcs[i] = self._crc(i) if self._crc is not None else 0
+        return self._crcs[i]
+
+
 class History:
     """A request's conversation as digests: its host, session id (hashed), head (system prompt, instructions) and
     one digest per message, oldest first; `origin`, a stable digest of the head and first message, seeds a new
-    conversation's id. `previous_response` stands for a Responses `previous_response_id`.
+    conversation's id. `previous_response` stands for a Responses `previous_response_id`. `images`: the request's
+    images (Images); none when the caller keeps no memory.
 
     The head and message digests are Python's keyed hash of the message's canonical JSON: 64 bits, the same for
     the same message within a process (they are compared, never stored or written)."""
 
-    __slots__ = ("host", "session", "head", "messages", "origin", "previous_response", "_prefixes")
+    __slots__ = ("host", "session", "head", "messages", "origin", "previous_response", "images", "_prefixes")
 
     def __init__(
         self,
@@ -114,10 +191,12 @@ class History:
         messages: Sequence[int],
         origin: bytes = b"",
         previous_response: bytes | None = None,
+        images: Images | None = None,
     ) -> None:
         self.host, self.session, self.head = host, session, head
         self.messages = tuple(messages)
         self.origin, self.previous_response = origin, previous_response
+        self.images = images if images is not None else Images()
         self._prefixes: list[int] | None = None
 
     @property
@@ -145,10 +224,11 @@ def history_of(
     media_paths: Iterable[JsonPath],
     payload_ends: PayloadEnds,
     skeleton: bool,
+    images: Images | None = None,
 ) -> History:
     """A request's History: `parts` is its format's view of the body (formats' `history`), `media_paths` every
     media part the format found (left out of the digests), `skeleton` whether the body was parsed as one
-    (trimflow._document) and `payload_ends` what a payload's stub stands for."""
+    (trimflow._document), `payload_ends` what a payload's stub stands for and `images` its images."""
     root = len(parts.path)
     media: dict[int, list[JsonPath]] = {}
     for path in media_paths:
@@ -166,6 +246,7 @@ def history_of(
         [hash(raw) for raw in messages],
         hashlib.blake2b(head + b"\0" + (messages[0] if messages else b""), digest_size=8).digest(),
         _digest(b"r", previous.encode()) if isinstance(previous, str) and previous else None,
+        images,
     )
 
 
@@ -293,9 +374,10 @@ class _Conversation:
 
 class Thread:
     """One line of history of a conversation (a segment): where its last request's history ended, and for
-    the cache-aware cut (trimflow._policy: low_water) where its last turn's cut ended and when that turn went."""
+    the cache-aware cut (trimflow._policy: low_water) where its last turn's cut ended and when that turn went;
+    the images its last turn sent: by key, when each copy first came, whether it was cut, and its CRC-32."""
 
-    __slots__ = ("conversation", "segment", "head", "tip", "response", "used", "cut", "sent_at")
+    __slots__ = ("conversation", "segment", "head", "tip", "response", "used", "cut", "sent_at", "images")
 
     def __init__(self, conversation: _Conversation, segment: int, head: int) -> None:
         self.conversation, self.segment, self.head = conversation, segment, head
@@ -304,13 +386,63 @@ class Thread:
         self.used = 0
         self.cut = 0  # images pruned from the oldest, as a position: what the next turn holds
         self.sent_at: float | None = None  # its last turn's time on the memory's clock
+        self.images: dict[bytes, list[Copy]] = {}  # image_key -> its copies, oldest first
+
+
+class Copy(NamedTuple):
+    """One copy of an image a line of history sent: when it first came (the memory's request count then), whether
+    it was cut, and its CRC-32 (image_crc)."""
+
+    came: int
+    cut: bool
+    crc: int
 
 
 class Recall(NamedTuple):
-    """What a conversation's last turn left for the next one: where its cut ended and how long ago it went."""
+    """What a conversation's last turn left for the next one: where its cut ended and how long ago it went.
+
+    Given the request's images (History.images), `order` is its images oldest first by arrival (indices in the
+    order they sit; the ones cut before first) and `cut` how many of them at its front were cut before."""
 
     cut: int
     idle: float
+    order: tuple[int, ...] | None = None
+
+
+def _arrivals(remembered: Mapping[bytes, list[Copy]], images: Images) -> list[Copy | None]:
+    """Each image's remembered copy (None: new). An image whose key is the only one on both sides is that copy; where
+    a key has several (a screen sent again, or two screenshots with the same length and ends), CRC-32s tell them
+    apart, and copies of one image, in the order they sit, take the newest remembered ones: a copy more is new."""
+    found: list[Copy | None] = [None] * len(images)
+    places: dict[bytes, list[int]] = {}
+    for i, key in enumerate(images.keys):
+        places.setdefault(key, []).append(i)
+    for key, where in places.items():
+        seen = remembered.get(key)
+        if not seen:
+            continue
+        if len(where) == 1 and len(seen) == 1:
+            found[where[0]] = seen[0]
+            continue
+        same: dict[int, list[int]] = {}
+        for i in where:
+            same.setdefault(images.crc(i), []).append(i)
+        for crc, spots in same.items():
+            copies = [c for c in seen if c.crc == crc]
+            for i, copy in zip(spots, copies[max(0, len(copies) - len(spots)) :], strict=False):
+                found[i] = copy
+    return found
+
+
+def _oldest_first(found: Sequence[Copy | None]) -> list[int]:
+    """Image indices oldest first: the ones cut before, then by arrival (new ones last); position among those that
+    came together."""
+
+    def age(i: int) -> tuple[int, int, int]:
+        copy = found[i]
+        return (1, _NEW, i) if copy is None else (0 if copy.cut else 1, copy.came, i)
+
+    return sorted(range(len(found)), key=age)
 
 
 class Conversations:
@@ -333,6 +465,10 @@ class Conversations:
         self._by_response: dict[bytes, Thread] = {}
         self._started = 0
         self._clock = 0
+        self._images = 0  # image copies remembered in all lines of history
+        self._cut_keys: dict[bytes, int] = {}  # image_key -> copies remembered as cut
+        # image_key -> the lines of history that remember it, the most recent last (a dict: removal in constant time)
+        self._by_image: dict[bytes, dict[Thread, None]] = {}
 
     def __len__(self) -> int:
         return len(self._conversations)
@@ -344,15 +480,27 @@ class Conversations:
         if history.previous_response is not None:
             return None
         named = self._conversations.get(history.session) if history.session is not None else None
-        if history.session is not None and named is None:
-            return None
-        thread = self._continued(history, TURN, named)
+        thread = None if history.session is not None and named is None else self._continued(history, TURN, named)
         if thread is None or thread.sent_at is None:
-            return None
-        return Recall(thread.cut, max(0.0, self.clock() - thread.sent_at))
+            thread = self._sent_again(history.images.keys)
+            if thread is None or thread.sent_at is None:
+                return None
+        idle = max(0.0, self.clock() - thread.sent_at)
+        if not history.images:
+            return Recall(thread.cut, idle)
+        found = _arrivals(thread.images, history.images)
+        return Recall(sum(1 for copy in found if copy is not None and copy.cut), idle, tuple(_oldest_first(found)))
+
+    def was_cut(self, keys: Iterable[bytes]) -> bool:
+        """Whether an image with one of these keys (image_key) was cut in a line of history remembered: a request
+        holding one needs its order (`recall`) even when no limit would change it."""
+        index = self._cut_keys
+        return bool(index) and any(key in index for key in keys)
 
     def assign(self, history: History, kind: str = TURN, cut: int | None = None) -> Assignment:
-        """Number a request of `kind`; a turn also leaves `cut` (the engine's Outcome.cut) and its time for the next one."""
+        """Number a request of `kind`; a turn also leaves `cut` (the engine's Outcome.cut: a position in the order
+        `recall` gave) and its time for the next one, and its images' arrivals (a history the provider keeps,
+        previous_response_id, sends only its new items: the arrivals stay)."""
         self._clock += 1
         named = None
         if history.session is not None:
@@ -360,6 +508,10 @@ class Conversations:
             if named is None:
                 named = self._add(_Conversation(history.session, named=True))
         thread = self._continued(history, kind, named)
+        # When this turn's images came: as its own line remembers them, or one whose images it sends again (see
+        # _sent_again). Taken before a new line may make room by forgetting that one.
+        source = thread if thread is not None and thread.sent_at is not None else self._sent_again(history.images.keys)
+        remembered = source.images if source is not None else {}
         if thread is None:
             if kind == COUNT_TOKENS:  # never a conversation or segment of its own
                 return Assignment(named.id if named else None, None, None, None)
@@ -382,7 +534,69 @@ class Conversations:
                 turn = conversation.turns
                 thread.cut = cut or 0
                 thread.sent_at = self.clock()
+                if history.previous_response is None:
+                    self._remember(thread, remembered, history.images, cut or 0)
         return Assignment(conversation.id, turn, thread.segment, thread)
+
+    def _sent_again(self, keys: Sequence[bytes]) -> Thread | None:
+        """The line of history whose images a request that continues no history sends again, more than half of them:
+        an agent that rewrites an early message every turn (aider puts every image the user added into one, and the
+        date into its system prompt) starts a new history each time, but not a new set of images. The line with the
+        most of them, the most recently used of equals."""
+        shared: dict[Thread, int] = {}
+        for key in set(keys):
+            holders = self._by_image.get(key)
+            # The most recent few: one image many conversations sent costs a request that sends it no more than that.
+            for thread in itertools.islice(reversed(holders), _SENT_AGAIN_HOLDERS) if holders else ():
+                shared[thread] = shared.get(thread, 0) + 1
+        best, most = None, 0
+        for thread, n in shared.items():
+            if 2 * n > len(thread.images) and (n > most or (n == most and best is not None and thread.used > best.used)):
+                best, most = thread, n
+        return best
+
+    def _remember(self, thread: Thread, remembered: Mapping[bytes, list[Copy]], images: Images, cut: int) -> None:
+        """The images of the turn `thread` just sent: when each copy came (as `remembered`; now for a new one, on the
+        memory's clock, which runs on across conversations) and the first `cut` in the order `recall` gave as cut.
+        What the turn no longer sends is forgotten."""
+        found = _arrivals(remembered, images)
+        order = _oldest_first(found)
+        table: dict[bytes, list[Copy]] = {}
+        for rank in range(max(0, len(order) - MAX_IMAGES_PER_LINE), len(order)):
+            i = order[rank]
+            copy = found[i]
+            came, crc = (self._clock, images.crc(i)) if copy is None else (copy.came, copy.crc)
+            table.setdefault(images.keys[i], []).append(Copy(came, rank < cut, crc))
+        for copies in table.values():
+            copies.sort(key=lambda copy: (copy.came, not copy.cut))  # as _oldest_first: of copies that came together, the cut first
+        self._forget_images(thread)
+        thread.images = table
+        for key, copies in table.items():
+            self._by_image.setdefault(key, {})[thread] = None
+            self._images += len(copies)
+            cuts = sum(1 for copy in copies if copy.cut)
+            if cuts:
+                self._cut_keys[key] = self._cut_keys.get(key, 0) + cuts
+        while self._images > MAX_IMAGES_REMEMBERED and len(self._conversations) > 1:
+            _, forgotten = self._conversations.popitem(last=False)  # never this one: just made the most recent
+            for dropped in forgotten.threads:
+                self._drop_thread(dropped)
+
+    def _forget_images(self, thread: Thread) -> None:
+        for key, copies in thread.images.items():
+            holders = self._by_image[key]
+            del holders[thread]
+            if not holders:
+                del self._by_image[key]
+            self._images -= len(copies)
+            cuts = sum(1 for copy in copies if copy.cut)
+            if cuts:
+                left = self._cut_keys[key] - cuts
+                if left:
+                    self._cut_keys[key] = left
+                else:
+                    del self._cut_keys[key]
+        thread.images = {}
 
     def responded(self, thread: Thread | None, response_id: str | None) -> None:
         """The answer to `thread`'s last request had this id: a request naming it as previous_response_id continues it."""
@@ -446,5 +660,6 @@ class Conversations:
 
     def _drop_thread(self, thread: Thread) -> None:
         self._unindex(thread)
+        self._forget_images(thread)
         if thread.response is not None and self._by_response.get(thread.response) is thread:
             del self._by_response[thread.response]

@@ -24,11 +24,11 @@ Only images over a limit (or thinned) are ever decoded; the rest is header sniff
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from . import _document, _jsoncodec
-from ._conversation import COUNT_TOKENS, WARMUP, History, Recall, history_of, session_key
+from ._conversation import COUNT_TOKENS, WARMUP, History, Images, Recall, history_of, session_key
 from ._imageinfo import sniff_media
 from ._placeholder import MediaFacts
 from ._policy import BODY, CACHE, COUNT_CAP, IMAGE_LIMIT, REPEAT, TOKENS, Limits, NeedsWorker, Plan, changed_fields, nothing_to_change
@@ -118,10 +118,13 @@ def is_sigv4(headers: Mapping[str, str]) -> bool:
 
 
 class CutMemory(Protocol):
-    """What the cache-aware cut (the `low_water` setting) needs to know of the conversation a request
-    continues: trimflow._conversation.Conversations, as the proxy keeps it."""
+    """What the cut needs to know of the conversation a request continues: trimflow._conversation.Conversations,
+    as the proxy keeps it. The order of its images by arrival and which were cut before (`recall`, `was_cut`), and
+    for the cache-aware cut (the `low_water` setting) where its last cut ended and how long ago."""
 
     def recall(self, history: History) -> Recall | None: ...
+
+    def was_cut(self, keys: Iterable[bytes]) -> bool: ...
 
 
 def prune_request(
@@ -154,9 +157,11 @@ def prune(
     With `inline`, raises NeedsWorker instead of starting slow work (see the module's docstring).
     `tighten(model, limits)`, when given, gives the limits to apply instead of the rule's (learned limits); the
     record's `learned_limits` names the fields it changed.
-    `memory`: the conversations the caller numbers turns in; with it, a rule with `low_water` holds the
-    conversation's last cut and knows when its cache went cold. The caller then numbers the turn with
-    the outcome's `cut` (Conversations.assign). Without it, each request is cut on its own.
+    `memory`: the conversations the caller numbers turns in; with it, an image's age is when it first came in
+    the conversation, not where it sits (the oldest by arrival are cut first, the newest kept), an image cut
+    on an earlier turn stays cut, and a rule with `low_water` holds the conversation's last cut and knows when
+    its cache went cold. The caller then numbers the turn with the outcome's history and `cut`
+    (Conversations.assign). Without it, each request is cut on its own, its images aged by position.
     """
     started = time.perf_counter()
     host, path, fmt = target.host, target.path, target.format
@@ -266,32 +271,57 @@ def _prune(
         record.overhead_ms = _elapsed_ms(started)
         return record
 
+    # With a memory, the images go into the history, for their arrivals: by their keys, which read no payload through,
+    # so a request that no limit changes and that holds no image cut before costs what it did.
+    arrivals = Images.of(images) if memory is not None else None
+
     def history() -> History | None:
         try:
-            return history_of(host, headers, module.history(parsed), [m.path for m in media], _payload_ends(doc), doc.is_skeleton)
+            return history_of(host, headers, module.history(parsed), [m.path for m in media], _payload_ends(doc), doc.is_skeleton, arrivals)
         except Exception:  # noqa: BLE001 - a request left unnumbered, never a request lost
             return None
 
-    held, cold, known = 0, False, None
-    if memory is not None and limits.low_water is not None and images:
-        # The cache-aware cut needs the conversation's last cut now, so the history is digested first.
+    held, cold, known, order, cut_before = 0, False, None, None, 0
+    if (
+        memory is not None
+        and arrivals
+        and (limits.low_water is not None or not nothing_to_change(images, limits, len(body)) or _was_cut(memory, arrivals.keys))
+    ):
+        # The cut needs the images' arrivals (and the cache-aware cut the last cut) now: the history is digested first.
         known = history()
         try:
             recalled = memory.recall(known) if known is not None else None
         except Exception:  # noqa: BLE001 - the conversation's memory lost, never the request: it is cut on its own
             recalled = None
         if recalled is not None:
-            held = recalled.cut
-            cold = limits.cache_ttl is not None and recalled.idle > limits.cache_ttl
-    if guard is not None and not held and not cold and nothing_to_change(images, limits, len(body)):
+            order, cut_before = recalled.order, recalled.cut
+            if limits.low_water is not None:
+                held = recalled.cut
+                cold = limits.cache_ttl is not None and recalled.idle > limits.cache_ttl
+    if guard is not None and not cut_before and not cold and nothing_to_change(images, limits, len(body)):
         # The plan of a request nothing changes is empty: only the record's facts are left to work out.
         record_later = guard(lambda: record_of(Plan(_facts(images), limits, fmt, model), body, time.perf_counter()))
         return Outcome(body, None, record_later, known or history)
-    plan = Plan(_facts(images), limits, fmt, model, inline, held, cold)
-    out = plan.run(_DocumentWriter(module, doc), media_bytes)
+    facts = _facts(images)
+    if order is not None:
+        facts = [facts[i] for i in order]  # oldest first by arrival: the plan's "oldest" (ordinals stay positions)
+    writer = _DocumentWriter(module, doc)
+    plan = Plan(facts, limits, fmt, model, inline, held, cold)
+    out = plan.run(writer, media_bytes)
+    if cut_before > held and any(i not in plan.dropped for i in range(cut_before)):
+        # An image cut on an earlier turn would go again (the agent sent fewer): it stays cut.
+        plan = Plan(facts, limits, fmt, model, inline, cut_before, cold)
+        out = plan.run(writer, media_bytes)
     record = record_of(plan, out, started)
     forward = out if record.mode == ENFORCE else body
     return Outcome(forward, record, history=known or history, cut=plan.cut())
+
+
+def _was_cut(memory: CutMemory, keys: tuple[bytes, ...]) -> bool:
+    try:
+        return memory.was_cut(keys)
+    except Exception:  # noqa: BLE001 - as a failed recall: the request is cut on its own
+        return False
 
 
 def _payload_ends(doc: _document.Document) -> Callable[[str], tuple[int, bytes, bytes] | None]:

@@ -16,9 +16,10 @@ from trimflow import ENFORCE, prune_request
 from trimflow._conversation import Conversations
 from trimflow._decode import BROTLI_BOUNDED
 from trimflow.audit._read import classify_failure, record_from_dict
-from trimflow.testing import PATHS, session_body
+from trimflow.testing import PATHS, data_url, image, session_body
 
 from ..helpers import rules_with
+from ..images import chat
 from .helpers import (
     LIMIT_413,
     SHOT,
@@ -224,6 +225,17 @@ def test_a_what_if_over_a_recording_made_through_trimflow_starts_from_what_was_f
     assert [r["images_after"] for r in records] == [1, 2, 2, 2, 2, 2]
     assert [bool(r["reason"]) for r in records] == [False] * 4 + [True] * 2  # turns the proxy had pruned
     assert only_conversation(report)["turns"] == 6
+
+
+def test_a_what_if_ages_images_by_arrival_as_the_proxy_does(tmp_path, capsys) -> None:
+    """The second request sends fewer images, two of them cut on the first: under the cap now, they stay cut."""
+    urls = [data_url(image(40, 30, "PNG", seed=n), "image/png") for n in range(10)]
+    fewer = chat(*urls[:3], *urls[7:])
+    fewer["messages"].append({"role": "user", "content": "and now?"})
+    flows = [llm_flow("openai-chat", host="api.openai.com", body=orjson.dumps(body)) for body in (chat(*urls), fewer)]
+    rules = write_rules(tmp_path / "rules.yaml", "defaults:\n  max_images: 8\n")
+    _, report, _ = audit_json(capsys, write_dump(tmp_path / "run.mitm", flows), "--rules", rules)
+    assert [(r["images_before"], r["images_after"]) for r in rows(report)] == [(10, 8), (6, 4)]  # by position: (6, 6)
 
 
 # --- HAR and JSONL --------------------------------------------------------------------------------------------

@@ -292,6 +292,7 @@ class Reader:
         # A record with a kind was numbered by the proxy as the history-aware tracker numbers it; an older one is renumbered.
         numbered = proxy_record is not None and isinstance(proxy, dict) and "kind" in proxy
         history: History | None = None
+        cut = 0  # where the engine's cut ended (Outcome.cut), for the conversation's next turn
         after: str | None  # where the after figures come from (Row.after)
         if proxy_record is not None and not self.what_if:
             record, after = proxy_record, PROXY  # as trimflow recorded it: before, after and all it did
@@ -301,9 +302,11 @@ class Reader:
             body = self._body(request, tally)
             if body is None:
                 return []
-            outcome = prune(target, request.headers, body, self.rules, OBSERVE) if target is not None else None
+            # Numbered here, the request is cut as the proxy cuts it: its images aged by arrival in its conversation.
+            memory = None if numbered else self.conversations
+            outcome = prune(target, request.headers, body, self.rules, OBSERVE, memory=memory) if target is not None else None
             if outcome is not None and outcome.record is not None:
-                record, after, history = outcome.record, WHAT_IF if self.what_if else None, outcome.history
+                record, after, history, cut = outcome.record, WHAT_IF if self.what_if else None, outcome.history, outcome.cut
                 if proxy_record is not None:
                     self._what_if_after_proxy(record, proxy_record, numbered)
             elif proxy_record is not None:
@@ -311,7 +314,7 @@ class Reader:
             else:
                 tally.skipped += 1
                 return []
-        thread = None if numbered else self._number(record, history)
+        thread = None if numbered else self._number(record, history, cut)
         tally.llm_requests += 1
         tally.proxy_records += proxy_record is not None
         record.ts = _utc(request.timestamp_start)
@@ -368,11 +371,11 @@ class Reader:
         body = self._body(request, tally)
         return None if body is None else prune(target, request.headers, body, self.rules, OBSERVE).history
 
-    def _number(self, record: Record, history: History | None) -> Thread | None:
-        """The record's conversation, turn and segment, as the proxy's Flows assigns them."""
+    def _number(self, record: Record, history: History | None, cut: int = 0) -> Thread | None:
+        """The record's conversation, turn and segment, as the proxy's Flows assigns them (with where its cut ended)."""
         if history is None:
             return None
-        assignment = self.conversations.assign(history, record.kind)
+        assignment = self.conversations.assign(history, record.kind, cut)
         record.conversation, record.turn, record.segment = assignment.conversation, assignment.turn, assignment.segment
         return assignment.thread
 
@@ -408,11 +411,11 @@ class Reader:
                 continue
             target = self.rules.target(flow.request.pretty_host, flow.request.path, wire_format=openai_responses.NAME)
             assert target is not None  # a forced format always resolves
-            outcome = prune(target, flow.request.headers, message.content, self.rules, OBSERVE)
+            outcome = prune(target, flow.request.headers, message.content, self.rules, OBSERVE, memory=self.conversations)
             if outcome.record is None:
                 continue
             outcome.record.ts = _utc(message.timestamp)
-            thread = self._number(outcome.record, outcome.history)
+            thread = self._number(outcome.record, outcome.history, outcome.cut)
             rows.append(self._row(outcome.record, index, None, WHAT_IF if self.what_if else None))
             waiting.append((rows[-1], thread))
         if rows:
