@@ -39,6 +39,7 @@ from .._rules import DEFAULT_RULES_PATH, Rules, load_rules
 from .._tokens import text_tokens
 from ..formats import FORMATS, IMAGE
 from ._cache_model import CacheModel, CacheUsage, TooManyBreakpoints, prompt_of
+from ._optimum import Optimum, Ratios, optimum, price_for, ratios
 from ._synthetic import b64, data_url
 
 __all__ = [
@@ -522,11 +523,24 @@ def run_policy(
 
 # --- the table ------------------------------------------------------------------------------------------------
 
-_COLUMNS = ("policy", "requests", "images sent", "input tokens", "cache-write", "cache-read", "cost", "broken-prefix turns", "limits breached")
+_COLUMNS = (
+    "policy",
+    "requests",
+    "images sent",
+    "input tokens",
+    "cache-write",
+    "cache-read",
+    "cost",
+    "x optimum",
+    "x optimum, by length",
+    "broken-prefix turns",
+    "limits breached",
+)
 
 
-def table(session: ReferenceSession, results: Sequence[PolicyResult]) -> str:
-    """One session's results as a Markdown table (readable as text too)."""
+def table(session: ReferenceSession, results: Sequence[PolicyResult], best: Optimum, against: Mapping[str, Ratios]) -> str:
+    """One session's results as a Markdown table (readable as text too), with each policy's cost over the
+    optimum's (`against`, by policy name) at full length and averaged over the lengths."""
     rows = [_COLUMNS]
     for r in results:
         cost = "-" if r.cost is None else f"${r.cost:,.2f}"
@@ -540,19 +554,27 @@ def table(session: ReferenceSession, results: Sequence[PolicyResult]) -> str:
                 f"{r.cache_write_tokens:,}",
                 f"{r.cache_read_tokens:,}",
                 cost,
+                f"{against[r.policy].full:.3f}",
+                f"{against[r.policy].averaged:.3f}",
                 f"{r.broken_turns}",
                 breached,
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
-    numeric = set(range(1, 8))
+    numeric = set(range(1, 10))
 
     def line(row: Sequence[str]) -> str:
         cells = [cell.rjust(widths[i]) if i in numeric else cell.ljust(widths[i]) for i, cell in enumerate(row)]
         return "| " + " | ".join(cells) + " |"
 
     rule = "|" + "|".join("-" * (w + 1) + (":" if i in numeric else "-") for i, w in enumerate(widths)) + "|"
-    return "\n".join([f"{session.name} ({session.model}): {session.description}", "", line(rows[0]), rule, *(line(row) for row in rows[1:])])
+    title = f"{session.name} ({session.model}): {session.description}"
+    cheapest = f"Optimum at a floor of {best.floor} images under a cap of {best.cap}: {_dollars(best.cost)}, the cut moved on {best.moves} turns."
+    return "\n".join([title, "", line(rows[0]), rule, *(line(row) for row in rows[1:]), "", cheapest])
+
+
+def _dollars(cost: float) -> str:
+    return f"${cost:,.2f}" if cost >= 0.1 else f"${cost:,.4f}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -560,7 +582,9 @@ def main(argv: list[str] | None = None) -> int:
         prog="replay --policies",
         description="Run the reference sessions through each pruning policy in process, against a model of the "
         "providers' prompt caching, and print per session and policy: requests, images sent, input tokens, "
-        "cache-write and cache-read tokens, cost, turns whose cached prefix broke, and limits breached.",
+        "cache-write and cache-read tokens, cost, the cost over the cheapest cut schedule at the floor of batches "
+        "of 6 (at full length, and averaged over the session's lengths), turns whose cached prefix broke, and "
+        "limits breached.",
     )
     parser.add_argument("--policies", action="store_true", required=True, help="this mode (the other replay options do not apply)")
     parser.add_argument("--session", action="append", choices=[s.name for s in REFERENCE_SESSIONS], help="only this session (repeatable)")
@@ -576,10 +600,23 @@ def main(argv: list[str] | None = None) -> int:
         for policy in policies:
             print(f"replay: {session.name}: {policy.name}", file=sys.stderr, flush=True)
             results.append(run_policy(session, policy, base=base, prices=prices))
+        print(f"replay: {session.name}: the cheapest schedule", file=sys.stderr, flush=True)
+        best = optimum(session, base=base, prices=prices)
+        price = price_for(session, prices)
+        against = {r.policy: ratios(r, best, price) for r in results}
         if args.json:
-            summaries += [r.summary() for r in results]
+            for r in results:
+                summary = r.summary()
+                summary.update(
+                    optimum_floor=best.floor,
+                    optimum_cost=round(best.cost, 4),
+                    cost_vs_optimum=round(against[r.policy].full, 4),
+                    cost_vs_optimum_by_length=round(against[r.policy].averaged, 4),
+                    turns_over_cap=against[r.policy].cap_broken,
+                )
+                summaries.append(summary)
         else:
-            print(("\n" if n else "") + table(session, results), flush=True)
+            print(("\n" if n else "") + table(session, results, best, against), flush=True)
     if args.json:
         sys.stdout.buffer.write(orjson.dumps(summaries, option=orjson.OPT_INDENT_2) + b"\n")
     return 0

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import orjson
 
@@ -31,7 +32,9 @@ from .._prices import Price, PriceTable, load_prices
 from .._rules import DEFAULT_RULES_PATH, Rules, load_rules
 from ..formats import FORMATS, IMAGE
 from ._cache_model import CacheModel, CacheUsage, Prompt, prompt_of
-from ._cache_sessions import PolicyResult, ReferenceSession
+
+if TYPE_CHECKING:  # the policy runner prints these ratios: it imports this module
+    from ._cache_sessions import PolicyResult, ReferenceSession
 
 __all__ = [
     "BATCH_FLOOR_BELOW_CAP",
