@@ -33,7 +33,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from .._conversation import Conversations
 from .._engine import prune
-from .._prices import PriceTable, load_prices
+from .._prices import Price, PriceTable, load_prices
 from .._profiles import Profile, check, load_profiles
 from .._rules import DEFAULT_RULES_PATH, Rules, load_rules
 from .._tokens import text_tokens
@@ -172,10 +172,11 @@ def _cache_last_block(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 _CU_GAPS = {21: 420.0, 45: 660.0}  # the user stepped away: past the 5-minute TTL
+_IDLE_GAPS = {16: 420.0, 31: 900.0, 46: 600.0}  # a pause past the TTL every 15 turns
 
 
-def _computer_use() -> Iterator[Turn]:
-    rng = random.Random("computer-use")
+def _computer_use(gaps: Mapping[int, float] = _CU_GAPS, seed: str = "computer-use") -> Iterator[Turn]:
+    rng = random.Random(seed)
     system = [{"type": "text", "text": _filler("operate the computer", 6, 1), "cache_control": {"type": "ephemeral"}}]
     tools = [
         {"type": "computer_20250124", "name": "computer", "display_width_px": SCREEN[0], "display_height_px": SCREEN[1], "display_number": 1},
@@ -196,7 +197,7 @@ def _computer_use() -> Iterator[Turn]:
                 {"type": "tool_use", "id": tool_id, "name": "computer", "input": action},
             ],
         }
-        yield Turn(orjson.dumps(body), _think(rng, turn, 4, 12, _CU_GAPS), _tokens(assistant["content"]))
+        yield Turn(orjson.dumps(body), _think(rng, turn, 4, 12, gaps), _tokens(assistant["content"]))
         result = {"type": "tool_result", "tool_use_id": tool_id, "content": [_claude_image(turn)]}
         messages += [assistant, {"role": "user", "content": [result]}]
 
@@ -281,21 +282,117 @@ def _chat() -> Iterator[Turn]:
 _GEMINI_GAPS = {15: 360.0, 31: 540.0}
 
 
-def _gemini() -> Iterator[Turn]:
-    rng = random.Random("gemini")
+def _gemini(gaps: Mapping[int, float] = _GEMINI_GAPS, turns: int = 40, seed: str = "gemini") -> Iterator[Turn]:
+    rng = random.Random(seed)
     system = {"parts": [{"text": _filler("browse for the user", 4, 4)}]}
     tools = [{"functionDeclarations": [{"name": "click_at", "description": "Click at x, y of the page.", "parameters": {"type": "object"}}]}]
     task = "Find the cheapest direct flight from Lisbon to Oslo next Friday and fill in the booking form."
     shot = {"inline_data": {"mime_type": "image/png", "data": _shot_b64(0)}}
     contents: list[dict[str, Any]] = [{"role": "user", "parts": [{"text": task}, shot]}]
-    for turn in range(1, 41):
+    for turn in range(1, turns + 1):
         body = {"systemInstruction": system, "tools": tools, "contents": contents}
         x, y = rng.randrange(SCREEN[0]), rng.randrange(SCREEN[1])
         call = {"role": "model", "parts": [{"functionCall": {"name": "click_at", "args": {"x": x, "y": y}}}]}
-        yield Turn(orjson.dumps(body), _think(rng, turn, 3, 10, _GEMINI_GAPS), _tokens(call["parts"]))
+        yield Turn(orjson.dumps(body), _think(rng, turn, 3, 10, gaps), _tokens(call["parts"]))
         response = {"functionResponse": {"name": "click_at", "response": {"url": f"https://flights.example/step/{turn}"}}}
         screen = {"inline_data": {"mime_type": "image/png", "data": _shot_b64(turn)}}
         contents = [*contents, call, {"role": "user", "parts": [response, screen]}]
+
+
+def _openai_image(seed: int) -> dict[str, Any]:
+    return {"type": "image_url", "image_url": {"url": data_url(desktop_screenshot(seed), "image/png"), "detail": "auto"}}
+
+
+def _computer_use_openai(gaps: Mapping[int, float] = _CU_GAPS, seed: str = "computer-use-openai") -> Iterator[Turn]:
+    """Computer use on OpenAI chat: a function call per turn, its result as a tool message and the screen after
+    it in a user message (chat tool messages carry no images)."""
+    rng = random.Random(seed)
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "computer",
+                "description": _filler("use the computer tool", 1, 5),
+                "parameters": {"type": "object", "properties": {"action": {"type": "string"}, "x": {"type": "integer"}, "y": {"type": "integer"}}},
+            },
+        }
+    ]
+    task = "Open the billing page of the admin console, export last month's invoices as CSV and attach the file to the open ticket."
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": _filler("operate the computer", 6, 1)},
+        {"role": "user", "content": [{"type": "text", "text": task}, _openai_image(0)]},
+    ]
+    for turn in range(1, 61):
+        body = {"model": "gpt-4o", "max_tokens": 4096, "tools": tools, "messages": messages}
+        x, y = rng.randrange(SCREEN[0]), rng.randrange(SCREEN[1])
+        call_id = f"call_{turn:04d}"
+        arguments = orjson.dumps({"action": "left_click", "x": x, "y": y}).decode()
+        assistant = {
+            "role": "assistant",
+            "content": f"Step {turn}: the screen shows the {rng.choice(_WORDS)} view; I will click at ({x}, {y}).",
+            "tool_calls": [{"id": call_id, "type": "function", "function": {"name": "computer", "arguments": arguments}}],
+        }
+        yield Turn(orjson.dumps(body), _think(rng, turn, 4, 12, gaps), _tokens(assistant))
+        screen = {"role": "user", "content": [{"type": "text", "text": f"Screen after step {turn}."}, _openai_image(turn)]}
+        messages = [*messages, assistant, {"role": "tool", "tool_call_id": call_id, "content": "clicked"}, screen]
+
+
+_CHAT_ANTHROPIC_GAPS = {5: 480.0, 10: 900.0}
+
+
+def _chat_anthropic() -> Iterator[Turn]:
+    """A user pasting 3 screenshots into each of 15 messages, on Anthropic, the breakpoint on the last block."""
+    rng = random.Random("chat-anthropic")
+    system = [{"type": "text", "text": _filler("answer questions about screenshots", 5, 6), "cache_control": {"type": "ephemeral"}}]
+    messages: list[dict[str, Any]] = []
+    for turn in range(1, 16):
+        question = {"type": "text", "text": f"Message {turn}: what changed between these three screens, and what should I click?"}
+        messages.append({"role": "user", "content": [question, *(_claude_image(3 * (turn - 1) + i) for i in range(3))]})
+        body = {"model": "claude-sonnet-4-6", "max_tokens": 2048, "system": system, "messages": _cache_last_block(messages)}
+        answer = {"role": "assistant", "content": [{"type": "text", "text": _filler("compare screens", rng.uniform(0.8, 1.6), 3000 + turn)}]}
+        yield Turn(orjson.dumps(body), _think(rng, turn, 60, 240, _CHAT_ANTHROPIC_GAPS), _tokens(answer["content"]))
+        messages.append(answer)
+
+
+def _coding_openai() -> Iterator[Turn]:
+    """The coding session of _claude_code on OpenAI chat: tools as functions, results as tool messages, each
+    screenshot read in a user message after its tool message."""
+    for turn in _claude_code():
+        body = orjson.loads(turn.body)
+        system = " ".join(block["text"] for block in body["system"])
+        tools = [
+            {"type": "function", "function": {"name": t["name"], "description": t["description"], "parameters": t["input_schema"]}}
+            for t in body["tools"]
+        ]
+        messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
+        for message in body["messages"]:
+            messages += _openai_messages(message)
+        out = {"model": "gpt-4o", "max_tokens": 16384, "tools": tools, "messages": messages}
+        yield Turn(orjson.dumps(out), turn.think, turn.output_tokens)
+
+
+def _openai_messages(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """One Anthropic message of _claude_code as the OpenAI chat messages an agent sends for it."""
+    blocks = message["content"]
+    if message["role"] == "assistant":
+        text = " ".join(b["text"] for b in blocks if b["type"] == "text")
+        calls = [
+            {"id": b["id"], "type": "function", "function": {"name": b["name"], "arguments": orjson.dumps(b["input"]).decode()}}
+            for b in blocks
+            if b["type"] == "tool_use"
+        ]
+        return [{"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {})}]
+    out: list[dict[str, Any]] = []
+    for block in blocks:
+        if block["type"] == "text":
+            out.append({"role": "user", "content": block["text"]})
+        elif isinstance(block["content"], str):
+            out.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": block["content"]})
+        else:
+            out.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": "the image follows"})
+            images = [{"type": "image_url", "image_url": {"url": f"data:image/png;base64,{b['source']['data']}"}} for b in block["content"]]
+            out.append({"role": "user", "content": images})
+    return out
 
 
 _ANTHROPIC_PROFILES = (
@@ -306,6 +403,7 @@ _ANTHROPIC_PROFILES = (
     "anthropic-many-image-2000px",
     "generic-8",
 )
+_OPENAI_PROFILES = ("azure-50", "generic-8")
 
 REFERENCE_SESSIONS: tuple[ReferenceSession, ...] = (
     ReferenceSession(
@@ -338,7 +436,7 @@ REFERENCE_SESSIONS: tuple[ReferenceSession, ...] = (
         "/v1/chat/completions",
         "gpt-4o",
         15,
-        ("azure-50", "generic-8"),
+        _OPENAI_PROFILES,
         _chat,
     ),
     ReferenceSession(
@@ -351,6 +449,72 @@ REFERENCE_SESSIONS: tuple[ReferenceSession, ...] = (
         40,
         ("copilot-gemini-10",),
         _gemini,
+    ),
+    ReferenceSession(
+        "computer-use-openai",
+        "computer use on OpenAI chat: 60 turns, a function call per turn and the screen after it in a user message",
+        "openai-chat",
+        "api.openai.com",
+        "/v1/chat/completions",
+        "gpt-4o",
+        60,
+        _OPENAI_PROFILES,
+        _computer_use_openai,
+    ),
+    ReferenceSession(
+        "idle",
+        "computer-use with the user away past the 5-minute TTL every 15 turns",
+        "anthropic",
+        "api.anthropic.com",
+        "/v1/messages",
+        "claude-sonnet-4-6",
+        60,
+        _ANTHROPIC_PROFILES,
+        functools.partial(_computer_use, _IDLE_GAPS, "idle"),
+    ),
+    ReferenceSession(
+        "idle-openai",
+        "computer-use-openai with the user away past the TTL every 15 turns",
+        "openai-chat",
+        "api.openai.com",
+        "/v1/chat/completions",
+        "gpt-4o",
+        60,
+        _OPENAI_PROFILES,
+        functools.partial(_computer_use_openai, _IDLE_GAPS, "idle-openai"),
+    ),
+    ReferenceSession(
+        "chat-anthropic",
+        "Anthropic chat: 15 user messages, each pasting 3 screenshots, the breakpoint on the last block",
+        "anthropic",
+        "api.anthropic.com",
+        "/v1/messages",
+        "claude-sonnet-4-6",
+        15,
+        _ANTHROPIC_PROFILES,
+        _chat_anthropic,
+    ),
+    ReferenceSession(
+        "claude-code-openai",
+        "claude-code's session on OpenAI chat: 80 requests, 20 screenshots read",
+        "openai-chat",
+        "api.openai.com",
+        "/v1/chat/completions",
+        "gpt-4o",
+        sum(_CC_EPISODES),
+        _OPENAI_PROFILES,
+        _coding_openai,
+    ),
+    ReferenceSession(
+        "gemini-idle",
+        "the Gemini browser agent over 60 turns, away past the TTL every 15 turns (a cap of 10)",
+        "gemini",
+        "generativelanguage.googleapis.com",
+        "/v1beta/models/gemini-2.5-flash:generateContent",
+        "gemini-2.5-flash",
+        60,
+        ("copilot-gemini-10",),
+        functools.partial(_gemini, _IDLE_GAPS, 60, "gemini-idle"),
     ),
 )
 
@@ -538,9 +702,9 @@ _COLUMNS = (
 )
 
 
-def table(session: ReferenceSession, results: Sequence[PolicyResult], best: Optimum, against: Mapping[str, Ratios]) -> str:
+def table(session: ReferenceSession, results: Sequence[PolicyResult], best: Optimum, against: Mapping[str, Ratios], price: Price) -> str:
     """One session's results as a Markdown table (readable as text too), with each policy's cost over the
-    optimum's (`against`, by policy name) at full length and averaged over the lengths."""
+    optimum's (`against`, by policy name, priced with `price`) at full length and averaged over the lengths."""
     rows = [_COLUMNS]
     for r in results:
         cost = "-" if r.cost is None else f"${r.cost:,.2f}"
@@ -570,6 +734,8 @@ def table(session: ReferenceSession, results: Sequence[PolicyResult], best: Opti
     rule = "|" + "|".join("-" * (w + 1) + (":" if i in numeric else "-") for i, w in enumerate(widths)) + "|"
     title = f"{session.name} ({session.model}): {session.description}"
     cheapest = f"Optimum at a floor of {best.floor} images under a cap of {best.cap}: {_dollars(best.cost)}, the cut moved on {best.moves} turns."
+    if any(r.cost is None for r in results):
+        cheapest += f" Ratios priced as {price.family}."
     return "\n".join([title, "", line(rows[0]), rule, *(line(row) for row in rows[1:]), "", cheapest])
 
 
@@ -616,7 +782,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 summaries.append(summary)
         else:
-            print(("\n" if n else "") + table(session, results, best, against), flush=True)
+            print(("\n" if n else "") + table(session, results, best, against, price), flush=True)
     if args.json:
         sys.stdout.buffer.write(orjson.dumps(summaries, option=orjson.OPT_INDENT_2) + b"\n")
     return 0
