@@ -18,7 +18,9 @@ from trimflow.testing._optimum import (
     cheapest,
     cut_requests,
     feasible_cuts,
+    optima,
     optimum,
+    policy_floor,
     price_for,
     ratios,
     schedule_cost,
@@ -150,3 +152,19 @@ def test_batches_of_six_are_within_two_percent_of_the_optimum_on_computer_use() 
     batch, rolling = (ratios(run_policy(session, policy[name]), best, price) for name in ("batch 6", "rolling (batch 1)"))
     assert 1.0 <= batch.full <= 1.02 and 1.0 <= batch.averaged <= 1.05 and batch.cap_broken == 0
     assert rolling.full > 2 * batch.full
+
+
+def test_the_optimum_at_each_floor_and_a_policys_floor() -> None:
+    session = small_session("anthropic", 3, turns=10)
+    by_floor = optima(session, [1, 3, 8, 12])
+    assert sorted(by_floor) == [1, 3, 8]  # within 1 and the cap of 8
+    for floor, best in by_floor.items():
+        assert best.cost == pytest.approx(optimum(session, floor=floor).cost, rel=1e-12)
+    # A higher floor leaves fewer schedules: never cheaper.
+    assert by_floor[1].cost <= by_floor[3].cost <= by_floor[8].cost
+    policy = {p.name: p for p in POLICIES}
+    images = by_floor[1].images
+    assert max(images) > 8
+    assert policy_floor(run_policy(session, policy["batch 6"]), images, 8) == 3
+    assert policy_floor(run_policy(session, policy["rolling (batch 1)"]), images, 8) == 8
+    assert policy_floor(run_policy(session, policy["no pruning"]), images, 8) == 8

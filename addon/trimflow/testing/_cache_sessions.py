@@ -39,7 +39,7 @@ from .._rules import DEFAULT_RULES_PATH, Rules, load_rules
 from .._tokens import text_tokens
 from ..formats import FORMATS, IMAGE
 from ._cache_model import CacheModel, CacheUsage, TooManyBreakpoints, prompt_of
-from ._optimum import Optimum, Ratios, optimum, price_for, ratios
+from ._optimum import Optimum, Ratios, optima, policy_floor, price_for, ratios
 from ._synthetic import b64, data_url
 
 __all__ = [
@@ -695,6 +695,7 @@ _COLUMNS = (
     "cache-write",
     "cache-read",
     "cost",
+    "floor",
     "x optimum",
     "x optimum, by length",
     "broken-prefix turns",
@@ -702,9 +703,17 @@ _COLUMNS = (
 )
 
 
-def table(session: ReferenceSession, results: Sequence[PolicyResult], best: Optimum, against: Mapping[str, Ratios], price: Price) -> str:
-    """One session's results as a Markdown table (readable as text too), with each policy's cost over the
-    optimum's (`against`, by policy name, priced with `price`) at full length and averaged over the lengths."""
+def table(
+    session: ReferenceSession,
+    results: Sequence[PolicyResult],
+    floors: Mapping[str, int],
+    best: Mapping[int, Optimum],
+    against: Mapping[str, Ratios],
+    price: Price,
+) -> str:
+    """One session's results as a Markdown table (readable as text too), with each policy's floor and its cost
+    over the optimum's at that floor (`against`, by policy name, priced with `price`) at full length and
+    averaged over the lengths."""
     rows = [_COLUMNS]
     for r in results:
         cost = "-" if r.cost is None else f"${r.cost:,.2f}"
@@ -718,6 +727,7 @@ def table(session: ReferenceSession, results: Sequence[PolicyResult], best: Opti
                 f"{r.cache_write_tokens:,}",
                 f"{r.cache_read_tokens:,}",
                 cost,
+                f"{floors[r.policy]}",
                 f"{against[r.policy].full:.3f}",
                 f"{against[r.policy].averaged:.3f}",
                 f"{r.broken_turns}",
@@ -725,7 +735,7 @@ def table(session: ReferenceSession, results: Sequence[PolicyResult], best: Opti
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
-    numeric = set(range(1, 10))
+    numeric = set(range(1, 11))
 
     def line(row: Sequence[str]) -> str:
         cells = [cell.rjust(widths[i]) if i in numeric else cell.ljust(widths[i]) for i, cell in enumerate(row)]
@@ -733,7 +743,9 @@ def table(session: ReferenceSession, results: Sequence[PolicyResult], best: Opti
 
     rule = "|" + "|".join("-" * (w + 1) + (":" if i in numeric else "-") for i, w in enumerate(widths)) + "|"
     title = f"{session.name} ({session.model}): {session.description}"
-    cheapest = f"Optimum at a floor of {best.floor} images under a cap of {best.cap}: {_dollars(best.cost)}, the cut moved on {best.moves} turns."
+    cap = next(iter(best.values())).cap
+    each = "; ".join(f"floor {f}: {_dollars(o.cost)}, the cut moved on {o.moves} turns" for f, o in sorted(best.items()))
+    cheapest = f"Optimum under a cap of {cap} images, by floor (the fewest images a policy sends after a cut): {each}."
     if any(r.cost is None for r in results):
         cheapest += f" Ratios priced as {price.family}."
     return "\n".join([title, "", line(rows[0]), rule, *(line(row) for row in rows[1:]), "", cheapest])
@@ -748,9 +760,9 @@ def main(argv: list[str] | None = None) -> int:
         prog="replay --policies",
         description="Run the reference sessions through each pruning policy in process, against a model of the "
         "providers' prompt caching, and print per session and policy: requests, images sent, input tokens, "
-        "cache-write and cache-read tokens, cost, the cost over the cheapest cut schedule at the floor of batches "
-        "of 6 (at full length, and averaged over the session's lengths), turns whose cached prefix broke, and "
-        "limits breached.",
+        "cache-write and cache-read tokens, cost, the policy's floor (the fewest images it sends after a cut) and "
+        "its cost over the cheapest cut schedule at that floor (at full length, and averaged over the session's "
+        "lengths), turns whose cached prefix broke, and limits breached.",
     )
     parser.add_argument("--policies", action="store_true", required=True, help="this mode (the other replay options do not apply)")
     parser.add_argument("--session", action="append", choices=[s.name for s in REFERENCE_SESSIONS], help="only this session (repeatable)")
@@ -766,23 +778,26 @@ def main(argv: list[str] | None = None) -> int:
         for policy in policies:
             print(f"replay: {session.name}: {policy.name}", file=sys.stderr, flush=True)
             results.append(run_policy(session, policy, base=base, prices=prices))
-        print(f"replay: {session.name}: the cheapest schedule", file=sys.stderr, flush=True)
-        best = optimum(session, base=base, prices=prices)
+        print(f"replay: {session.name}: the cheapest schedules", file=sys.stderr, flush=True)
+        images = [sum(1 for m in FORMATS[session.fmt].find_media(orjson.loads(t.body)) if m.kind == IMAGE) for t in session.turns()]
+        cap = base.limits_for(session.host, session.path, session.model).max_images or max(images)
+        floors = {r.policy: policy_floor(r, images, cap) for r in results}
+        best = optima(session, floors.values(), base=base, prices=prices)
         price = price_for(session, prices)
-        against = {r.policy: ratios(r, best, price) for r in results}
+        against = {r.policy: ratios(r, best[floors[r.policy]], price) for r in results}
         if args.json:
             for r in results:
                 summary = r.summary()
                 summary.update(
-                    optimum_floor=best.floor,
-                    optimum_cost=round(best.cost, 4),
+                    optimum_floor=floors[r.policy],
+                    optimum_cost=round(best[floors[r.policy]].cost, 4),
                     cost_vs_optimum=round(against[r.policy].full, 4),
                     cost_vs_optimum_by_length=round(against[r.policy].averaged, 4),
                     turns_over_cap=against[r.policy].cap_broken,
                 )
                 summaries.append(summary)
         else:
-            print(("\n" if n else "") + table(session, results, best, against, price), flush=True)
+            print(("\n" if n else "") + table(session, results, floors, best, against, price), flush=True)
     if args.json:
         sys.stdout.buffer.write(orjson.dumps(summaries, option=orjson.OPT_INDENT_2) + b"\n")
     return 0

@@ -46,7 +46,9 @@ __all__ = [
     "cheapest",
     "cut_requests",
     "feasible_cuts",
+    "optima",
     "optimum",
+    "policy_floor",
     "price_for",
     "ratios",
     "schedule_cost",
@@ -189,6 +191,31 @@ def optimum(
     price = price_for(session, prices)
     turns = cut_requests(session, rules, lambda number, images: feasible_cuts(images, most, least))
     return cheapest(session.name, turns, price, most, least)
+
+
+def optima(session: ReferenceSession, floors: Iterable[int], *, base: Rules | None = None, prices: PriceTable | None = None) -> dict[int, Optimum]:
+    """The cheapest schedule of `session` under the rules' cap at each of `floors` (each kept within 1 and
+    the cap): the requests of every cut are built once, for the lowest floor."""
+    rules = base if base is not None else load_rules(DEFAULT_RULES_PATH)
+    cap = _cap(session, rules)
+    wanted = sorted({min(max(1, f), cap) for f in floors})
+    if not wanted:
+        return {}
+    price = price_for(session, prices)
+    turns = cut_requests(session, rules, lambda number, images: feasible_cuts(images, cap, wanted[0]))
+    return {floor: cheapest(session.name, [_within(t, cap, floor) for t in turns], price, cap, floor) for floor in wanted}
+
+
+def _within(turn: CutTurn, cap: int, floor: int) -> CutTurn:
+    allowed = feasible_cuts(turn.images, cap, floor)
+    return CutTurn(turn.images, turn.think, turn.output_tokens, {c: p for c, p in turn.prompts.items() if c in allowed})
+
+
+def policy_floor(result: PolicyResult, images: Sequence[int], cap: int) -> int:
+    """The fewest images `result` sent on a turn it cut (`images`: each turn's before any cut), within 1 and
+    `cap`: the floor its optimum is computed at. A policy that never cut is held to the cap."""
+    sent = [t.images for t, before in zip(result.turns, images, strict=True) if t.images < before]
+    return min(max(1, min(sent, default=cap)), cap)
 
 
 def cheapest(name: str, turns: Sequence[CutTurn], price: Price, cap: int, floor: int) -> Optimum:
