@@ -526,13 +526,18 @@ _OFF = {"low_water": None, "cache_ttl": None}
 
 @dataclass(frozen=True)
 class Policy:
-    """A way to prune: the shipped rules with `overrides` forced on the defaults and every rule (None: as shipped)."""
+    """A way to prune: the shipped rules with `overrides` forced on the defaults and every rule (None: as shipped),
+    and for a session of a wire format in `by_format`, that format's overrides on top (a provider whose cache
+    prices call for other settings)."""
 
     name: str
     overrides: Mapping[str, Any] | None
+    by_format: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
-    def rules(self, base: Rules) -> Rules:
-        return base if self.overrides is None else base.with_limits(**self.overrides)
+    def rules(self, base: Rules, fmt: str | None = None) -> Rules:
+        rules = base if self.overrides is None else base.with_limits(**self.overrides)
+        extra = self.by_format.get(fmt) if fmt is not None else None
+        return rules if extra is None else rules.with_limits(**extra)
 
 
 POLICIES: tuple[Policy, ...] = (
@@ -543,6 +548,17 @@ POLICIES: tuple[Policy, ...] = (
     Policy("batch 8", {"prune_batch": 8, **_OFF}),
     Policy("low-water 0.5", {"prune_batch": 1, "low_water": 0.5, "cache_ttl": None}),
     Policy("low-water 0.5 + cache_ttl 5m", {"prune_batch": 1, "low_water": 0.5, "cache_ttl": 300.0}),
+    # Batches of 6, and a conversation idle past the TTL cut to their floor at once: a low-water mark of 0.45
+    # is 3 of 8 (batch 6's floor) and 4 of 10.
+    Policy("batch 6 + cold cut", {"prune_batch": 6, "low_water": 0.45, "cache_ttl": 300.0}),
+    # The cold cut at each cap's batch-6 floor (3 of 8, 5 of 10), and on OpenAI, whose cache reads cost half the
+    # input price and writes nothing extra, cuts in batches of 3 above a voluntary cap of 5 (the same floor of 3):
+    # holding an image costs more there than moving the cut.
+    Policy(
+        "cache-aware candidate",
+        {"prune_batch": 6, "low_water": 0.4, "cache_ttl": 300.0},
+        {"gemini": {"low_water": 0.5}, "openai-chat": {"max_images": 5, "prune_batch": 3, "low_water": 0.6}},
+    ),
     Policy("shipped defaults", None),
 )
 
@@ -647,7 +663,7 @@ def run_policy(
 ) -> PolicyResult:
     """Every turn of `session` through the engine under `policy`, then through the cache model at the
     session's simulated time. The conversations are remembered as the proxy remembers them, on the same clock."""
-    rules = policy.rules(base if base is not None else load_rules(DEFAULT_RULES_PATH))
+    rules = policy.rules(base if base is not None else load_rules(DEFAULT_RULES_PATH), session.fmt)
     price = (prices if prices is not None else load_prices()).for_model(session.model)
     if profiles is None:
         known = load_profiles()
