@@ -60,8 +60,7 @@ BATCH_FLOOR_BELOW_CAP = 5
 
 # Prices for the ratios of a model rules/prices.yaml leaves out (a ratio needs some price; the tables show
 # such a session's dollars as "-"). Gemini 2.5 Flash: input $0.30 and output $2.50 per million tokens as
-# Google's pricing page gives them, implicit-cache reads at a 75% discount (a 90% one is also reported:
-# the ratios at 90% are closer to the Anthropic sessions').
+# Google's pricing page gives them, implicit-cache reads at a 75% discount (a 90% one is also reported).
 RATIO_PRICES: dict[str, Price] = {
     "gemini-2.5-flash": Price(
         "gemini-2.5-flash (ratios only)", 0.30, 0.30, 0.075, 2.50, "https://ai.google.dev/gemini-api/docs/pricing", "2026-11-24"
