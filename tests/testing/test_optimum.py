@@ -168,3 +168,16 @@ def test_the_optimum_at_each_floor_and_a_policys_floor() -> None:
     assert policy_floor(run_policy(session, policy["batch 6"]), images, 8) == 3
     assert policy_floor(run_policy(session, policy["rolling (batch 1)"]), images, 8) == 8
     assert policy_floor(run_policy(session, policy["no pruning"]), images, 8) == 8
+
+
+def test_the_cold_cut_brings_the_idle_session_within_five_percent_of_the_optimum() -> None:
+    """Batches of 6 miss the target when the user pauses past the TTL every 15 turns; cutting a cold
+    conversation to the floor at once (low_water + cache_ttl) meets it, at the same floor of 3."""
+    session = next(s for s in REFERENCE_SESSIONS if s.name == "idle")
+    policy = {p.name: p for p in POLICIES}
+    batch, cold = (run_policy(session, policy[name]) for name in ("batch 6", "batch 6 + cold cut"))
+    best = optimum(session)
+    assert best.floor == 3 and {policy_floor(r, best.images, best.cap) for r in (batch, cold)} == {3}
+    price = price_for(session)
+    assert ratios(batch, best, price).averaged > 1.05 >= ratios(cold, best, price).averaged >= 1.0
+    assert cold.breaches == {}
