@@ -61,6 +61,7 @@ from trimflow._malloc import MMAP_THRESHOLD, TRIM_THRESHOLD
 from trimflow._record import utc_timestamp
 from trimflow._rules import DEFAULT_RULES_PATH, load_rules
 from trimflow.testing import MIME, PATHS, POLICIES, REFERENCE_SESSIONS, data_url, image, run_policy, screenshot, session_body
+from trimflow.testing._optimum import optimum, price_for, ratios
 
 FORMAT = "openai-chat"
 PATH = PATHS[FORMAT]
@@ -1468,14 +1469,19 @@ SECTIONS = ("engine", "text", "proxy", "learned", "shaped", "shrink", "cache")
 LEARNED_ENTRIES = 10_000
 
 
+STEADY_SESSIONS = ("computer-use",)  # steady computer use: the shipped rules within 2% of the optimum at full length
+
+
 def cache_figures() -> list[Figure]:
     """The shipped rules against rolling keep-8 and no pruning at all on the 60-turn computer-use reference session,
-    billed by the prompt cache model (trimflow.testing: run_policy). Deterministic: the same figures on any machine."""
+    billed by the prompt cache model (trimflow.testing: run_policy); and on every reference session, the shipped
+    rules' cost over the cheapest cut schedule at the same floor (trimflow.testing._optimum), at full length and
+    averaged over the session's lengths. Deterministic: the same figures on any machine."""
     policies = {p.name: p for p in POLICIES}
     session = next(s for s in REFERENCE_SESSIONS if s.name == "computer-use")
     shipped, rolling, none = (run_policy(session, policies[name]) for name in ("shipped defaults", "rolling (batch 1)", "no pruning"))
     assert shipped.cost is not None and rolling.cost is not None and none.cost is not None, "the session's model has a price"
-    return [
+    figures = [
         Figure("cache_cost_shipped", "computer-use session cost, shipped rules", shipped.cost, "USD"),
         Figure("cache_cost_rolling", "same session, rolling keep-8 (prune_batch: 1)", rolling.cost, "USD"),
         Figure("cache_cost_none", "same session, no pruning (breaks a cap of 8 on 52 turns)", none.cost, "USD"),
@@ -1489,6 +1495,19 @@ def cache_figures() -> list[Figure]:
         Figure("cache_cost_vs_cheaper", "cost, shipped / cheaper of rolling and no pruning", shipped.cost / min(rolling.cost, none.cost), "x", 1.0),
         Figure("cache_broken_share", "turns whose cached prefix broke, shipped", shipped.broken_turns / shipped.requests, "x", 1 / 6),
     ]
+    for reference in REFERENCE_SESSIONS:
+        result = shipped if reference is session else run_policy(reference, policies["shipped defaults"])
+        best = optimum(reference)
+        against = ratios(result, best, price_for(reference))
+        name = reference.name.replace("-", "_")
+        where = f"{reference.name}, shipped / optimum at a floor of {best.floor} under a cap of {best.cap}"
+        steady = reference.name in STEADY_SESSIONS
+        figures += [
+            Figure(f"cache_optimum_{name}_full", f"{where}, full length", against.full, "x", 1.02 if steady else None),
+            Figure(f"cache_optimum_{name}_by_length", f"{where}, averaged over lengths", against.averaged, "x", 1.05),
+            Figure(f"cache_optimum_{name}_over_cap", f"{reference.name}, shipped: turns over the cap", against.cap_broken, "turns", 0),
+        ]
+    return figures
 
 
 def run(settings: Settings, say: Callable[[str], None], sections: tuple[str, ...] = SECTIONS) -> tuple[list[Figure], dict[str, Any]]:

@@ -14,9 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from trimflow.testing import REFERENCE_SESSIONS
+
 pytestmark = pytest.mark.e2e  # starts real mitmdump processes
 
 ROOT = Path(__file__).resolve().parents[1]
+
+CACHE_SESSIONS = tuple(s.name.replace("-", "_") for s in REFERENCE_SESSIONS)
 
 TEXT_FORMATS = ("openai-chat", "openai-responses", "anthropic", "gemini", "bedrock-converse", "ollama")
 TEXT_BODIES = (
@@ -48,6 +52,9 @@ TARGETED = [
     "cache_writes_vs_rolling",
     "cache_cost_vs_cheaper",
     "cache_broken_share",
+    "cache_optimum_computer_use_full",
+    *(f"cache_optimum_{name}_by_length" for name in CACHE_SESSIONS),
+    *(f"cache_optimum_{name}_over_cap" for name in CACHE_SESSIONS),
     # Text bodies (--quick: every format at 1 MB, OpenAI chat at 100 KB and 8 MB, the escaped quotes) and the text session.
     *(f"text_{name}_vs_loads" for name in TEXT_BODIES),
     "text_worst_vs_loads",
@@ -91,6 +98,7 @@ CONTEXT = [
     "cache_cost_shipped",
     "cache_cost_rolling",
     "cache_cost_none",
+    *(f"cache_optimum_{name}_full" for name in CACHE_SESSIONS if name != "computer_use"),
     *(f"text_{name}_{figure}" for name in TEXT_BODIES for figure in ("engine_ms", "loads_ms", "orjson_ms", "vs_orjson")),
     "text_session_addon_ms",
     "text_session_plain_ms",
@@ -157,6 +165,9 @@ def test_the_shipped_rules_meet_the_prompt_cache_targets(report: dict) -> None:
     """Unlike the timings, these are deterministic (a model of the providers' caches): a miss is a regression."""
     figures = report["figures"]
     assert all(figures[name]["ok"] for name in ("cache_writes_vs_rolling", "cache_cost_vs_cheaper", "cache_broken_share"))
+    # Against the cheapest schedule at the same floor: never over the cap, and within 2% on steady computer use.
+    assert all(figures[f"cache_optimum_{name}_over_cap"]["ok"] for name in CACHE_SESSIONS)
+    assert figures["cache_optimum_computer_use_full"]["ok"]
 
 
 def test_the_text_figures_compare_the_engine_with_both_parsers_of_the_same_body(report: dict) -> None:

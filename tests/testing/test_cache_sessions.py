@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import orjson
@@ -30,7 +31,25 @@ def last_turn(session: ReferenceSession) -> tuple[dict[str, Any], list[Any]]:
     return parsed, FORMATS[session.fmt].find_media(parsed)
 
 
-@pytest.mark.parametrize(("name", "images"), [("computer-use", 60), ("claude-code", 20), ("chat", 45), ("gemini", 40)])
+SHOTS = {
+    "computer-use": 60,
+    "claude-code": 20,
+    "chat": 45,
+    "gemini": 40,
+    "computer-use-openai": 60,
+    "idle": 60,
+    "idle-openai": 60,
+    "chat-anthropic": 45,
+    "claude-code-openai": 20,
+    "gemini-idle": 60,
+}
+
+
+def test_every_reference_session_is_checked() -> None:
+    assert set(SHOTS) == set(BY_NAME)
+
+
+@pytest.mark.parametrize(("name", "images"), SHOTS.items())
 def test_each_session_sends_its_screenshots_in_the_whole_history(name: str, images: int) -> None:
     session = BY_NAME[name]
     turns = list(session.turns())
@@ -62,7 +81,7 @@ def cache_controls(node: Any, where: tuple[Any, ...] = ()) -> list[tuple[Any, ..
     return []
 
 
-@pytest.mark.parametrize("name", ["computer-use", "claude-code"])
+@pytest.mark.parametrize("name", ["computer-use", "claude-code", "idle", "chat-anthropic"])
 def test_claude_sessions_mark_the_system_prompt_and_the_last_block(name: str) -> None:
     for turn in list(BY_NAME[name].turns())[:5]:
         parsed = orjson.loads(turn.body)
@@ -77,3 +96,18 @@ def test_computer_use_screenshots_come_back_in_tool_results() -> None:
     parsed, media = last_turn(BY_NAME["computer-use"])
     assert [m.path[-2:] for m in media[1:]] == [("content", 0)] * 59
     assert all(parsed["messages"][m.path[1]]["content"][m.path[3]]["type"] == "tool_result" for m in media[1:])
+
+
+@pytest.mark.parametrize("name", ["idle", "idle-openai", "gemini-idle"])
+def test_idle_sessions_pause_past_the_ttl_every_fifteen_turns(name: str) -> None:
+    paused = [n for n, turn in enumerate(BY_NAME[name].turns(), start=1) if turn.think > 300]
+    assert [later - earlier for earlier, later in itertools.pairwise(paused)] == [15, 15]
+
+
+@pytest.mark.parametrize(("anthropic", "openai"), [("claude-code", "claude-code-openai"), ("computer-use", "computer-use-openai")])
+def test_each_shape_is_priced_under_both_caches(anthropic: str, openai: str) -> None:
+    assert (BY_NAME[anthropic].fmt, BY_NAME[openai].fmt) == ("anthropic", "openai-chat")
+    assert BY_NAME[anthropic].length == BY_NAME[openai].length
+    if anthropic == "claude-code":  # the same conversation: the same pauses, the same screenshots read
+        pairs = zip(BY_NAME[anthropic].turns(), BY_NAME[openai].turns(), strict=True)
+        assert all(a.think == o.think and a.output_tokens == o.output_tokens for a, o in pairs)

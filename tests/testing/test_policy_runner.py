@@ -69,14 +69,25 @@ def test_the_command_prints_one_table_per_session(capsys: pytest.CaptureFixture[
         "cache-write",
         "cache-read",
         "cost",
+        "floor",
+        "x optimum",
+        "x optimum, by length",
         "broken-prefix turns",
         "limits breached",
     ]
+    # Batches of 6 send 3 images after a cut and cost more than the cheapest schedule keeping as many; the
+    # line under the table gives the optimum at each floor (no pruning never cuts: held to the cap of 8).
+    batch = next(line for line in out.splitlines() if line.startswith("| batch 6 "))
+    cells = [c.strip() for c in batch.strip("|").split("|")]
+    assert cells[7] == "3" and float(cells[8]) >= 1.0 and float(cells[9]) >= 1.0
+    assert "Optimum under a cap of 8 images, by floor" in out and "a cut): floor 3: $" in out and "; floor 8: $" in out
     assert "| no pruning " in out and "| batch 6 " in out and "generic-8 x13" in out
     assert main(["--policies", "--session", "chat", "--policy", "batch 6", "--json"]) == 0
     [row] = json.loads(capsys.readouterr().out)
     assert row["session"] == "chat" and row["policy"] == "batch 6" and row["requests"] == 15
     assert row["cache_read_tokens"] + row["cache_write_tokens"] + row["uncached_tokens"] == row["input_tokens"]
+    assert row["optimum_floor"] == 3 and 0 < row["optimum_cost"] <= row["cost_usd"] and row["turns_over_cap"] == 0
+    assert row["cost_vs_optimum"] == pytest.approx(row["cost_usd"] / row["optimum_cost"], rel=0.01)
 
 
 def test_replay_hands_policies_to_the_runner(capsys: pytest.CaptureFixture[str]) -> None:

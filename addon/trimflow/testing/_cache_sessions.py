@@ -33,12 +33,13 @@ from PIL import Image, ImageDraw, ImageFont
 
 from .._conversation import Conversations
 from .._engine import prune
-from .._prices import PriceTable, load_prices
+from .._prices import Price, PriceTable, load_prices
 from .._profiles import Profile, check, load_profiles
 from .._rules import DEFAULT_RULES_PATH, Rules, load_rules
 from .._tokens import text_tokens
 from ..formats import FORMATS, IMAGE
 from ._cache_model import CacheModel, CacheUsage, TooManyBreakpoints, prompt_of
+from ._optimum import Optimum, Ratios, optima, policy_floor, price_for, ratios
 from ._synthetic import b64, data_url
 
 __all__ = [
@@ -171,10 +172,11 @@ def _cache_last_block(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 _CU_GAPS = {21: 420.0, 45: 660.0}  # the user stepped away: past the 5-minute TTL
+_IDLE_GAPS = {16: 420.0, 31: 900.0, 46: 600.0}  # a pause past the TTL every 15 turns
 
 
-def _computer_use() -> Iterator[Turn]:
-    rng = random.Random("computer-use")
+def _computer_use(gaps: Mapping[int, float] = _CU_GAPS, seed: str = "computer-use") -> Iterator[Turn]:
+    rng = random.Random(seed)
     system = [{"type": "text", "text": _filler("operate the computer", 6, 1), "cache_control": {"type": "ephemeral"}}]
     tools = [
         {"type": "computer_20250124", "name": "computer", "display_width_px": SCREEN[0], "display_height_px": SCREEN[1], "display_number": 1},
@@ -195,7 +197,7 @@ def _computer_use() -> Iterator[Turn]:
                 {"type": "tool_use", "id": tool_id, "name": "computer", "input": action},
             ],
         }
-        yield Turn(orjson.dumps(body), _think(rng, turn, 4, 12, _CU_GAPS), _tokens(assistant["content"]))
+        yield Turn(orjson.dumps(body), _think(rng, turn, 4, 12, gaps), _tokens(assistant["content"]))
         result = {"type": "tool_result", "tool_use_id": tool_id, "content": [_claude_image(turn)]}
         messages += [assistant, {"role": "user", "content": [result]}]
 
@@ -280,21 +282,117 @@ def _chat() -> Iterator[Turn]:
 _GEMINI_GAPS = {15: 360.0, 31: 540.0}
 
 
-def _gemini() -> Iterator[Turn]:
-    rng = random.Random("gemini")
+def _gemini(gaps: Mapping[int, float] = _GEMINI_GAPS, turns: int = 40, seed: str = "gemini") -> Iterator[Turn]:
+    rng = random.Random(seed)
     system = {"parts": [{"text": _filler("browse for the user", 4, 4)}]}
     tools = [{"functionDeclarations": [{"name": "click_at", "description": "Click at x, y of the page.", "parameters": {"type": "object"}}]}]
     task = "Find the cheapest direct flight from Lisbon to Oslo next Friday and fill in the booking form."
     shot = {"inline_data": {"mime_type": "image/png", "data": _shot_b64(0)}}
     contents: list[dict[str, Any]] = [{"role": "user", "parts": [{"text": task}, shot]}]
-    for turn in range(1, 41):
+    for turn in range(1, turns + 1):
         body = {"systemInstruction": system, "tools": tools, "contents": contents}
         x, y = rng.randrange(SCREEN[0]), rng.randrange(SCREEN[1])
         call = {"role": "model", "parts": [{"functionCall": {"name": "click_at", "args": {"x": x, "y": y}}}]}
-        yield Turn(orjson.dumps(body), _think(rng, turn, 3, 10, _GEMINI_GAPS), _tokens(call["parts"]))
+        yield Turn(orjson.dumps(body), _think(rng, turn, 3, 10, gaps), _tokens(call["parts"]))
         response = {"functionResponse": {"name": "click_at", "response": {"url": f"https://flights.example/step/{turn}"}}}
         screen = {"inline_data": {"mime_type": "image/png", "data": _shot_b64(turn)}}
         contents = [*contents, call, {"role": "user", "parts": [response, screen]}]
+
+
+def _openai_image(seed: int) -> dict[str, Any]:
+    return {"type": "image_url", "image_url": {"url": data_url(desktop_screenshot(seed), "image/png"), "detail": "auto"}}
+
+
+def _computer_use_openai(gaps: Mapping[int, float] = _CU_GAPS, seed: str = "computer-use-openai") -> Iterator[Turn]:
+    """Computer use on OpenAI chat: a function call per turn, its result as a tool message and the screen after
+    it in a user message (chat tool messages carry no images)."""
+    rng = random.Random(seed)
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "computer",
+                "description": _filler("use the computer tool", 1, 5),
+                "parameters": {"type": "object", "properties": {"action": {"type": "string"}, "x": {"type": "integer"}, "y": {"type": "integer"}}},
+            },
+        }
+    ]
+    task = "Open the billing page of the admin console, export last month's invoices as CSV and attach the file to the open ticket."
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": _filler("operate the computer", 6, 1)},
+        {"role": "user", "content": [{"type": "text", "text": task}, _openai_image(0)]},
+    ]
+    for turn in range(1, 61):
+        body = {"model": "gpt-4o", "max_tokens": 4096, "tools": tools, "messages": messages}
+        x, y = rng.randrange(SCREEN[0]), rng.randrange(SCREEN[1])
+        call_id = f"call_{turn:04d}"
+        arguments = orjson.dumps({"action": "left_click", "x": x, "y": y}).decode()
+        assistant = {
+            "role": "assistant",
+            "content": f"Step {turn}: the screen shows the {rng.choice(_WORDS)} view; I will click at ({x}, {y}).",
+            "tool_calls": [{"id": call_id, "type": "function", "function": {"name": "computer", "arguments": arguments}}],
+        }
+        yield Turn(orjson.dumps(body), _think(rng, turn, 4, 12, gaps), _tokens(assistant))
+        screen = {"role": "user", "content": [{"type": "text", "text": f"Screen after step {turn}."}, _openai_image(turn)]}
+        messages = [*messages, assistant, {"role": "tool", "tool_call_id": call_id, "content": "clicked"}, screen]
+
+
+_CHAT_ANTHROPIC_GAPS = {5: 480.0, 10: 900.0}
+
+
+def _chat_anthropic() -> Iterator[Turn]:
+    """A user pasting 3 screenshots into each of 15 messages, on Anthropic, the breakpoint on the last block."""
+    rng = random.Random("chat-anthropic")
+    system = [{"type": "text", "text": _filler("answer questions about screenshots", 5, 6), "cache_control": {"type": "ephemeral"}}]
+    messages: list[dict[str, Any]] = []
+    for turn in range(1, 16):
+        question = {"type": "text", "text": f"Message {turn}: what changed between these three screens, and what should I click?"}
+        messages.append({"role": "user", "content": [question, *(_claude_image(3 * (turn - 1) + i) for i in range(3))]})
+        body = {"model": "claude-sonnet-4-6", "max_tokens": 2048, "system": system, "messages": _cache_last_block(messages)}
+        answer = {"role": "assistant", "content": [{"type": "text", "text": _filler("compare screens", rng.uniform(0.8, 1.6), 3000 + turn)}]}
+        yield Turn(orjson.dumps(body), _think(rng, turn, 60, 240, _CHAT_ANTHROPIC_GAPS), _tokens(answer["content"]))
+        messages.append(answer)
+
+
+def _coding_openai() -> Iterator[Turn]:
+    """The coding session of _claude_code on OpenAI chat: tools as functions, results as tool messages, each
+    screenshot read in a user message after its tool message."""
+    for turn in _claude_code():
+        body = orjson.loads(turn.body)
+        system = " ".join(block["text"] for block in body["system"])
+        tools = [
+            {"type": "function", "function": {"name": t["name"], "description": t["description"], "parameters": t["input_schema"]}}
+            for t in body["tools"]
+        ]
+        messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
+        for message in body["messages"]:
+            messages += _openai_messages(message)
+        out = {"model": "gpt-4o", "max_tokens": 16384, "tools": tools, "messages": messages}
+        yield Turn(orjson.dumps(out), turn.think, turn.output_tokens)
+
+
+def _openai_messages(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """One Anthropic message of _claude_code as the OpenAI chat messages an agent sends for it."""
+    blocks = message["content"]
+    if message["role"] == "assistant":
+        text = " ".join(b["text"] for b in blocks if b["type"] == "text")
+        calls = [
+            {"id": b["id"], "type": "function", "function": {"name": b["name"], "arguments": orjson.dumps(b["input"]).decode()}}
+            for b in blocks
+            if b["type"] == "tool_use"
+        ]
+        return [{"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {})}]
+    out: list[dict[str, Any]] = []
+    for block in blocks:
+        if block["type"] == "text":
+            out.append({"role": "user", "content": block["text"]})
+        elif isinstance(block["content"], str):
+            out.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": block["content"]})
+        else:
+            out.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": "the image follows"})
+            images = [{"type": "image_url", "image_url": {"url": f"data:image/png;base64,{b['source']['data']}"}} for b in block["content"]]
+            out.append({"role": "user", "content": images})
+    return out
 
 
 _ANTHROPIC_PROFILES = (
@@ -305,6 +403,7 @@ _ANTHROPIC_PROFILES = (
     "anthropic-many-image-2000px",
     "generic-8",
 )
+_OPENAI_PROFILES = ("azure-50", "generic-8")
 
 REFERENCE_SESSIONS: tuple[ReferenceSession, ...] = (
     ReferenceSession(
@@ -337,7 +436,7 @@ REFERENCE_SESSIONS: tuple[ReferenceSession, ...] = (
         "/v1/chat/completions",
         "gpt-4o",
         15,
-        ("azure-50", "generic-8"),
+        _OPENAI_PROFILES,
         _chat,
     ),
     ReferenceSession(
@@ -351,6 +450,72 @@ REFERENCE_SESSIONS: tuple[ReferenceSession, ...] = (
         ("copilot-gemini-10",),
         _gemini,
     ),
+    ReferenceSession(
+        "computer-use-openai",
+        "computer use on OpenAI chat: 60 turns, a function call per turn and the screen after it in a user message",
+        "openai-chat",
+        "api.openai.com",
+        "/v1/chat/completions",
+        "gpt-4o",
+        60,
+        _OPENAI_PROFILES,
+        _computer_use_openai,
+    ),
+    ReferenceSession(
+        "idle",
+        "computer-use with the user away past the 5-minute TTL every 15 turns",
+        "anthropic",
+        "api.anthropic.com",
+        "/v1/messages",
+        "claude-sonnet-4-6",
+        60,
+        _ANTHROPIC_PROFILES,
+        functools.partial(_computer_use, _IDLE_GAPS, "idle"),
+    ),
+    ReferenceSession(
+        "idle-openai",
+        "computer-use-openai with the user away past the TTL every 15 turns",
+        "openai-chat",
+        "api.openai.com",
+        "/v1/chat/completions",
+        "gpt-4o",
+        60,
+        _OPENAI_PROFILES,
+        functools.partial(_computer_use_openai, _IDLE_GAPS, "idle-openai"),
+    ),
+    ReferenceSession(
+        "chat-anthropic",
+        "Anthropic chat: 15 user messages, each pasting 3 screenshots, the breakpoint on the last block",
+        "anthropic",
+        "api.anthropic.com",
+        "/v1/messages",
+        "claude-sonnet-4-6",
+        15,
+        _ANTHROPIC_PROFILES,
+        _chat_anthropic,
+    ),
+    ReferenceSession(
+        "claude-code-openai",
+        "claude-code's session on OpenAI chat: 80 requests, 20 screenshots read",
+        "openai-chat",
+        "api.openai.com",
+        "/v1/chat/completions",
+        "gpt-4o",
+        sum(_CC_EPISODES),
+        _OPENAI_PROFILES,
+        _coding_openai,
+    ),
+    ReferenceSession(
+        "gemini-idle",
+        "the Gemini browser agent over 60 turns, away past the TTL every 15 turns (a cap of 10)",
+        "gemini",
+        "generativelanguage.googleapis.com",
+        "/v1beta/models/gemini-2.5-flash:generateContent",
+        "gemini-2.5-flash",
+        60,
+        ("copilot-gemini-10",),
+        functools.partial(_gemini, _IDLE_GAPS, 60, "gemini-idle"),
+    ),
 )
 
 
@@ -361,13 +526,18 @@ _OFF = {"low_water": None, "cache_ttl": None}
 
 @dataclass(frozen=True)
 class Policy:
-    """A way to prune: the shipped rules with `overrides` forced on the defaults and every rule (None: as shipped)."""
+    """A way to prune: the shipped rules with `overrides` forced on the defaults and every rule (None: as shipped),
+    and for a session of a wire format in `by_format`, that format's overrides on top (a provider whose cache
+    prices call for other settings)."""
 
     name: str
     overrides: Mapping[str, Any] | None
+    by_format: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
-    def rules(self, base: Rules) -> Rules:
-        return base if self.overrides is None else base.with_limits(**self.overrides)
+    def rules(self, base: Rules, fmt: str | None = None) -> Rules:
+        rules = base if self.overrides is None else base.with_limits(**self.overrides)
+        extra = self.by_format.get(fmt) if fmt is not None else None
+        return rules if extra is None else rules.with_limits(**extra)
 
 
 POLICIES: tuple[Policy, ...] = (
@@ -378,6 +548,17 @@ POLICIES: tuple[Policy, ...] = (
     Policy("batch 8", {"prune_batch": 8, **_OFF}),
     Policy("low-water 0.5", {"prune_batch": 1, "low_water": 0.5, "cache_ttl": None}),
     Policy("low-water 0.5 + cache_ttl 5m", {"prune_batch": 1, "low_water": 0.5, "cache_ttl": 300.0}),
+    # Batches of 6, and a conversation idle past the TTL cut to their floor at once: a low-water mark of 0.45
+    # is 3 of 8 (batch 6's floor) and 4 of 10.
+    Policy("batch 6 + cold cut", {"prune_batch": 6, "low_water": 0.45, "cache_ttl": 300.0}),
+    # The cold cut at each cap's batch-6 floor (3 of 8, 5 of 10), and on OpenAI, whose cache reads cost half the
+    # input price and writes nothing extra, cuts in batches of 3 above a voluntary cap of 5 (the same floor of 3):
+    # holding an image costs more there than moving the cut.
+    Policy(
+        "cache-aware candidate",
+        {"prune_batch": 6, "low_water": 0.4, "cache_ttl": 300.0},
+        {"gemini": {"low_water": 0.5}, "openai-chat": {"max_images": 5, "prune_batch": 3, "low_water": 0.6}},
+    ),
     Policy("shipped defaults", None),
 )
 
@@ -482,7 +663,7 @@ def run_policy(
 ) -> PolicyResult:
     """Every turn of `session` through the engine under `policy`, then through the cache model at the
     session's simulated time. The conversations are remembered as the proxy remembers them, on the same clock."""
-    rules = policy.rules(base if base is not None else load_rules(DEFAULT_RULES_PATH))
+    rules = policy.rules(base if base is not None else load_rules(DEFAULT_RULES_PATH), session.fmt)
     price = (prices if prices is not None else load_prices()).for_model(session.model)
     if profiles is None:
         known = load_profiles()
@@ -522,11 +703,33 @@ def run_policy(
 
 # --- the table ------------------------------------------------------------------------------------------------
 
-_COLUMNS = ("policy", "requests", "images sent", "input tokens", "cache-write", "cache-read", "cost", "broken-prefix turns", "limits breached")
+_COLUMNS = (
+    "policy",
+    "requests",
+    "images sent",
+    "input tokens",
+    "cache-write",
+    "cache-read",
+    "cost",
+    "floor",
+    "x optimum",
+    "x optimum, by length",
+    "broken-prefix turns",
+    "limits breached",
+)
 
 
-def table(session: ReferenceSession, results: Sequence[PolicyResult]) -> str:
-    """One session's results as a Markdown table (readable as text too)."""
+def table(
+    session: ReferenceSession,
+    results: Sequence[PolicyResult],
+    floors: Mapping[str, int],
+    best: Mapping[int, Optimum],
+    against: Mapping[str, Ratios],
+    price: Price,
+) -> str:
+    """One session's results as a Markdown table (readable as text too), with each policy's floor and its cost
+    over the optimum's at that floor (`against`, by policy name, priced with `price`) at full length and
+    averaged over the lengths."""
     rows = [_COLUMNS]
     for r in results:
         cost = "-" if r.cost is None else f"${r.cost:,.2f}"
@@ -540,19 +743,32 @@ def table(session: ReferenceSession, results: Sequence[PolicyResult]) -> str:
                 f"{r.cache_write_tokens:,}",
                 f"{r.cache_read_tokens:,}",
                 cost,
+                f"{floors[r.policy]}",
+                f"{against[r.policy].full:.3f}",
+                f"{against[r.policy].averaged:.3f}",
                 f"{r.broken_turns}",
                 breached,
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
-    numeric = set(range(1, 8))
+    numeric = set(range(1, 11))
 
     def line(row: Sequence[str]) -> str:
         cells = [cell.rjust(widths[i]) if i in numeric else cell.ljust(widths[i]) for i, cell in enumerate(row)]
         return "| " + " | ".join(cells) + " |"
 
     rule = "|" + "|".join("-" * (w + 1) + (":" if i in numeric else "-") for i, w in enumerate(widths)) + "|"
-    return "\n".join([f"{session.name} ({session.model}): {session.description}", "", line(rows[0]), rule, *(line(row) for row in rows[1:])])
+    title = f"{session.name} ({session.model}): {session.description}"
+    cap = next(iter(best.values())).cap
+    each = "; ".join(f"floor {f}: {_dollars(o.cost)}, the cut moved on {o.moves} turns" for f, o in sorted(best.items()))
+    cheapest = f"Optimum under a cap of {cap} images, by floor (the fewest images a policy sends after a cut): {each}."
+    if any(r.cost is None for r in results):
+        cheapest += f" Ratios priced as {price.family}."
+    return "\n".join([title, "", line(rows[0]), rule, *(line(row) for row in rows[1:]), "", cheapest])
+
+
+def _dollars(cost: float) -> str:
+    return f"${cost:,.2f}" if cost >= 0.1 else f"${cost:,.4f}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -560,7 +776,9 @@ def main(argv: list[str] | None = None) -> int:
         prog="replay --policies",
         description="Run the reference sessions through each pruning policy in process, against a model of the "
         "providers' prompt caching, and print per session and policy: requests, images sent, input tokens, "
-        "cache-write and cache-read tokens, cost, turns whose cached prefix broke, and limits breached.",
+        "cache-write and cache-read tokens, cost, the policy's floor (the fewest images it sends after a cut) and "
+        "its cost over the cheapest cut schedule at that floor (at full length, and averaged over the session's "
+        "lengths), turns whose cached prefix broke, and limits breached.",
     )
     parser.add_argument("--policies", action="store_true", required=True, help="this mode (the other replay options do not apply)")
     parser.add_argument("--session", action="append", choices=[s.name for s in REFERENCE_SESSIONS], help="only this session (repeatable)")
@@ -576,10 +794,26 @@ def main(argv: list[str] | None = None) -> int:
         for policy in policies:
             print(f"replay: {session.name}: {policy.name}", file=sys.stderr, flush=True)
             results.append(run_policy(session, policy, base=base, prices=prices))
+        print(f"replay: {session.name}: the cheapest schedules", file=sys.stderr, flush=True)
+        images = [sum(1 for m in FORMATS[session.fmt].find_media(orjson.loads(t.body)) if m.kind == IMAGE) for t in session.turns()]
+        cap = base.limits_for(session.host, session.path, session.model).max_images or max(images)
+        floors = {r.policy: policy_floor(r, images, cap) for r in results}
+        best = optima(session, floors.values(), base=base, prices=prices)
+        price = price_for(session, prices)
+        against = {r.policy: ratios(r, best[floors[r.policy]], price) for r in results}
         if args.json:
-            summaries += [r.summary() for r in results]
+            for r in results:
+                summary = r.summary()
+                summary.update(
+                    optimum_floor=floors[r.policy],
+                    optimum_cost=round(best[floors[r.policy]].cost, 4),
+                    cost_vs_optimum=round(against[r.policy].full, 4),
+                    cost_vs_optimum_by_length=round(against[r.policy].averaged, 4),
+                    turns_over_cap=against[r.policy].cap_broken,
+                )
+                summaries.append(summary)
         else:
-            print(("\n" if n else "") + table(session, results), flush=True)
+            print(("\n" if n else "") + table(session, results, floors, best, against, price), flush=True)
     if args.json:
         sys.stdout.buffer.write(orjson.dumps(summaries, option=orjson.OPT_INDENT_2) + b"\n")
     return 0
