@@ -42,7 +42,7 @@ from . import _shrink
 from ._placeholder import MediaFacts, render
 from ._sizes import format_size
 from ._tokens import image_tokens, text_tokens
-from .formats import JsonPath, Media
+from .formats import FORMATS, JsonPath, Media
 from .formats._base import data_url
 
 DEFAULT_PLACEHOLDER = "[trimflow: {kind} #{ordinal} omitted ({mime}, {dims}, {size})]"
@@ -309,7 +309,8 @@ class Plan:
         if self.inline:
             raise NeedsWorker("an image to re-encode")
         sides = [s for s in (side, thumb) if s is not None]
-        result = _shrink.shrink(m.data[m.data_offset :], max_side=min(sides) if sides else None, max_bytes=max_bytes)
+        webp = FORMATS[self.fmt].ACCEPTS_WEBP
+        result = _shrink.shrink(m.data[m.data_offset :], max_side=min(sides) if sides else None, max_bytes=max_bytes, webp=webp)
         if result.data is not None:
             self.new[i] = result
             if thinning:

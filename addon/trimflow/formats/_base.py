@@ -47,6 +47,7 @@ class WireFormat(Protocol):
     # Token-count calls: (path ending of the count call, path ending of the turn it measures). A count call is
     # pruned as that turn would be and recorded as kind count_tokens, never as a turn.
     COUNT_ENDINGS: tuple[tuple[str, str], ...]
+    ACCEPTS_WEBP: bool  # whether every provider and runtime behind the format decodes WebP (a shrunk image's type)
 
     def find_media(self, body: dict[str, Any]) -> list[Media]:
         """Every image and document in document order."""

@@ -32,6 +32,8 @@ COUNT_ENDINGS: tuple[tuple[str, str], ...] = (
     ("/v1/messages/count_tokens", "/v1/messages"),
     ("/publishers/anthropic/models/count-tokens:rawPredict", "/publishers/anthropic/models/count-tokens:rawPredict"),
 )
+# Image types Claude takes: JPEG, PNG, GIF, WebP (docs/providers.md): a shrunk image may become WebP.
+ACCEPTS_WEBP = True
 
 
 def find_media(body: dict[str, Any]) -> list[Media]:

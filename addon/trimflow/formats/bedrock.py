@@ -21,6 +21,8 @@ ENDPOINTS: tuple[str, ...] = ("*/model/*/converse", "*/model/*/converse-stream")
 STREAM_SUFFIXES: tuple[str, ...] = ("/converse-stream",)
 # Bedrock's CountTokens wraps the request in another shape (input.converse): not read.
 COUNT_ENDINGS: tuple[tuple[str, str], ...] = ()
+# Converse's image formats: png, jpeg, gif, webp (docs/providers.md): a shrunk image may become WebP.
+ACCEPTS_WEBP = True
 
 _KINDS = {"image": IMAGE, "document": DOCUMENT, "video": "video"}
 

@@ -22,6 +22,8 @@ ENDPOINTS: tuple[str, ...] = ("*:generateContent", "*:streamGenerateContent", "*
 STREAM_SUFFIXES: tuple[str, ...] = (":streamGenerateContent",)
 # Token counting (Gemini CLI calls it before each turn), and the turn it measures.
 COUNT_ENDINGS: tuple[tuple[str, str], ...] = ((":countTokens", ":generateContent"),)
+# Gemini takes PNG, JPEG, WebP, HEIC, HEIF (docs/providers.md): a shrunk image may become WebP.
+ACCEPTS_WEBP = True
 
 
 def request_of(body: dict[str, Any]) -> tuple[dict[str, Any], JsonPath]:

@@ -18,6 +18,8 @@ ENDPOINTS: tuple[str, ...] = ("*/api/chat",)
 # Ollama streams unless the body says "stream": false; the path never says.
 STREAM_SUFFIXES: tuple[str, ...] = ()
 COUNT_ENDINGS: tuple[tuple[str, str], ...] = ()
+# Ollama's runtimes may not decode WebP (docs/providers.md): a shrunk image becomes JPEG or PNG, never WebP.
+ACCEPTS_WEBP = False
 
 
 def find_media(body: dict[str, Any]) -> list[Media]:

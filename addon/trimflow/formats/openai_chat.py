@@ -20,6 +20,9 @@ ENDPOINTS: tuple[str, ...] = ("*/chat/completions",)
 # Streaming is asked in the body ("stream": true), never by the path.
 STREAM_SUFFIXES: tuple[str, ...] = ()
 COUNT_ENDINGS: tuple[tuple[str, str], ...] = ()
+# The chat format also fronts local runtimes (llama.cpp's server, LM Studio) whose decoders may lack WebP
+# (docs/providers.md): a shrunk image becomes JPEG or PNG here, never WebP.
+ACCEPTS_WEBP = False
 
 
 def find_media(body: dict[str, Any]) -> list[Media]:

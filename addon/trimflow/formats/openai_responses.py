@@ -27,6 +27,8 @@ ENDPOINTS: tuple[str, ...] = ("*/responses/compact", "*/responses/input_tokens",
 STREAM_SUFFIXES: tuple[str, ...] = ()
 # POST /v1/responses/input_tokens counts the tokens of a Responses request body.
 COUNT_ENDINGS: tuple[tuple[str, str], ...] = (("/responses/input_tokens", "/responses"),)
+# OpenAI takes PNG, JPEG, WebP and non-animated GIF (docs/providers.md): a shrunk image may become WebP.
+ACCEPTS_WEBP = True
 
 
 # Tool results whose `output` may be an array of content parts: a function's, and a custom (freeform) tool's,
