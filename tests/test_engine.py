@@ -347,11 +347,11 @@ def test_the_record_reports_every_new_figure_and_no_base64(png_over_5mb: str, sc
 
 def test_a_smaller_image_costs_fewer_estimated_tokens_by_the_providers_formula() -> None:
     big = data_url(image(1600, 1600, "PNG", seed=3, noise=0.0), "image/png")
-    outcome = prune_with("openai-chat", chat(big), max_image_side=512)
+    outcome = prune_with("openai-chat", chat(big), max_image_side=512, rescale_note=False)
     [media] = sent("openai-chat", outcome.body)
     assert check_image("openai-chat", media, max_side=512).size == (512, 512)
     record = outcome.record
-    # gpt-4o tiles: 1600x1600 -> 768x768 -> 4 tiles = 765; 512x512 -> 1 tile = 255. Text unchanged.
+    # gpt-4o tiles: 1600x1600 -> 768x768 -> 4 tiles = 765; 512x512 -> 1 tile = 255. Text unchanged (no note).
     assert record.est_tokens_before - record.est_tokens_after == 765 - 255
     assert record.shrunk == 1 and record.thinned == 0
 

@@ -15,7 +15,20 @@ from typing import Any
 
 import orjson
 
-from ._base import DOCUMENT, IMAGE, HistoryParts, JsonPath, Media, data_url, dicts, replace_images, replace_parts, split_data_url, url_media
+from ._base import (
+    DOCUMENT,
+    IMAGE,
+    HistoryParts,
+    JsonPath,
+    Media,
+    append_notes,
+    data_url,
+    dicts,
+    replace_images,
+    replace_parts,
+    split_data_url,
+    url_media,
+)
 from ._card import CARD_MIME, card, is_card
 
 NAME = "openai-responses"
@@ -117,6 +130,11 @@ def replace_media(body: dict[str, Any], texts: Mapping[JsonPath, str]) -> dict[s
 
 def replace_data(body: dict[str, Any], images: Mapping[JsonPath, tuple[str, str]]) -> dict[str, Any]:
     return replace_images(body, images, lambda old, data, mime: {**old, "image_url": data_url(data, mime)})
+
+
+def add_notes(body: dict[str, Any], notes: Mapping[JsonPath, str]) -> dict[str, Any]:
+    # A computer_call_output's screenshot is not in a list: that item takes no text, so it gets no note.
+    return append_notes(body, notes, lambda text: {"type": "input_text", "text": text})
 
 
 def model(body: dict[str, Any], path: str) -> str | None:
