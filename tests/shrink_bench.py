@@ -6,6 +6,7 @@ compare or store them.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import io
 import random
@@ -284,3 +285,77 @@ def text_legibility(shot: Screenshot, encoded: bytes, boxes: int = 40) -> float:
     step = max(1, len(shot.text_boxes) // boxes)
     scores = [ssim(original.crop(box), seen.crop(box)) for box in shot.text_boxes[::step][:boxes]]
     return round(statistics.mean(scores), 3)
+
+
+# The rescue steps measured on each screenshot: (label, format, Pillow save options, scale of each side).
+RESCUE_STEPS: tuple[tuple[str, str, dict[str, Any], float], ...] = (
+    ("PNG level 9 (lossless)", "PNG", {"compress_level": 9}, 1.0),
+    ("WebP lossless", "WEBP", {"lossless": True, "quality": 80, "method": 4}, 1.0),
+    ("PNG 256 colours", _shrink.PALETTE, {}, 1.0),
+    *((f"WebP q{q}", "WEBP", {"quality": q, "method": 4}, 1.0) for q in _shrink.QUALITIES),
+    *((f"JPEG q{q}", "JPEG", {"quality": q}, 1.0) for q in _shrink.QUALITIES),
+    ("downscale 0.75, WebP q85", "WEBP", {"quality": 85, "method": 4}, 0.75),
+    ("downscale 0.5625, WebP q85", "WEBP", {"quality": 85, "method": 4}, 0.5625),
+    ("downscale 0.5625, JPEG q85", "JPEG", {"quality": 85}, 0.5625),
+)
+RESCUE_SCREENS: tuple[tuple[str, int, tuple[int, int]], ...] = (
+    ("ui", 1, DESKTOP),
+    ("ui", 2, DESKTOP),
+    ("code", 1, DESKTOP),
+    ("code", 2, DESKTOP),
+    ("photo", 1, DESKTOP),
+    ("photo", 2, DESKTOP),
+    ("photo", 2, (2560, 1440)),  # a 5120x2880 Retina screenshot
+)
+
+
+def _save(frame: Image.Image, fmt: str, options: dict[str, Any]) -> bytes:
+    buf = io.BytesIO()
+    frame.save(buf, fmt, **options)
+    return buf.getvalue()
+
+
+def rescue_table(screens: tuple[tuple[str, int, tuple[int, int]], ...] = RESCUE_SCREENS) -> list[dict[str, Any]]:
+    """Per screenshot and rescue step: bytes, base64 length, dimensions, text legibility (SSIM of the text
+    regions, tests.shrink_bench.text_legibility) and the encode time; then what `_shrink.shrink` picks under
+    Anthropic's 5 MiB and under a quarter of the PNG's size, with WebP allowed and not."""
+    rows: list[dict[str, Any]] = []
+    for content, scale, size in screens:
+        shot = screenshot(content, scale, size)
+        png = shot.png()
+        rows.append(
+            {"screen": shot.name, "step": "PNG as captured", "bytes": len(png), "dims": "x".join(map(str, shot.image.size)), "legibility": 1.0}
+        )
+        for label, fmt, options, factor in RESCUE_STEPS:
+            frame = shot.image
+            if factor != 1.0:
+                frame = frame.resize((round(frame.width * factor), round(frame.height * factor)), Image.Resampling.LANCZOS, reducing_gap=3.0)
+            started = time.perf_counter()
+            data = _shrink._encode(frame, fmt, 6) if fmt == _shrink.PALETTE else _save(frame, fmt, options)
+            elapsed = time.perf_counter() - started
+            rows.append(
+                {
+                    "screen": shot.name,
+                    "step": label,
+                    "bytes": len(data),
+                    "dims": f"{frame.width}x{frame.height}",
+                    "legibility": text_legibility(shot, data),
+                    "encode_ms": round(elapsed * 1000),
+                }
+            )
+        payload = b64(png)
+        for limit_name, limit in (("5 MiB", 5 * 2**20), ("1/4 of the PNG", len(payload) // 4)):
+            for webp in (True, False):
+                picked = _shrink.shrink(payload, max_side=None, max_bytes=limit, webp=webp, cache=_shrink.ShrinkCache())
+                data = base64.b64decode(picked.data) if picked.data else png
+                rows.append(
+                    {
+                        "screen": shot.name,
+                        "step": f"trimflow under {limit_name}, {'WebP allowed' if webp else 'no WebP'}",
+                        "bytes": len(data),
+                        "dims": f"{picked.width}x{picked.height}" if picked.data else "x".join(map(str, shot.image.size)),
+                        "legibility": text_legibility(shot, data),
+                        "result": picked.mime or "unchanged",
+                    }
+                )
+    return rows
