@@ -5,6 +5,7 @@ image shrunk to other dimensions, the same on every turn, counts it, and a rule 
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import orjson
 import pytest
@@ -51,9 +52,9 @@ def test_the_note_is_the_last_part_of_the_list_holding_the_image(fmt: str) -> No
     module = FORMATS[fmt]
     first = next(m for m in module.find_media(body) if m.kind == "image" and not m.remote)
     out = module.add_notes(body, {first.path: "[the note]"})
-    holder: object = out
+    holder: Any = out
     for key in first.path[:-1]:
-        holder = holder[key]  # type: ignore[index]
+        holder = holder[key]
     assert isinstance(holder, list) and "[the note]" in orjson.dumps(holder[-1]).decode()
 
 

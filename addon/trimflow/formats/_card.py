@@ -51,5 +51,6 @@ def card(text: str) -> str:
     im.save(pixels, "PNG", optimize=False, compress_level=9)
     raw = pixels.getvalue()
     # Pillow writes signature, IHDR, then the data: put the marking chunk right after IHDR.
-    assert raw[:33] == _HEAD[:33], "Pillow wrote an unexpected PNG header"
+    if raw[:33] != _HEAD[:33]:
+        raise ValueError("Pillow wrote an unexpected PNG header for a card")
     return base64.b64encode(_HEAD + raw[33:]).decode("ascii")
