@@ -6,10 +6,11 @@ import base64
 import io
 import threading
 
+import orjson
 import pytest
 from PIL import Image
 
-from trimflow import _shrink
+from trimflow import DEFAULT_RULES_PATH, _shrink, load_rules, prune_request
 from trimflow._shrink import MAX_PIXELS, ShrinkCache, Shrunk, shrink
 from trimflow.testing import b64, image
 
@@ -348,3 +349,26 @@ def test_webp_or_not_is_part_of_the_cache_key(small_noisy_png: str) -> None:
     as_webp = shrink(small_noisy_png, max_side=None, max_bytes=limit, webp=True, cache=cache)
     as_jpeg = shrink(small_noisy_png, max_side=None, max_bytes=limit, webp=False, cache=cache)
     assert (as_webp.mime, as_jpeg.mime) == ("image/webp", "image/jpeg") and cache.misses == 2
+
+
+def test_a_5120x2880_retina_screenshot_to_claude_arrives_at_full_size() -> None:
+    """A photographic 2x screen over Claude's 5 MiB as PNG: the shipped rules send it at its own dimensions as
+    WebP, with no note (nothing to map back), and the record says it was shrunk, not rescaled."""
+    shot = shrink_bench.screenshot("photo", 2, size=(2560, 1440))
+    png = shot.png()
+    assert len(b64(png)) > FIVE_MB
+    body = orjson.dumps(
+        {
+            "model": "claude-sonnet-4-6",
+            "max_tokens": 64,
+            "messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(png)}}]}],
+        }
+    )
+    out = prune_request("https://api.anthropic.com/v1/messages", {}, body, load_rules(DEFAULT_RULES_PATH))
+    record = out.record
+    assert record is not None and (record.shrunk, record.images_rescaled, record.pruned) == (1, 0, 0)
+    [block] = orjson.loads(out.body)["messages"][0]["content"]
+    im = decode(block["source"]["data"])
+    assert (im.format, im.size, block["source"]["media_type"]) == ("WEBP", (5120, 2880), "image/webp")
+    assert len(block["source"]["data"]) <= FIVE_MB
+    assert shrink_bench.text_legibility(shot, base64.b64decode(block["source"]["data"])) > 0.99
