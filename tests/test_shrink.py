@@ -6,10 +6,11 @@ import base64
 import io
 import threading
 
+import orjson
 import pytest
 from PIL import Image
 
-from trimflow import _shrink
+from trimflow import DEFAULT_RULES_PATH, _shrink, load_rules, prune_request
 from trimflow._shrink import MAX_PIXELS, ShrinkCache, Shrunk, shrink
 from trimflow.testing import b64, image
 
@@ -252,3 +253,122 @@ def test_the_benchmark_functions_return_their_figures() -> None:
     # Turn n thins n-1 screenshots, each encoded once: 1+2+3 = 6 lookups, 3 of them misses.
     assert (session["hits"], session["misses"], session["misses_minimum"]) == (3, 3, 3)
     assert session["hit_rate"] == 0.5 and session["thinned_images"] == 6
+
+
+# --- the least lossy rescue first: encodings at full size before any downscale ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def ui_2x() -> shrink_bench.Screenshot:
+    return shrink_bench.screenshot("ui", 2)
+
+
+def png_at(shot: shrink_bench.Screenshot, level: int) -> str:
+    buf = io.BytesIO()
+    shot.image.save(buf, "PNG", compress_level=level)
+    return b64(buf.getvalue())
+
+
+def test_a_ui_screenshot_over_the_byte_limit_goes_lossless_webp_at_full_size(ui_2x: shrink_bench.Screenshot) -> None:
+    payload = png_at(ui_2x, 6)
+    limit = len(payload) // 2  # far from PNG's reach, well within lossless WebP's
+    result = shrink(payload, max_side=None, max_bytes=limit, webp=True, cache=ShrinkCache())
+    im = check(result, max_bytes=limit)
+    assert (im.format, im.size) == ("WEBP", ui_2x.image.size)
+    assert im.convert("RGB").tobytes() == ui_2x.image.tobytes()  # lossless: every pixel as it was
+
+
+def test_without_webp_the_same_screenshot_goes_256_colours_at_full_size(ui_2x: shrink_bench.Screenshot) -> None:
+    payload = png_at(ui_2x, 6)
+    limit = len(payload) // 2  # PNG8 is 2-3x smaller than PNG on a UI screenshot
+    result = shrink(payload, max_side=None, max_bytes=limit, webp=False, cache=ShrinkCache())
+    im = check(result, max_bytes=limit)
+    assert (im.format, im.mode, im.size) == ("PNG", "P", ui_2x.image.size)
+    assert shrink_bench.text_legibility(ui_2x, base64.b64decode(result.data or "")) > 0.99
+    # Under what 256 colours give, no JPEG quality fits a UI screenshot at full size (JPEG 55 is 0.9x its PNG):
+    # then, and only then, the dimensions go.
+    buf = io.BytesIO()
+    ui_2x.image.quantize(256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE).save(buf, "PNG", compress_level=6)
+    limit = 4 * -(-len(buf.getvalue()) // 3) - 100
+    smaller = shrink(payload, max_side=None, max_bytes=limit, webp=False, cache=ShrinkCache())
+    assert check(smaller, max_bytes=limit).size[0] < ui_2x.image.size[0] and smaller.mime != "image/webp"
+
+
+def test_a_png_just_over_the_limit_is_compressed_again_losslessly(ui_2x: shrink_bench.Screenshot) -> None:
+    fast, best = png_at(ui_2x, 1), png_at(ui_2x, 9)
+    assert len(best) < len(fast) / _shrink.LOSSLESS_MARGIN  # the fixture leaves level 9 room to win
+    limit = int(len(fast) / 1.04)  # over by 4%: within the margin
+    result = shrink(fast, max_side=None, max_bytes=limit, webp=True, cache=ShrinkCache())
+    im = check(result, max_bytes=limit)
+    assert (im.format, im.size) == ("PNG", ui_2x.image.size) and im.convert("RGB").tobytes() == ui_2x.image.tobytes()
+
+
+def test_a_photo_screenshot_goes_lossy_at_full_size_when_that_fits() -> None:
+    """The issue's case at a quarter of the pixels: a photographic 2x screen, over the limit as PNG by 5x or more."""
+    shot = shrink_bench.screenshot("photo", 2, size=(1280, 720))
+    payload = b64(shot.png())
+    limit = len(payload) // 5
+    for webp, fmt in ((True, "WEBP"), (False, "JPEG")):
+        result = shrink(payload, max_side=None, max_bytes=limit, webp=webp, cache=ShrinkCache())
+        im = check(result, max_bytes=limit)
+        assert (im.format, im.size) == (fmt, shot.image.size)
+        assert shrink_bench.text_legibility(shot, base64.b64decode(result.data or "")) > 0.95
+
+
+def test_it_downscales_only_when_no_encoding_fits_at_full_size(ui_2x: shrink_bench.Screenshot) -> None:
+    payload = png_at(ui_2x, 6)
+    smallest = shrink(payload, max_side=None, max_bytes=10**9, webp=True, cache=ShrinkCache())
+    assert smallest.data is None  # within the limit: left alone
+    # Under what both lossless and quality 55 give at full size, the dimensions must go.
+    sizes = []
+    for options in ({"quality": 55}, {"lossless": True, "quality": 80}):
+        buf = io.BytesIO()
+        ui_2x.image.save(buf, "WEBP", method=4, **options)
+        sizes.append(4 * -(-len(buf.getvalue()) // 3))
+    limit = min(sizes) - 1000
+    result = shrink(payload, max_side=None, max_bytes=limit, webp=True, cache=ShrinkCache())
+    im = check(result, max_bytes=limit)
+    assert im.size[0] < ui_2x.image.size[0] and im.format == "WEBP"
+    assert abs(im.size[0] / im.size[1] - 1.6) < 0.01
+
+
+def test_a_jpeg_stays_jpeg_and_a_side_limit_alone_keeps_a_png_png() -> None:
+    shot = shrink_bench.screenshot("code", 1)
+    buf = io.BytesIO()
+    shot.image.save(buf, "JPEG", quality=95)
+    jpeg = b64(buf.getvalue())
+    result = shrink(jpeg, max_side=None, max_bytes=len(jpeg) * 2 // 3, webp=True, cache=ShrinkCache())
+    assert check(result, max_bytes=len(jpeg) * 2 // 3).format == "JPEG" and (result.width, result.height) == shot.image.size
+    side = shrink(b64(shot.png()), max_side=1000, max_bytes=None, webp=True, cache=ShrinkCache())
+    assert check(side, max_side=1000).format == "PNG"
+
+
+def test_webp_or_not_is_part_of_the_cache_key(small_noisy_png: str) -> None:
+    cache = ShrinkCache()
+    limit = len(small_noisy_png) // 3
+    as_webp = shrink(small_noisy_png, max_side=None, max_bytes=limit, webp=True, cache=cache)
+    as_jpeg = shrink(small_noisy_png, max_side=None, max_bytes=limit, webp=False, cache=cache)
+    assert (as_webp.mime, as_jpeg.mime) == ("image/webp", "image/jpeg") and cache.misses == 2
+
+
+def test_a_5120x2880_retina_screenshot_to_claude_arrives_at_full_size() -> None:
+    """A photographic 2x screen over Claude's 5 MiB as PNG: the shipped rules send it at its own dimensions as
+    WebP, with no note (nothing to map back), and the record says it was shrunk, not rescaled."""
+    shot = shrink_bench.screenshot("photo", 2, size=(2560, 1440))
+    png = shot.png()
+    assert len(b64(png)) > FIVE_MB
+    body = orjson.dumps(
+        {
+            "model": "claude-sonnet-4-6",
+            "max_tokens": 64,
+            "messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(png)}}]}],
+        }
+    )
+    out = prune_request("https://api.anthropic.com/v1/messages", {}, body, load_rules(DEFAULT_RULES_PATH))
+    record = out.record
+    assert record is not None and (record.shrunk, record.images_rescaled, record.pruned) == (1, 0, 0)
+    [block] = orjson.loads(out.body)["messages"][0]["content"]
+    im = decode(block["source"]["data"])
+    assert (im.format, im.size, block["source"]["media_type"]) == ("WEBP", (5120, 2880), "image/webp")
+    assert len(block["source"]["data"]) <= FIVE_MB
+    assert shrink_bench.text_legibility(shot, base64.b64decode(block["source"]["data"])) > 0.99

@@ -374,6 +374,7 @@ def _fill(record: Record, plan: Plan, documents: int, media_bytes: int, body_byt
         else:
             record.shrunk += 1
             record.shrunk_bytes_saved += saved
+    record.images_rescaled = len(plan.rescaled())
     record.mime_mismatches = sum(1 for f in images if _mime_mismatch(f))
 
 
@@ -405,11 +406,14 @@ class _DocumentWriter:
             self._staged = (images, self._module.replace_data(self._doc.parsed, images))
         return self._staged[1]
 
-    def write(self, texts: Mapping[JsonPath, str], images: Mapping[JsonPath, tuple[str, str]]) -> bytes | _document.Written:
+    def write(
+        self, texts: Mapping[JsonPath, str], images: Mapping[JsonPath, tuple[str, str]], notes: Mapping[JsonPath, str] | None = None
+    ) -> bytes | _document.Written:
         if not texts and not images:
             return self._doc.body  # nothing changes: the very same bytes
         self._doc.make_exact()
-        return self._doc.write(self._module.replace_media(self._with_images(images), texts))
+        parsed = self._module.replace_media(self._with_images(images), texts)
+        return self._doc.write(self._module.add_notes(parsed, notes) if notes else parsed)
 
     def sizer(
         self, images: Mapping[JsonPath, tuple[str, str]], written: Any, paths: list[JsonPath], text: Callable[[int], str]

@@ -55,3 +55,12 @@ def render(template: str, facts: MediaFacts, reason: str, **extra: object) -> st
         **extra,
     }
     return template.format_map(values)
+
+
+def rescale_note(facts: MediaFacts, width: int, height: int) -> str:
+    """The text sent beside an image that goes at other dimensions than it came: it depends only on the image and
+    its new size, so it reads the same on every turn (a cached prefix survives). The scale is new width / old."""
+    info = facts.info
+    assert info is not None and info.width and info.height, "only an image of known size is rescaled"
+    scale = width / info.width
+    return f"[trimflow: image #{facts.ordinal} was resized from {info.width}x{info.height} to {width}x{height} (scale {scale:.4g})]"

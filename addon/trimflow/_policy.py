@@ -39,10 +39,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from . import _shrink
-from ._placeholder import MediaFacts, render
+from ._placeholder import MediaFacts, render, rescale_note
 from ._sizes import format_size
 from ._tokens import image_tokens, text_tokens
-from .formats import JsonPath, Media
+from .formats import FORMATS, JsonPath, Media
 from .formats._base import data_url
 
 DEFAULT_PLACEHOLDER = "[trimflow: {kind} #{ordinal} omitted ({mime}, {dims}, {size})]"
@@ -91,6 +91,9 @@ class Limits:
     thumbnail_side: int | None = _limit(None, SIDE, "images older than the newest keep_recent go as thumbnails this big", minimum=MIN_SIDE)
     max_est_tokens: int | None = _limit(None, COUNT, "budget on the estimated prompt tokens, pruning like max_body_bytes", minimum=0)
     dedupe: bool = _limit(False, BOOL, "an image byte-identical to a later one becomes repeat_placeholder", nullable=False)
+    rescale_note: bool = _limit(
+        True, BOOL, "an image shrunk to other dimensions gets a text part in its message: original and new size, scale", nullable=False
+    )
     repeat_placeholder: str = _limit(DEFAULT_REPEAT_PLACEHOLDER, TEMPLATE, "the text that stands where a repeated image was", nullable=False)
     low_water: float | None = _limit(
         None,
@@ -183,10 +186,13 @@ class BodyWriter(Protocol):
 
     size: int  # the body's length as received
 
-    def write(self, texts: Mapping[JsonPath, str], images: Mapping[JsonPath, tuple[str, str]]) -> bytes | Any:
+    def write(
+        self, texts: Mapping[JsonPath, str], images: Mapping[JsonPath, tuple[str, str]], notes: Mapping[JsonPath, str] | None = None
+    ) -> bytes | Any:
         """The body with each media at a path of `texts` replaced by that text and each image at a path
-        of `images` carrying new bytes (base64, mime); the received bytes when both are empty. The
-        result has a len() and becomes bytes() when sent."""
+        of `images` carrying new bytes (base64, mime), with `notes` (by image path) beside their images
+        (the formats' add_notes); the received bytes when all are empty. The result has a len() and
+        becomes bytes() when sent."""
         ...
 
     def sizer(
@@ -309,7 +315,8 @@ class Plan:
         if self.inline:
             raise NeedsWorker("an image to re-encode")
         sides = [s for s in (side, thumb) if s is not None]
-        result = _shrink.shrink(m.data[m.data_offset :], max_side=min(sides) if sides else None, max_bytes=max_bytes)
+        webp = FORMATS[self.fmt].ACCEPTS_WEBP
+        result = _shrink.shrink(m.data[m.data_offset :], max_side=min(sides) if sides else None, max_bytes=max_bytes, webp=webp)
         if result.data is not None:
             self.new[i] = result
             if thinning:
@@ -318,6 +325,29 @@ class Plan:
             limit = f"over {format_size(max_bytes)}" if over_bytes and max_bytes is not None else f"over {side}px"
             self.drop(i, IMAGE_LIMIT, f"{limit}, {result.reason}")
         # else: a thumbnail that can't be made (undecodable, a pixel bomb): the image goes as it is
+
+    def rescaled(self) -> list[int]:
+        """The images sent at other dimensions than they came to meet a per-image limit (thumbnails are not:
+        they stand for old screens), in document order."""
+        out = []
+        for i, new in sorted(self.new.items()):
+            info = self.images[i].info
+            if i in self.dropped or i in self.thinned or info is None or not info.width or not info.height:
+                continue
+            if (new.width, new.height) != (info.width, info.height):
+                out.append(i)
+        return out
+
+    def notes(self) -> dict[JsonPath, str]:
+        """The rescale note of each rescaled image, by its path (none when the rule turns them off)."""
+        if not self.limits.rescale_note:
+            return {}
+        out: dict[JsonPath, str] = {}
+        for i in self.rescaled():
+            new = self.new[i]
+            assert new.width is not None and new.height is not None
+            out[self.images[i].media.path] = rescale_note(self.images[i], new.width, new.height)
+        return out
 
     def new_images(self) -> dict[JsonPath, tuple[str, str]]:
         """The re-encoded images by path: (base64, mime)."""
@@ -417,12 +447,13 @@ class _Budgets:
         images, limits = plan.images, plan.limits
         new = plan.new_images()
         fixed = {images[i].media.path: text for i, (_, text) in plan.dropped.items()}
+        notes = plan.notes()
 
         def rewrite(k: int) -> bytes | Any:
             texts = dict(fixed)
             for i in candidates[:k]:
                 texts[images[i].media.path] = plan.dropped[i][1]
-            return body.write(texts, new)
+            return body.write(texts, new, {path: note for path, note in notes.items() if path not in texts})
 
         out = rewrite(0)
         if limits.max_body_bytes is None and limits.max_est_tokens is None:

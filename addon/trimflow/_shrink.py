@@ -3,18 +3,24 @@
 The engine calls `shrink` only for an image whose header already shows it is over a limit (or
 that it thins to a thumbnail), so the common request never decodes an image at all.
 
-The ladder, for a long side limit `max_side` and a base64 length limit `max_bytes`:
-- Fit the long side under `max_side` (aspect ratio kept, LANCZOS); JPEGs are decoded at a reduced
-  DCT scale first when that is still at least the target size (much faster, same result size).
-- At that size try the source's own format, then the lossy steps: JPEG and WebP at quality 85, 70,
-  55; PNG (and GIF/BMP, which become PNG: GIF's first frame, since Gemini takes no GIF and BMP no
-  provider) as PNG, then as JPEG at 85, 70, 55. JPEG, not WebP, is the fallback for PNG because
-  every provider and local runtime (Ollama, llama.cpp) decodes it; transparency is flattened onto
-  white. A PNG over the byte limit at its own size skips the PNG step (lossless again at the same
-  size rarely gains much, and it is the slowest encode). Quality steps stop early when the first
-  is more than twice the limit.
-- Still too big: step the long side down by 0.75 per rung, skipping as many rungs as the byte
-  count says are needed (bytes ~ pixels), down to a 16 px long side; then give up with a reason.
+The ladder, for a long side limit `max_side` and a base64 length limit `max_bytes`, least lossy first
+(docs/how-it-works.md has what each step buys on real-looking screenshots):
+- The size: the long side fits under `max_side` (aspect ratio kept, LANCZOS), else the image keeps
+  its dimensions. JPEGs are decoded at a reduced DCT scale first when that still covers the target.
+- At that size, lossless first: a PNG within LOSSLESS_MARGIN of the byte limit is compressed again
+  at zlib's level 9 (it gains about 2%, so only that close is it worth the time); a screenshot-like
+  PNG (few bytes per pixel) then goes as lossless WebP where the target takes WebP (4-5x smaller
+  than PNG on UI and code, the same pixels); where the target takes no WebP, such a PNG tries 256
+  colours (PNG8: 2-3x smaller, text edges kept) instead. Then lossy: WebP where it is taken, else JPEG,
+  at quality 90, 85, 70, 55 (WebP keeps text sharper than JPEG at every step and is smaller); a JPEG
+  source stays JPEG, a WebP one WebP. JPEG,
+  not WebP, where the target's runtimes may not decode WebP (`webp=False`: Ollama, llama.cpp behind
+  OpenAI's chat format). A side-limited PNG or GIF/BMP (GIF's first frame, since Gemini takes no GIF
+  and BMP no provider) tries PNG first. Transparency is flattened onto white for JPEG. Quality steps
+  stop early when one is more than twice the limit.
+- Only when nothing at that size fits: step the long side down by 0.75 per rung, skipping as many
+  rungs as the byte count says are needed (bytes ~ pixels), down to a 16 px long side, with the
+  same steps but the lossless ones; then give up with a reason.
 
 Determinism: fixed encoder settings (PNG's zlib level is picked from the input alone, see
 PNG_LEVEL) and no metadata at all (EXIF, ICC, text chunks and timestamps are dropped; EXIF
@@ -47,7 +53,12 @@ __all__ = ["CACHE", "MAX_PIXELS", "ShrinkCache", "Shrunk", "shrink"]
 MAX_PIXELS = 100_000_000
 Image.MAX_IMAGE_PIXELS = MAX_PIXELS
 
-QUALITIES = (85, 70, 55)
+QUALITIES = (90, 85, 70, 55)
+# A PNG this close over the byte limit is compressed again losslessly at level 9 first.
+LOSSLESS_MARGIN = 1.05
+# Lossless WebP only for a screenshot-like PNG (UI, text, code: under this many bytes per pixel as it came) within
+# this factor of the limit: on photo-like pixels it gains little and costs seconds per megapixel.
+LOSSLESS_WEBP_BYTES_PER_PIXEL, LOSSLESS_WEBP_REACH = 0.25, 4.0
 SCALE_STEP = 0.75
 MIN_SIDE = 16
 DEFAULT_CACHE_BYTES = 256 * 2**20
@@ -58,14 +69,10 @@ PNG_LEVEL, PNG_LEVEL_DENSE, DENSE_BYTES_PER_PIXEL = 6, 1, 1.0
 
 # Only these decoders are ever used: no EPS (which runs Ghostscript), TIFF, PSD or the like.
 _DECODERS = ("PNG", "JPEG", "GIF", "WEBP", "BMP")
-_MIME = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp"}
-# What to try at each size, by the source's format: (format, quality or None for lossless).
-_LADDER: dict[str, tuple[tuple[str, int | None], ...]] = {
-    "PNG": (("PNG", None), *(("JPEG", q) for q in QUALITIES)),
-    "JPEG": tuple(("JPEG", q) for q in QUALITIES),
-    "WEBP": tuple(("WEBP", q) for q in QUALITIES),
-}
-_LADDER["GIF"] = _LADDER["BMP"] = _LADDER["PNG"]
+_MIME = {"PNG": "image/png", "PNG8": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp"}
+_PNG_LIKE = ("PNG", "GIF", "BMP")  # decoded to pixels that PNG keeps exactly
+LOSSLESS = -1  # the quality setting that asks WebP for its lossless mode
+PALETTE = "PNG8"  # PNG of 256 colours (median cut, no dithering): UI and text keep their edges, at 2-3x less than PNG
 # Formats every provider takes as they are: an image within its limits in one of them is left alone.
 _ACCEPTED = ("PNG", "JPEG", "WEBP", "GIF")
 _ORIENTATION = 0x0112  # the EXIF tag
@@ -149,31 +156,32 @@ def _cost(value: Shrunk) -> int:
 CACHE = ShrinkCache()
 
 
-def cache_key(payload: str, max_side: int | None, max_bytes: int | None) -> bytes:
-    digest = hashlib.blake2b(f"{max_side}:{max_bytes}:".encode(), digest_size=32)
+def cache_key(payload: str, max_side: int | None, max_bytes: int | None, webp: bool = False) -> bytes:
+    digest = hashlib.blake2b(f"{max_side}:{max_bytes}:{webp}:".encode(), digest_size=32)
     digest.update(payload.encode("utf-8", "surrogatepass"))
     return digest.digest()
 
 
-def shrink(payload: str, *, max_side: int | None, max_bytes: int | None, cache: ShrinkCache | None = None) -> Shrunk:
+def shrink(payload: str, *, max_side: int | None, max_bytes: int | None, webp: bool = False, cache: ShrinkCache | None = None) -> Shrunk:
     """The image in base64 `payload` with its long side <= `max_side` and base64 length <= `max_bytes`.
 
-    None means no limit. Never raises: anything that goes wrong is a Shrunk with a reason.
+    None means no limit. `webp`: the target decodes WebP (a WebP source stays WebP either way).
+    Never raises: anything that goes wrong is a Shrunk with a reason.
     """
     cache = CACHE if cache is None else cache
-    key = cache_key(payload, max_side, max_bytes)
+    key = cache_key(payload, max_side, max_bytes, webp)
     hit = cache.get(key)
     if hit is not None:
         return hit
     try:
-        result = _shrink(payload, max_side, max_bytes)
+        result = _shrink(payload, max_side, max_bytes, webp)
     except Exception as exc:  # noqa: BLE001 - a broken image is dropped, never a broken request
         result = Shrunk(reason=f"could not be re-encoded ({type(exc).__name__})")
     cache.put(key, result)
     return result
 
 
-def _shrink(payload: str, max_side: int | None, max_bytes: int | None) -> Shrunk:
+def _shrink(payload: str, max_side: int | None, max_bytes: int | None, webp: bool) -> Shrunk:
     raw = _b64decode(payload)
     if raw is None:
         return Shrunk(reason="not valid base64")
@@ -210,7 +218,14 @@ def _shrink(payload: str, max_side: int | None, max_bytes: int | None) -> Shrunk
     pixels = _normalize(im)
     dense = source == "PNG" and len(raw) > DENSE_BYTES_PER_PIXEL * width * height  # (BMP is never compressed)
     png_level = PNG_LEVEL_DENSE if dense else PNG_LEVEL
-    return _ladder(pixels, source, width, height, long_side, max_bytes, png_level)
+    screen_like = source == "PNG" and len(raw) <= LOSSLESS_WEBP_BYTES_PER_PIXEL * width * height
+    lossless_webp = webp and screen_like and max_bytes is not None and len(payload) <= LOSSLESS_WEBP_REACH * max_bytes
+    recompress = source == "PNG" and not dense and max_bytes is not None and len(payload) <= LOSSLESS_MARGIN * max_bytes
+    # A JPEG stays JPEG (faster, and no second kind of artifact over its own); a WebP stays WebP.
+    lossy = "WEBP" if source == "WEBP" or (webp and source != "JPEG") else "JPEG"
+    palette = screen_like and lossy == "JPEG" and pixels.mode in ("RGB", "RGBA")
+    rescue = _Rescue(source, lossy, png_level, recompress, lossless_webp, palette)
+    return _ladder(pixels, width, height, long_side, max_bytes, rescue)
 
 
 def _too_many_pixels(width: int, height: int) -> str:
@@ -258,27 +273,52 @@ def _fit(width: int, height: int, long_side: int) -> tuple[int, int]:
     return max(1, round(width * long_side / height)), long_side
 
 
-def _ladder(im: Image.Image, source: str, width: int, height: int, long_side: int, max_bytes: int | None, png_level: int) -> Shrunk:
-    steps = _LADDER[source]
+@dataclass(frozen=True, slots=True)
+class _Rescue:
+    """What the ladder may try for one image (see the module docstring)."""
+
+    source: str  # the decoded format
+    lossy: str  # WEBP or JPEG
+    png_level: int  # zlib level for PNG output
+    recompress: bool  # a PNG just over the limit: level 9 at its own size first
+    lossless_webp: bool  # a screenshot-like PNG, for a target that takes WebP
+    palette: bool  # a screenshot-like PNG, for a target that takes no WebP: 256 colours before JPEG
+
+    def steps(self, first: bool, full_size: bool) -> list[tuple[str, int | None]]:
+        """(format, setting) to try at one size, least lossy first. `first`: the size the side limit asks for
+        (or the image's own), where the lossless steps are tried; `full_size`: the image's own size."""
+        steps: list[tuple[str, int | None]] = []
+        if first and full_size and self.recompress:
+            steps.append(("PNG", 9))
+        if self.source in _PNG_LIKE and not (full_size and self.source == "PNG"):
+            steps.append(("PNG", self.png_level))  # a smaller PNG, or GIF and BMP as PNG
+        if first and self.lossless_webp:
+            steps.append(("WEBP", LOSSLESS))
+        if self.palette:
+            steps.append((PALETTE, self.png_level))
+        steps.extend((self.lossy, q) for q in QUALITIES)
+        return steps
+
+
+def _ladder(im: Image.Image, width: int, height: int, long_side: int, max_bytes: int | None, rescue: _Rescue) -> Shrunk:
+    first = True
     while long_side >= MIN_SIDE:
         size = _fit(width, height, long_side)
         frame = im if im.size == size else im.resize(size, Image.Resampling.LANCZOS, reducing_gap=3.0)
         frame.info = {}
         flat: Image.Image | None = None
         smallest: int | None = None
-        for fmt, quality in steps:
-            if fmt == source == "PNG" and size == (width, height):
-                continue  # lossless again at the same size: zlib rarely beats what wrote it by much
+        for fmt, setting in rescue.steps(first, size == (width, height)):
             if fmt == "JPEG" and flat is None:
                 flat = _flatten(frame)
-            setting = png_level if fmt == "PNG" else quality
             data = _encode(flat if fmt == "JPEG" and flat is not None else frame, fmt, setting)
             length = 4 * -(-len(data) // 3)
             if max_bytes is None or length <= max_bytes:
                 return Shrunk(base64.b64encode(data).decode("ascii"), _MIME[fmt], size[0], size[1])
             smallest = length if smallest is None else min(smallest, length)
-            if fmt != "PNG" and length > 2 * max_bytes:
+            if fmt in ("JPEG", "WEBP") and setting != LOSSLESS and length > 2 * max_bytes:
                 break  # the lower qualities can't halve it: go down in size instead
+        first = False
         assert max_bytes is not None and smallest is not None
         # Bytes grow with pixels, so the area must shrink by about max_bytes / smallest:
         # skip the rungs of 0.75 that cannot get there anyway.
@@ -299,10 +339,15 @@ def _flatten(im: Image.Image) -> Image.Image:
 def _encode(im: Image.Image, fmt: str, setting: int | None) -> bytes:
     """Encode with fixed settings and no metadata; `setting` is the quality, or PNG's zlib level."""
     out = io.BytesIO()
-    if fmt == "PNG":
+    if fmt == PALETTE:
+        method = Image.Quantize.FASTOCTREE if im.mode == "RGBA" else Image.Quantize.MEDIANCUT
+        im.quantize(256, method=method, dither=Image.Dither.NONE).save(out, "PNG", compress_level=setting)
+    elif fmt == "PNG":
         im.save(out, "PNG", compress_level=setting)
     elif fmt == "JPEG":
         im.save(out, "JPEG", quality=setting, subsampling="4:2:0", optimize=False, progressive=False)
+    elif setting == LOSSLESS:
+        im.save(out, "WEBP", lossless=True, quality=80, method=4)
     else:
         im.save(out, "WEBP", quality=setting, method=4)
     return out.getvalue()

@@ -86,6 +86,14 @@ CASES = {
                     ],
                 },
                 "garbage item",
+                {"type": "computer_call", "call_id": "c3", "action": {"type": "click", "x": 10, "y": 20}, "pending_safety_checks": []},
+                {
+                    "type": "computer_call_output",
+                    "call_id": "c3",
+                    "output": {"type": "computer_screenshot", "image_url": data_url(PNG, "image/png"), "detail": "high"},
+                },
+                {"type": "computer_call_output", "call_id": "c4", "output": {"type": "computer_screenshot", "file_id": "file-shot"}},
+                {"type": "computer_call_output", "call_id": "c5", "output": "not a screenshot"},
             ],
             "store": False,
         },
@@ -94,6 +102,8 @@ CASES = {
             ("image", ("input", 2, "output", 1)),
             ("image", ("input", 4, "content", 0)),
             ("document", ("input", 4, "content", 1)),
+            ("image", ("input", 7, "output")),
+            ("image", ("input", 8, "output")),
         ],
     ),
     "anthropic": (

@@ -47,6 +47,7 @@ class WireFormat(Protocol):
     # Token-count calls: (path ending of the count call, path ending of the turn it measures). A count call is
     # pruned as that turn would be and recorded as kind count_tokens, never as a turn.
     COUNT_ENDINGS: tuple[tuple[str, str], ...]
+    ACCEPTS_WEBP: bool  # whether every provider and runtime behind the format decodes WebP (a shrunk image's type)
 
     def find_media(self, body: dict[str, Any]) -> list[Media]:
         """Every image and document in document order."""
@@ -62,6 +63,11 @@ class WireFormat(Protocol):
         The declared type follows the new bytes (data URL prefix, media_type, mime_type, format);
         everything else of the part is kept; `body` is untouched.
         """
+        ...
+
+    def add_notes(self, body: dict[str, Any], notes: Mapping[JsonPath, str]) -> dict[str, Any]:
+        """A new body where each note (keyed by the path of the image it speaks of) is a text part at the end of
+        that image's message, or of the tool result holding it; no other part moves; `body` is untouched."""
         ...
 
     def model(self, body: dict[str, Any], path: str) -> str | None: ...
@@ -150,6 +156,28 @@ def replace_images(body: dict[str, Any], images: Mapping[JsonPath, tuple[str, st
     """Replace each part at a path of `images` with make_part(old_part, base64, mime)."""
     edits = {path: (lambda old, new=new: make_part(old, *new)) for path, new in images.items()}
     return rebuild(body, edits)
+
+
+def append_notes(
+    body: dict[str, Any],
+    notes: Mapping[JsonPath, str],
+    make_part: Callable[[str], Any],
+    holder: Callable[[JsonPath], JsonPath] = lambda path: path[:-1],
+) -> dict[str, Any]:
+    """add_notes for the formats whose image parts sit in a list that takes text parts: each note goes at the end
+    of the list `holder` names for its image (by default the one holding the image), in the notes' order.
+    Appending moves no part, so every other path stays valid. A holder that is not a list gets no note."""
+    groups: dict[JsonPath, list[str]] = {}
+    for path, text in notes.items():
+        groups.setdefault(holder(path), []).append(text)
+
+    def append(texts: list[str]) -> Callable[[Any], Any]:
+        return lambda node: [*node, *(make_part(text) for text in texts)] if isinstance(node, list) else node
+
+    # One list at a time: a tool result's list sits inside its message's, and rebuild edits one of two nested paths.
+    for holder_path, texts in groups.items():
+        body = rebuild(body, {holder_path: append(texts)})
+    return body
 
 
 def dicts(value: Any) -> list[tuple[int, dict[str, Any]]]:

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import unquote
 
-from ._base import DOCUMENT, IMAGE, HistoryParts, JsonPath, Media, dicts, kind_of_mime, listed, replace_images, replace_parts
+from ._base import DOCUMENT, IMAGE, HistoryParts, JsonPath, Media, append_notes, dicts, kind_of_mime, listed, replace_images, replace_parts
 
 NAME = "anthropic"
 
@@ -32,6 +32,8 @@ COUNT_ENDINGS: tuple[tuple[str, str], ...] = (
     ("/v1/messages/count_tokens", "/v1/messages"),
     ("/publishers/anthropic/models/count-tokens:rawPredict", "/publishers/anthropic/models/count-tokens:rawPredict"),
 )
+# Image types Claude takes: JPEG, PNG, GIF, WebP (docs/providers.md): a shrunk image may become WebP.
+ACCEPTS_WEBP = True
 
 
 def find_media(body: dict[str, Any]) -> list[Media]:
@@ -81,6 +83,10 @@ def _with_image(block: Any, data: str, mime: str) -> dict[str, Any]:
 
 def replace_data(body: dict[str, Any], images: Mapping[JsonPath, tuple[str, str]]) -> dict[str, Any]:
     return replace_images(body, images, _with_image)
+
+
+def add_notes(body: dict[str, Any], notes: Mapping[JsonPath, str]) -> dict[str, Any]:
+    return append_notes(body, notes, lambda text: {"type": "text", "text": text})
 
 
 def model(body: dict[str, Any], path: str) -> str | None:

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import unquote
 
-from ._base import DOCUMENT, IMAGE, HistoryParts, JsonPath, Media, dicts, listed, replace_images, replace_parts
+from ._base import DOCUMENT, IMAGE, HistoryParts, JsonPath, Media, append_notes, dicts, listed, replace_images, replace_parts
 
 NAME = "bedrock-converse"
 
@@ -21,6 +21,8 @@ ENDPOINTS: tuple[str, ...] = ("*/model/*/converse", "*/model/*/converse-stream")
 STREAM_SUFFIXES: tuple[str, ...] = ("/converse-stream",)
 # Bedrock's CountTokens wraps the request in another shape (input.converse): not read.
 COUNT_ENDINGS: tuple[tuple[str, str], ...] = ()
+# Converse's image formats: png, jpeg, gif, webp (docs/providers.md): a shrunk image may become WebP.
+ACCEPTS_WEBP = True
 
 _KINDS = {"image": IMAGE, "document": DOCUMENT, "video": "video"}
 
@@ -66,6 +68,10 @@ def _with_image(block: Any, data: str, mime: str) -> dict[str, Any]:
 
 def replace_data(body: dict[str, Any], images: Mapping[JsonPath, tuple[str, str]]) -> dict[str, Any]:
     return replace_images(body, images, _with_image)
+
+
+def add_notes(body: dict[str, Any], notes: Mapping[JsonPath, str]) -> dict[str, Any]:
+    return append_notes(body, notes, lambda text: {"text": text})
 
 
 def model(body: dict[str, Any], path: str) -> str | None:

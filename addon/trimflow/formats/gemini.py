@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ._base import HistoryParts, JsonPath, Media, dicts, kind_of_mime, listed, replace_images, replace_parts
+from ._base import HistoryParts, JsonPath, Media, append_notes, dicts, kind_of_mime, listed, replace_images, replace_parts
 
 NAME = "gemini"
 
@@ -22,6 +22,8 @@ ENDPOINTS: tuple[str, ...] = ("*:generateContent", "*:streamGenerateContent", "*
 STREAM_SUFFIXES: tuple[str, ...] = (":streamGenerateContent",)
 # Token counting (Gemini CLI calls it before each turn), and the turn it measures.
 COUNT_ENDINGS: tuple[tuple[str, str], ...] = ((":countTokens", ":generateContent"),)
+# Gemini takes PNG, JPEG, WebP, HEIC, HEIF (docs/providers.md): a shrunk image may become WebP.
+ACCEPTS_WEBP = True
 
 
 def request_of(body: dict[str, Any]) -> tuple[dict[str, Any], JsonPath]:
@@ -101,6 +103,18 @@ def _with_image(part: Any, data: str, mime: str) -> dict[str, Any]:
 
 def replace_data(body: dict[str, Any], images: Mapping[JsonPath, tuple[str, str]]) -> dict[str, Any]:
     return replace_images(body, images, _with_image)
+
+
+def _note_holder(path: JsonPath) -> JsonPath:
+    """The parts list of the image's content: a functionResponse's own parts take only media."""
+    for key in ("functionResponse", "function_response"):
+        if key in path:
+            return path[: path.index(key) - 1]
+    return path[:-1]
+
+
+def add_notes(body: dict[str, Any], notes: Mapping[JsonPath, str]) -> dict[str, Any]:
+    return append_notes(body, notes, lambda text: {"text": text}, _note_holder)
 
 
 def model(body: dict[str, Any], path: str) -> str | None:

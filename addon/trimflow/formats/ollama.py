@@ -18,6 +18,8 @@ ENDPOINTS: tuple[str, ...] = ("*/api/chat",)
 # Ollama streams unless the body says "stream": false; the path never says.
 STREAM_SUFFIXES: tuple[str, ...] = ()
 COUNT_ENDINGS: tuple[tuple[str, str], ...] = ()
+# Ollama's runtimes may not decode WebP (docs/providers.md): a shrunk image becomes JPEG or PNG, never WebP.
+ACCEPTS_WEBP = False
 
 
 def find_media(body: dict[str, Any]) -> list[Media]:
@@ -49,6 +51,25 @@ def replace_media(body: dict[str, Any], texts: Mapping[JsonPath, str]) -> dict[s
         return apply
 
     return rebuild(body, {path: edit(notes) for path, notes in by_message.items()})
+
+
+def add_notes(body: dict[str, Any], notes: Mapping[JsonPath, str]) -> dict[str, Any]:
+    # The images are a list of bare base64 strings: a note joins the message's text, like a placeholder.
+    by_message: dict[JsonPath, list[str]] = {}
+    for path, text in notes.items():
+        by_message.setdefault(tuple(path[:-2]), []).append(text)
+
+    def edit(texts: list[str]) -> Callable[[Any], Any]:
+        def apply(message: Any) -> Any:
+            if not isinstance(message, dict):
+                return message
+            content = message.get("content")
+            added = "\n".join(texts)
+            return {**message, "content": f"{content}\n{added}" if isinstance(content, str) and content else added}
+
+        return apply
+
+    return rebuild(body, {path: edit(texts) for path, texts in by_message.items()})
 
 
 def replace_data(body: dict[str, Any], images: Mapping[JsonPath, tuple[str, str]]) -> dict[str, Any]:

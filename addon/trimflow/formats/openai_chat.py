@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ._base import DOCUMENT, IMAGE, HistoryParts, JsonPath, Media, data_url, dicts, listed, replace_images, replace_parts, url_media
+from ._base import DOCUMENT, IMAGE, HistoryParts, JsonPath, Media, append_notes, data_url, dicts, listed, replace_images, replace_parts, url_media
 
 NAME = "openai-chat"
 
@@ -20,6 +20,9 @@ ENDPOINTS: tuple[str, ...] = ("*/chat/completions",)
 # Streaming is asked in the body ("stream": true), never by the path.
 STREAM_SUFFIXES: tuple[str, ...] = ()
 COUNT_ENDINGS: tuple[tuple[str, str], ...] = ()
+# The chat format also fronts local runtimes (llama.cpp's server, LM Studio) whose decoders may lack WebP
+# (docs/providers.md): a shrunk image becomes JPEG or PNG here, never WebP.
+ACCEPTS_WEBP = False
 
 
 def find_media(body: dict[str, Any]) -> list[Media]:
@@ -78,6 +81,10 @@ def _with_image(part: Any, data: str, mime: str) -> dict[str, Any]:
 
 def replace_data(body: dict[str, Any], images: Mapping[JsonPath, tuple[str, str]]) -> dict[str, Any]:
     return replace_images(body, images, _with_image)
+
+
+def add_notes(body: dict[str, Any], notes: Mapping[JsonPath, str]) -> dict[str, Any]:
+    return append_notes(body, notes, lambda text: {"type": "text", "text": text})
 
 
 def model(body: dict[str, Any], path: str) -> str | None:

@@ -1,8 +1,10 @@
 """OpenAI Responses: /v1/responses, Codex's /backend-api/codex/responses, and WebSocket response.create.
 
 Images are `input_image` parts of `input[].content[]` and of `function_call_output.output[]` and
-`custom_tool_call_output.output[]` arrays (tool screenshots); `input_file` parts are documents. With `previous_response_id` the earlier turns
-live on the provider, where no proxy can prune them.
+`custom_tool_call_output.output[]` arrays (tool screenshots); `input_file` parts are documents. A computer-use
+`computer_call_output` carries one `computer_screenshot` as its `output` (not a list): an image like the others,
+whose placeholder is a card (formats._card), since that item takes no text. With `previous_response_id` the earlier
+turns live on the provider, where no proxy can prune them.
 """
 
 from __future__ import annotations
@@ -13,7 +15,21 @@ from typing import Any
 
 import orjson
 
-from ._base import DOCUMENT, IMAGE, HistoryParts, JsonPath, Media, data_url, dicts, replace_images, replace_parts, url_media
+from ._base import (
+    DOCUMENT,
+    IMAGE,
+    HistoryParts,
+    JsonPath,
+    Media,
+    append_notes,
+    data_url,
+    dicts,
+    replace_images,
+    replace_parts,
+    split_data_url,
+    url_media,
+)
+from ._card import CARD_MIME, card, is_card
 
 NAME = "openai-responses"
 
@@ -24,11 +40,15 @@ ENDPOINTS: tuple[str, ...] = ("*/responses/compact", "*/responses/input_tokens",
 STREAM_SUFFIXES: tuple[str, ...] = ()
 # POST /v1/responses/input_tokens counts the tokens of a Responses request body.
 COUNT_ENDINGS: tuple[tuple[str, str], ...] = (("/responses/input_tokens", "/responses"),)
+# OpenAI takes PNG, JPEG, WebP and non-animated GIF (docs/providers.md): a shrunk image may become WebP.
+ACCEPTS_WEBP = True
 
 
 # Tool results whose `output` may be an array of content parts: a function's, and a custom (freeform) tool's,
 # which is how Codex returns screenshots from its JavaScript `exec` tool.
 _TOOL_OUTPUTS = ("function_call_output", "custom_tool_call_output")
+COMPUTER_OUTPUT = "computer_call_output"
+SCREENSHOT = "computer_screenshot"
 
 
 def request_of(body: dict[str, Any]) -> tuple[dict[str, Any], JsonPath]:
@@ -46,6 +66,11 @@ def find_media(body: dict[str, Any]) -> list[Media]:
         base = (*root, "input", i)
         if item.get("type") in _TOOL_OUTPUTS:
             _collect(found, (*base, "output"), item.get("output"))
+        elif item.get("type") == COMPUTER_OUTPUT:
+            screenshot = item.get("output")
+            media = _screenshot_media((*base, "output"), screenshot) if isinstance(screenshot, dict) else None
+            if media is not None:
+                found.append(media)
         else:
             _collect(found, (*base, "content"), item.get("content"))
     return found
@@ -58,14 +83,32 @@ def _collect(found: list[Media], path: JsonPath, parts: Any) -> None:
             found.append(media)
 
 
+def _image_media(path: JsonPath, part: dict[str, Any]) -> Media | None:
+    detail = part.get("detail")
+    detail = detail if isinstance(detail, str) else None
+    if "image_url" in part:
+        return url_media(IMAGE, path, part.get("image_url"), detail)
+    return Media(IMAGE, path, None, 0, None, detail)  # a file_id: stored at the provider
+
+
+def _screenshot_media(path: JsonPath, output: dict[str, Any]) -> Media | None:
+    if output.get("type") != SCREENSHOT:
+        return None
+    url = output.get("image_url")
+    if isinstance(url, str) and _is_card_url(url):
+        return None  # a pruned screenshot's card: a placeholder, not an image of the conversation
+    return _image_media(path, output)
+
+
+def _is_card_url(url: str) -> bool:
+    parsed = split_data_url(url)
+    return parsed is not None and is_card(url[parsed[1] :])
+
+
 def _part_media(path: JsonPath, part: dict[str, Any]) -> Media | None:
     kind = part.get("type")
     if kind == "input_image":
-        detail = part.get("detail")
-        detail = detail if isinstance(detail, str) else None
-        if "image_url" in part:
-            return url_media(IMAGE, path, part.get("image_url"), detail)
-        return Media(IMAGE, path, None, 0, None, detail)  # a file_id: stored at the provider
+        return _image_media(path, part)
     if kind == "input_file":
         if "file_data" in part:
             return url_media(DOCUMENT, path, part.get("file_data"))
@@ -73,12 +116,25 @@ def _part_media(path: JsonPath, part: dict[str, Any]) -> Media | None:
     return None
 
 
+def _placeholder_part(old: Any, text: str) -> dict[str, Any]:
+    if isinstance(old, dict) and old.get("type") == SCREENSHOT:
+        # The screenshot keeps its place and detail; a card showing the text stands for its pixels.
+        kept = {key: value for key, value in old.items() if key not in ("image_url", "file_id")}
+        return {**kept, "image_url": data_url(card(text), CARD_MIME)}
+    return {"type": "input_text", "text": text}
+
+
 def replace_media(body: dict[str, Any], texts: Mapping[JsonPath, str]) -> dict[str, Any]:
-    return replace_parts(body, texts, lambda _old, text: {"type": "input_text", "text": text})
+    return replace_parts(body, texts, _placeholder_part)
 
 
 def replace_data(body: dict[str, Any], images: Mapping[JsonPath, tuple[str, str]]) -> dict[str, Any]:
     return replace_images(body, images, lambda old, data, mime: {**old, "image_url": data_url(data, mime)})
+
+
+def add_notes(body: dict[str, Any], notes: Mapping[JsonPath, str]) -> dict[str, Any]:
+    # A computer_call_output's screenshot is not in a list: that item takes no text, so it gets no note.
+    return append_notes(body, notes, lambda text: {"type": "input_text", "text": text})
 
 
 def model(body: dict[str, Any], path: str) -> str | None:

@@ -23,8 +23,9 @@ Usage is a deterministic estimate from the request body, realistic in magnitude:
 ``body_bytes`` is the decoded body length; ``base64_bytes`` the total length of runs of 256 or more base64
 characters (image payloads, in the standard or the URL-safe alphabet: google-genai sends ``-`` and ``_``);
 ``images`` counts image markers with a regex scan, without parsing:
-``"type":"image_url"`` (OpenAI chat), ``"type":"input_image"`` (Responses), ``"type":"image"``
-(Anthropic), ``"inline_data":``/``"inlineData":`` (Gemini), ``"image":{`` (Bedrock) and the strings in
+``"type":"image_url"`` (OpenAI chat), ``"type":"input_image"`` and ``"type":"computer_screenshot"``
+(Responses; a pruned screenshot's card counts too, as the provider counts it), ``"type":"image"`` (Anthropic),
+``"inline_data":``/``"inlineData":`` (Gemini), ``"image":{`` (Bedrock) and the strings in
 each Ollama ``"images":[...]`` list.
 
 With ``cache=True`` (CLI ``--cache``) every request also goes through trimflow.testing._cache_model, a model
@@ -114,7 +115,7 @@ class Received:
 
 _B64_RUN = re.compile(rb"[A-Za-z0-9+/_-]{256,}={0,2}")  # both alphabets: standard (+/) and URL-safe (-_)
 _IMAGE_MARKER = re.compile(
-    rb'"type"\s*:\s*"(?:image_url|input_image|image)"'  # OpenAI chat, Responses, Anthropic
+    rb'"type"\s*:\s*"(?:image_url|input_image|computer_screenshot|image)"'  # OpenAI chat, Responses (computer use too), Anthropic
     rb'|"(?:inline_data|inlineData)"\s*:'  # Gemini, both spellings
     rb'|"image"\s*:\s*\{'  # Bedrock Converse
 )
