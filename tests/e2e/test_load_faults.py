@@ -112,7 +112,11 @@ class LoadRun:
 
     def body(self, req: LoadRequest) -> bytes:
         pool = self.pools[req.size]
-        images = [pool[(req.n + i) % len(pool)] for i in range(req.images)]
+        # Each conversation's images are its own (bytes after a PNG's end, which decoders ignore): the proxy remembers
+        # when an image first came across conversations (an agent may rewrite its history around the same images),
+        # which the in-process engine this is checked against does not.
+        trailer = b"load-request-%06d" % req.n
+        images = [pool[(req.n + i) % len(pool)] + trailer for i in range(req.images)]
         built = session(req.fmt, images)
         if req.stream:
             built["stream"] = True

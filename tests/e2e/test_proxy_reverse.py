@@ -437,9 +437,11 @@ def test_rules_are_reloaded_and_an_invalid_edit_keeps_the_last_good_ones(proxies
     rules = proxy.rules
     assert rules is not None
     provider = fresh
-    body = orjson.dumps(session("openai-chat", shots(5, seed=17)))
+    seeds = iter(range(17, 10_000))
 
     def images_upstream() -> int:
+        # Each time a conversation of its own: within one, an image once cut stays cut whatever the rules say next.
+        body = orjson.dumps(session("openai-chat", shots(5, seed=next(seeds)), f"gpt-4o-{next(seeds)}"))
         provider.clear()
         status, _ = post(proxy.port, "/v1/chat/completions", body)
         assert status == 200

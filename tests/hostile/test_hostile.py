@@ -23,7 +23,7 @@ from mitmproxy.test import taddons, tflow, tutils
 
 from trimflow import prune_request
 from trimflow._rules import RulesFile, parse_rules
-from trimflow.testing import PATHS
+from trimflow.testing import PATHS, image
 
 from ..bombs import MiB, gzip_bomb
 from ..helpers import TrimflowAddons, answer_sent, requested
@@ -35,6 +35,7 @@ from .cases import (
     PRUNED,
     RULES,
     RULES_TEXT,
+    SHOT,
     UNTOUCHED,
     Hostile,
     check_pruned,
@@ -92,8 +93,8 @@ def make_flow(path: str, wire: bytes, headers: dict[str, str]) -> http.HTTPFlow:
 NORMAL = "normal-request-text-5b1"
 
 
-def normal_flow() -> http.HTTPFlow:
-    return make_flow(PATHS[CHAT], session_json(CHAT, NORMAL), {"content-type": "application/json"})
+def normal_flow(mark: str = NORMAL, shot: bytes = SHOT) -> http.HTTPFlow:
+    return make_flow(PATHS[CHAT], session_json(CHAT, mark, shot=shot), {"content-type": "application/json"})
 
 
 @pytest.fixture
@@ -207,7 +208,8 @@ async def test_rules_file_deleted_while_running_keeps_the_last_good_rules(addon,
         errors = [r.getMessage() for r in trimflow_lines(caplog) if r.levelno >= logging.ERROR]
         assert len(errors) == 1 and str(path) in errors[0] and "keeping the last good rules" in errors[0]
         path.write_text(RULES_TEXT.replace("max_images: 2", "max_images: 3"))  # back, edited
-        flow = normal_flow()
+        # Another conversation, with other images: in this one (and for these images), what was cut stays cut.
+        flow = normal_flow(f"{NORMAL}-new", image(40, 30, "PNG"))
         await requested(addon, flow)
     assert image_count(CHAT, flow.request.get_content()) == 3
     assert f"reloaded rules from {path}" in caplog.text
