@@ -411,10 +411,11 @@ class LearnedFile:
                 self._say(f"trimflow: cannot write learned limits to {self.path}: {exc.strerror or type(exc).__name__}; kept in memory")
                 return None
             self._stamp = _stat(self.path)
+            self._said.clear()  # the file is well again: a later lock or failure is a new episode, and is said
             return kept
 
     def _say(self, line: str) -> None:
-        """Log `line` once: a file that stays broken or locked is one line, not one a second."""
+        """Log `line` once until a write succeeds: a file that stays broken or locked is one line, not one a second."""
         if line not in self._said:
             self._said.add(line)
             log.warning("%s", line)
