@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import importlib.util
+import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -31,6 +33,21 @@ def wait_for(condition: Callable[[], T], what: str, timeout: float = 60.0) -> T:
             return value
         assert time.monotonic() < deadline, f"no {what} within {timeout} s"
         time.sleep(0.05)
+
+
+@contextmanager
+def held_by_another_process(path: Path) -> Iterator[None]:
+    """`path` locked by another process (util-linux `flock --shared`, as any local user could) until the block ends."""
+    holder = subprocess.Popen(
+        ["flock", "--shared", str(path), "sh", "-c", "echo held; read _"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held", "flock could not hold the file"
+        yield
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(10)
 
 
 def rules_with(**limits: Any) -> Rules:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -20,7 +19,7 @@ from trimflow import Limits, RulesError, builtin_rules, prune
 from trimflow._learned import FLOORS, MAX_ENTRIES, MAX_PER_UPSTREAM, Entry, LearnedLimits, bounded, load_learned, upstream_key
 from trimflow.testing import image, session_body
 
-from .helpers import wait_for
+from .helpers import held_by_another_process, wait_for
 
 COPILOT = upstream_key("https", "API.githubcopilot.com", 443)
 SOURCE = "400 copilot-gemini-count"
@@ -254,24 +253,15 @@ def test_a_fifo_is_never_opened_for_reading(tmp_path: Path, started: Callable[..
     assert "not a regular file" in caplog.text
 
 
-@pytest.mark.skipif(shutil.which("flock") is None, reason="util-linux flock is part of every Debian system")
 def test_a_lock_held_by_another_process_delays_the_write_never_the_learn(tmp_path: Path, started: Callable[..., LearnedLimits]) -> None:
     path = tmp_path / "learned.yaml"
     path.write_text("")
-    holder = subprocess.Popen(
-        ["flock", "--shared", str(path), "sh", "-c", "echo held; read _"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    with held_by_another_process(path):
         learned = started(path, check_interval=0.05)
         learned.learn(H, None, {"max_images": 4}, "s")  # returns while the lock is held: no file work here
         assert learned.tighten(H, None, Limits()).max_images == 4
         learned.sync()  # gives up on the lock after its patience, with the entry still pending
         assert path.read_text() == ""
-    finally:
-        assert holder.stdin is not None
-        holder.stdin.close()
-        holder.wait(10)
     wait_for(lambda: [e.value for e in load_learned(path)] == [4], "the entry written once the lock was free")
 
 

@@ -341,3 +341,13 @@ def start_wrong(workdir: Path, *args: str) -> tuple[int, list[str]]:
     )
     lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip() and "Loading script" not in line]
     return done.returncode, lines
+
+
+def wait_for_file(path: Path, process: subprocess.Popen[bytes], timeout: float = 90.0) -> str:
+    """The text of `path` once `process` (a launcher run) has written it; fails if the process exits first."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert process.poll() is None, f"the launcher exited with {process.returncode}"
+        assert time.monotonic() < deadline, f"no {path.name} within {timeout} s"
+        time.sleep(0.05)
+    return path.read_text()

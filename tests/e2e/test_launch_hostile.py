@@ -25,6 +25,7 @@ import pytest
 from trimflow.testing import FakeProvider
 
 from ..certs import make_server_cert
+from .helpers import wait_for_file
 
 pytestmark = pytest.mark.e2e
 
@@ -110,15 +111,6 @@ def launcher(*args: str) -> list[str]:
     return [sys.executable, "-m", "trimflow", "run", *args]
 
 
-def wait_for(path: Path, process: subprocess.Popen[bytes], timeout: float = 90.0) -> str:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert process.poll() is None, f"the launcher exited with {process.returncode}"
-        assert time.monotonic() < deadline, f"no {path.name} within {timeout} s"
-        time.sleep(0.05)
-    return path.read_text()
-
-
 def _parent(pid: int) -> int | None:
     try:
         return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
@@ -197,7 +189,7 @@ def test_an_upstream_proxy_that_wants_credentials_works_and_they_leak_nowhere(tm
         )
         process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         try:
-            wait_for(work / "ready", process)
+            wait_for_file(work / "ready", process)
             running = [process.pid, *descendants(process.pid)]
             lines = {pid: cmdline(pid) for pid in running}
             assert any(b"mitmdump" in line for line in lines.values()), lines
@@ -296,7 +288,7 @@ def test_a_launcher_killed_with_sigkill_takes_the_proxy_and_the_agent_with_it_an
     process = subprocess.Popen(command, env=env, start_new_session=True)
     started: list[int] = []
     try:
-        agent = int(wait_for(work / "ready", process).split()[0])
+        agent = int(wait_for_file(work / "ready", process).split()[0])
         (mitmdump,) = [pid for pid in descendants(process.pid) if b"mitmdump" in cmdline(pid)]
         started += [agent, mitmdump]
         runs = home / ".local" / "state" / "trimflow" / "runs"

@@ -24,7 +24,7 @@ import pytest
 from trimflow.testing import FakeProvider, estimate_usage
 
 from ..certs import make_server_cert
-from .helpers import PLACEHOLDER_MARK, session, shots
+from .helpers import PLACEHOLDER_MARK, session, shots, wait_for_file
 
 pytestmark = pytest.mark.e2e
 
@@ -80,15 +80,6 @@ def listening(url: str) -> bool:
         return False
 
 
-def wait_for(path: Path, process: subprocess.Popen[bytes], timeout: float = 60.0) -> str:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert process.poll() is None, f"the launcher exited with {process.returncode}"
-        assert time.monotonic() < deadline, f"no {path.name} within {timeout} s"
-        time.sleep(0.05)
-    return path.read_text()
-
-
 def test_the_commands_status_comes_back_and_the_proxy_is_gone_after_it(tmp_path: Path) -> None:
     script = "import os, pathlib, sys; pathlib.Path(sys.argv[1]).write_text(os.environ['HTTPS_PROXY']); sys.exit(7)"
     done = subprocess.run(launcher("--", sys.executable, "-c", script, str(tmp_path / "proxy")), capture_output=True, timeout=120)
@@ -133,7 +124,7 @@ def test_a_signal_to_the_launcher_reaches_the_agent_once_while_the_proxy_still_s
     env = {**os.environ, "UPSTREAM": upstream.url}
     # A session of its own: the signal below goes to the launcher's process group, as a shell's kill of a job does.
     process = subprocess.Popen(launcher("--", sys.executable, str(agent), str(tmp_path)), env=env, stderr=subprocess.PIPE, start_new_session=True)
-    proxy, foreground = wait_for(tmp_path / "ready", process).split()
+    proxy, foreground = wait_for_file(tmp_path / "ready", process).split()
     assert foreground == "False"
     os.killpg(process.pid, sig)
     _, stderr = process.communicate(timeout=60)
@@ -153,7 +144,7 @@ def test_ctrl_c_in_a_terminal_reaches_the_agent_alone(tmp_path: Path, agent: Pat
     os.close(terminal)
     output = b""
     try:
-        proxy, foreground = wait_for(tmp_path / "ready", process).split()
+        proxy, foreground = wait_for_file(tmp_path / "ready", process).split()
         assert foreground == "True"  # given the terminal: Ctrl-C signals the agent's group, not the launcher's
         os.write(main, b"\x03")  # Ctrl-C, as typed
         deadline = time.monotonic() + 60

@@ -9,9 +9,7 @@ turn and after a restart, and expires.
 from __future__ import annotations
 
 import os
-import shutil
 import ssl
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +22,7 @@ from trimflow._learned import upstream_key
 from trimflow.testing import FakeProvider, Received
 
 from ..certs import make_server_cert
-from ..helpers import wait_for
+from ..helpers import held_by_another_process, wait_for
 from .helpers import Proxy, image_payloads, post, session, shots, start_all, stop_all, write_rules
 
 pytestmark = pytest.mark.e2e
@@ -247,24 +245,15 @@ def test_a_fifo_is_never_read_and_the_proxy_serves_on(start: Any, fresh: Upstrea
     assert fifo.is_fifo() and "not a regular file" in proxy.log()
 
 
-@pytest.mark.skipif(shutil.which("flock") is None, reason="util-linux flock is part of every Debian system")
 def test_a_file_another_process_holds_locked_delays_only_the_write(start: Any, fresh: Upstreams, tmp_path: Path) -> None:
     upstream, _ = fresh
     learned = tmp_path / "learned.yaml"
     learned.write_text("")
-    holder = subprocess.Popen(
-        ["flock", "--shared", str(learned), "sh", "-c", "echo held; read _"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    with held_by_another_process(learned):
         proxy = start(*reverse(upstream))
         learn_and_apply(proxy, upstream)  # served while the lock is held
         wait_for(lambda: "stays locked by another process" in proxy.log(), "the one line about the lock")
         assert learned.read_text() == ""
-    finally:
-        assert holder.stdin is not None
-        holder.stdin.close()
-        holder.wait(10)
     wait_for(lambda: learned_file_holds(learned, value=LIMIT), "the entry written once the lock was free")
 
 
