@@ -25,7 +25,6 @@ keys, upstream auth), and its record and log line tell the retries.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import inspect
 import logging
 import os
@@ -44,7 +43,7 @@ from mitmproxy.proxy.layers import http as http_layers
 
 from .. import ENFORCE, Limits, prune
 from .._decode import DecodeError, decode_body
-from .._engine import is_sigv4
+from .._engine import Tighten, is_sigv4
 from .._learned import DEFAULT_TTL, FILE_NAME, LearnedLimits
 from .._profiles import check_request
 from .._record import Record
@@ -235,20 +234,21 @@ class Recover:
         sent = _Sent(b"", record.body_bytes_after, record.images_after)
         retries: list[tuple[str, str]] = []  # (why, the limits tightened) per retry
         # What the refusals taught, applied to the retries; learned only once the upstream accepts one of them.
-        lessons: list[_Lesson] = []
+        taught = LearnedLimits(None, ttl=None)
         refused_status: int | None = None
         last_response = flow.response
         simulated = record.simulated
         while True:
-            limits = self._limits(state, record.model, upstream, lessons)
+            tighten = self._tighten_for(upstream, taught)
+            limits = tighten(record.model, self._rule_limits(state, record.model))
             tightening = assess(error, limits, Refused(sent.body_bytes, sent.images))
             if isinstance(tightening, Rejected):
                 log.info("trimflow: %s%s not retried: %s", request.pretty_host, path_of(flow), tightening.reason)
                 break
-            lessons.append(_Lesson(None if scope(error) == HOST else record.model, dict(tightening.fields), error.source))
+            taught.learn(upstream, None if scope(error) == HOST else record.model, tightening.fields, error.source)
             if len(retries) >= ctx.options.trimflow_retries:
                 break
-            attempt = await asyncio.to_thread(self._prepare, flow, state, original, sent.body, upstream, lessons)
+            attempt = await asyncio.to_thread(self._prepare, flow, state, original, sent.body, self._tighten_for(upstream, taught))
             if attempt is None:
                 log.info("trimflow: %s%s not retried: %s, and the tightened limits change nothing", request.pretty_host, path_of(flow), error.reason)
                 break
@@ -264,7 +264,7 @@ class Recover:
             for name in _SENT_FIELDS:
                 setattr(record, name, getattr(retry_record, name))
             if 200 <= answer.status_code < 300:
-                self._learn(flow, upstream, lessons, self.simulate.profile is not None)
+                self._learn(flow, upstream, taught, self.simulate.profile is not None)
                 break
             if not _may_be_limit(answer.status_code):
                 break
@@ -285,22 +285,21 @@ class Recover:
         write(flow, state)
         flow.comment = flow_comment(record)
 
-    def _learn(self, flow: http.HTTPFlow, upstream: str, lessons: list[_Lesson], simulated: bool) -> None:
+    def _learn(self, flow: http.HTTPFlow, upstream: str, taught: LearnedLimits, simulated: bool) -> None:
         """Keep what the refusals taught: the upstream accepted a request within it. A profile's answers teach the
         in-memory limits only: the file holds what real providers said."""
         store = self.simulated if simulated else self.learned
-        for lesson in lessons:
+        for lesson in taught.entries:
             try:
-                changed = store.learn(upstream, lesson.model, lesson.fields, lesson.source)
+                changed = store.learn(upstream, lesson.model, {lesson.limit: lesson.value}, lesson.source)
             except ValueError as exc:  # under a floor: `tightened` keeps to them, a user's pattern may not
                 log.warning("trimflow: %s%s not learned: %s", flow.request.pretty_host, path_of(flow), exc)
                 continue
             if changed:
                 self.limits_learned += len(changed)
-                what = " ".join(f"{e.limit}={e.value}" for e in changed)
                 for_what = f"model {lesson.model}" if lesson.model is not None else "every model"
                 where = "in memory (simulated)" if simulated else "learned"
-                log.info("trimflow: %s %s for %s at %s (%s)", where, what, for_what, upstream, lesson.source)
+                log.info("trimflow: %s %s=%d for %s at %s (%s)", where, lesson.limit, lesson.value, for_what, upstream, lesson.source)
 
     def _limit_error(self, response: http.Response, host: str) -> LimitError | None:
         raw = response.raw_content
@@ -312,21 +311,28 @@ class Recover:
             return None
         return self.patterns.recognise(response.status_code, body, host)
 
-    def _limits(self, state: FlowState, model: str | None, upstream: str, lessons: list[_Lesson]) -> Limits:
-        """The limits the request is pruned under: its rule's, tightened by what is learned for its upstream and by
-        what this request's refusals taught."""
+    def _rule_limits(self, state: FlowState, model: str | None) -> Limits:
+        """The limits the request's rule gives (a token count's: its turn's)."""
         assert self.flows.rules is not None
         target = state.target
         path = target.path
         if target.format is not None:
             path = counted_turn_path(target.format, path) or path
-        return _taught(lessons)(model, self.tighten(upstream, model, self.flows.rules.current().limits_for(target.host, path, model)))
+        return self.flows.rules.current().limits_for(target.host, path, model)
+
+    def _tighten_for(self, upstream: str, taught: LearnedLimits) -> Tighten:
+        """What is learned for the upstream, then what this request's refusals taught, on top of a rule's limits."""
+
+        def tighten(model: str | None, limits: Limits) -> Limits:
+            return taught.tighten(upstream, model, self.tighten(upstream, model, limits))
+
+        return tighten
 
     def _prepare(
-        self, flow: http.HTTPFlow, state: FlowState, original: bytes, last_body: bytes, upstream: str, lessons: list[_Lesson]
+        self, flow: http.HTTPFlow, state: FlowState, original: bytes, last_body: bytes, tighten: Tighten
     ) -> tuple[http.Request, Record, bytes] | None:
-        """In a worker thread: the original body pruned again under the limits learned now and those the refusals
-        taught, as a request to send; None when that is the body already refused."""
+        """In a worker thread: the original body pruned again under `tighten` (the limits learned now and those the
+        refusals taught), as a request to send; None when that is the body already refused."""
         assert self.flows.rules is not None
         request = flow.request
         encoding = request.headers.get("content-encoding")
@@ -334,11 +340,6 @@ class Recover:
             body = decode_body(original, encoding, self.flows.max_decoded_bytes)
         except DecodeError:
             return None
-        taught = _taught(lessons)
-
-        def tighten(model: str | None, limits: Limits) -> Limits:
-            return taught(model, self.tighten(upstream, model, limits))
-
         outcome = prune(state.target, plain_headers(request), body, self.flows.rules.current(), ENFORCE, tighten=tighten)
         retry_record = outcome.record
         if retry_record is None or retry_record.mode != ENFORCE:
@@ -361,30 +362,6 @@ class Recover:
                 response = http.Response.make(violation.status, violation.body, {"content-type": violation.content_type})
                 return response, violation.profile
         return await resend(request, original.client_conn, original.server_conn.sni), None
-
-
-@dataclass(frozen=True, slots=True)
-class _Lesson:
-    """What one refusal taught: Limits fields, for one model (None: every model at the upstream), and its source."""
-
-    model: str | None
-    fields: dict[str, int]
-    source: str
-
-
-def _taught(lessons: list[_Lesson]) -> Callable[[str | None, Limits], Limits]:
-    """Applies the lessons' fields where they are tighter, as learned limits apply."""
-
-    def tighten(model: str | None, limits: Limits) -> Limits:
-        changes: dict[str, Any] = {}
-        for lesson in lessons:
-            for name, value in lesson.fields.items():
-                current = changes.get(name, getattr(limits, name))
-                if current is None or value < current:
-                    changes[name] = value
-        return dataclasses.replace(limits, **changes) if changes else limits
-
-    return tighten
 
 
 def _may_be_limit(status: int) -> bool:
