@@ -345,26 +345,25 @@ class Reader:
         if request.raw_content is None:
             tally.unreadable["request body not recorded (streamed by mitmproxy)"] += 1
             return None
-        try:
-            return decode_body(request.raw_content, request.headers.get("content-encoding"), self.max_decoded_bytes)
-        except BodyTooLarge:
-            tally.unreadable[f"request body inflates past {format_size(self.max_decoded_bytes)} (--max-decoded-bytes); not inflated"] += 1
-        except DecodeError:
-            tally.unreadable[f"cannot decode content-encoding {_encoding_shown(request)}"] += 1
-        return None
+        return self._decoded(request, tally.unreadable, "request body ")
 
     def _answer(self, response: http.Response, tally: InputTally) -> bytes:
         """The decoded answer; empty (counted with the reason) when it cannot be read: its usage is then unknown and
         its failure category comes from the status alone."""
         if not response.raw_content:
             return b""
+        return self._decoded(response, tally.unread_answers, "") or b""
+
+    def _decoded(self, message: http.Message, counts: Counter[str], what: str) -> bytes | None:
+        """`message`'s body decoded within --max-decoded-bytes; None, counted in `counts` with the reason, when it
+        cannot be."""
         try:
-            return decode_body(response.raw_content, response.headers.get("content-encoding"), self.max_decoded_bytes)
+            return decode_body(message.raw_content or b"", message.headers.get("content-encoding"), self.max_decoded_bytes)
         except BodyTooLarge:
-            tally.unread_answers[f"inflates past {format_size(self.max_decoded_bytes)} (--max-decoded-bytes); not inflated"] += 1
+            counts[f"{what}inflates past {format_size(self.max_decoded_bytes)} (--max-decoded-bytes); not inflated"] += 1
         except DecodeError:
-            tally.unread_answers[f"cannot decode content-encoding {_encoding_shown(response)}"] += 1
-        return b""
+            counts[f"cannot decode content-encoding {_encoding_shown(message)}"] += 1
+        return None
 
     def _history(self, request: http.Request, target: Target, tally: InputTally) -> History | None:
         """The history of a recorded body, for numbering a record the proxy did not number."""
