@@ -88,6 +88,9 @@ def upstream_key(scheme: str, host: str, port: int) -> str:
     return f"{scheme.lower()}://{f'[{host}]' if ':' in host else host}:{port}"
 
 
+Key = tuple[str, str | None, str]  # an entry's upstream, model (lower case; None: every model) and limit
+
+
 @dataclass(frozen=True, slots=True)
 class Entry:
     upstream: str
@@ -102,7 +105,7 @@ class Entry:
         object.__setattr__(self, "learned_at", _epoch(self.learned))
 
     @property
-    def key(self) -> tuple[str, str | None, str]:
+    def key(self) -> Key:
         return (self.upstream, self.model.lower() if self.model is not None else None, self.limit)
 
     def to_yaml(self) -> dict[str, object]:
@@ -130,7 +133,16 @@ def tighter(old: Entry | None, new: Entry) -> bool:
     return old is None or new.value < old.value
 
 
-def bounded(entries: Iterable[Entry], per_upstream: int = MAX_PER_UPSTREAM, total: int = MAX_ENTRIES) -> dict[tuple[str, str | None, str], Entry]:
+def merged(base: Mapping[Key, Entry], newer: Mapping[Key, Entry]) -> dict[Key, Entry]:
+    """`base` with each entry of `newer` that is tighter than base's for its key."""
+    out = dict(base)
+    for key, entry in newer.items():
+        if tighter(out.get(key), entry):
+            out[key] = entry
+    return out
+
+
+def bounded(entries: Iterable[Entry], per_upstream: int = MAX_PER_UPSTREAM, total: int = MAX_ENTRIES) -> dict[Key, Entry]:
     """`entries` cut to the bounds, the oldest going first: each upstream keeps at most `per_upstream`, and while
     there are more than `total`, the upstream with the most entries loses its oldest, so that one upstream's
     flood of model names never pushes another's entries out."""
@@ -164,8 +176,8 @@ class LearnedLimits:
         self.check_interval = check_interval
         self.clock = clock
         self._lock = threading.Lock()  # held for dict work only, never across file work
-        self._entries: dict[tuple[str, str | None, str], Entry] = {}
-        self._pending: dict[tuple[str, str | None, str], Entry] = {}  # learned here, not yet in the file
+        self._entries: dict[Key, Entry] = {}
+        self._pending: dict[Key, Entry] = {}  # learned here, not yet in the file
         self._index: dict[str, tuple[Entry, ...]] = {}  # replaced whole: a reader needs no lock
         self._file = LearnedFile(self.path) if self.path is not None else None
         self._wake = threading.Event()
@@ -302,22 +314,19 @@ class LearnedLimits:
         with self._lock:
             pending = dict(self._pending)
         if pending and self._file.writable():
-            written = self._file.merge_and_write(pending, self.clock(), self.ttl)
+            now = self.clock()
+            written = self._file.merge_and_write(pending, lambda entry: self.expired(entry, now))
             if written is not None:
                 self._take(written, written_here=pending)
 
-    def _take(self, disk: dict[tuple[str, str | None, str], Entry], written_here: Mapping[tuple[str, str | None, str], Entry] | None = None) -> None:
+    def _take(self, disk: dict[Key, Entry], written_here: Mapping[Key, Entry] | None = None) -> None:
         """What is on disk now becomes the entries, with what this process learned and has not yet written on top."""
         with self._lock:
             if written_here is not None:
                 for key, entry in written_here.items():
                     if self._pending.get(key) == entry:
                         del self._pending[key]
-            merged = dict(disk)
-            for key, entry in self._pending.items():
-                if tighter(merged.get(key), entry):
-                    merged[key] = entry
-            self._entries = bounded(merged.values())
+            self._entries = bounded(merged(disk, self._pending).values())
             self._reindex()
 
 
@@ -338,7 +347,7 @@ class LearnedFile:
     def writable(self) -> bool:
         return self._problem is None
 
-    def read_if_changed(self) -> dict[tuple[str, str | None, str], Entry] | None:
+    def read_if_changed(self) -> dict[Key, Entry] | None:
         """The file's entries when it changed since the last look (an empty dict when it is gone), else None."""
         stamp = _stat(self.path)
         if stamp == self._stamp and self._read_before:
@@ -363,7 +372,7 @@ class LearnedFile:
         self._read_before = True
         return entries
 
-    def read(self) -> dict[tuple[str, str | None, str], Entry]:
+    def read(self) -> dict[Key, Entry]:
         text = _read_regular(self.path)
         reader = _LearnedReader(os.fspath(self.path))
         entries = reader.parse(text) if text.strip() else []
@@ -371,23 +380,19 @@ class LearnedFile:
             self._say(f"trimflow: {warning}")
         return {e.key: e for e in entries}
 
-    def merge_and_write(
-        self, pending: Mapping[tuple[str, str | None, str], Entry], now: float, ttl: float | None
-    ) -> dict[tuple[str, str | None, str], Entry] | None:
+    def merge_and_write(self, pending: Mapping[Key, Entry], expired: Callable[[Entry], bool]) -> dict[Key, Entry] | None:
         """Under the file's lock: what is on disk, with `pending` merged in, expired entries dropped and the bounds
         applied, replaces the file. Returns what was written; None when the lock could not be had or the file could
         not be read or written (then nothing was changed)."""
         target = self.target()
         try:
-            return self._merge_and_write_locked(target, pending, now, ttl)
+            return self._merge_and_write_locked(target, pending, expired)
         except RulesError as exc:  # the path became something other than a regular file
             self._problem = str(exc)
             self._say(f"trimflow: {exc}; the file is left as it is and what is learned now is kept in memory only")
             return None
 
-    def _merge_and_write_locked(
-        self, target: Path, pending: Mapping[tuple[str, str | None, str], Entry], now: float, ttl: float | None
-    ) -> dict[tuple[str, str | None, str], Entry] | None:
+    def _merge_and_write_locked(self, target: Path, pending: Mapping[Key, Entry], expired: Callable[[Entry], bool]) -> dict[Key, Entry] | None:
         with locked(target) as held:
             if not held:
                 self._say(f"trimflow: learned limits file {self.path} stays locked by another process; what is learned is kept in memory for now")
@@ -398,13 +403,7 @@ class LearnedFile:
                 self._problem = str(exc)
                 self._say(f"trimflow: {exc}; the file is left as it is and what is learned now is kept in memory only")
                 return None
-            merged = dict(disk)
-            for key, entry in pending.items():
-                if tighter(merged.get(key), entry):
-                    merged[key] = entry
-            if ttl is not None:
-                merged = {k: e for k, e in merged.items() if e.learned_at + ttl > now}
-            kept = bounded(merged.values())
+            kept = bounded(e for e in merged(disk, pending).values() if not expired(e))
             try:
                 write_entries(target, kept.values())
             except OSError as exc:
