@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trimflow._sizes import format_size, format_size_change, parse_duration, parse_size
+from trimflow._sizes import format_duration, format_size, format_size_change, parse_duration, parse_size
 
 KiB, MiB, GiB, TiB = 1024, 1024**2, 1024**3, 1024**4
 
@@ -169,3 +169,8 @@ def test_parse_duration(text, seconds):
 def test_parse_duration_rejects_garbage(text):
     with pytest.raises(ValueError, match="duration"):
         parse_duration(text)
+
+
+@pytest.mark.parametrize(("seconds", "shown"), [(7 * 86400 - 30, "6d 23h"), (3 * 3600 + 12 * 60 + 5, "3h 12m"), (59, "0h 0m"), (-5, "0h 0m")])
+def test_format_duration(seconds, shown):
+    assert format_duration(seconds) == shown

@@ -420,13 +420,18 @@ class LearnedFile:
             log.warning("%s", line)
 
 
+def ordered(entries: Iterable[Entry]) -> list[Entry]:
+    """Entries as the file lists them: by upstream, model (every model first) and limit."""
+    return sorted(entries, key=lambda e: (e.upstream, e.model or "", e.limit))
+
+
 def write_entries(target: Path, entries: Iterable[Entry]) -> None:
     """Replace `target` (no link: the caller resolved it) with `entries`, in one rename; the mode of the file it
     replaces is kept, a new one is the owner's alone."""
     target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    ordered = sorted(entries, key=lambda e: (e.upstream, e.model or "", e.limit))
+    in_order = ordered(entries)
     dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-    text = _HEADER + yaml.dump({"learned": [e.to_yaml() for e in ordered]}, Dumper=dumper, sort_keys=False, allow_unicode=True, width=1000)
+    text = _HEADER + yaml.dump({"learned": [e.to_yaml() for e in in_order]}, Dumper=dumper, sort_keys=False, allow_unicode=True, width=1000)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     try:
         os.fchmod(fd, _mode_of(target))

@@ -16,8 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-from ._learned import DEFAULT_TTL, FILE_NAME, FLOORS, Entry, LearnedFile, LearnedLimits, locked, write_entries
-from ._sizes import parse_duration
+from ._learned import DEFAULT_TTL, FILE_NAME, FLOORS, Entry, LearnedFile, LearnedLimits, locked, ordered, write_entries
+from ._sizes import format_duration, parse_duration
 from ._text import for_text
 from .errors import RulesError
 
@@ -68,12 +68,12 @@ def _list(path: Path, ttl: float | None) -> int:
     now = time.time()
     live = [e for e in entries if not store.expired(e, now)]
     print(f"{for_text(str(path))}: {len(entries)} learned limits, {len(live)} apply now")
-    for entry in sorted(entries, key=lambda e: (e.upstream, e.model or "", e.limit)):
+    for entry in ordered(entries):
         model = for_text(entry.model) if entry.model is not None else "every model"
         if ttl is None:
             state = "never expires"
         else:
-            state = "expired" if store.expired(entry, now) else f"expires in {_duration(entry.learned_at + ttl - now)}"
+            state = "expired" if store.expired(entry, now) else f"expires in {format_duration(entry.learned_at + ttl - now)}"
         print(f"\n{for_text(entry.upstream)}  {model}  {entry.limit}={entry.value}")
         print(f"  learned {for_text(entry.learned) or 'at an unknown time'} ({state}), from: {for_text(entry.source) or 'not said'}")
         print(f"  requests for {model} sent to {for_text(entry.upstream)} are cut to {entry.limit}={entry.value} where the rules allow more")
@@ -109,9 +109,3 @@ def _matches(entry: Entry, args: argparse.Namespace) -> bool:
         if (entry.model.lower() if entry.model is not None else None) != wanted:
             return False
     return not (args.limit and entry.limit != args.limit)
-
-
-def _duration(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    days, rest = divmod(seconds, 86400)
-    return f"{days}d {rest // 3600}h" if days else f"{rest // 3600}h {rest % 3600 // 60}m"

@@ -72,6 +72,13 @@ def parse_duration(text: str | int | float | None) -> float | None:
     return float(m.group(1)) * _SECONDS[(m.group(2) or "").lower()]
 
 
+def format_duration(seconds: float) -> str:
+    """A time left, to the hour past a day and to the minute below one: "6d 23h", "3h 12m"."""
+    whole = max(0, int(seconds))
+    days, rest = divmod(whole, 86400)
+    return f"{days}d {rest // 3600}h" if days else f"{rest // 3600}h {rest % 3600 // 60}m"
+
+
 def format_size(n: int) -> str:
     """Short binary figure for logs and placeholders: 512B, 669KB, 9.4MB, 123MB, 1.2GB."""
     return "".join(_figure(n))
