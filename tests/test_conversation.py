@@ -572,6 +572,30 @@ def test_an_image_once_cut_comes_first_and_stays_cut_and_one_no_longer_sent_is_f
     assert recalled.cut == 0 and recalled.order == (1, 3, 2, 0)  # A again: new, the newest
 
 
+def test_a_retry_that_cut_more_is_what_the_next_turn_holds() -> None:
+    conversations = Conversations()
+    conversations.assign(line(0, 1, [A, B]))
+    sent = line(0, 2, [C, A, B])
+    thread = conversations.assign(sent, TURN, cut=0).thread
+    assert not conversations.was_cut([A])
+    recalled = conversations.recall(sent)  # the retry of that turn reads the same order
+    assert recalled is not None and recalled.order == (1, 2, 0) and recalled.cut == 0
+    conversations.recut(thread, sent, 2)  # the retry cut A and B, and the provider took it
+    assert conversations.was_cut([A]) and conversations.was_cut([B]) and not conversations.was_cut([C])
+    recalled = conversations.recall(line(0, 3, [A, D, C, B]))
+    assert recalled.cut == 2 and recalled.order == (0, 3, 2, 1)  # A and B first: cut; then C, then D
+    assert conversations._images == 3 and sum(conversations._cut_keys.values()) == 2  # replaced, not added
+
+
+def test_a_retry_of_a_conversation_forgotten_meanwhile_changes_nothing() -> None:
+    conversations = Conversations(capacity=1)
+    sent = line(0, 1, [A, B])
+    thread = conversations.assign(sent).thread
+    conversations.assign(line(1, 1, [C]))  # pushes the first conversation out
+    conversations.recut(thread, sent, 2)
+    assert not conversations.was_cut([A]) and conversations._images == 1
+
+
 def test_copies_of_one_image_match_the_newest_remembered_in_the_order_they_sit() -> None:
     conversations = Conversations()
     conversations.assign(line(0, 1, [A]))

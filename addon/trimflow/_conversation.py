@@ -538,6 +538,17 @@ class Conversations:
                     self._remember(thread, remembered, history.images, cut or 0)
         return Assignment(conversation.id, turn, thread.segment, thread)
 
+    def recut(self, thread: Thread | None, history: History, cut: int) -> None:
+        """The turn `thread` last sent went again with more cut (a retry within a limit the provider named, pruned in
+        the order `recall` gave): its line remembers that cut, so the next turn holds it and never brings back an
+        image the provider was not sent."""
+        if thread is None or thread.sent_at is None or history.previous_response is not None:
+            return
+        if thread.conversation.id not in self._conversations:  # forgotten meanwhile: the next turn starts afresh
+            return
+        thread.cut = cut
+        self._remember(thread, thread.images, history.images, cut)
+
     def _sent_again(self, keys: Sequence[bytes]) -> Thread | None:
         """The line of history whose images a request that continues no history sends again, more than half of them:
         an agent that rewrites an early message every turn (aider puts every image the user added into one, and the

@@ -42,6 +42,7 @@ from mitmproxy.proxy import commands
 from mitmproxy.proxy.layers import http as http_layers
 
 from .. import ENFORCE, Limits, prune
+from .._conversation import TURN, History
 from .._decode import DecodeError, decode_body
 from .._engine import Tighten, is_sigv4
 from .._learned import DEFAULT_TTL, FILE_NAME, LearnedLimits
@@ -252,7 +253,7 @@ class Recover:
             if attempt is None:
                 log.info("trimflow: %s%s not retried: %s, and the tightened limits change nothing", request.pretty_host, path_of(flow), error.reason)
                 break
-            retry_request, retry_record, body = attempt
+            retry_request, retry_record, body, retry_cut = attempt
             retries.append((tightening.describe(error), " ".join(f"{k}={v}" for k, v in tightening.fields.items())))
             refused_status = refused_status or last_response.status_code
             answer, simulated_by = await self._send(retry_request, flow, body, record.format)
@@ -265,6 +266,8 @@ class Recover:
                 setattr(record, name, getattr(retry_record, name))
             if 200 <= answer.status_code < 300:
                 self._learn(flow, upstream, taught, self.simulate.profile is not None)
+                if retry_cut is not None:
+                    self.flows.conversations.recut(state.thread, *retry_cut)
                 break
             if not _may_be_limit(answer.status_code):
                 break
@@ -330,9 +333,11 @@ class Recover:
 
     def _prepare(
         self, flow: http.HTTPFlow, state: FlowState, original: bytes, last_body: bytes, tighten: Tighten
-    ) -> tuple[http.Request, Record, bytes] | None:
+    ) -> tuple[http.Request, Record, bytes, tuple[History, int] | None] | None:
         """In a worker thread: the original body pruned again under `tighten` (the limits learned now and those the
-        refusals taught), as a request to send; None when that is the body already refused."""
+        refusals taught), in the order the conversation's images came (its memory reads only, as the prune's does),
+        as a request to send with the turn's history and where its cut ended (None for a request that is not a
+        turn); None when that is the body already refused."""
         assert self.flows.rules is not None
         request = flow.request
         encoding = request.headers.get("content-encoding")
@@ -340,7 +345,8 @@ class Recover:
             body = decode_body(original, encoding, self.flows.max_decoded_bytes)
         except DecodeError:
             return None
-        outcome = prune(state.target, plain_headers(request), body, self.flows.rules.current(), ENFORCE, tighten=tighten)
+        memory = self.flows.conversations
+        outcome = prune(state.target, plain_headers(request), body, self.flows.rules.current(), ENFORCE, memory=memory, tighten=tighten)
         retry_record = outcome.record
         if retry_record is None or retry_record.mode != ENFORCE:
             return None
@@ -351,7 +357,8 @@ class Recover:
         retry = request.copy()
         retry.content = new_body  # encoded as the request was (content-encoding), with its content-length
         retry.timestamp_start, retry.timestamp_end = time.time(), None
-        return retry, retry_record, new_body
+        history = outcome.history if retry_record.kind == TURN else None
+        return retry, retry_record, new_body, (history, outcome.cut) if history is not None else None
 
     async def _send(self, request: http.Request, original: http.HTTPFlow, body: bytes, wire_format: str) -> tuple[http.Response | str, str | None]:
         """The answer to `request` (or why there is none), and the simulated profile when one answered."""
