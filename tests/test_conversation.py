@@ -18,11 +18,8 @@ import pytest
 
 from trimflow import OBSERVE, _conversation, prune_request
 from trimflow._conversation import (
-    COUNT_TOKENS,
     MAX_SEGMENTS,
     SESSION_HEADERS,
-    TURN,
-    WARMUP,
     Conversations,
     History,
     Images,
@@ -32,6 +29,7 @@ from trimflow._conversation import (
     session_key,
 )
 from trimflow._document import Payload
+from trimflow._record import COUNT_TOKENS, TURN, WARMUP
 from trimflow.formats import FORMATS, Media, counted_turn_path, openai_responses
 from trimflow.testing import PATHS, b64, image, session_body
 

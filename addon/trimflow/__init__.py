@@ -7,9 +7,9 @@ The engine is pure Python with no mitmproxy import: `prune_request` (or `prune` 
 - `trimflow.testing`: the fake provider, replay and synthetic sessions, to reproduce failures offline.
 """
 
-from ._engine import ENFORCE, MODES, OBSERVE, NeedsWorker, Outcome, prune, prune_request
+from ._engine import NeedsWorker, Outcome, prune, prune_request
 from ._policy import DEFAULT_PLACEHOLDER, Limits
-from ._record import Record
+from ._record import ENFORCE, MODES, OBSERVE, Record
 from ._rules import DEFAULT_RULES_PATH, Rules, RulesFile, Target, builtin_rules, load_rules, parse_rules
 from .errors import BodyError, DecodeError, ExpressionError, InputError, ProfilesError, RulesError, SessionError, TrimflowError, UnknownProfile
 from .formats import FORMATS, Media, detect_shape

@@ -52,17 +52,13 @@ from typing import Any, NamedTuple
 import orjson
 
 from ._document import END, HEAD, MARK, MIN_PAYLOAD, Payload
+from ._record import COUNT_TOKENS, TURN
 from .formats import HistoryParts, JsonPath, Media
 
 # Headers agents use for a session id (lower case).
 SESSION_HEADERS = ("x-claude-code-session-id", "session_id", "session-id", "x-session-id", "conversation_id", "x-conversation-id")
 # Body fields that name a conversation across turns.
 SESSION_FIELDS = ("prompt_cache_key", "conversation")
-
-# Record kinds: what a request is to its conversation.
-TURN = "turn"
-COUNT_TOKENS = "count_tokens"  # a token count of the next turn: never a turn, never a conversation of its own
-WARMUP = "warmup"  # a Responses `generate: false`: prepares the next turn, answers nothing
 
 DEFAULT_CAPACITY = 10_000  # conversations the proxy remembers (least recently seen forgotten first)
 MAX_SEGMENTS = 8  # histories remembered per session id

@@ -28,24 +28,20 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from . import _document, _jsoncodec
-from ._conversation import COUNT_TOKENS, WARMUP, History, Images, Recall, history_of, session_key
+from ._conversation import History, Images, Recall, history_of, session_key
 from ._imageinfo import sniff_media
 from ._placeholder import MediaFacts
 from ._policy import BODY, CACHE, COUNT_CAP, IMAGE_LIMIT, REPEAT, TOKENS, Limits, NeedsWorker, Plan, changed_fields, nothing_to_change
-from ._record import Record, utc_timestamp
+from ._record import COUNT_TOKENS, ENFORCE, OBSERVE, WARMUP, Record, utc_timestamp
 from ._rules import Rules, Target
 from ._sizes import format_size
 from ._text import escape_controls
 from ._tokens import text_tokens
 from .formats import FORMATS, IMAGE, JsonPath, Media, WireFormat, counted_turn_path, detect_shape, openai_responses
 
-ENFORCE = "enforce"
-OBSERVE = "observe"
-MODES = (ENFORCE, OBSERVE)
-
-# Inline limits. The skeleton pass costs ~0.15 ms per MB timed inside mitmdump (memory speed), and a
-# 15.7 MB turn pruned holds the loop ~5 ms in all, a fraction of what mitmproxy spends reading that body.
-# A full parse runs ~10x slower per byte; image re-encoding takes 25-250 ms per megapixel.
+# Inline limits: the skeleton pass runs at memory speed, a fraction of what mitmproxy spends reading the body; a
+# full parse is an order of magnitude slower per byte, and re-encoding an image far slower still (figures:
+# docs/performance.md), so those go to a worker thread.
 INLINE_MAX_BODY = 16 * 2**20
 INLINE_MAX_WHOLE = 2**20
 
@@ -211,8 +207,7 @@ _JSON_TYPES = {list: "array", str: "string", int: "number", float: "number", boo
 
 
 def _untouched(body: bytes, host: str, path: str, fmt: str, mode: str, reason: str, started: float) -> Outcome:
-    record = Record(utc_timestamp(), None, None, host, path, fmt, None, None, mode, reason=reason)
-    record.body_bytes_before = record.body_bytes_after = len(body)
+    record = Record.untouched(host, path, fmt, mode, reason, len(body))
     record.overhead_ms = _elapsed_ms(started)
     return Outcome(body, record)
 

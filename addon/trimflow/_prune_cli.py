@@ -12,7 +12,8 @@ import sys
 from typing import Any
 
 from . import _jsoncodec
-from ._engine import ENFORCE, MODES, prune_request
+from ._engine import prune_request
+from ._record import ENFORCE, MODES
 from ._rules import DEFAULT_RULES_PATH, RulesError, load_rules
 from ._sizes import parse_size
 

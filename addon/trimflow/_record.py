@@ -11,8 +11,17 @@ from typing import Any
 
 import orjson
 
-from ._sizes import format_size
+from ._sizes import format_size, format_thousands
 from ._text import for_text
+
+# What was done with the body (Record.mode).
+ENFORCE = "enforce"  # forwarded within the limits
+OBSERVE = "observe"  # measured only: forwarded as it came, the *_after fields saying what enforce would send
+MODES = (ENFORCE, OBSERVE)
+# What a request is to its conversation (Record.kind).
+TURN = "turn"
+COUNT_TOKENS = "count_tokens"  # a token count of the next turn: never a turn, never a conversation of its own
+WARMUP = "warmup"  # a Responses `generate: false`: prepares the next turn, answers nothing
 
 
 @dataclass(slots=True)
@@ -26,7 +35,7 @@ class Record:
     model: str | None
     rule: str | None
     mode: str  # enforce or observe: what was done with the body
-    kind: str = "turn"  # turn; count_tokens (a token count of the next turn); warmup (a Responses generate: false)
+    kind: str = TURN  # TURN, COUNT_TOKENS or WARMUP
     segment: int | None = None  # the line of history within the conversation: a new one when it restarts under a session id
     images_before: int = 0
     images_after: int = 0
@@ -72,6 +81,28 @@ class Record:
     # The learned limits (docs/recovery.md) that applied on top of the rule, e.g. "max_images=10 keep_recent=10".
     learned_limits: str | None = None
 
+    @classmethod
+    def untouched(cls, host: str, path: str, wire_format: str, mode: str, reason: str, body_bytes: int) -> Record:
+        """The record of an LLM request forwarded as it came, for `reason` (a body that could not be read)."""
+        record = cls(utc_timestamp(), None, None, host, path, wire_format, None, None, mode, reason=reason)
+        record.body_bytes_before = record.body_bytes_after = body_bytes
+        return record
+
+    @property
+    def sent_body_bytes(self) -> int:
+        """The body's bytes as forwarded: in observe mode the body as received."""
+        return self.body_bytes_after if self.mode == ENFORCE else self.body_bytes_before
+
+    @property
+    def sent_est_tokens(self) -> int:
+        """The token estimate of the body as forwarded."""
+        return self.est_tokens_after if self.mode == ENFORCE else self.est_tokens_before
+
+    @property
+    def sent_pruned(self) -> int:
+        """Images pruned from the body as forwarded: none in observe mode."""
+        return self.pruned if self.mode == ENFORCE else 0
+
     def to_dict(self) -> dict[str, Any]:
         # Every field is a scalar: a shallow copy is what dataclasses.asdict gives, at a tenth of its cost.
         return {name: getattr(self, name) for name in _FIELDS}
@@ -84,7 +115,7 @@ class Record:
         """Where the request stands in its conversation: "turn 4", "segment 2 turn 1", or its kind
         ("count_tokens", "warmup") for a request that is no turn."""
         segment = f"segment {self.segment} " if self.segment is not None and self.segment > 1 else ""
-        return f"{segment}turn {self.turn if self.turn is not None else '-'}" if self.kind == "turn" else self.kind
+        return f"{segment}turn {self.turn if self.turn is not None else '-'}" if self.kind == TURN else self.kind
 
     def summary(self) -> str:
         """The per-turn log line: sizes and counts only."""
@@ -107,8 +138,8 @@ class Record:
         ]
         parts.append(f"{images} ({', '.join(done)})" if done else images)
         parts.append(f"body {format_size(self.body_bytes_before)}->{format_size(self.body_bytes_after)}")
-        parts.append(f"~{_thousands(self.est_tokens_before)}->{_thousands(self.est_tokens_after)} tok")
-        if self.mode == "observe":
+        parts.append(f"~{format_thousands(self.est_tokens_before)}->{format_thousands(self.est_tokens_after)} tok")
+        if self.mode == OBSERVE:
             parts.append("(observe)")
         if self.over_budget:
             parts.append("OVER BUDGET")
@@ -140,15 +171,11 @@ class Record:
         """
         if not self.usage_input_tokens:
             return None
-        sent = self.est_tokens_after if self.mode == "enforce" else self.est_tokens_before
+        sent = self.sent_est_tokens
         return sent / self.usage_input_tokens if sent else None
 
 
 _FIELDS = tuple(f.name for f in fields(Record))
-
-
-def _thousands(n: int) -> str:
-    return f"{n / 1000:.0f}k" if n >= 1000 else str(n)
 
 
 def utc_timestamp(when: float | None = None) -> str:

@@ -1,4 +1,5 @@
-"""Human byte sizes: parse "16MiB" / "2m" / "1.5 GB" and print "9.4MB"; and durations: "5m", "90s", "1h".
+"""Human figures: byte sizes (parse "16MiB" / "2m" / "1.5 GB", print "9.4MB"), durations ("5m", "90s", "1h") and
+counts in thousands ("120k").
 
 All units are binary (1 KB = 1 KiB = 1024 bytes), as in mitmproxy's own size options, so a
 figure means the same thing in a rules file, on the mitmproxy command line and in our logs.
@@ -77,6 +78,11 @@ def format_duration(seconds: float) -> str:
     whole = max(0, int(seconds))
     days, rest = divmod(whole, 86400)
     return f"{days}d {rest // 3600}h" if days else f"{rest // 3600}h {rest % 3600 // 60}m"
+
+
+def format_thousands(n: int) -> str:
+    """A count (of tokens) in short form: 999, 1k, 120k."""
+    return f"{n / 1000:.0f}k" if n >= 1000 else str(n)
 
 
 def format_size(n: int) -> str:

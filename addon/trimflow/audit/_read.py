@@ -23,8 +23,8 @@ import orjson
 
 from .._conversation import Conversations, History, Thread, response_id_of
 from .._decode import DEFAULT_MAX_DECODED_BYTES, BodyTooLarge, DecodeError, decode_body
-from .._engine import ENFORCE, OBSERVE, prune
-from .._record import Record, utc_timestamp
+from .._engine import prune
+from .._record import ENFORCE, OBSERVE, Record, utc_timestamp
 from .._rules import Rules, Target
 from .._sizes import format_size
 from .._usage import Usage, usage_of

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._prices import DEFAULT_PRICES_PATH, PriceTable, load_prices
-from .._record import Record
+from .._record import COUNT_TOKENS, TURN, Record
 from ._read import InputTally, Row
 
 STEADY_TURNS = 5
@@ -28,7 +28,7 @@ GROWTH_METHOD = (
     "(all of them when it has fewer); growth_per_turn_whole_run: the slope over all its turns"
 )
 UNKNOWN_CONVERSATION = "-"  # requests the engine could not read (not JSON): no conversation key
-NOT_BILLED = ("count_tokens",)  # record kinds a provider does not charge for (Anthropic's token count is free)
+NOT_BILLED = (COUNT_TOKENS,)  # record kinds a provider does not charge for (Anthropic's token count is free)
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +179,7 @@ class Conversation:
     @property
     def turns(self) -> int:
         """Requests that are turns (numbered or not), leaving out token counts and warm-ups."""
-        return sum(1 for row in self.rows if row.record.kind == "turn")
+        return sum(1 for row in self.rows if row.record.kind == TURN)
 
     @property
     def last(self) -> Row:

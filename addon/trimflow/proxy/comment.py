@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from .._record import Record
-from .._sizes import format_size_change
+from .._record import OBSERVE, Record
+from .._sizes import format_size_change, format_thousands
 
 
 def flow_comment(record: Record) -> str:
@@ -23,15 +23,11 @@ def flow_comment(record: Record) -> str:
         (record.mime_mismatches, "mime mismatch"),
     )
     rest.extend(f"{n} {what}" for n, what in done if n)
-    rest.append(f"~{_thousands(record.est_tokens_before)}->{_thousands(record.est_tokens_after)} tok")
-    if record.mode == "observe":
+    rest.append(f"~{format_thousands(record.est_tokens_before)}->{format_thousands(record.est_tokens_after)} tok")
+    if record.mode == OBSERVE:
         rest.append("observe: forwarded untouched")
     if record.over_budget:
         rest.append("OVER BUDGET")
     if record.reason:
         rest.append(f"untouched ({record.reason})")
     return f"{figures}; {', '.join(rest)}"
-
-
-def _thousands(n: int) -> str:
-    return f"{n / 1000:.0f}k" if n >= 1000 else str(n)

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from mitmproxy import ctx, exceptions
 
-from .._record import Record
+from .._record import ENFORCE, Record
 from .metrics import Metrics
 from .options import exits_at_startup
 from .recover import Recover
@@ -87,7 +87,7 @@ def outcome_of(record: Record) -> str:
         return "retried"
     if record.reason is not None:
         return "failed_open"
-    if record.mode != "enforce":
+    if record.mode != ENFORCE:
         return "observed"
     if record.pruned or record.shrunk or record.thinned:
         return "pruned"
@@ -109,27 +109,15 @@ def parse_address(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def _pruned(record: Record) -> int:
-    return record.pruned if record.mode == "enforce" else 0
-
-
-def _forwarded_bytes(record: Record) -> int:
-    return record.body_bytes_after if record.mode == "enforce" else record.body_bytes_before
-
-
-def _forwarded_tokens(record: Record) -> int:
-    return record.est_tokens_after if record.mode == "enforce" else record.est_tokens_before
-
-
 # The counters that sum a record field (each labelled format, family, rule): name (Prometheus adds _total), help, value.
-# In observe mode what was forwarded is the body as received; the record's *_after fields say what enforce would send.
+# What was forwarded is the record's to say (Record.sent_*): in observe mode, the body as received.
 SUMS: tuple[tuple[str, str, Callable[[Record], int | None]], ...] = (
     ("trimflow_images_received", "Images in the LLM requests as received.", lambda r: r.images_before),
-    ("trimflow_images_pruned", "Images replaced by a placeholder in what was forwarded.", _pruned),
+    ("trimflow_images_pruned", "Images replaced by a placeholder in what was forwarded.", lambda r: r.sent_pruned),
     ("trimflow_body_bytes_received", "Request body bytes as received (decoded).", lambda r: r.body_bytes_before),
-    ("trimflow_body_bytes_forwarded", "Request body bytes as forwarded upstream (decoded).", _forwarded_bytes),
+    ("trimflow_body_bytes_forwarded", "Request body bytes as forwarded upstream (decoded).", lambda r: r.sent_body_bytes),
     ("trimflow_estimated_tokens_received", "trimflow's input token estimate of the requests as received.", lambda r: r.est_tokens_before),
-    ("trimflow_estimated_tokens_forwarded", "trimflow's input token estimate of what was forwarded.", _forwarded_tokens),
+    ("trimflow_estimated_tokens_forwarded", "trimflow's input token estimate of what was forwarded.", lambda r: r.sent_est_tokens),
     ("trimflow_input_tokens", "Input tokens the provider reported, cache reads and writes included.", lambda r: r.usage_input_tokens),
     ("trimflow_cache_read_tokens", "Input tokens the provider reported reading from its prompt cache.", lambda r: r.usage_cache_read_tokens),
     ("trimflow_cache_write_tokens", "Input tokens the provider reported writing to its prompt cache.", lambda r: r.usage_cache_write_tokens),

@@ -18,7 +18,7 @@ from .. import ENFORCE, MODES, NeedsWorker, Outcome, prune
 from .._conversation import History
 from .._decode import DEFAULT_MAX_DECODED_BYTES, DecodeError, decode_body, is_identity
 from .._decode import OPTION as DECODE_OPTION
-from .._record import Record, utc_timestamp
+from .._record import Record
 from .._rules import DEFAULT_RULES_PATH, RulesError, RulesFile
 from .._sizes import format_size, parse_size
 from .options import exits_at_startup
@@ -167,9 +167,7 @@ class Prune:
         if fmt is None:  # only the body's shape could have told
             return None
         request = flow.request
-        record = Record(utc_timestamp(), None, None, request.pretty_host, path_of(flow), fmt, None, None, ctx.options.trimflow_mode, reason=reason)
-        record.body_bytes_before = record.body_bytes_after = len(request.raw_content or b"")
-        return record
+        return Record.untouched(request.pretty_host, path_of(flow), fmt, ctx.options.trimflow_mode, reason, len(request.raw_content or b""))
 
     def _warn_streamed(self, flow: http.HTTPFlow, state: FlowState) -> None:
         host = flow.request.pretty_host

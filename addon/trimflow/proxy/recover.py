@@ -42,12 +42,12 @@ from mitmproxy.proxy import commands
 from mitmproxy.proxy.layers import http as http_layers
 
 from .. import ENFORCE, Limits, prune
-from .._conversation import TURN, History
+from .._conversation import History
 from .._decode import DecodeError, decode_body
 from .._engine import Tighten, is_sigv4
 from .._learned import DEFAULT_TTL, FILE_NAME, LearnedLimits
 from .._profiles import check_request
-from .._record import Record
+from .._record import TURN, Record
 from .._recovery import ANSWER_MAX, HOST, NEVER, LimitError, Patterns, Refused, Rejected, assess, load_patterns, scope
 from .._sizes import parse_duration
 from ..errors import RulesError
