@@ -12,7 +12,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from trimflow import _run as trimflow_run
+from trimflow.cli import _run as trimflow_run
 
 ADDON = Path(__file__).resolve().parents[1] / "addon" / "mitm.py"
 

@@ -13,7 +13,7 @@ import shutil
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parent / "proxy" / "mitmdump_script.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "proxy" / "mitmdump_script.py"
 # Given as --set, not as flags: mitmdump applies --listen-host/-p after every --set, so the user's flag
 # wins over these; a --set of the same option twice is an error, so one the user gives replaces ours.
 DEFAULTS = {"listen_host": "127.0.0.1", "listen_port": "8080"}

@@ -1,4 +1,4 @@
-"""trimflow._launch without processes: the command line (`run [OPTIONS] -- COMMAND`), each agent's setup (mode,
+"""trimflow.cli._launch without processes: the command line (`run [OPTIONS] -- COMMAND`), each agent's setup (mode,
 environment, command line; the user's upstream stays the upstream, no file of theirs is edited), and the summary
 read back from a metrics JSONL. The processes (exit status, signals, ports, the real CLIs) are in tests/e2e."""
 
@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from trimflow import load_rules, prune_request
-from trimflow._launch import (
+from trimflow.cli._launch import (
     CA_VARIABLES,
     LAUNCHER_FILE,
     LaunchError,

@@ -12,8 +12,8 @@ from mitmproxy.tools import cmdline
 from mitmproxy.tools.dump import DumpMaster
 from mitmproxy.tools.main import process_options
 
-from trimflow import _run
-from trimflow._run import SCRIPT, command, mitmdump_binary
+from trimflow.cli import _run
+from trimflow.cli._run import SCRIPT, command, mitmdump_binary
 
 DEFAULTS = ["--set", "listen_host=127.0.0.1", "--set", "listen_port=8080"]
 

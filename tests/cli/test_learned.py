@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from trimflow._learned import Entry, load_learned, write_entries
-from trimflow._learned_cli import main
+from trimflow.cli._learned import main
 from trimflow._record import utc_timestamp
 
 OPENAI, LOCAL = "https://api.openai.com:443", "http://127.0.0.1:8001"

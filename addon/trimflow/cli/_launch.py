@@ -60,11 +60,11 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 import yaml
 
 from . import _run
-from ._rules import DEFAULT_RULES_PATH, builtin_rules, load_rules
-from ._sizes import format_size
-from .audit import _report
-from .audit._read import InputError, Reader
-from .audit._summary import UNKNOWN_CONVERSATION, Conversation, Totals, summarize
+from .._rules import DEFAULT_RULES_PATH, builtin_rules, load_rules
+from .._sizes import format_size
+from ..audit import _report
+from ..audit._read import InputError, Reader
+from ..audit._summary import UNKNOWN_CONVERSATION, Conversation, Totals, summarize
 
 AGENTS = ("claude", "codex", "gemini", "proxy")
 PROXY = "proxy"
