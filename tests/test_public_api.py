@@ -54,10 +54,13 @@ PUBLIC = {
         "Reader",
         "Row",
         "Summary",
+        "Totals",
+        "UNKNOWN_CONVERSATION",
         "evaluate",
         "main",
         "parse_expression",
         "summarize",
+        "usage_text",
     ],
     "trimflow.testing": [
         "CacheModel",

@@ -1,0 +1,254 @@
+"""trimflow.cli._agents: each agent's setup (mode, environment, command line; the user's upstream stays the upstream,
+no file of theirs is edited, credentials never reach a command line). The processes (exit status, signals, ports,
+the real CLIs) are in tests/e2e."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import stat
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from trimflow.cli._agents import agent_of, codex_overrides, setup_for
+from trimflow.cli._launch_error import LaunchError
+
+LISTEN = "http://127.0.0.1:41234"
+SECRET = "s3cr%40t"  # a password as a URL carries it: "s3cr@t" percent-encoded
+
+
+@pytest.mark.parametrize(
+    ("command", "chosen", "agent"),
+    [
+        (["claude", "-p", "hi"], None, "claude"),
+        (["/opt/tools/node_modules/.bin/codex", "exec"], None, "codex"),
+        (["gemini.js"], None, "gemini"),
+        (["python", "agent.py"], None, "proxy"),
+        (["proxy"], None, "proxy"),
+        (["./my-claude-wrapper"], "claude", "claude"),
+    ],
+)
+def test_the_agent_is_named_by_the_command_unless_chosen(command: list[str], chosen: str | None, agent: str) -> None:
+    assert agent_of(command, chosen) == agent
+
+
+# --- Claude Code ---------------------------------------------------------------------------------------------
+
+
+def test_claude_goes_through_reverse_mode_to_anthropic(tmp_path: Path) -> None:
+    setup = setup_for("claude", ["claude", "-p", "hi"], {}, LISTEN, tmp_path)
+    assert (setup.mode, setup.env, setup.command) == ("reverse:https://api.anthropic.com", {"ANTHROPIC_BASE_URL": LISTEN}, ["claude", "-p", "hi"])
+    assert not setup.ca_bundle and not setup.options
+
+
+def test_claudes_own_base_url_stays_the_upstream_with_its_path(tmp_path: Path) -> None:
+    env = {"ANTHROPIC_BASE_URL": "https://gateway.example/anthropic/"}
+    setup = setup_for("claude", ["claude"], env, LISTEN, tmp_path)
+    assert setup.mode == "reverse:https://gateway.example"
+    assert setup.env == {"ANTHROPIC_BASE_URL": f"{LISTEN}/anthropic"}
+
+
+def test_a_base_url_that_is_not_http_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(LaunchError, match=r"'unix:/run/anthropic\.sock' is not an http"):
+        setup_for("claude", ["claude"], {"ANTHROPIC_BASE_URL": "unix:/run/anthropic.sock"}, LISTEN, tmp_path)
+
+
+# --- Codex ---------------------------------------------------------------------------------------------------
+
+
+def config_values(command: list[str]) -> dict[str, object]:
+    """The -c overrides as Codex reads them: each value as TOML."""
+    return {key: tomllib.loads(f"v = {raw}")["v"] for key, raw in codex_overrides(command).items()}
+
+
+def test_codex_gets_a_responses_provider_over_http_and_the_websocket_refused(tmp_path: Path) -> None:
+    command = ["codex", "exec", "--skip-git-repo-check", "--", "look"]
+    setup = setup_for("codex", command, {"OPENAI_API_KEY": "sk-x"}, LISTEN, tmp_path, home=tmp_path)
+    assert setup.mode == "reverse:https://api.openai.com"
+    assert setup.command[0] == "codex" and setup.command[-4:] == command[1:]  # the overrides go before the subcommand
+    values = config_values(setup.command)
+    assert values["model_provider"] == "trimflow"
+    assert values["model_providers.trimflow"] == {
+        "name": "trimflow",
+        "base_url": f"{LISTEN}/v1",
+        "wire_api": "responses",
+        "env_key": "OPENAI_API_KEY",
+        "supports_websockets": False,
+    }
+    assert setup.options == {"trimflow_websocket": "refuse"}
+
+
+@pytest.mark.parametrize(
+    ("config", "env", "args", "upstream"),
+    [
+        ("", {"OPENAI_BASE_URL": "http://127.0.0.1:9/v1"}, [], "http://127.0.0.1:9/v1"),
+        ('openai_base_url = "https://proxy.corp/openai/v1"\n', {"OPENAI_BASE_URL": "http://127.0.0.1:9/v1"}, [], "https://proxy.corp/openai/v1"),
+        ('openai_base_url = "https://proxy.corp/openai/v1"\n', {}, ["-c", 'openai_base_url="https://cli.example/v1"'], "https://cli.example/v1"),
+    ],
+)
+def test_codexs_base_url_stays_the_upstream(tmp_path: Path, config: str, env: dict[str, str], args: list[str], upstream: str) -> None:
+    (tmp_path / ".codex").mkdir()
+    (tmp_path / ".codex" / "config.toml").write_text(config)
+    setup = setup_for("codex", ["codex", *args, "exec", "hi"], {"OPENAI_API_KEY": "sk-x", **env}, LISTEN, tmp_path, home=tmp_path)
+    origin, _, path = upstream.partition("//")[2].partition("/")
+    assert setup.mode == f"reverse:{upstream.split('//')[0]}//{origin}"
+    assert config_values(setup.command)["model_providers.trimflow"]["base_url"] == f"{LISTEN}/{path}"  # type: ignore[index]
+    assert setup.upstream == upstream
+
+
+def test_codexs_own_provider_is_pointed_at_the_proxy_in_place(tmp_path: Path) -> None:
+    """CODEX_HOME's provider keeps everything of its own (its key variable, headers, query); only where it
+    goes, its wire API and its WebSocket change."""
+    (tmp_path / "config.toml").write_text(
+        'model_provider = "azure"\n[model_providers.azure]\nname = "Azure"\nbase_url = "https://me.openai.azure.com/openai"\n'
+        'env_key = "AZURE_OPENAI_API_KEY"\nquery_params = { api-version = "2025-04-01-preview" }\nsupports_websockets = true\n'
+    )
+    setup = setup_for("codex", ["codex", "exec", "hi"], {"CODEX_HOME": str(tmp_path)}, LISTEN, tmp_path)
+    assert setup.mode == "reverse:https://me.openai.azure.com"
+    assert config_values(setup.command) == {
+        "model_providers.azure.base_url": f"{LISTEN}/openai",
+        "model_providers.azure.wire_api": "responses",
+        "model_providers.azure.supports_websockets": False,
+    }
+
+
+def test_codex_without_an_api_key_uses_its_sign_in_through_forward_mode(tmp_path: Path) -> None:
+    setup = setup_for("codex", ["codex"], {}, LISTEN, tmp_path, home=tmp_path)
+    assert (setup.mode, setup.command, setup.ca_bundle) == ("regular", ["codex"], True)
+    assert setup.options == {"trimflow_websocket": "refuse"}
+    assert setup.notes and "forward mode" in setup.notes[0]
+
+
+# --- Gemini CLI ----------------------------------------------------------------------------------------------
+
+
+def test_gemini_without_settings_gets_a_private_home_selecting_the_api_key(tmp_path: Path) -> None:
+    user = tmp_path / "home" / ".gemini"
+    user.mkdir(parents=True)
+    (user / "GEMINI.md").write_text("be brief")
+    env = {"GEMINI_API_KEY": "AIza-x", "GOOGLE_GEMINI_BASE_URL": "http://127.0.0.1:9"}
+    setup = setup_for("gemini", ["gemini", "-p", "hi"], env, LISTEN, tmp_path / "run", home=tmp_path / "home")
+    assert setup.mode == "reverse:http://127.0.0.1:9"
+    private = Path(setup.env["GEMINI_CLI_HOME"]) / ".gemini"
+    assert setup.env["GOOGLE_GEMINI_BASE_URL"] == LISTEN and setup.private_dirs == [private.parent]
+    assert json.loads((private / "settings.json").read_text()) == {"security": {"auth": {"selectedType": "gemini-api-key"}}}
+    # Sessions and history land in the user's own folder; its other files are theirs, linked.
+    assert {p.name: p.resolve() for p in private.iterdir() if p.is_symlink()} == {n: user / n for n in ("GEMINI.md", "history", "tmp")}
+    assert not (user / "settings.json").exists()
+
+
+def test_geminis_settings_are_kept_with_comments_and_only_the_auth_type_added(tmp_path: Path) -> None:
+    user = tmp_path / ".gemini"
+    user.mkdir()
+    text = '{\n  // mine\n  "general": {"vimMode": true}, /* and this */ "security": {"folderTrust": {"enabled": false}}, "url": "http://x//y"\n}\n'
+    (user / "settings.json").write_text(text)
+    setup = setup_for("gemini", ["gemini"], {"GEMINI_API_KEY": "AIza-x"}, LISTEN, tmp_path / "run", home=tmp_path)
+    written = json.loads((Path(setup.env["GEMINI_CLI_HOME"]) / ".gemini" / "settings.json").read_text())
+    assert written == {
+        "general": {"vimMode": True},
+        "security": {"folderTrust": {"enabled": False}, "auth": {"selectedType": "gemini-api-key"}},
+        "url": "http://x//y",
+    }
+    assert (user / "settings.json").read_text() == text  # theirs, untouched
+
+
+def test_gemini_already_on_its_api_key_needs_no_private_home(tmp_path: Path) -> None:
+    (tmp_path / ".gemini").mkdir()
+    (tmp_path / ".gemini" / "settings.json").write_text('{"security": {"auth": {"selectedType": "gemini-api-key"}}}')
+    setup = setup_for("gemini", ["gemini"], {"GEMINI_API_KEY": "AIza-x"}, LISTEN, tmp_path / "run", home=tmp_path)
+    assert setup.mode == "reverse:https://generativelanguage.googleapis.com"
+    assert setup.env == {"GOOGLE_GEMINI_BASE_URL": LISTEN} and not setup.private_dirs
+
+
+@pytest.mark.parametrize(
+    ("settings", "env", "why"),
+    [
+        ('{"security": {"auth": {"selectedType": "oauth-personal"}}}', {"GEMINI_API_KEY": "AIza-x"}, "its settings select 'oauth-personal'"),
+        ("{}", {}, "no GEMINI_API_KEY"),
+    ],
+)
+def test_gemini_signed_in_otherwise_goes_through_forward_mode(tmp_path: Path, settings: str, env: dict[str, str], why: str) -> None:
+    (tmp_path / ".gemini").mkdir()
+    (tmp_path / ".gemini" / "settings.json").write_text(settings)
+    setup = setup_for("gemini", ["gemini"], env, LISTEN, tmp_path / "run", home=tmp_path)
+    assert setup.mode == "regular" and setup.ca_bundle and why in setup.notes[0]
+
+
+# --- any other command ---------------------------------------------------------------------------------------
+
+
+def test_any_other_command_gets_the_proxy_variables(tmp_path: Path) -> None:
+    setup = setup_for("proxy", ["python", "agent.py"], {}, LISTEN, tmp_path)
+    assert setup.mode == "regular" and setup.ca_bundle
+    assert setup.env == dict.fromkeys(("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"), LISTEN)
+
+
+def test_a_proxy_the_user_had_stays_their_way_out(tmp_path: Path) -> None:
+    setup = setup_for("proxy", ["python", "agent.py"], {"https_proxy": "http://corp-proxy:3128"}, LISTEN, tmp_path)
+    assert setup.mode == "upstream:http://corp-proxy:3128" and setup.env["https_proxy"] == LISTEN
+
+
+@pytest.mark.parametrize(
+    ("theirs", "mode", "auth"),
+    [
+        (f"http://corp-user:{SECRET}@corp-proxy:3128", "upstream:http://corp-proxy:3128", "corp-user:s3cr@t"),
+        (f"corp-user:{SECRET}@corp-proxy:3128", "upstream:http://corp-proxy:3128", "corp-user:s3cr@t"),  # no scheme: http
+        ("http://corp%5Cuser@corp-proxy:3128/", "upstream:http://corp-proxy:3128/", "corp\\user:"),
+        ("corp-proxy:3128", "upstream:http://corp-proxy:3128", None),
+    ],
+)
+def test_the_credentials_of_the_users_proxy_leave_the_mode_for_upstream_auth(tmp_path: Path, theirs: str, mode: str, auth: str | None) -> None:
+    setup = setup_for("proxy", ["python", "agent.py"], {"HTTPS_PROXY": theirs}, LISTEN, tmp_path)
+    assert (setup.mode, setup.upstream_auth) == (mode, auth)
+    assert setup.env["HTTPS_PROXY"] == LISTEN and "s3cr" not in repr(dataclasses.replace(setup, upstream_auth=None))
+
+
+def test_a_proxy_password_without_a_user_is_refused_without_showing_it(tmp_path: Path) -> None:
+    with pytest.raises(LaunchError) as caught:
+        setup_for("proxy", ["python", "agent.py"], {"HTTPS_PROXY": f"http://:{SECRET}@corp-proxy:3128"}, LISTEN, tmp_path)
+    assert str(caught.value) == "trimflow run: the proxy http://corp-proxy:3128 in HTTPS_PROXY has a password but no user name"
+
+
+def test_a_base_urls_credentials_stay_with_the_agent_in_the_url_it_gets_for_the_proxy(tmp_path: Path) -> None:
+    env = {"ANTHROPIC_BASE_URL": f"https://team:{SECRET}@gateway.example/anthropic"}
+    setup = setup_for("claude", ["claude"], env, LISTEN, tmp_path)
+    assert setup.mode == "reverse:https://gateway.example" and setup.upstream == "https://gateway.example/anthropic"
+    assert setup.env == {"ANTHROPIC_BASE_URL": f"http://team:{SECRET}@127.0.0.1:41234/anthropic"}
+    assert setup.upstream_auth is None  # reverse mode: the agent's own Authorization header is left alone
+
+
+@pytest.mark.parametrize(
+    ("config", "env"),
+    [
+        ("", {"OPENAI_API_KEY": "sk-x", "OPENAI_BASE_URL": f"https://team:{SECRET}@gateway.example/v1"}),
+        (f'model_provider = "corp"\n[model_providers.corp]\nbase_url = "https://team:{SECRET}@gateway.example/v1"\n', {}),
+    ],
+)
+def test_codex_with_credentials_in_its_base_url_goes_through_forward_mode_keeping_them_off_its_command_line(
+    tmp_path: Path, config: str, env: dict[str, str]
+) -> None:
+    (tmp_path / ".codex").mkdir()
+    (tmp_path / ".codex" / "config.toml").write_text(config)
+    setup = setup_for("codex", ["codex", "exec", "hi"], env, LISTEN, tmp_path, home=tmp_path)
+    assert setup.mode == "regular" and setup.command == ["codex", "exec", "hi"]
+    assert "holds credentials" in setup.notes[-1] and "s3cr" not in " ".join(setup.notes)
+
+
+def test_a_bad_base_url_is_refused_without_its_credentials(tmp_path: Path) -> None:
+    with pytest.raises(LaunchError) as caught:
+        setup_for("claude", ["claude"], {"ANTHROPIC_BASE_URL": f"ftp://team:{SECRET}@gateway.example/"}, LISTEN, tmp_path)
+    assert str(caught.value) == "trimflow run: 'ftp://gateway.example/' is not an http(s) URL"
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o640])
+def test_geminis_settings_copy_keeps_the_mode_of_the_users_file(tmp_path: Path, mode: int) -> None:
+    (tmp_path / ".gemini").mkdir()
+    settings = tmp_path / ".gemini" / "settings.json"
+    settings.write_text('{"mcpServers": {"tools": {"headers": {"Authorization": "Bearer t"}}}}')
+    settings.chmod(mode)
+    setup = setup_for("gemini", ["gemini"], {"GEMINI_API_KEY": "AIza-x"}, LISTEN, tmp_path / "run", home=tmp_path)
+    private = Path(setup.env["GEMINI_CLI_HOME"]) / ".gemini"
+    assert stat.S_IMODE((private / "settings.json").stat().st_mode) == mode
+    assert stat.S_IMODE(private.stat().st_mode) == 0o700
