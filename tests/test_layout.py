@@ -5,6 +5,7 @@ and the package never imports from the tests. Read with ast, not by importing an
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TESTS = ROOT / "tests"
 ADDON = ROOT / "addon"
 PACKAGE = ADDON / "trimflow"
+LAYOUT_DOC = ROOT / "docs" / "development.md"
 
 # Modules tested through another file instead of one named after them, each with the reason. Keep it short:
 # a module with logic of its own gets its own test file.
@@ -239,3 +241,38 @@ def test_no_import_cycle_among_trimflows_modules() -> None:
     """A cycle makes the import order matter and ties modules that should stand apart (the launcher and `run`
     each importing the other): a module both need belongs in a third one."""
     assert find_cycle(import_graph(PACKAGE, ADDON)) == []
+
+
+def layout_rows(text: str) -> dict[str, str]:
+    """The module table of the Layout section: path under addon/trimflow -> its job."""
+    section = text.partition("\n## Layout\n")[2].partition("\n## ")[0]
+    rows = re.findall(r"^\| `([^`]+)` \| (.*?) ?\|$", section, flags=re.MULTILINE)
+    return dict(rows)
+
+
+def test_the_layout_reader_reads_the_module_table() -> None:
+    text = (
+        "# Development\n\n## Layout\n\n| module | its job |\n|---|---|\n| `_engine.py` | the pipeline |\n"
+        "| `cli/_run.py` | `run`: mitmdump |\n| `formats/_base.py` |  |\n\n## Commands\n\n| `prune` | `scripts/prune` | x |\n"
+    )
+    assert layout_rows(text) == {"_engine.py": "the pipeline", "cli/_run.py": "`run`: mitmdump", "formats/_base.py": ""}
+
+
+def test_the_layout_doc_lists_every_module_of_the_package_with_its_job() -> None:
+    """docs/development.md is the map a newcomer reads first: every module in it exists, every module of the tree is
+    in it, once, with its job."""
+    text = LAYOUT_DOC.read_text(encoding="utf-8")
+    rows = layout_rows(text)
+    tree = {path.relative_to(PACKAGE).as_posix() for path in python_files(PACKAGE)}
+    assert sorted(set(rows) - tree) == [], "listed in docs/development.md but not in addon/trimflow"
+    assert sorted(tree - set(rows)) == [], "in addon/trimflow but not listed in docs/development.md"
+    assert [path for path, job in rows.items() if not job.strip()] == []
+    listed = re.findall(r"^\| `([^`]+\.py)` \|", text, flags=re.MULTILINE)
+    assert len(listed) == len(set(listed)), "a module listed twice"
+
+
+def test_the_package_docstring_names_every_subpackage() -> None:
+    docstring = ast.get_docstring(ast.parse((PACKAGE / "__init__.py").read_text(encoding="utf-8"))) or ""
+    subpackages = sorted(folder.name for folder in PACKAGE.iterdir() if (folder / "__init__.py").is_file())
+    assert "repair" in subpackages and "cli" in subpackages
+    assert [name for name in subpackages if f"`trimflow.{name}`" not in docstring] == []

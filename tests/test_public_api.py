@@ -104,6 +104,16 @@ PUBLIC = {
         "addons",
         "make_addons",
     ],
+    "trimflow.repair": [
+        "AGENTS",
+        "FileReport",
+        "Repaired",
+        "Replay",
+        "SessionError",
+        "repair_file",
+        "repair_lines",
+        "session_paths",
+    ],
     "trimflow.errors": [
         "BodyError",
         "DecodeError",
