@@ -1,5 +1,7 @@
-"""What each agent needs to run behind the proxy: mitmdump's mode, the command line and environment (Claude
-Code's base URL, Codex's TOML overrides, Gemini CLI's commented-JSON settings), else forward mode with a CA bundle."""
+"""Each agent's setup behind the proxy: mitmdump's mode, the agent's command line and environment.
+
+Claude Code gets its base URL, Codex `-c` overrides (TOML), Gemini CLI a private copy of its settings (JSON with
+comments); any other command, or an agent that signs in without an API key, forward mode with a CA bundle."""
 
 from __future__ import annotations
 

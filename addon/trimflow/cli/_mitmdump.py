@@ -1,5 +1,7 @@
-"""mitmdump's command line: the binary, trimflow's script and listen defaults, the user's arguments after them;
-an option dropped from them; a confdir of the run that carries an upstream's credentials off the command line."""
+"""mitmdump's command line, for `run` and the launcher alike.
+
+The binary, trimflow's script and listen defaults, the user's arguments after them; an option dropped from them;
+and a confdir of the run that carries an upstream's credentials, which never go on the command line."""
 
 from __future__ import annotations
 

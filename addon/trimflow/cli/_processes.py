@@ -1,5 +1,8 @@
-"""The run's processes: mitmdump in a session of its own until it listens, the agent in a process group that has the
-terminal (signals passed on, Ctrl-Z as a job), both signalled when the launcher dies; the port and the CA bundle."""
+"""The launcher's processes: mitmdump and the agent started, supervised and stopped.
+
+mitmdump runs in a session of its own until it listens, the agent in a process group that has the terminal
+(signals passed on, Ctrl-Z as a job), both signalled when the launcher dies (PR_SET_PDEATHSIG); and what they
+are started with: a free or checked port, the CA bundle the agent trusts."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""The run's folder and files: the user's alone (0700, 0600), marked with the launcher's host, pid and start time,
-removed when the run ends or, once its launcher is gone, at the next start; what the agent wrote into a private
-settings folder is kept beside it and named in one line."""
+"""The run's folder and files, the user's alone (0700, 0600), from the start of a run to its removal.
+
+A run's folder is marked with the launcher's host, pid and start time, and removed when the run ends or, once its
+launcher is gone, at the next start; what the agent wrote into a private settings folder is kept beside it and
+named in one line."""
 
 from __future__ import annotations
 
