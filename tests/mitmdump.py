@@ -12,7 +12,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from trimflow import _run as trimflow_run
+from trimflow.cli import _mitmdump
 
 ADDON = Path(__file__).resolve().parents[1] / "addon" / "mitm.py"
 
@@ -25,7 +25,7 @@ def free_port() -> int:
 
 def mitmdump_binary() -> str:
     """The mitmdump of this interpreter's environment, else the one on PATH."""
-    found = trimflow_run.mitmdump_binary()
+    found = _mitmdump.mitmdump_binary()
     if found is None:
         raise FileNotFoundError("mitmdump not found: run scripts/setup")
     return found

@@ -2,9 +2,13 @@
 
 The engine is pure Python with no mitmproxy import: `prune_request` (or `prune` for a resolved
 `Target`) applies `Rules` to one request body. The parts around it:
+- `trimflow.formats`: one module per wire format behind one interface;
 - `trimflow.proxy`: the mitmproxy addons (`mitmdump -s addon/mitm.py`, `python -m trimflow run`);
 - `trimflow.audit`: audit recorded traffic, with a CI gate;
-- `trimflow.testing`: the fake provider, replay and synthetic sessions, to reproduce failures offline.
+- `trimflow.repair`: apply the rules to an agent's saved session, so that resuming it works;
+- `trimflow.testing`: the fake provider, replay and synthetic sessions, to reproduce failures offline;
+- `trimflow.cli`: the command-line tools behind `python -m trimflow COMMAND` (run and its launcher, prune, learned).
+docs/development.md maps every module.
 """
 
 from ._engine import NeedsWorker, Outcome, prune, prune_request

@@ -10,12 +10,12 @@ import sys
 
 # command -> (module with main(argv) -> int, one line of help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("trimflow._run", "start the proxy (mitmdump with trimflow's addons); run [OPTIONS] -- COMMAND runs COMMAND behind it"),
-    "prune": ("trimflow._prune_cli", "apply the rules to one request body offline"),
+    "run": ("trimflow.cli._run", "start the proxy (mitmdump with trimflow's addons); run [OPTIONS] -- COMMAND runs COMMAND behind it"),
+    "prune": ("trimflow.cli._prune", "apply the rules to one request body offline"),
     "audit": ("trimflow.audit._cli", "audit recorded LLM traffic (mitmproxy dumps, HAR, metrics JSONL)"),
     "replay": ("trimflow.testing._replay", "send a synthetic screenshot session turn by turn"),
     "fake-provider": ("trimflow.testing._fake_provider", "run the offline fake LLM provider"),
-    "learned": ("trimflow._learned_cli", "list the limits learned from providers' refusals, and forget them"),
+    "learned": ("trimflow.cli._learned", "list the limits learned from providers' refusals, and forget them"),
     "repair": ("trimflow.repair._cli", "apply the rules to an agent's saved session, so that resuming it works again"),
 }
 

@@ -1,4 +1,4 @@
-"""Per-turn metrics: a log line per LLM request and, optionally, a JSONL record per finished flow."""
+"""The metrics JSONL file: one JSON line appended per record; a write error is logged once and never stops forwarding."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""YAML files read with line numbers: the one loader behind the rules file and the profiles file.
+"""YAML files read with line numbers: the one loader behind every YAML file trimflow reads (rules, profiles, prices,
+limit errors, learned limits).
 
 It walks PyYAML's node tree rather than plain dicts so that every error names the file and line it comes
 from. Anchors and merge keys (`<<: *anchor`) work, an explicit key overrides a merged one, a key written

@@ -113,7 +113,7 @@ def test_the_engine_and_tools_import_and_prune_without_mitmproxy(tmp_path) -> No
     code = (
         "import sys\n"
         "sys.modules['mitmproxy'] = None  # any import of mitmproxy now fails\n"
-        "import trimflow, trimflow._engine, trimflow._rules, trimflow._prune_cli, trimflow.audit, trimflow.testing\n"
+        "import trimflow, trimflow._engine, trimflow._rules, trimflow.cli._prune, trimflow.audit, trimflow.testing\n"
         "from trimflow.testing import PATHS, image, session_body\n"
         "import orjson\n"
         "body = orjson.dumps(session_body('openai-chat', 5, image(64, 48, 'PNG', seed=3), 'image/png'))\n"

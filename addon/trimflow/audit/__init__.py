@@ -14,9 +14,11 @@ from ._cli import main
 from ._gate import Breach, Expression, ExpressionError, Gate, evaluate
 from ._gate import parse as parse_expression
 from ._read import InputError, InputTally, Reader, Row
-from ._summary import Conversation, Crossing, ProfileLimits, Summary, summarize
+from ._report import usage_text
+from ._summary import UNKNOWN_CONVERSATION, Conversation, Crossing, ProfileLimits, Summary, Totals, summarize
 
 __all__ = [
+    "UNKNOWN_CONVERSATION",
     "Breach",
     "Conversation",
     "Crossing",
@@ -29,8 +31,10 @@ __all__ = [
     "Reader",
     "Row",
     "Summary",
+    "Totals",
     "evaluate",
     "main",
     "parse_expression",
     "summarize",
+    "usage_text",
 ]

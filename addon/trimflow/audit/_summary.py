@@ -68,6 +68,8 @@ class Failure:
 
 @dataclass
 class Totals:
+    """The sums over a set of rows (a conversation's, the whole summary's): requests, bytes, tokens, images, usage, cost."""
+
     requests: int = 0
     body_bytes_before: int = 0
     body_bytes_after: int = 0

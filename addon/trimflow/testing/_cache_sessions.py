@@ -12,7 +12,7 @@ the think time before it (some gaps past the 5-minute TTL) and the tokens of the
 - chat: OpenAI chat, a user pasting 3 screenshots into each of 15 messages;
 - gemini: a Gemini 2.5 Flash browser agent, 40 turns, a screenshot per turn after each function call.
 
-`run` sends every turn of a session through the engine under one policy (a rules file with overrides),
+`run_policy` sends every turn of a session through the engine under one policy (a rules file with overrides),
 in process, then the body the engine forwards through the cache model at the session's simulated time,
 and adds up what the provider would bill. `python -m trimflow replay --policies` prints the tables.
 """

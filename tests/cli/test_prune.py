@@ -1,4 +1,4 @@
-"""`python -m trimflow prune` (trimflow._prune_cli), called in-process: host from a Host header, limit flags, bad input."""
+"""`python -m trimflow prune` (trimflow.cli._prune), called in-process: host from a Host header, limit flags, bad input."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from trimflow._prune_cli import main
+from trimflow.cli._prune import main
 from trimflow.testing import image, session_body
 
 SHOT = image(200, 120, "PNG", seed=11)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from trimflow._learned import Entry, load_learned, write_entries
-from trimflow._learned_cli import main
 from trimflow._record import utc_timestamp
+from trimflow.cli._learned import main
 
 OPENAI, LOCAL = "https://api.openai.com:443", "http://127.0.0.1:8001"
 

@@ -1,19 +1,21 @@
-"""trimflow._run: the mitmdump command line of `python -m trimflow run`: 127.0.0.1:8080 unless the arguments
-say otherwise, trimflow's script, the user's arguments after them; and mitmdump's own reading of it."""
+"""trimflow.cli._mitmdump: mitmdump's command line for `python -m trimflow run`: 127.0.0.1:8080 unless the arguments
+say otherwise, trimflow's script, the user's arguments after them, and mitmdump's own reading of it; an option
+dropped from the arguments, and the confdir of a run that carries an upstream's credentials."""
 
 from __future__ import annotations
 
+import stat
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from mitmproxy import options
 from mitmproxy.tools import cmdline
 from mitmproxy.tools.dump import DumpMaster
 from mitmproxy.tools.main import process_options
 
-from trimflow import _run
-from trimflow._run import SCRIPT, command, mitmdump_binary
+from trimflow.cli._mitmdump import SCRIPT, mitmdump_argv, mitmdump_binary, mitmdump_confdir, without_option
 
 DEFAULTS = ["--set", "listen_host=127.0.0.1", "--set", "listen_port=8080"]
 
@@ -24,7 +26,7 @@ def test_the_binary_is_this_environments_mitmdump() -> None:
 
 
 def test_no_arguments_listen_on_loopback_8080_with_trimflows_script() -> None:
-    assert command([]) == [mitmdump_binary(), *DEFAULTS, "-s", str(SCRIPT)]
+    assert mitmdump_argv([]) == [mitmdump_binary(), *DEFAULTS, "-s", str(SCRIPT)]
     assert SCRIPT.is_file() and SCRIPT.name == "mitmdump_script.py"
 
 
@@ -37,12 +39,12 @@ def test_no_arguments_listen_on_loopback_8080_with_trimflows_script() -> None:
     ],
 )
 def test_every_argument_follows_the_defaults_and_a_set_replaces_its_default(args: list[str], defaults: list[str]) -> None:
-    assert command(args) == [mitmdump_binary(), *defaults, "-s", str(SCRIPT), *args]
+    assert mitmdump_argv(args) == [mitmdump_binary(), *defaults, "-s", str(SCRIPT), *args]
 
 
 def as_mitmdump_reads(args: list[str]) -> tuple[str, int]:
     """Where mitmdump would listen with `python -m trimflow run ARGS`: its own parser and option handling."""
-    argv = command(args)
+    argv = mitmdump_argv(args)
     assert argv is not None
     opts = options.Options()
     DumpMaster(opts)  # its addons declare the options the parser knows (-s among them)
@@ -58,7 +60,7 @@ def as_mitmdump_reads(args: list[str]) -> tuple[str, int]:
     [
         ([], ("127.0.0.1", 8080)),
         (["-p", "9000"], ("127.0.0.1", 9000)),
-        (["-p9001"], ("127.0.0.1", 9001)),  # a form command() does not see: the user's value comes last and wins
+        (["-p9001"], ("127.0.0.1", 9001)),  # a form mitmdump_argv() does not see: the user's value comes last and wins
         (["--listen-port=9002"], ("127.0.0.1", 9002)),
         (["--listen-host", "::1", "-p", "9003"], ("::1", 9003)),
         (["--set", "listen_port=9004"], ("127.0.0.1", 9004)),
@@ -72,11 +74,24 @@ async def test_mitmdump_listens_where_the_user_said(args: list[str], where: tupl
     assert as_mitmdump_reads(args) == where
 
 
-def test_without_mitmdump_run_exits_2_saying_how_to_get_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    monkeypatch.setattr(sys, "executable", str(tmp_path / "bin" / "python"))
-    monkeypatch.setenv("PATH", str(tmp_path))
-    assert mitmdump_binary() is None and command(["-p", "9000"]) is None
-    assert _run.main(["-p", "9000"]) == 2
-    assert capsys.readouterr().err == "trimflow run: mitmdump not found: pip install mitmproxy\n"
+def test_mitmdumps_confdir_of_the_run_holds_the_users_config_and_the_credentials_readable_by_them_alone(tmp_path: Path) -> None:
+    user, run_dir = tmp_path / "user-confdir", tmp_path / "run"
+    user.mkdir()
+    run_dir.mkdir()
+    (user / "config.yaml").write_text("ssl_insecure: false\nscripts: [mine.py]\nupstream_cert: false\n")
+    confdir = mitmdump_confdir(run_dir, user, "corp-user:s3cr@t: x")
+    assert stat.S_IMODE(confdir.stat().st_mode) == 0o700
+    config = confdir / "config.yaml"
+    assert stat.S_IMODE(config.stat().st_mode) == 0o600
+    assert yaml.safe_load(config.read_text()) == {
+        "ssl_insecure": False,
+        "scripts": [str(user / "mine.py")],  # mitmproxy reads them relative to the file that names them
+        "upstream_cert": False,
+        "confdir": str(user),  # the CA stays the user's
+        "upstream_auth": "corp-user:s3cr@t: x",
+    }
+
+
+def test_a_users_confdir_option_makes_way_for_the_runs(tmp_path: Path) -> None:
+    args = ["--set", "confdir=/c", "-q", "--set=confdir=/d", "--set", "confdirx=1", "--set=trimflow_mode=observe"]
+    assert without_option(args, "confdir") == ["-q", "--set", "confdirx=1", "--set=trimflow_mode=observe"]

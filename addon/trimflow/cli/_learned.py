@@ -16,10 +16,10 @@ import sys
 import time
 from pathlib import Path
 
-from ._learned import DEFAULT_TTL, FILE_NAME, FLOORS, Entry, LearnedFile, LearnedLimits, locked, ordered, write_entries
-from ._sizes import format_duration, parse_duration
-from ._text import for_text
-from .errors import RulesError
+from .._learned import DEFAULT_TTL, FILE_NAME, FLOORS, Entry, LearnedFile, LearnedLimits, locked, ordered, write_entries
+from .._sizes import format_duration, parse_duration
+from .._text import for_text
+from ..errors import RulesError
 
 DEFAULT_FILE = f"~/.mitmproxy/{FILE_NAME}"  # mitmproxy's default confdir: trimflow_learned's default
 FORGET_PATIENCE = 10.0  # seconds to wait for the file's lock: a person can wait where a proxy must not

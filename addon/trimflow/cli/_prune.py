@@ -11,11 +11,11 @@ import argparse
 import sys
 from typing import Any
 
-from . import _jsoncodec
-from ._engine import prune_request
-from ._record import ENFORCE, MODES
-from ._rules import DEFAULT_RULES_PATH, RulesError, load_rules
-from ._sizes import parse_size
+from .. import _jsoncodec
+from .._engine import prune_request
+from .._record import ENFORCE, MODES
+from .._rules import DEFAULT_RULES_PATH, RulesError, load_rules
+from .._sizes import parse_size
 
 LIMIT_FLAGS = ("max_images", "max_body_bytes", "keep_recent", "prune_batch")
 

@@ -1,94 +1,22 @@
-"""trimflow._launch without processes: the command line (`run [OPTIONS] -- COMMAND`), each agent's setup (mode,
-environment, command line; the user's upstream stays the upstream, no file of theirs is edited), and the summary
-read back from a metrics JSONL. The processes (exit status, signals, ports, the real CLIs) are in tests/e2e."""
+"""trimflow.cli._agents: each agent's setup (mode, environment, command line; the user's upstream stays the upstream,
+no file of theirs is edited, credentials never reach a command line). The processes (exit status, signals, ports,
+the real CLIs) are in tests/e2e."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import socket
 import stat
-import subprocess
 import tomllib
 from pathlib import Path
 
-import orjson
 import pytest
-import yaml
 
-from trimflow import load_rules, prune_request
-from trimflow._launch import (
-    CA_VARIABLES,
-    LAUNCHER_FILE,
-    LaunchError,
-    Setup,
-    agent_of,
-    ca_bundle,
-    clean_stale_runs,
-    codex_overrides,
-    finish_run_dir,
-    mitmdump_confdir,
-    new_run_dir,
-    parse,
-    private_folder,
-    setup_for,
-    summary,
-    without_option,
-)
-from trimflow._rules import DEFAULT_RULES_PATH
-from trimflow.testing import PATHS, image, session_body
+from trimflow.cli._agents import agent_of, codex_overrides, setup_for
+from trimflow.cli._launch_error import LaunchError
 
 LISTEN = "http://127.0.0.1:41234"
-
-
-# --- the command line ----------------------------------------------------------------------------------------
-
-
-def test_options_before_the_double_dash_go_to_mitmdump_and_the_rest_is_the_command() -> None:
-    invocation = parse(["--set", "trimflow_mode=observe", "-q", "--", "claude", "-p", "hi", "--", "x"])
-    assert invocation.command == ["claude", "-p", "hi", "--", "x"]
-    assert invocation.mitmdump_args == ["--set", "trimflow_mode=observe", "-q"]
-    assert (invocation.agent, invocation.port, invocation.metrics) == (None, None, None)
-
-
-@pytest.mark.parametrize(
-    ("options", "port"),
-    [
-        (["-p", "9000"], 9000),
-        (["-p9001"], 9001),
-        (["--listen-port=9002"], 9002),
-        (["--listen-port", "9003"], 9003),
-        (["--set", "listen_port=9004"], 9004),
-        (["--set=listen_port=9005"], 9005),
-    ],
-)
-def test_a_listen_port_given_in_any_of_mitmdumps_forms_is_the_port(options: list[str], port: int) -> None:
-    invocation = parse([*options, "--", "claude"])
-    assert invocation.port == port
-    assert invocation.mitmdump_args  # still handed on: mitmdump reads it as it always does
-
-
-def test_the_launchers_own_options_are_read_and_kept_from_mitmdump() -> None:
-    invocation = parse(["--agent", "proxy", "--set", "trimflow_metrics=m.jsonl", "--set", "confdir=/c", "--", "python", "agent.py"])
-    assert (invocation.agent, invocation.metrics, invocation.confdir) == ("proxy", "m.jsonl", "/c")
-    assert "--agent" not in invocation.mitmdump_args and "proxy" not in invocation.mitmdump_args
-
-
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (["--"], "nothing to run after --"),
-        (["--mode", "reverse:https://api.openai.com", "--", "codex"], "leave --mode out"),
-        (["-mregular", "--", "codex"], "leave --mode out"),
-        (["--agent", "cursor", "--", "cursor"], "--agent takes one of claude, codex, gemini, proxy, not 'cursor'"),
-        (["-p", "eighty", "--", "claude"], "the listen port must be a number, not 'eighty'"),
-    ],
-)
-def test_what_the_launcher_decides_itself_is_refused_in_one_line(args: list[str], message: str) -> None:
-    with pytest.raises(LaunchError, match=message) as caught:
-        parse(args)
-    assert "\n" not in str(caught.value) and caught.value.status == 2
+SECRET = "s3cr%40t"  # a password as a URL carries it: "s3cr@t" percent-encoded
 
 
 @pytest.mark.parametrize(
@@ -262,59 +190,6 @@ def test_a_proxy_the_user_had_stays_their_way_out(tmp_path: Path) -> None:
     assert setup.mode == "upstream:http://corp-proxy:3128" and setup.env["https_proxy"] == LISTEN
 
 
-def test_the_ca_bundle_holds_the_users_cas_and_mitmproxys(tmp_path: Path) -> None:
-    theirs, ours = tmp_path / "theirs.pem", tmp_path / "ca.pem"
-    theirs.write_text("-----BEGIN CERTIFICATE-----\nTHEIRS\n-----END CERTIFICATE-----")
-    ours.write_text("-----BEGIN CERTIFICATE-----\nMITM\n-----END CERTIFICATE-----\n")
-    bundle = ca_bundle(ours, {"SSL_CERT_FILE": str(theirs)}, tmp_path / "bundle.pem").read_text()
-    assert bundle.index("THEIRS") < bundle.index("MITM") and bundle.count("BEGIN CERTIFICATE") == 2
-    assert len(CA_VARIABLES) == 4
-
-
-# --- the summary ---------------------------------------------------------------------------------------------
-
-
-def records(turns: int, usage: int) -> list[bytes]:
-    """Metrics lines of an OpenAI chat session of `turns` turns pruned by the default rules, each answered with `usage` tokens."""
-    rules = load_rules(DEFAULT_RULES_PATH)
-    shot = image(64, 48, "PNG", seed=1)
-    lines = []
-    for turn in range(1, turns + 1):
-        body = orjson.dumps(session_body("openai-chat", turn, shot, "image/png"))
-        record = prune_request(f"https://api.openai.com{PATHS['openai-chat']}", {}, body, rules).record
-        assert record is not None
-        record = dataclasses.replace(record, status=200, usage_input_tokens=usage, conversation="c0ffee00", turn=turn)
-        lines.append(orjson.dumps(record.to_dict()) + b"\n")
-    return lines
-
-
-def test_the_summary_counts_this_runs_records_only(tmp_path: Path) -> None:
-    metrics, log = tmp_path / "mine.jsonl", tmp_path / "run.log"
-    earlier, ours = records(3, 1000), records(10, 500)
-    metrics.write_bytes(b"".join(earlier + ours))
-    setup = Setup("proxy", "regular", ["python", "agent.py"])
-    lines = summary(metrics, len(b"".join(earlier)), setup, 0, log)
-    assert lines[0] == "trimflow: python exited 0; 10 LLM requests in 1 conversation through trimflow"
-    conversation = lines[1]
-    assert "conversation c0ffee00 (openai-chat, " in conversation and "10 turns, 10 requests" in conversation
-    sent = sum(orjson.loads(line)["images_after"] for line in ours)
-    pruned = sum(orjson.loads(line)["pruned"] for line in ours)
-    assert pruned > 0 and sent + pruned == sum(range(1, 11))  # turn N sends N screenshots
-    assert f"images sent {sent}, pruned {pruned}" in conversation and "reported in 5,000" in conversation
-    assert lines[-1].startswith(f"trimflow: every turn: scripts/audit {metrics}")
-    assert not (tmp_path / "run.jsonl").exists()  # the slice it read is gone
-
-
-def test_a_run_with_no_llm_request_says_so(tmp_path: Path) -> None:
-    lines = summary(tmp_path / "none.jsonl", 0, Setup("proxy", "regular", ["true"]), 3, tmp_path / "run.log")
-    assert lines == [f"trimflow: true exited 3; no LLM request went through trimflow (proxy log: {tmp_path / 'run.log'})"]
-
-
-# --- credentials, the run's files, stale runs ----------------------------------------------------------------
-
-SECRET = "s3cr%40t"  # a password as a URL carries it: "s3cr@t" percent-encoded
-
-
 @pytest.mark.parametrize(
     ("theirs", "mode", "auth"),
     [
@@ -377,97 +252,3 @@ def test_geminis_settings_copy_keeps_the_mode_of_the_users_file(tmp_path: Path, 
     private = Path(setup.env["GEMINI_CLI_HOME"]) / ".gemini"
     assert stat.S_IMODE((private / "settings.json").stat().st_mode) == mode
     assert stat.S_IMODE(private.stat().st_mode) == 0o700
-
-
-def test_mitmdumps_confdir_of_the_run_holds_the_users_config_and_the_credentials_readable_by_them_alone(tmp_path: Path) -> None:
-    user, run_dir = tmp_path / "user-confdir", tmp_path / "run"
-    user.mkdir()
-    run_dir.mkdir()
-    (user / "config.yaml").write_text("ssl_insecure: false\nscripts: [mine.py]\nupstream_cert: false\n")
-    confdir = mitmdump_confdir(run_dir, user, "corp-user:s3cr@t: x")
-    assert stat.S_IMODE(confdir.stat().st_mode) == 0o700
-    config = confdir / "config.yaml"
-    assert stat.S_IMODE(config.stat().st_mode) == 0o600
-    assert yaml.safe_load(config.read_text()) == {
-        "ssl_insecure": False,
-        "scripts": [str(user / "mine.py")],  # mitmproxy reads them relative to the file that names them
-        "upstream_cert": False,
-        "confdir": str(user),  # the CA stays the user's
-        "upstream_auth": "corp-user:s3cr@t: x",
-    }
-
-
-def test_a_users_confdir_option_makes_way_for_the_runs(tmp_path: Path) -> None:
-    args = ["--set", "confdir=/c", "-q", "--set=confdir=/d", "--set", "confdirx=1", "--set=trimflow_mode=observe"]
-    assert without_option(args, "confdir") == ["-q", "--set", "confdirx=1", "--set=trimflow_mode=observe"]
-
-
-def test_the_runs_folder_is_made_private_and_refused_when_it_is_someone_elses(tmp_path: Path) -> None:
-    runs = tmp_path / "runs"
-    runs.mkdir(mode=0o755)
-    runs.chmod(0o755)
-    private_folder(runs)
-    assert stat.S_IMODE(runs.stat().st_mode) == 0o700
-    (tmp_path / "a-file").write_text("")
-    with pytest.raises(LaunchError, match=r"cannot make .*a-file/runs \(Not a directory\)"):
-        private_folder(tmp_path / "a-file" / "runs")
-    if os.geteuid() == 0:
-        theirs = tmp_path / "theirs"
-        theirs.mkdir()
-        os.chown(theirs, 4321, 4321)
-        with pytest.raises(LaunchError, match="is not a folder of yours"):
-            private_folder(theirs)
-
-
-def dead_pid() -> int:
-    child = subprocess.Popen(["true"])
-    child.wait()
-    return child.pid
-
-
-def test_the_folders_of_runs_whose_launcher_is_gone_are_removed_keeping_what_the_agent_wrote(tmp_path: Path) -> None:
-    user, runs = tmp_path / "home" / ".gemini", tmp_path / "runs"
-    user.mkdir(parents=True)
-    (user / "GEMINI.md").write_text("mine")
-    runs.mkdir()
-    pid = dead_pid()
-    stale = runs / f"20261124-112213-gemini-{pid}"
-    stale.mkdir()
-    (stale / LAUNCHER_FILE).write_text(f"{socket.gethostname()} {pid} 12345\n")
-    setup_for("gemini", ["gemini"], {"GEMINI_API_KEY": "AIza-x"}, LISTEN, stale, home=tmp_path / "home")
-    private = stale / "gemini-home" / ".gemini"
-    (private / "trustedFolders.json").write_text("{}")  # new
-    (private / "GEMINI.md").unlink()  # a link the agent replaced with a file of its own
-    (private / "GEMINI.md").write_text("the agent's")
-    live = new_run_dir(runs, f"20261124-112214-claude-{os.getpid()}")  # this process: running
-    reused = runs / f"20261124-112215-claude-{os.getpid()}"  # this pid, but another process's start time
-    reused.mkdir()
-    (reused / LAUNCHER_FILE).write_text(f"{socket.gethostname()} {os.getpid()} 1\n")
-    elsewhere = runs / f"20261124-112217-claude-{dead_pid()}"  # a launcher on another machine sharing the home
-    elsewhere.mkdir()
-    (elsewhere / LAUNCHER_FILE).write_text(f"not-{socket.gethostname()} {elsewhere.name.rpartition('-')[2]} 1\n")
-    older = runs / f"20261124-112216-codex-{dead_pid()}"  # an older launcher's folder, with no marker
-    older.mkdir()
-    lines = clean_stale_runs(runs)
-    kept = runs / f"{stale.name}.gemini"
-    assert lines == [f"trimflow run: Gemini CLI wrote GEMINI.md, trustedFolders.json in its private settings folder, not in {user}: kept in {kept}"]
-    assert sorted(p.name for p in runs.iterdir()) == sorted([kept.name, live.name, elsewhere.name])
-    assert (kept / "GEMINI.md").read_text() == "the agent's" and (user / "GEMINI.md").read_text() == "mine"
-    assert stat.S_IMODE(kept.stat().st_mode) == 0o700
-
-
-def test_a_run_whose_agent_changed_nothing_leaves_no_folder_and_no_line(tmp_path: Path) -> None:
-    (tmp_path / "home" / ".gemini").mkdir(parents=True)
-    (tmp_path / "home" / ".gemini" / "GEMINI.md").write_text("mine")
-    run_dir = new_run_dir(tmp_path, "20261124-112213-gemini-1")
-    setup_for("gemini", ["gemini"], {"GEMINI_API_KEY": "AIza-x"}, LISTEN, run_dir, home=tmp_path / "home")
-    assert finish_run_dir(run_dir) == []
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["home"]
-    assert (tmp_path / "home" / ".gemini" / "GEMINI.md").read_text() == "mine"  # links removed, never followed
-
-
-def test_the_ca_bundle_is_the_users_alone(tmp_path: Path) -> None:
-    ours = tmp_path / "ca.pem"
-    ours.write_text("-----BEGIN CERTIFICATE-----\nMITM\n-----END CERTIFICATE-----\n")
-    bundle = ca_bundle(ours, {"SSL_CERT_FILE": str(tmp_path / "none.pem")}, tmp_path / "bundle.pem")
-    assert stat.S_IMODE(bundle.stat().st_mode) == 0o600

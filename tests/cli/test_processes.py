@@ -1,0 +1,41 @@
+"""trimflow.cli._processes without processes: the CA bundle the agent trusts in forward mode, the port. mitmdump and the agent
+running (signals, the terminal, a launcher killed) are in tests/e2e/test_launcher.py and test_launch_hostile.py."""
+
+from __future__ import annotations
+
+import socket
+import stat
+from pathlib import Path
+
+import pytest
+
+from trimflow.cli._agents import CA_VARIABLES
+from trimflow.cli._launch_error import LaunchError
+from trimflow.cli._processes import ca_bundle, check_port, free_port
+
+
+def test_the_ca_bundle_holds_the_users_cas_and_mitmproxys(tmp_path: Path) -> None:
+    theirs, ours = tmp_path / "theirs.pem", tmp_path / "ca.pem"
+    theirs.write_text("-----BEGIN CERTIFICATE-----\nTHEIRS\n-----END CERTIFICATE-----")
+    ours.write_text("-----BEGIN CERTIFICATE-----\nMITM\n-----END CERTIFICATE-----\n")
+    bundle = ca_bundle(ours, {"SSL_CERT_FILE": str(theirs)}, tmp_path / "bundle.pem").read_text()
+    assert bundle.index("THEIRS") < bundle.index("MITM") and bundle.count("BEGIN CERTIFICATE") == 2
+    assert len(CA_VARIABLES) == 4
+
+
+def test_the_ca_bundle_is_the_users_alone(tmp_path: Path) -> None:
+    ours = tmp_path / "ca.pem"
+    ours.write_text("-----BEGIN CERTIFICATE-----\nMITM\n-----END CERTIFICATE-----\n")
+    bundle = ca_bundle(ours, {"SSL_CERT_FILE": str(tmp_path / "none.pem")}, tmp_path / "bundle.pem")
+    assert stat.S_IMODE(bundle.stat().st_mode) == 0o600
+
+
+def test_a_free_port_is_free_and_a_taken_one_is_refused_in_one_line() -> None:
+    port = free_port("127.0.0.1")
+    check_port("127.0.0.1", port)  # nothing listens there: no error
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", port))
+        taken.listen()
+        with pytest.raises(LaunchError, match=rf"^trimflow run: 127\.0\.0\.1:{port} is taken \(.+\); leave -p out") as caught:
+            check_port("127.0.0.1", port)
+    assert "\n" not in str(caught.value)
