@@ -1,4 +1,4 @@
-"""trimflow._conversation: conversations told apart by their history (or a session id), turns and segments
+"""trimflow._conversation: conversations told apart by their history (trimflow._history) or a session id, turns and segments
 numbered by Conversations, token counts and warm-ups that are not turns, and memory that stays bounded.
 
 Histories are digested as the engine digests them (Outcome.history of a real prune run) and numbered by a
@@ -8,7 +8,6 @@ Conversations, as the proxy's Flows and the audit's Reader number them.
 from __future__ import annotations
 
 import copy
-import json
 import re
 import tracemalloc
 from typing import Any
@@ -17,21 +16,11 @@ import orjson
 import pytest
 
 from trimflow import OBSERVE, _conversation, prune_request
-from trimflow._conversation import (
-    MAX_SEGMENTS,
-    SESSION_HEADERS,
-    Conversations,
-    History,
-    Images,
-    image_crc,
-    image_key,
-    response_id_of,
-    session_key,
-)
-from trimflow._document import Payload
+from trimflow._conversation import MAX_SEGMENTS, Conversations
+from trimflow._history import SESSION_HEADERS, History, Images, image_key, session_key
 from trimflow._record import COUNT_TOKENS, TURN, WARMUP
 from trimflow.formats import FORMATS, Media, counted_turn_path, openai_responses
-from trimflow.testing import PATHS, b64, image, session_body
+from trimflow.testing import PATHS, image, session_body
 
 from .helpers import rules_with
 
@@ -216,24 +205,6 @@ def test_a_long_string_digests_alike_in_a_small_body_and_in_a_skeleton(tail: str
     one_conversation(numbering([(small, "openai-chat"), (large, "openai-chat")]), 2)
 
 
-def test_a_payload_is_digested_by_its_length_and_ends_not_read_through() -> None:
-    # The cost of a digest does not grow with the payloads: only their length and first and last bytes count.
-    def body(middle: str) -> dict:
-        return {"model": "m", "messages": [{"role": "user", "content": "x" * 2000 + middle + "y" * 2000}, {"role": "user", "content": "z" * 9000}]}
-
-    same_ends = history(body("P" * 20000), "openai-chat"), history(body("Q" * 20000), "openai-chat")
-    assert same_ends[0].messages == same_ends[1].messages
-    assert history(body("P" * 20001), "openai-chat").messages != same_ends[0].messages
-
-
-def test_a_history_orjson_cannot_write_still_gets_stable_digests() -> None:
-    def body(seed: int) -> bytes:  # over 64 bits: orjson refuses it
-        return json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi", "seed": seed}]}).encode()
-
-    assert history(body(2**70), "openai-chat").messages == history(body(2**70), "openai-chat").messages
-    assert history(body(2**71), "openai-chat").messages != history(body(2**70), "openai-chat").messages
-
-
 def test_a_body_that_is_not_json_has_no_history() -> None:
     outcome = prune_request(f"https://{HOST}{PATHS['anthropic']}", {}, b'{"messages": [oops', rules_with())
     assert outcome.record is not None and outcome.record.reason and outcome.history is None
@@ -273,30 +244,6 @@ def test_segments_remembered_per_session_are_bounded() -> None:
         assert numbered(conversations, body, "anthropic", headers=headers)[2] == n + 1
     (conversation,) = conversations._conversations.values()
     assert len(conversation.threads) == MAX_SEGMENTS
-
-
-def test_headers_come_before_body_fields_and_body_fields_before_metadata() -> None:
-    body = {"prompt_cache_key": "cache-7", "metadata": {"user_id": "user_abc_session_1"}}
-    by_header = session_key({"session_id": "s-1"}, body)
-    assert by_header == session_key({"session_id": "s-1"}, {})
-    by_field = session_key({}, body)
-    assert by_field not in (None, by_header) and by_field == session_key({}, {"prompt_cache_key": "cache-7"})
-    by_user = session_key({}, {"metadata": body["metadata"]})
-    assert by_user not in (None, by_field, by_header)
-
-
-@pytest.mark.parametrize(
-    ("headers", "body"),
-    [
-        ({"session_id": ""}, {}),  # an empty header names nothing
-        ({}, {"prompt_cache_key": ""}),
-        ({}, {"conversation": 5}),  # a field that is not text names nothing
-        ({}, {"metadata": {"user_id": 7}}),
-        ({}, {"metadata": "user_abc"}),
-    ],
-)
-def test_empty_or_odd_ids_name_nothing(headers: dict, body: dict) -> None:
-    assert session_key(headers, body) is None
 
 
 def test_ids_are_short_hashes_that_hold_neither_the_session_id_nor_the_text() -> None:
@@ -429,13 +376,6 @@ def test_an_unknown_previous_response_starts_a_conversation_and_a_session_keeps_
     assert [(t, s) for _, t, s in numbers] == [(1, 1), (2, 1)]
 
 
-def test_the_answer_names_its_id_first() -> None:
-    assert response_id_of(b'{"id":"resp_abc","object":"response","output":[{"id":"msg_1"}]}') == "resp_abc"
-    sse = b'event: response.created\ndata: {"type":"response.created","response":{"id":"resp_sse","status":"in_progress"}}\n\n'
-    assert response_id_of(sse) == "resp_sse"
-    assert response_id_of(b'{"object":"list"}') is None
-
-
 @pytest.mark.parametrize(
     ("event", "answer"),
     [
@@ -492,13 +432,6 @@ def test_a_session_header_with_other_headers_reads_lower_case_names() -> None:
     assert run(session("anthropic", 1), "anthropic", headers={"X-Claude-Code-Session-Id": "s"}).record.conversation == session_key(
         {"x-claude-code-session-id": "s"}, {}
     )
-
-
-def test_image_payloads_never_reach_a_digest_input() -> None:
-    # Media parts are left out before anything is hashed: two sessions with other screenshots are one history.
-    other = session_body("anthropic", 3, image(24, 16, "PNG", seed=99), "image/png")
-    assert b64(image(24, 16, "PNG", seed=99)) != b64(SHOT)
-    assert history(other, "anthropic").messages == history(session("anthropic", 3), "anthropic").messages
 
 
 def test_observe_and_enforce_give_the_same_history() -> None:
@@ -653,18 +586,3 @@ def test_images_with_one_key_are_told_apart_by_their_crc() -> None:
     recalled = conversations.recall(line(0, 3, [B, A, A, C], [0, 1, 2, 0]))
     assert recalled.order == (1, 0, 2, 3) and recalled.cut == 1  # the CRC-1 copy stays cut wherever it sits
     assert conversations.recall(line(0, 3, [A, B], [7, 0])).order == (1, 0)  # neither A: the key alone is new
-
-
-def test_an_image_key_reads_the_ends_and_the_crc_the_whole_payload_but_for_a_png() -> None:
-    png = b64(image(64, 40, "PNG", seed=1))
-    jpeg = "/9j/" + "A" * 5000
-    other = jpeg[:2500] + "B" + jpeg[2501:]  # one character in the middle: same length, same ends
-    assert image_key(Media("image", (), jpeg)) == image_key(Media("image", (), other))
-    assert image_crc(Media("image", (), jpeg)) != image_crc(Media("image", (), other))
-    assert image_crc(Media("image", (), png)) == 0 and image_key(Media("image", (), png)) != image_key(Media("image", (), jpeg))
-    url = "data:image/jpeg;base64," + jpeg  # the payload, not its data URL's header
-    in_url = Media("image", (), url, len(url) - len(jpeg))
-    assert (image_key(in_url), image_crc(in_url)) == (image_key(Media("image", (), jpeg)), image_crc(Media("image", (), jpeg)))
-    body = b'{"x":"' + jpeg.encode() + b'"}'  # a payload the skeleton left in the body reads as the same string
-    in_place = Media("image", (), Payload(body, 6, 6 + len(jpeg)))
-    assert (image_key(in_place), image_crc(in_place)) == (image_key(Media("image", (), jpeg)), image_crc(Media("image", (), jpeg)))

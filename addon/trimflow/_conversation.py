@@ -1,353 +1,42 @@
-"""Telling conversations apart by their history, and numbering their turns.
+"""Numbering conversations and their turns, and remembering when each of their images first came.
 
-Agents send the whole history on every turn. A request continues a conversation when its history
-extends the history of that conversation's last request: the same earlier messages in the same order,
-new ones after (or none: a retry). A shorter or diverging history starts a new conversation: a rerun
-of the same test, a /clear, a fork, an edited message. An explicit session id (SESSION_HEADERS,
-SESSION_FIELDS, Anthropic's `metadata.user_id`) names the conversation instead, and a history under
-that id that extends none of its earlier ones is a new *segment* of it. A Responses request with
-`previous_response_id` continues the conversation whose answer had that id.
-
-The engine digests each request into a `History` (trimflow._engine: Outcome.history); `Conversations`
-assigns it a conversation id, turn and segment. The proxy's Flows and the audit's Reader use both
-alike, so a session is numbered the same live and in a recording.
-
-What is hashed, per message: its JSON as sent, with its media parts left out and text placeholders
-trimflow wrote left out (so a session recorded behind trimflow, pruned, digests as the client sent it),
-without `cache_control` (agents move their cache breakpoints every turn), and with each payload the
-skeleton left in the body (trimflow._document: a string of 4 KiB or more) standing for its length,
-first and last 64 bytes. Nothing reads a payload's bytes in between: a 16 MB body costs its skeleton.
-What is kept: 8-byte digests, and per line of history the position of its last history, where its last
-turn's cut ended and when that turn went (no text, no id).
+`Conversations` assigns each request's History (trimflow._history) a conversation id, a turn and a segment.
+A shorter or diverging history starts a new conversation: a rerun of the same test, a /clear, a fork, an edited
+message; a history under a session id that extends none of its earlier ones is a new *segment* of it. The proxy's
+Flows and the audit's Reader use it alike, so a session is numbered the same live and in a recording. What is
+kept: 8-byte digests, and per line of history the position of its last history, where its last turn's cut ended
+and when that turn went (no text, no id).
 
 An image's age is when it first came, not where it sits: some agents (aider) send every image again in one
 early message, in an order that changes from request to request. Each line of history remembers the images its
 last turn sent (`Copy`: when each first came, whether it was cut); `recall` orders the next request's images
 oldest first by that (position decides only among images that came together, or in a conversation new to this
 memory), and an image once cut comes first, so it stays cut. Copies of one image are matched in the order they
-sit to the newest remembered ones; a copy more is new. An image a turn no longer sends is forgotten (the agent
-dropped it: sent again, it is new). A request that continues no line of history takes the arrivals of the line
-whose images it sends again (`_sent_again`). Bounded: at most MAX_IMAGES_PER_LINE per line, the oldest
-forgotten first, and MAX_IMAGES_REMEMBERED in all, past which the least recently seen conversations go.
-
-An image is known by its key (`image_key`): its payload's length and first and last KiB, read without the bytes
-in between. That tells PNG screenshots apart (a PNG ends with the Adler-32 of all its pixel rows and the CRC-32
-of its last chunk), but not always JPEG or WebP ones that differ by a cursor: those can have the same length and
-ends (docs/how-it-works.md). So each copy also keeps the CRC-32 of its whole payload (`image_crc`, 0 for a PNG),
-read when the image first comes, and again only where a key is not the only one of its kind on either side.
+sit to the newest remembered ones (by key, and by CRC-32 where a key is not the only one of its kind); a copy
+more is new. An image a turn no longer sends is forgotten (the agent dropped it: sent again, it is new). A
+request that continues no line of history takes the arrivals of the line whose images it sends again
+(`_sent_again`). Bounded: at most MAX_IMAGES_PER_LINE per line, the oldest forgotten first, and
+MAX_IMAGES_REMEMBERED in all, past which the least recently seen conversations go.
 """
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import os
-import re
 import time
-import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-import orjson
-
-from ._document import END, HEAD, MARK, MIN_PAYLOAD, Payload
+from ._history import History, Images, digest, short_id
 from ._record import COUNT_TOKENS, TURN
-from .formats import HistoryParts, JsonPath, Media
-
-# Headers agents use for a session id (lower case).
-SESSION_HEADERS = ("x-claude-code-session-id", "session_id", "session-id", "x-session-id", "conversation_id", "x-conversation-id")
-# Body fields that name a conversation across turns.
-SESSION_FIELDS = ("prompt_cache_key", "conversation")
 
 DEFAULT_CAPACITY = 10_000  # conversations the proxy remembers (least recently seen forgotten first)
 MAX_SEGMENTS = 8  # histories remembered per session id
 MAX_IMAGES_PER_LINE = 1024  # images a line of history remembers the arrival of (the oldest forgotten first)
 MAX_IMAGES_REMEMBERED = 1 << 18  # in all conversations (past it, the least recently seen are forgotten)
-
-# A text placeholder trimflow wrote in place of an image starts with this (the default templates do).
-PLACEHOLDER_PREFIX = "[trimflow:"
-_PLACEHOLDER_BYTES = PLACEHOLDER_PREFIX.encode()
-_VOLATILE_KEY = "cache_control"
-_MARK_BYTES = MARK.encode()
-_ENDS = 64  # bytes of a payload's start and end that stand for it with its length
-_MAYBE_PAYLOAD = MIN_PAYLOAD // 6  # a shorter string cannot take MIN_PAYLOAD bytes as JSON text (\u00XX is 6)
-_ESCAPED = re.compile(r'["\\\x00-\x1f]')  # what JSON writes as an escape
-_RESPONSE_ID = re.compile(rb'"id"\s*:\s*"([^"\\]{1,256})"')
-_RESPONSE_ID_SCAN = 4096  # a Responses answer names its id first (the object's first key, or response.created's)
-
-_IMAGE_ENDS = 1024  # characters of an image payload's start and end its key reads
-_PNG = "iVBORw0KGgo"  # a PNG's signature as base64
 _SENT_AGAIN_HOLDERS = 16  # lines of history that remember an image looked at for a request that continues none
 _NEW = 1 << 62  # when an image its line of history has not seen came: now, after every remembered one
-
-# (length as written, first bytes, last bytes) of a payload the skeleton left in the body, for a stub.
-PayloadEnds = Callable[[str], "tuple[int, bytes, bytes] | None"]
-
-
-def _digest(*parts: bytes, size: int = 8) -> bytes:
-    return hashlib.blake2b(b"\0".join(parts), digest_size=size).digest()
-
-
-def _short(*parts: bytes) -> str:
-    """A conversation id: 4 bytes as 8 hex digits, never the id or text it comes from."""
-    return _digest(*parts, size=4).hex()
-
-
-def session_key(headers: Mapping[str, str], request: Mapping[str, Any]) -> str | None:
-    """The conversation an explicit session id names (headers first, then body fields), else None."""
-    for name in SESSION_HEADERS:
-        value = headers.get(name)
-        if value:
-            return _short(b"h", name.encode(), value.encode())
-    for name in SESSION_FIELDS:
-        value = request.get(name)
-        if isinstance(value, str) and value:
-            return _short(b"b", name.encode(), value.encode())
-    metadata = request.get("metadata")
-    if isinstance(metadata, dict) and isinstance(metadata.get("user_id"), str):
-        # Claude Code puts its session id into metadata.user_id.
-        return _short(b"u", metadata["user_id"].encode())
-    return None
-
-
-def response_id_of(head: bytes) -> str | None:
-    """The id a Responses answer gives itself (a JSON body, or an event stream's response.created), from its first bytes."""
-    found = _RESPONSE_ID.search(head, 0, _RESPONSE_ID_SCAN)
-    return found.group(1).decode("utf-8", "replace") if found else None
-
-
-def image_key(media: Media) -> bytes:
-    """8 bytes of an image's payload length and its first and last KiB (as written, like a payload's stub above):
-    no read in between. A remote image has no payload: every one has the same key. (A payload with JSON escapes,
-    `\\/`, reads otherwise parsed whole than as a skeleton: should its body's parse change, it counts as new.)"""
-    data, start = media.data, media.data_offset
-    if data is None:
-        return _digest(b"remote")
-    if isinstance(data, Payload):
-        body, first, end = data.body, data.start + start, data.end
-        return _digest(str(end - first).encode(), body[first : first + _IMAGE_ENDS], body[max(first, end - _IMAGE_ENDS) : end])
-    # Parsed whole: the string's ends stand for the bytes a skeleton would read (base64 has no escape).
-    end = len(data)
-    head, tail = data[start : start + _IMAGE_ENDS], data[max(start, end - _IMAGE_ENDS) :]
-    return _digest(str(end - start).encode(), head.encode("utf-8", "surrogatepass"), tail.encode("utf-8", "surrogatepass"))
-
-
-def image_crc(media: Media) -> int:
-    """The CRC-32 of an image's whole payload as written (read in place), where its key may not tell it apart:
-    0 for a PNG, whose last bytes (in its key) hold checksums of all of it, and for a remote image."""
-    data, start = media.data, media.data_offset
-    if data is None or data[start : start + len(_PNG)] == _PNG:
-        return 0
-    if isinstance(data, Payload):
-        return zlib.crc32(memoryview(data.body)[data.start + start : data.end])
-    return zlib.crc32(data[start:].encode("utf-8", "surrogatepass"))
-
-
-class Images:
-    """A request's images as its memory tells them apart: each one's key (image_key), in the order they sit, and its
-    CRC-32 (image_crc), read only when asked for (a new image, or one whose key is not the only one)."""
-
-    __slots__ = ("keys", "_crc", "_crcs")
-
-    def __init__(self, keys: Sequence[bytes] = (), crc: Callable[[int], int] | None = None) -> None:
-        self.keys = tuple(keys)
-        self._crc = crc
-        self._crcs: dict[int, int] = {}
-
-    @classmethod
-    def of(cls, media: Sequence[Media]) -> Images:
-        return cls([image_key(m) for m in media], lambda i: image_crc(media[i]))
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-    def crc(self, i: int) -> int:
-        if i not in self._crcs:
-            self._crcs[i] = self._crc(i) if self._crc is not None else 0
-        return self._crcs[i]
-
-
-class History:
-    """A request's conversation as digests: its host, session id (hashed), head (system prompt, instructions) and
-    one digest per message, oldest first; `origin`, a stable digest of the head and first message, seeds a new
-    conversation's id. `previous_response` stands for a Responses `previous_response_id`. `images`: the request's
-    images (Images); none when the caller keeps no memory.
-
-    The head and message digests are Python's keyed hash of the message's canonical JSON: 64 bits, the same for
-    the same message within a process (they are compared, never stored or written)."""
-
-    __slots__ = ("host", "session", "head", "messages", "origin", "previous_response", "images", "_prefixes")
-
-    def __init__(
-        self,
-        host: str,
-        session: str | None,
-        head: int,
-        messages: Sequence[int],
-        origin: bytes = b"",
-        previous_response: bytes | None = None,
-        images: Images | None = None,
-    ) -> None:
-        self.host, self.session, self.head = host, session, head
-        self.messages = tuple(messages)
-        self.origin, self.previous_response = origin, previous_response
-        self.images = images if images is not None else Images()
-        self._prefixes: list[int] | None = None
-
-    @property
-    def prefixes(self) -> list[int]:
-        """One value per prefix of the history (the first message, the first two, ... all): equal values, equal
-        prefixes (a 64-bit chain: process-local, and only a conversation's last one is kept)."""
-        if self._prefixes is None:
-            value, out = hash(("host", self.host)), []
-            for message in self.messages:
-                value = hash((value, message))
-                out.append(value)
-            self._prefixes = out
-        return self._prefixes
-
-    @property
-    def tip(self) -> int:
-        """The whole history's prefix value (the host's for a history with no message)."""
-        return self.prefixes[-1] if self.messages else hash(("host", self.host))
-
-
-def history_of(
-    host: str,
-    headers: Mapping[str, str],
-    parts: HistoryParts,
-    media_paths: Iterable[JsonPath],
-    payload_ends: PayloadEnds,
-    skeleton: bool,
-    images: Images | None = None,
-) -> History:
-    """A request's History: `parts` is its format's view of the body (formats' `history`), `media_paths` every
-    media part the format found (left out of the digests), `skeleton` whether the body was parsed as one
-    (trimflow._document), `payload_ends` what a payload's stub stands for and `images` its images."""
-    root = len(parts.path)
-    media: dict[int, list[JsonPath]] = {}
-    for path in media_paths:
-        index = path[root] if len(path) > root else None
-        if isinstance(index, int) and tuple(path[:root]) == parts.path:
-            media.setdefault(index, []).append(tuple(path[root + 1 :]))
-    canonical = _Canonical(payload_ends, skeleton)
-    head = canonical.of(parts.head, None)
-    messages = canonical.all(parts.items, media)
-    previous = parts.request.get("previous_response_id")
-    return History(
-        host,
-        session_key(headers, parts.request),
-        hash(head),
-        [hash(raw) for raw in messages],
-        hashlib.blake2b(head + b"\0" + (messages[0] if messages else b""), digest_size=8).digest(),
-        _digest(b"r", previous.encode()) if isinstance(previous, str) and previous else None,
-        images,
-    )
-
-
-class _Canonical:
-    """A message (or head) as the JSON its digest is taken of, as the module's docstring says."""
-
-    def __init__(self, payload_ends: PayloadEnds, skeleton: bool) -> None:
-        self._ends, self._skeleton = payload_ends, skeleton
-
-    def of(self, item: Any, media: list[JsonPath] | None, raw: bytes | None = None) -> bytes:
-        if raw is None:
-            if media:
-                item = _without(item, media)
-            try:
-                raw = orjson.dumps(item)
-            except (orjson.JSONEncodeError, TypeError):
-                return _dumps(self._canonical(item))
-        # Usually nothing to leave out or stand in for: the message's JSON as it is. A skeleton holds every
-        # payload as a stub (a marker); a whole parse holds none in a short message.
-        if _looked_into(raw) or not (self._skeleton or len(raw) < MIN_PAYLOAD):
-            return _dumps(self._canonical(_without(item, media) if media else item))
-        return raw
-
-    def all(self, items: list[Any], media: Mapping[int, list[JsonPath]]) -> list[bytes]:
-        """Every message's JSON. The usual history needs no message looked into: checked once for all of them."""
-        try:
-            raws = [orjson.dumps(_without(item, media[i]) if i in media else item) for i, item in enumerate(items)]
-        except (orjson.JSONEncodeError, TypeError):
-            return [self.of(item, media.get(i)) for i, item in enumerate(items)]
-        if not _looked_into(b"".join(raws)) and (self._skeleton or all(len(raw) < MIN_PAYLOAD for raw in raws)):
-            return raws
-        return [self.of(item, media.get(i), raw) for i, (item, raw) in enumerate(zip(items, raws, strict=True))]
-
-    def _canonical(self, node: Any) -> Any:
-        if isinstance(node, dict):
-            return {key: self._canonical(value) for key, value in node.items() if key != _VOLATILE_KEY}
-        if isinstance(node, list):
-            return [self._canonical(value) for value in node if not _left_out(value)]
-        if isinstance(node, str):
-            return self._text(node)
-        return node
-
-    def _text(self, text: str) -> str:
-        if self._skeleton:
-            if text.endswith(END) and MARK in text:
-                ends = self._ends(text)
-                if ends is not None:
-                    return _payload_token(*ends)
-        elif len(text) >= _MAYBE_PAYLOAD:
-            # Parsed whole: the string stands for itself as a skeleton would have made it a payload.
-            raw = text.encode() if text.isascii() and not _ESCAPED.search(text) else orjson.dumps(text)[1:-1]
-            head = raw[:HEAD]
-            if len(raw) >= MIN_PAYLOAD and head.isascii() and b"\\" not in head:
-                return _payload_token(len(raw), raw[:_ENDS], raw[-_ENDS:])
-        # Ollama's placeholders join the message's text, after a newline.
-        cut = text.find(PLACEHOLDER_PREFIX)
-        if cut == 0:
-            return ""
-        if cut > 0 and text[cut - 1] == "\n":
-            return text[: cut - 1]
-        return text
-
-
-def _looked_into(raw: bytes) -> bool:
-    """Whether JSON text may hold what a digest leaves out or stands in for: a placeholder, a cache breakpoint
-    (cache_control, Bedrock's cachePoint), a payload's stub (its marker's first byte, which memchr finds fast)."""
-    return _PLACEHOLDER_BYTES in raw or b"cache" in raw or _MARK_BYTES[:1] in raw
-
-
-def _payload_token(length: int, first: bytes, last: bytes) -> str:
-    return f"{MARK}{length}:{_digest(first, last).hex()}"
-
-
-def _left_out(value: Any) -> bool:
-    """A part a digest leaves out: a placeholder trimflow wrote, or a Bedrock cache breakpoint (moved every turn)."""
-    if not isinstance(value, dict):
-        return False
-    if len(value) == 1 and "cachePoint" in value:
-        return True
-    return any(isinstance(v, str) and v.startswith(PLACEHOLDER_PREFIX) for v in value.values())
-
-
-def _without(node: Any, paths: list[JsonPath]) -> Any:
-    """`node` without the parts at `paths` (relative to it); only the containers on those paths are copied."""
-    drop: set[Any] = set()
-    below: dict[Any, list[JsonPath]] = {}
-    for path in paths:
-        if not path:
-            return None  # the message is itself a media part
-        if len(path) == 1:
-            drop.add(path[0])
-        else:
-            below.setdefault(path[0], []).append(path[1:])
-    if isinstance(node, list):
-        return [_without(value, below[i]) if i in below else value for i, value in enumerate(node) if i not in drop]
-    if isinstance(node, dict):
-        return {key: _without(value, below[key]) if key in below else value for key, value in node.items() if key not in drop}
-    return node
-
-
-def _dumps(value: Any) -> bytes:
-    try:
-        return orjson.dumps(value)
-    except (orjson.JSONEncodeError, TypeError):  # integers over 64 bits, NaN: still stable
-        return repr(value).encode("utf-8", "surrogatepass")
 
 
 class Assignment:
@@ -611,7 +300,7 @@ class Conversations:
             return
         if thread.response is not None and self._by_response.get(thread.response) is thread:
             del self._by_response[thread.response]
-        thread.response = _digest(b"r", response_id.encode())
+        thread.response = digest(b"r", response_id.encode())
         self._by_response[thread.response] = thread
 
     def _continued(self, history: History, kind: str, named: _Conversation | None) -> Thread | None:
@@ -639,7 +328,7 @@ class Conversations:
 
     def _new_id(self, history: History) -> str:
         self._started += 1
-        return _short(self._salt, history.host.encode(), history.origin, str(self._started).encode())
+        return short_id(self._salt, history.host.encode(), history.origin, str(self._started).encode())
 
     def _add(self, conversation: _Conversation) -> _Conversation:
         self._conversations[conversation.id] = conversation

@@ -28,7 +28,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from . import _document, _jsoncodec
-from ._conversation import History, Images, Recall, history_of, session_key
+from ._conversation import Recall
+from ._history import History, Images, history_of, session_key
 from ._imageinfo import sniff_media
 from ._placeholder import MediaFacts
 from ._policy import BODY, CACHE, COUNT_CAP, IMAGE_LIMIT, REPEAT, TOKENS, Limits, NeedsWorker, Plan, changed_fields, nothing_to_change
@@ -55,7 +56,7 @@ class Outcome:
 
     An inline run that finds nothing to change leaves the record to be worked out on first use
     (`record_pending`): the proxy forwards the request first and accounts for it while the provider works.
-    `history` (trimflow._conversation) is worked out on first use too: only the proxy and the audit number turns.
+    `history` (trimflow._history) is worked out on first use too: only the proxy and the audit number turns.
     """
 
     __slots__ = ("_body", "_record", "_account", "_history", "cut")

@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from .._conversation import Conversations, History, Thread, response_id_of
+from .._conversation import Conversations, Thread
 from .._decode import DEFAULT_MAX_DECODED_BYTES, BodyTooLarge, DecodeError, decode_body
 from .._engine import prune
+from .._history import History, response_id_of
 from .._record import ENFORCE, OBSERVE, Record, utc_timestamp
 from .._rules import Rules, Target
 from .._sizes import format_size

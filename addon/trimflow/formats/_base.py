@@ -82,7 +82,7 @@ class WireFormat(Protocol):
 
 
 class HistoryParts(NamedTuple):
-    """A request's conversation as its format lays it out (trimflow._conversation digests it)."""
+    """A request's conversation as its format lays it out (trimflow._history digests it)."""
 
     request: dict[str, Any]  # the request proper, where session fields live (a wrapper's inner request)
     head: Any  # what sets the conversation up outside its messages: system prompt, instructions (None if none)

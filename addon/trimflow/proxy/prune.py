@@ -15,9 +15,9 @@ import logging
 from mitmproxy import ctx, exceptions, http
 
 from .. import ENFORCE, MODES, NeedsWorker, Outcome, prune
-from .._conversation import History
 from .._decode import DEFAULT_MAX_DECODED_BYTES, DecodeError, decode_body, is_identity
 from .._decode import OPTION as DECODE_OPTION
+from .._history import History
 from .._record import Record
 from .._rules import DEFAULT_RULES_PATH, RulesError, RulesFile
 from .._sizes import format_size, parse_size

@@ -42,9 +42,9 @@ from mitmproxy.proxy import commands
 from mitmproxy.proxy.layers import http as http_layers
 
 from .. import ENFORCE, Limits, prune
-from .._conversation import History
 from .._decode import DecodeError, decode_body
 from .._engine import Tighten, is_sigv4
+from .._history import History
 from .._learned import DEFAULT_TTL, FILE_NAME, LearnedLimits
 from .._profiles import check_request
 from .._record import TURN, Record

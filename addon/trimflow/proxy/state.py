@@ -16,9 +16,10 @@ from collections.abc import Callable
 from mitmproxy import http
 
 from .. import Outcome
-from .._conversation import Conversations, History, Thread, response_id_of
+from .._conversation import Conversations, Thread
 from .._decode import DEFAULT_MAX_DECODED_BYTES
 from .._engine import Tighten
+from .._history import History, response_id_of
 from .._learned import upstream_key
 from .._policy import Limits
 from .._record import Record
