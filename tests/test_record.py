@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from trimflow import Record, prune_request
-from trimflow._record import utc_timestamp
+from trimflow._record import ENFORCE, OBSERVE, TURN, utc_timestamp
 from trimflow.testing import b64, screenshot, session_body
 
 from .helpers import encode, rules_with
@@ -162,3 +162,17 @@ def test_every_field_is_a_scalar_and_none_is_named_for_a_credential_or_prompt() 
 
 def test_utc_timestamp_is_iso_8601_with_milliseconds() -> None:
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", utc_timestamp())
+
+
+def test_what_was_sent_is_the_rewritten_body_in_enforce_and_the_body_as_received_in_observe() -> None:
+    figures = {"body_bytes_before": 900, "body_bytes_after": 300, "est_tokens_before": 90, "est_tokens_after": 30, "pruned": 4}
+    enforced, observed = record(**figures), dataclasses.replace(record(**figures), mode=OBSERVE)
+    assert (enforced.sent_body_bytes, enforced.sent_est_tokens, enforced.sent_pruned) == (300, 30, 4)
+    assert (observed.sent_body_bytes, observed.sent_est_tokens, observed.sent_pruned) == (900, 90, 0)
+
+
+def test_an_untouched_record_says_why_and_that_the_body_went_as_it_came() -> None:
+    untouched = Record.untouched("api.example.test", "/v1/messages", "anthropic", ENFORCE, "body is a JSON array, not an object", 1234)
+    assert (untouched.body_bytes_before, untouched.body_bytes_after, untouched.images_before) == (1234, 1234, 0)
+    assert (untouched.kind, untouched.mode, untouched.conversation) == (TURN, ENFORCE, None)
+    assert "untouched (body is a JSON array, not an object)" in untouched.summary()

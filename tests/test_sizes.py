@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trimflow._sizes import format_duration, format_size, format_size_change, parse_duration, parse_size
+from trimflow._sizes import format_duration, format_size, format_size_change, format_thousands, parse_duration, parse_size
 
 KiB, MiB, GiB, TiB = 1024, 1024**2, 1024**3, 1024**4
 
@@ -174,3 +174,8 @@ def test_parse_duration_rejects_garbage(text):
 @pytest.mark.parametrize(("seconds", "shown"), [(7 * 86400 - 30, "6d 23h"), (3 * 3600 + 12 * 60 + 5, "3h 12m"), (59, "0h 0m"), (-5, "0h 0m")])
 def test_format_duration(seconds, shown):
     assert format_duration(seconds) == shown
+
+
+@pytest.mark.parametrize(("n", "expected"), [(0, "0"), (999, "999"), (1000, "1k"), (1499, "1k"), (120_400, "120k"), (2_500_000, "2500k")])
+def test_format_thousands(n: int, expected: str) -> None:
+    assert format_thousands(n) == expected
