@@ -90,6 +90,8 @@ def view_of(fmt: str, model: str | None, size: Size) -> Size:
 
 def computer_tool(fmt: str, body: dict[str, Any]) -> str | None:
     """The computer tool the request declares: its name (Anthropic), `computer_call` (OpenAI Responses); else None."""
+    if fmt == openai_responses.NAME:
+        body = openai_responses.request_of(body)[0]
     tools = body.get("tools")
     if not isinstance(tools, list):
         return None

@@ -53,6 +53,7 @@ class Record:
     thinned: int = 0  # older images sent as thumbnails (thumbnail_side)
     thinned_bytes_saved: int = 0
     images_rescaled: int = 0  # of the shrunk, sent at other dimensions than they came (each with a note unless rescale_note is off)
+    clicks_mapped: int = 0  # computer-tool calls in the answer whose coordinates were mapped back to the original screenshot
     mime_mismatches: int = 0  # declared type differs from the bytes' real type (reported, left alone)
     server_side_history: bool = False  # earlier turns live at the provider (previous_response_id)
     reason: str | None = None  # why the body was forwarded as it came, when it could not be handled

@@ -23,6 +23,7 @@ ORDER = [
     proxy.Prune,
     proxy.WebSocket,
     proxy.Simulate,
+    proxy.Clicks,
     proxy.Metrics,
     recover.Hold,
     proxy.Prometheus,
