@@ -345,9 +345,11 @@ class ClickStream:
         self._counted: set[str] = set()  # computer_call ids counted (OpenAI repeats an item in several events)
         self._passing = False  # given up: everything passes as it comes
 
-    def __call__(self, chunk: bytes) -> bytes:
-        """As mitmproxy's stream callable."""
-        return self.feed(chunk)
+    def __call__(self, chunk: bytes) -> list[bytes]:
+        """As mitmproxy's stream callable: a list, empty while events are held (mitmproxy would send an empty
+        bytes as a chunk of its own, and in a chunked answer that is the end of the body)."""
+        out = self.feed(chunk)
+        return [out] if out else []
 
     def feed(self, chunk: bytes) -> bytes:
         if self._passing or not chunk:

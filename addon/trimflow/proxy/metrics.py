@@ -178,12 +178,12 @@ class AnswerScanner(UsageScanner):
     """A UsageScanner that also keeps the first bytes of the answer, where a Responses answer names its id; `then`,
     when given, is the stream callable whose output goes to the client."""
 
-    def __init__(self, then: Callable[[bytes], bytes] | None = None) -> None:
+    def __init__(self, then: ClickStream | None = None) -> None:
         super().__init__()
         self.head = b""
         self.then = then
 
-    def __call__(self, chunk: bytes) -> bytes:
+    def __call__(self, chunk: bytes) -> bytes | list[bytes]:
         self.feed(chunk)
         return chunk if self.then is None else self.then(chunk)
 
