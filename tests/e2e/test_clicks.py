@@ -97,7 +97,9 @@ def anthropic_messages(screen: Screen) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
-def test_claude_clicks_land_on_the_button_of_the_original_screen(proxy: Proxy, clicking: FakeProvider, model: ClickingModel, wide: Screen, stream: bool) -> None:
+def test_claude_clicks_land_on_the_button_of_the_original_screen(
+    proxy: Proxy, clicking: FakeProvider, model: ClickingModel, wide: Screen, stream: bool
+) -> None:
     width, height = wide.size
     tools: list[Any] = [
         {"type": "computer_20250124", "name": "computer", "display_width_px": width, "display_height_px": height},
@@ -137,7 +139,7 @@ def test_claude_clicks_land_on_the_button_of_the_original_screen(proxy: Proxy, c
 
 
 def responses_input(screen: Screen) -> list[dict[str, Any]]:
-    shot = {"type": "computer_call", "id": "cu_shot", "call_id": "call_shot", "action": {"type": "screenshot"}, "pending_safety_checks": [], "status": "completed"}
+    shot = {"type": "computer_call", "id": "cu_shot", "call_id": "call_shot", "action": {"type": "screenshot"}, "status": "completed"}
     output = {"type": "computer_screenshot", "image_url": "data:image/png;base64," + b64(screen.png)}
     return [
         {"role": "user", "content": [{"type": "input_text", "text": "Press the pink button."}]},
