@@ -128,6 +128,8 @@ class Record:
                 parts.append(f"({', '.join(cache)})")
         if self.usage_output_tokens is not None:
             parts.append(f"out={self.usage_output_tokens}")
+        if self.clicks_mapped:
+            parts.append(f"clicks mapped {self.clicks_mapped}")
         ratio = self.est_to_usage_ratio()
         if ratio is not None:
             parts.append(f"est/in={ratio:.2f}")

@@ -133,6 +133,7 @@ def test_claude_clicks_land_on_the_button_of_the_original_screen(
     assert other == {"coordinate": list(said)}  # another tool's call: as the model gave it
     [record] = records
     assert (record["images_rescaled"], record["clicks_mapped"]) == (1, 2)
+    assert "clicks mapped 2" in proxy.log()
 
 
 # --- OpenAI Responses --------------------------------------------------------------------------------------
@@ -183,3 +184,4 @@ def test_openai_clicks_land_on_the_button_of_the_original_screen(
     assert other.name == OTHER_TOOL and other.arguments == f'{{"x":{said[0]},"y":{said[1]}}}'
     [record] = records
     assert (record["images_rescaled"], record["clicks_mapped"]) == (1, 2)
+    assert "clicks mapped 2" in proxy.log()
