@@ -57,6 +57,7 @@ def test_a_point_is_rounded_and_clamped_to_the_original_screen() -> None:
     assert CLAUDE.point(0.4, 1124.6) == (1, 1439)
     assert CLAUDE.point(-30, 99999) == (0, 1439)
     assert CLAUDE.point(1999, 0) == (2559, 0)
+    assert CLAUDE.point(1e308, -1e308) == (2559, 0)  # no overflow
 
 
 # --- JSON answers -------------------------------------------------------------------------------------------
@@ -243,6 +244,25 @@ def test_an_event_that_is_not_json_passes_and_the_stream_goes_on() -> None:
     stream = ClickStream(CLAUDE)
     assert run(stream, [data]) == junk + expected_claude(events)
     assert stream.mapped == 1 and stream.problem == "not JSON"
+
+
+def test_an_internal_error_passes_the_rest_of_the_stream_as_it_came(monkeypatch: pytest.MonkeyPatch) -> None:
+    events = claude_events()
+    problems: list[str] = []
+    stream = ClickStream(CLAUDE, problems.append)
+    head = run_open(stream, events[:6])
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(_clicks, "input_edits", broken)
+    # The ping passed while the block was held; at the error the held block goes as it came, then the rest.
+    assert head + run(stream, [b"".join(events[6:])]) == b"".join([*events[:4], events[8], *events[4:8], *events[9:]])
+    assert problems == ["internal error RuntimeError"]
+
+
+def run_open(stream: ClickStream, chunks: list[bytes]) -> bytes:
+    return b"".join(b"".join(stream(chunk)) for chunk in chunks)
 
 
 def test_a_stream_that_ends_inside_a_held_block_gets_what_was_held() -> None:

@@ -59,6 +59,8 @@ class Screen:
     def point(self, x: float, y: float) -> tuple[int, int]:
         """A point the model gave, in the target's pixels: rounded, and clamped to the target screen."""
         (sw, sh), (tw, th) = self.seen, self.target
+        # Clamped to the image first: a number no screen holds cannot overflow the product.
+        x, y = min(max(x, 0), sw), min(max(y, 0), sh)
         return _clamp(round(x * tw / sw), tw), _clamp(round(y * th / sh), th)
 
 
@@ -221,8 +223,8 @@ def _span(text: str, path: Path) -> tuple[int, int]:
         start = found[0]
     try:
         _, end = _DECODER.raw_decode(text, start)
-    except json.JSONDecodeError as exc:
-        raise Malformed(str(exc)) from None
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise Malformed(f"not JSON: {type(exc).__name__}") from None
     return start, end
 
 
@@ -258,7 +260,7 @@ def _children(text: str, i: int) -> Iterator[tuple[str | int, int, int]]:
             if text[i] != ",":
                 raise Malformed("no comma between members")
             i = _skip(text, i + 1)
-    except (IndexError, KeyError, json.JSONDecodeError) as exc:
+    except (IndexError, KeyError, json.JSONDecodeError, RecursionError) as exc:
         raise Malformed(f"not JSON: {type(exc).__name__}") from None
 
 
@@ -358,12 +360,21 @@ class ClickStream:
         out: list[bytes] = []
         while (match := _EVENT_END.search(self._buffer)) is not None:
             raw, self._buffer = self._buffer[: match.end()], self._buffer[match.end() :]
-            out.append(self._event(raw))
+            try:
+                out.append(self._event(raw))
+            except Exception as exc:  # noqa: BLE001 - the answer must reach the client whatever it holds
+                held, self._held = b"".join(b"".join(h.events) for h in self._held.values()), {}
+                self._give_up(f"internal error {type(exc).__name__}")
+                return b"".join(out) + held + raw + self._flush()
         if len(self._buffer) > MAX_EVENT:
-            self._passing = True
-            self._report("an event over the size a computer call is read at")
+            self._give_up("an event over the size a computer call is read at")
             out.append(self._flush())
         return b"".join(out)
+
+    def _give_up(self, why: str) -> None:
+        """From here on everything passes as it comes."""
+        self._passing = True
+        self._report(why)
 
     def _flush(self) -> bytes:
         """Everything still held or buffered, as it came."""

@@ -74,6 +74,9 @@ class Clicks:
         except (DecodeError, Malformed) as exc:
             self._untouched(flow, str(exc))
             return 0
+        except Exception as exc:  # noqa: BLE001 - fail open: the agent gets the answer as it came
+            self._untouched(flow, f"internal error {type(exc).__name__}")
+            return 0
         if calls:
             response.content = mapped  # encoded as the answer was (content-encoding), with its content-length
         return calls
