@@ -9,8 +9,11 @@ import re
 import orjson
 import pytest
 
-from trimflow import _clicks
+from trimflow import _clicks, prune_request
 from trimflow._clicks import ClickStream, Malformed, Screen, map_answer, screen_for, view_of
+from trimflow.testing import b64, image
+
+from .helpers import rules_with, url_for
 
 ANTHROPIC_TOOLS = {"tools": [{"type": "computer_20250124", "name": "computer", "display_width_px": 2560, "display_height_px": 1440}]}
 OPENAI_TOOLS = {"tools": [{"type": "computer_use_preview", "display_width": 5120, "display_height": 2880, "environment": "mac"}]}
@@ -297,3 +300,30 @@ def test_openai_stream_maps_each_event_that_carries_a_computer_call_and_counts_e
         assert stream.mapped == 1
         assert out.count(b'"x":2560,"y":1280') == 3 and out.count(b'{\\"x\\":1000,\\"y\\":500}') == 2
         assert re.sub(rb"\d+", b"N", out) == re.sub(rb"\d+", b"N", data)
+
+
+# --- the engine: the newest screenshot decides ----------------------------------------------------------------
+
+
+def computer_request(*sizes: tuple[int, int], tools: list | None = None) -> bytes:
+    blocks = [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(image(w, h, "PNG", seed=w))}} for w, h in sizes]
+    body = {"model": "claude-opus-4-7", "max_tokens": 10, "tools": ANTHROPIC_TOOLS["tools"] if tools is None else tools}
+    body["messages"] = [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [b]}]} for b in blocks]
+    return orjson.dumps(body)
+
+
+@pytest.mark.parametrize(
+    ("sizes", "mode", "tools", "expected"),
+    [
+        (((400, 300),), "enforce", None, Screen("anthropic", "computer", (200, 150), (400, 300))),
+        (((400, 300), (160, 120)), "enforce", None, None),  # an older screenshot shrank, the newest did not
+        (((160, 120), (400, 300)), "enforce", None, Screen("anthropic", "computer", (200, 150), (400, 300))),
+        (((400, 300),), "observe", None, None),
+        (((400, 300),), "enforce", [], None),
+    ],
+    ids=["newest-shrunk", "older-shrunk", "both", "observe", "no-computer-tool"],
+)
+def test_the_engine_gives_a_screen_for_the_newest_screenshot_only(sizes, mode: str, tools: list | None, expected: Screen | None) -> None:
+    outcome = prune_request(url_for("anthropic"), {}, computer_request(*sizes, tools=tools), rules_with(max_image_side=200), mode)
+    assert outcome.record is not None and outcome.record.images_rescaled == sum(1 for w, _ in sizes if w > 200)
+    assert outcome.screen == expected
