@@ -1,7 +1,7 @@
 """Computer-use clicks through a real mitmdump: the fake provider plays a model that finds a pink button in the
 screenshot it received and clicks its centre in that image's pixels; trimflow shrank the screenshot, so it maps
 every click of the answer back, and the real SDKs' agent clicks on the button on its original screen. What the
-model answered (the click trimflow received) would miss it. Text and the other tool's call come through unchanged.
+model answered (what the control, the mapping off, hands the agent) misses it. Text and the other tool's call come through unchanged.
 JSON and SSE; Anthropic Messages and OpenAI Responses."""
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import pytest
 from PIL import Image, ImageDraw
 
 from trimflow.testing import FakeProvider, b64
-from trimflow.testing._clicking import OTHER_TOOL, SAYS, ClickingModel
+from trimflow.testing._clicking import OTHER_TOOL, SAYS, ClickingModel, find
 
 from .. import shrink_bench
-from .helpers import ANTHROPIC_KEY, OPENAI_KEY, Proxy, direct_http_client, replace_text, start_proxy, stop_all
+from .helpers import ANTHROPIC_KEY, OPENAI_KEY, Proxy, direct_http_client, replace_text, start_all, stop_all
 
 pytestmark = pytest.mark.e2e
 
@@ -68,17 +68,29 @@ def clicking(model: ClickingModel) -> Iterator[FakeProvider]:
 
 
 @pytest.fixture(scope="module")
-def proxy(tmp_path_factory: pytest.TempPathFactory, clicking: FakeProvider) -> Iterator[Proxy]:
-    workdir = tmp_path_factory.mktemp("clicks")
-    rules = replace_text(workdir / "rules.yaml", f"defaults:\n  max_image_side: {SIDE}\n")
-    started = start_proxy(workdir, "--mode", f"reverse:{clicking.url}", rules=rules)
-    yield started
-    stop_all(started.mitm)
+def proxies(tmp_path_factory: pytest.TempPathFactory, clicking: FakeProvider) -> Iterator[tuple[Proxy, Proxy]]:
+    """trimflow as shipped, and the control: the same with the mapping off (trimflow_clicks=false)."""
+    made = []
+    for name, options in (("clicks", {}), ("unmapped", {"trimflow_clicks": "false"})):
+        workdir = tmp_path_factory.mktemp(name)
+        rules = replace_text(workdir / "rules.yaml", f"defaults:\n  max_image_side: {SIDE}\n")
+        made.append(Proxy(workdir, "--mode", f"reverse:{clicking.url}", rules=rules, **options))
+    start_all(*(p.mitm for p in made))
+    yield made[0], made[1]
+    stop_all(*(p.mitm for p in made))
+
+
+@pytest.fixture(scope="module")
+def proxy(proxies: tuple[Proxy, Proxy]) -> Proxy:
+    return proxies[0]
+
+
+@pytest.fixture(scope="module")
+def unmapped(proxies: tuple[Proxy, Proxy]) -> Proxy:
+    return proxies[1]
 
 
 def test_the_button_is_found_on_the_original_screens(retina: Screen, wide: Screen) -> None:
-    from trimflow.testing._clicking import find
-
     for screen in (retina, wide):
         x, y = find(Image.open(io.BytesIO(screen.png)).convert("RGB"), PINK) or (-1, -1)
         assert screen.hits(x, y)
@@ -96,11 +108,9 @@ def anthropic_messages(screen: Screen) -> list[dict[str, Any]]:
     ]
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
-def test_claude_clicks_land_on_the_button_of_the_original_screen(
-    proxy: Proxy, clicking: FakeProvider, model: ClickingModel, wide: Screen, stream: bool
-) -> None:
-    width, height = wide.size
+def ask_claude(proxy: Proxy, screen: Screen, stream: bool) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The answer's blocks as the agent got them, and the flow's record."""
+    width, height = screen.size
     tools: list[Any] = [
         {"type": "computer_20250124", "name": "computer", "display_width_px": width, "display_height_px": height},
         {"name": OTHER_TOOL, "description": "Note a position.", "input_schema": {"type": "object", "properties": {"coordinate": {"type": "array"}}}},
@@ -109,10 +119,9 @@ def test_claude_clicks_land_on_the_button_of_the_original_screen(
         "model": "claude-opus-4-7",
         "max_tokens": 1024,
         "tools": tools,
-        "messages": anthropic_messages(wide),
+        "messages": anthropic_messages(screen),
         "extra_headers": {"anthropic-beta": "computer-use-2025-01-24"},
     }
-    clicking.clear()
     with anthropic.Anthropic(api_key=ANTHROPIC_KEY, base_url=proxy.url, http_client=direct_http_client(), max_retries=0, timeout=120) as client:
         with proxy.expect_records(1) as records:
             if stream:
@@ -120,20 +129,29 @@ def test_claude_clicks_land_on_the_button_of_the_original_screen(
                     message = events.get_final_message()
             else:
                 message = client.messages.create(**args)
+    return [b.model_dump() for b in message.content], records[0]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_claude_clicks_land_on_the_button_of_the_original_screen(
+    proxy: Proxy, unmapped: Proxy, model: ClickingModel, wide: Screen, stream: bool
+) -> None:
+    blocks, record = ask_claude(proxy, wide, stream)
     # The model saw the screenshot shrunk, and clicked the button in those pixels.
-    assert model.seen[-1][0] == SIDE and max(model.seen[-1]) == SIDE
+    assert max(model.seen[-1]) == SIDE
     said = model.clicks[-1]
-    assert not wide.hits(*said), "the model's own click, unmapped, would have missed the button"
-    blocks = [b.model_dump() for b in message.content]
     assert [b["type"] for b in blocks] == ["text", "tool_use", "tool_use", "tool_use"]
     assert blocks[0]["text"] == SAYS
     click, drag, other = (b["input"] for b in blocks[1:])
     assert click["action"] == "left_click" and wide.hits(*click["coordinate"])
     assert drag["action"] == "left_click_drag" and wide.hits(*drag["start_coordinate"]) and wide.hits(*drag["coordinate"])
     assert other == {"coordinate": list(said)}  # another tool's call: as the model gave it
-    [record] = records
     assert (record["images_rescaled"], record["clicks_mapped"]) == (1, 2)
     assert "clicks mapped 2" in proxy.log()
+    # The control: the same turn with the mapping off clicks beside the button.
+    blocks, record = ask_claude(unmapped, wide, stream)
+    assert blocks[1]["input"]["coordinate"] == list(model.clicks[-1]) and not wide.hits(*blocks[1]["input"]["coordinate"])
+    assert (record["images_rescaled"], record["clicks_mapped"]) == (1, 0)
 
 
 # --- OpenAI Responses --------------------------------------------------------------------------------------
@@ -149,16 +167,15 @@ def responses_input(screen: Screen) -> list[dict[str, Any]]:
     ]
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
-def test_openai_clicks_land_on_the_button_of_the_original_screen(
-    proxy: Proxy, clicking: FakeProvider, model: ClickingModel, retina: Screen, stream: bool
-) -> None:
-    width, height = retina.size
+def ask_openai(proxy: Proxy, screen: Screen, stream: bool) -> tuple[Any, list[Any], dict[str, Any]]:
+    """The response as the agent got it, the computer calls of its output_item.done events, and the flow's record."""
+    width, height = screen.size
     tools: list[Any] = [
         {"type": "computer_use_preview", "display_width": width, "display_height": height, "environment": "mac"},
         {"type": "function", "name": OTHER_TOOL, "parameters": {"type": "object", "properties": {"x": {"type": "number"}, "y": {"type": "number"}}}},
     ]
-    args: dict[str, Any] = {"model": "computer-use-preview", "tools": tools, "input": responses_input(retina), "truncation": "auto"}
+    args: dict[str, Any] = {"model": "computer-use-preview", "tools": tools, "input": responses_input(screen), "truncation": "auto"}
+    done: list[Any] = []
     with openai.OpenAI(api_key=OPENAI_KEY, base_url=f"{proxy.url}/v1", http_client=direct_http_client(), max_retries=0, timeout=120) as client:
         with proxy.expect_records(1) as records:
             if stream:
@@ -168,20 +185,32 @@ def test_openai_clicks_land_on_the_button_of_the_original_screen(
                 done = [e.item for e in events if e.type == "response.output_item.done" and e.item.type == "computer_call"]
             else:
                 response = client.responses.create(**args)
-                done = []
+    return response, done, records[0]
+
+
+def points(call: Any) -> list[tuple[float, float]]:
+    action = call.action
+    return [(action.x, action.y)] if action.type == "click" else [(p.x, p.y) for p in action.path]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_openai_clicks_land_on_the_button_of_the_original_screen(
+    proxy: Proxy, unmapped: Proxy, model: ClickingModel, retina: Screen, stream: bool
+) -> None:
+    response, done, record = ask_openai(proxy, retina, stream)
     assert max(model.seen[-1]) == SIDE
     said = model.clicks[-1]
-    assert not retina.hits(*said), "the model's own click, unmapped, would have missed the button"
     assert response.output_text == SAYS
     calls = [item for item in response.output if item.type == "computer_call"]
-    for call in [*calls, *done]:
-        action = call.action
-        assert action is not None
-        points = [(action.x, action.y)] if action.type == "click" else [(p.x, p.y) for p in action.path]
-        assert points and all(retina.hits(x, y) for x, y in points), points
     assert len(calls) == 2 and len(done) == (2 if stream else 0)
+    for call in [*calls, *done]:
+        assert all(retina.hits(x, y) for x, y in points(call)), points(call)
     [other] = [item for item in response.output if item.type == "function_call"]
     assert other.name == OTHER_TOOL and other.arguments == f'{{"x":{said[0]},"y":{said[1]}}}'
-    [record] = records
     assert (record["images_rescaled"], record["clicks_mapped"]) == (1, 2)
     assert "clicks mapped 2" in proxy.log()
+    # The control: the same turn with the mapping off clicks beside the button.
+    response, _, record = ask_openai(unmapped, retina, stream)
+    calls = [item for item in response.output if item.type == "computer_call"]
+    assert points(calls[0]) == [model.clicks[-1]] and not retina.hits(*model.clicks[-1])
+    assert (record["images_rescaled"], record["clicks_mapped"]) == (1, 0)

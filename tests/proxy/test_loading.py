@@ -45,6 +45,7 @@ OPTIONS = {
     "trimflow_learned_ttl",
     "trimflow_limit_errors",
     "trimflow_prometheus",
+    "trimflow_clicks",
 }
 
 

@@ -6,7 +6,7 @@ it to the provider's successful answer on its way to the agent: a streamed one (
 ClickStream set as the response's stream callable in `responseheaders` (before the metrics addon, which reads the
 usage first and hands it the events), a JSON one in `response` (before the metrics addon, which then records
 `clicks_mapped`). An answer it cannot read passes as it came, with one log line. Nothing from the answer outlives
-the flow.
+the flow. `trimflow_clicks=false` turns the mapping off (for an agent that maps coordinates itself).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import weakref
 
-from mitmproxy import http
+from mitmproxy import ctx, http
 
 from .._clicks import ClickStream, Malformed, map_answer
 from .._decode import DecodeError, decode_body, is_identity
@@ -22,6 +22,7 @@ from .state import Flows, path_of
 
 log = logging.getLogger("trimflow")
 
+OPTION = "trimflow_clicks"
 _EVENT_STREAM = "text/event-stream"
 
 
@@ -32,10 +33,19 @@ class Clicks:
         self.flows = flows
         self._streams: weakref.WeakKeyDictionary[http.HTTPFlow, ClickStream] = weakref.WeakKeyDictionary()
 
+    def load(self, loader) -> None:
+        loader.add_option(
+            OPTION,
+            bool,
+            True,
+            "When trimflow sent a computer-use request's newest screenshot at other dimensions, map the coordinates of the "
+            "answer's computer-tool calls back to the screenshot the agent took. false: answers pass as they came.",
+        )
+
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         response = flow.response
         state = self.flows.get(flow)
-        if state is None or state.screen is None or response is None or not 200 <= response.status_code < 300:
+        if state is None or state.screen is None or response is None or not 200 <= response.status_code < 300 or not ctx.options.trimflow_clicks:
             return
         if not response.headers.get("content-type", "").startswith(_EVENT_STREAM):
             return  # buffered by mitmproxy: mapped whole in `response`
@@ -54,7 +64,7 @@ class Clicks:
         stream = self._streams.pop(flow, None)
         if stream is not None:
             mapped = stream.mapped
-        elif 200 <= response.status_code < 300 and not response.stream and response.raw_content:
+        elif 200 <= response.status_code < 300 and not response.stream and response.raw_content and ctx.options.trimflow_clicks:
             mapped = self._map_json(flow, response)
         else:
             return
