@@ -122,12 +122,14 @@ async def test_a_malformed_answer_passes_as_it_came_with_one_line(shrinking, cap
 
 @pytest.mark.parametrize(
     "case",
-    ["no computer tool", "an error answer", "observe mode", "a small screenshot"],
+    ["no computer tool", "an error answer", "observe mode", "a small screenshot", "the mapping off"],
 )
 async def test_other_answers_pass_as_they_came(shrinking, case: str) -> None:
     flow = computer_flow(tools=[] if case == "no computer tool" else None)
     if case == "observe mode":
         shrinking.tctx.configure(shrinking, trimflow_mode="observe")
+    if case == "the mapping off":
+        shrinking.tctx.configure(shrinking, trimflow_clicks=False)
     if case == "a small screenshot":
         shrinking.tctx.configure(
             shrinking, trimflow_rules=str(write_rules(shrinking.metrics_path.parent / "big.yaml", 8, "  max_image_side: 2000\n"))
