@@ -88,6 +88,7 @@ PUBLIC = {
         "session_body",
     ],
     "trimflow.proxy": [
+        "Clicks",
         "FLUSH_DELAY",
         "FlowState",
         "Flows",

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
-from . import _document, _jsoncodec
+from . import _clicks, _document, _jsoncodec
 from ._conversation import Recall
 from ._history import History, Images, history_of, session_key
 from ._imageinfo import sniff_media
@@ -57,9 +57,11 @@ class Outcome:
     An inline run that finds nothing to change leaves the record to be worked out on first use
     (`record_pending`): the proxy forwards the request first and accounts for it while the provider works.
     `history` (trimflow._history) is worked out on first use too: only the proxy and the audit number turns.
+    `screen` (trimflow._clicks): set when the request declares a computer tool and its newest screenshot goes at
+    other dimensions than it came; the answer's coordinates map back through it.
     """
 
-    __slots__ = ("_body", "_record", "_account", "_history", "cut")
+    __slots__ = ("_body", "_record", "_account", "_history", "cut", "screen")
 
     def __init__(
         self,
@@ -74,6 +76,7 @@ class Outcome:
         # Where the cut of the oldest images ended (trimflow._policy: Plan.cut): the conversation keeps it
         # for its next turn (Conversations.assign), which holds it while the limits allow.
         self.cut = cut
+        self.screen: _clicks.Screen | None = None
 
     @property
     def record(self) -> Record | None:
@@ -310,7 +313,22 @@ def _prune(
         out = plan.run(writer, media_bytes)
     record = record_of(plan, out, started)
     forward = out if record.mode == ENFORCE else body
-    return Outcome(forward, record, history=known or history, cut=plan.cut())
+    outcome = Outcome(forward, record, history=known or history, cut=plan.cut())
+    if record.mode == ENFORCE and record.images_rescaled:
+        outcome.screen = _screen(plan, fmt, parsed, model)
+    return outcome
+
+
+def _screen(plan: Plan, fmt: str, parsed: dict[str, Any], model: str | None) -> _clicks.Screen | None:
+    """How the answer's coordinates map back, when the newest image (the screenshot the model answers about) was
+    rescaled and the request declares a computer tool."""
+    newest = max(range(len(plan.images)), key=lambda i: plan.images[i].ordinal)
+    if newest not in plan.rescaled():
+        return None
+    info, new = plan.images[newest].info, plan.new[newest]
+    # Rescaled: both sizes are known.
+    assert info is not None and info.width is not None and info.height is not None and new.width is not None and new.height is not None
+    return _clicks.screen_for(fmt, parsed, model, (info.width, info.height), (new.width, new.height))
 
 
 def _was_cut(memory: CutMemory, keys: tuple[bytes, ...]) -> bool:

@@ -62,6 +62,7 @@ class Record:
     thinned: int = 0  # older images sent as thumbnails (thumbnail_side)
     thinned_bytes_saved: int = 0
     images_rescaled: int = 0  # of the shrunk, sent at other dimensions than they came (each with a note unless rescale_note is off)
+    clicks_mapped: int = 0  # computer-tool calls in the answer whose coordinates were mapped back to the original screenshot
     mime_mismatches: int = 0  # declared type differs from the bytes' real type (reported, left alone)
     server_side_history: bool = False  # earlier turns live at the provider (previous_response_id)
     reason: str | None = None  # why the body was forwarded as it came, when it could not be handled
@@ -158,6 +159,8 @@ class Record:
                 parts.append(f"({', '.join(cache)})")
         if self.usage_output_tokens is not None:
             parts.append(f"out={self.usage_output_tokens}")
+        if self.clicks_mapped:
+            parts.append(f"clicks mapped {self.clicks_mapped}")
         ratio = self.est_to_usage_ratio()
         if ratio is not None:
             parts.append(f"est/in={ratio:.2f}")

@@ -133,8 +133,9 @@ class UsageScanner:
         self._details_end = None if details_end == len(data) else details_end - shift
         self._cache_details_end = None if skip_end == len(data) else skip_end - shift
 
-    def __call__(self, chunk: bytes) -> bytes:
-        """As mitmproxy's stream callable: observe each chunk and pass it on unchanged."""
+    def __call__(self, chunk: bytes) -> bytes | list[bytes]:
+        """As mitmproxy's stream callable: observe each chunk and pass it on unchanged (a subclass may pass on
+        a list of chunks: mitmproxy sends each; an empty bytes would end a chunked answer early)."""
         self.feed(chunk)
         return chunk
 

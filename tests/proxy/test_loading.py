@@ -23,6 +23,7 @@ ORDER = [
     proxy.Prune,
     proxy.WebSocket,
     proxy.Simulate,
+    proxy.Clicks,
     proxy.Metrics,
     recover.Hold,
     proxy.Prometheus,
@@ -44,6 +45,7 @@ OPTIONS = {
     "trimflow_learned_ttl",
     "trimflow_limit_errors",
     "trimflow_prometheus",
+    "trimflow_clicks",
 }
 
 

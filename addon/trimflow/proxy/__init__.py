@@ -12,6 +12,8 @@ LLM flow's state):
 - WebSocket: refuses Codex's WebSocket upgrade on Responses endpoints when asked (trimflow_websocket), else warns
   once per host when a WebSocket leaves images at the provider (after Prune: it reads Prune's record).
 - Simulate: answers with a limit profile's error instead of forwarding (after Prune: it checks what Prune forwards).
+- Clicks: maps the coordinates of a computer-use answer back to the screenshot the agent took, when Prune sent it
+  rescaled (before Metrics: its stream gets the events after Metrics read the usage, and its count is recorded).
 - Metrics: completes each record with the answer's status and usage; the log line and the JSONL record.
 - Prometheus: counts each record the metrics addon writes, served at /metrics (trimflow_prometheus).
 - Memory: keeps freed body memory in the process (glibc).
@@ -19,6 +21,7 @@ LLM flow's state):
   cannot parse stops mitmproxy at start with one line (each addon's `configure` checks its own values).
 """
 
+from .clicks import Clicks
 from .keys import Keys
 from .memory import Memory
 from .metrics import FLUSH_DELAY, Metrics
@@ -37,7 +40,19 @@ def make_addons() -> list[object]:
     simulate = Simulate(flows)
     recover = Recover(flows, simulate)
     metrics = Metrics(flows)
-    return [Keys(flows), recover, Prune(flows), WebSocket(flows), simulate, metrics, recover.hold, Prometheus(metrics, recover), Memory(), Options()]
+    return [
+        Keys(flows),
+        recover,
+        Prune(flows),
+        WebSocket(flows),
+        simulate,
+        Clicks(flows),
+        metrics,
+        recover.hold,
+        Prometheus(metrics, recover),
+        Memory(),
+        Options(),
+    ]
 
 
 addons = make_addons()
@@ -45,6 +60,7 @@ addons = make_addons()
 __all__ = [
     "FLUSH_DELAY",
     "META",
+    "Clicks",
     "FlowState",
     "Flows",
     "Keys",

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from mitmproxy import ctx, http
 
+from .._clicks import ClickStream
 from .._decode import DecodeError, decode_body
 from .._metrics import MetricsFile
 from .._record import Record
@@ -70,8 +71,10 @@ class Metrics:
         if state is None or self.flows.settle(flow, state) is None or flow.response is None:
             return
         if flow.response.headers.get("content-type", "").startswith(_STREAMED_TYPES) or streamed_path(flow.request.path):
-            # Pass events through as they come (mitmproxy buffers by default) and read usage on the way.
-            flow.response.stream = AnswerScanner()
+            # Pass events through as they come (mitmproxy buffers by default) and read usage on the way; an addon
+            # before this one that rewrites the events (the clicks addon) gets them after they are read.
+            previous = flow.response.stream
+            flow.response.stream = AnswerScanner(previous if isinstance(previous, ClickStream) else None)
 
     def response(self, flow: http.HTTPFlow) -> None:
         state = self.flows.get(flow)
@@ -172,11 +175,17 @@ ANSWER_HEAD = 4096  # bytes of an answer kept for its id (a Responses answer nam
 
 
 class AnswerScanner(UsageScanner):
-    """A UsageScanner that also keeps the first bytes of the answer, where a Responses answer names its id."""
+    """A UsageScanner that also keeps the first bytes of the answer, where a Responses answer names its id; `then`,
+    when given, is the stream callable whose output goes to the client."""
 
-    def __init__(self) -> None:
+    def __init__(self, then: ClickStream | None = None) -> None:
         super().__init__()
         self.head = b""
+        self.then = then
+
+    def __call__(self, chunk: bytes) -> bytes | list[bytes]:
+        self.feed(chunk)
+        return chunk if self.then is None else self.then(chunk)
 
     def feed(self, chunk: bytes) -> None:
         if len(self.head) < ANSWER_HEAD:

@@ -152,7 +152,7 @@ class Prune:
             memory=self.flows.conversations,
             tighten=self.flows.tighten_for(flow),
         )
-        state.cut = outcome.cut
+        state.cut, state.screen = outcome.cut, outcome.screen
         if outcome.record_pending:
             return None, outcome
         if outcome.record is None:

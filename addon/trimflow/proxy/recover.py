@@ -354,6 +354,7 @@ class Recover:
         refused = last_body or decode_body(request.raw_content or b"", encoding, self.flows.max_decoded_bytes)
         if new_body == refused:
             return None
+        state.screen = outcome.screen  # the answer to come is the retry's: its coordinates map as its screenshot went
         retry = request.copy()
         retry.content = new_body  # encoded as the request was (content-encoding), with its content-length
         retry.timestamp_start, retry.timestamp_end = time.time(), None

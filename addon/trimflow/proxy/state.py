@@ -16,6 +16,7 @@ from collections.abc import Callable
 from mitmproxy import http
 
 from .. import Outcome
+from .._clicks import Screen
 from .._conversation import Conversations, Thread
 from .._decode import DEFAULT_MAX_DECODED_BYTES
 from .._engine import Tighten
@@ -37,9 +38,10 @@ class FlowState:
     worked out (Outcome.record_pending); the error that ended the flow, if one did; its place in its
     conversation (`thread`, which learns the answer's id). For a WebSocket flow, `record` and `thread`
     hold the last client message's until the metrics addon takes them into `waiting`, where each
-    waits for the server's answer to it."""
+    waits for the server's answer to it. `screen`: how the answer's computer-use coordinates map back
+    (trimflow._clicks), set by the prune addon when the newest screenshot went rescaled."""
 
-    __slots__ = ("target", "record", "pending", "error", "thread", "waiting", "cut")
+    __slots__ = ("target", "record", "pending", "error", "thread", "waiting", "cut", "screen")
 
     def __init__(self, target: Target) -> None:
         self.target = target
@@ -49,6 +51,7 @@ class FlowState:
         self.error: str | None = None
         self.thread: Thread | None = None
         self.waiting: list[tuple[Record, Thread | None]] = []
+        self.screen: Screen | None = None
 
 
 class Flows:
