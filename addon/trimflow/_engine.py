@@ -305,11 +305,12 @@ def _prune(
     if order is not None:
         facts = [facts[i] for i in order]  # oldest first by arrival: the plan's "oldest" (ordinals stay positions)
     writer = _DocumentWriter(module, doc)
-    plan = Plan(facts, limits, fmt, model, inline, held, cold)
+    computer_use = _clicks.computer_tool(fmt, parsed) is not None
+    plan = Plan(facts, limits, fmt, model, inline, held, cold, computer_use)
     out = plan.run(writer, media_bytes)
     if cut_before > held and any(i not in plan.dropped for i in range(cut_before)):
         # An image cut on an earlier turn would go again (the agent sent fewer): it stays cut.
-        plan = Plan(facts, limits, fmt, model, inline, cut_before, cold)
+        plan = Plan(facts, limits, fmt, model, inline, cut_before, cold, computer_use)
         out = plan.run(writer, media_bytes)
     record = record_of(plan, out, started)
     forward = out if record.mode == ENFORCE else body

@@ -57,10 +57,15 @@ def render(template: str, facts: MediaFacts, reason: str, **extra: object) -> st
     return template.format_map(values)
 
 
-def rescale_note(facts: MediaFacts, width: int, height: int) -> str:
+def rescale_note(facts: MediaFacts, width: int, height: int, computer_use: bool = False) -> str:
     """The text sent beside an image that goes at other dimensions than it came: it depends only on the image and
-    its new size, so it reads the same on every turn (a cached prefix survives). The scale is new width / old."""
+    its new size, so it reads the same on every turn (a cached prefix survives). The scale is new width / old.
+
+    In a request that declares a computer tool the proxy maps the answer's clicks back to the original screen
+    (trimflow._clicks), so the note asks for coordinates in the image as sent: a model that scaled them itself from
+    the sizes the note gives would be mapped twice."""
     info = facts.info
     assert info is not None and info.width and info.height, "only an image of known size is rescaled"
     scale = width / info.width
-    return f"[trimflow: image #{facts.ordinal} was resized from {info.width}x{info.height} to {width}x{height} (scale {scale:.4g})]"
+    coordinates = "; answer coordinates in this image's pixels" if computer_use else ""
+    return f"[trimflow: image #{facts.ordinal} was resized from {info.width}x{info.height} to {width}x{height} (scale {scale:.4g}){coordinates}]"

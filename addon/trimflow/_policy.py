@@ -228,10 +228,19 @@ class Plan:
     """
 
     def __init__(
-        self, images: list[MediaFacts], limits: Limits, fmt: str, model: str | None, inline: bool = False, held: int = 0, cold: bool = False
+        self,
+        images: list[MediaFacts],
+        limits: Limits,
+        fmt: str,
+        model: str | None,
+        inline: bool = False,
+        held: int = 0,
+        cold: bool = False,
+        computer_use: bool = False,
     ) -> None:
         self.images, self.limits, self.fmt, self.model, self.inline = images, limits, fmt, model, inline
         self.held, self.cold = held, cold
+        self.computer_use = computer_use  # the request declares a computer tool: the rescale note asks for its pixels
         self.dropped: dict[int, tuple[str, str]] = {}  # image index -> (cause, placeholder text)
         self.new: dict[int, _shrink.Shrunk] = {}  # image index -> its re-encoded bytes
         self.thinned: set[int] = set()  # of `new`, the ones made thumbnails by age
@@ -346,7 +355,7 @@ class Plan:
         for i in self.rescaled():
             new = self.new[i]
             assert new.width is not None and new.height is not None
-            out[self.images[i].media.path] = rescale_note(self.images[i], new.width, new.height)
+            out[self.images[i].media.path] = rescale_note(self.images[i], new.width, new.height, self.computer_use)
         return out
 
     def new_images(self) -> dict[JsonPath, tuple[str, str]]:

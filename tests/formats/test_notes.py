@@ -135,3 +135,19 @@ def test_an_image_that_keeps_its_size_gets_no_note() -> None:
     out = prune_request("https://api.example.test/v1/messages", {}, orjson.dumps(body), parse_rules(f"defaults:\n  max_image_bytes: {limit}\n"))
     assert out.record is not None and (out.record.shrunk, out.record.images_rescaled) == (1, 0)
     assert b"was resized" not in out.body
+
+
+def test_in_a_computer_use_request_the_note_asks_for_coordinates_in_the_image_as_sent() -> None:
+    # The proxy maps the answer's clicks back (trimflow._clicks): a model that scaled its coordinates by the note's
+    # sizes itself would be mapped twice.
+    small = image(300, 200, "PNG", seed=6)
+    body = session_body("anthropic", 2, small, "image/png")
+    module = FORMATS["anthropic"]
+    paths = [m.path for m in module.find_media(body) if m.kind == "image"]
+    body = module.replace_data(body, {paths[1]: (b64(WIDE), "image/png")})
+    url = f"https://api.example.test{PATHS['anthropic']}"
+    plain = prune_request(url, {}, orjson.dumps(body), rules())
+    body["tools"] = [{"type": "computer_20250124", "name": "computer", "display_width_px": 1200, "display_height_px": 600}]
+    computer = prune_request(url, {}, orjson.dumps(body), rules())
+    assert NOTE in plain.body and b"coordinates" not in plain.body
+    assert computer.body.count(NOTE[:-1] + b"; answer coordinates in this image's pixels]") == 1
