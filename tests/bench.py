@@ -59,7 +59,7 @@ from tests.mitmdump import Mitmdump, stop_process
 from trimflow._engine import prune_request
 from trimflow._malloc import MMAP_THRESHOLD, TRIM_THRESHOLD
 from trimflow._record import utc_timestamp
-from trimflow._rules import DEFAULT_RULES_PATH, load_rules
+from trimflow._rules_file import DEFAULT_RULES_PATH, load_rules
 from trimflow.testing import MIME, PATHS, POLICIES, REFERENCE_SESSIONS, data_url, image, run_policy, screenshot, session_body
 from trimflow.testing._optimum import optimum, price_for, ratios
 

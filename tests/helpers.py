@@ -18,7 +18,8 @@ from mitmproxy.proxy.layers import http as http_layer
 from mitmproxy.proxy.layers import websocket as websocket_layer
 
 from trimflow import Limits, proxy
-from trimflow._rules import Rules, RulesFile, builtin_rules
+from trimflow._rules import Rules, builtin_rules
+from trimflow._rules_file import RulesFile
 from trimflow.testing import PATHS
 
 T = TypeVar("T")

@@ -19,7 +19,7 @@ from PIL import Image
 
 from trimflow import _shrink
 from trimflow._engine import prune_request
-from trimflow._policy import Limits
+from trimflow._limits import Limits
 from trimflow._rules import builtin_rules
 from trimflow.formats import FORMATS
 from trimflow.testing import PATHS, b64, image, session_body

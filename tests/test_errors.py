@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import trimflow
-from trimflow import _decode, _jsoncodec, _profiles, _rules, errors, repair
+from trimflow import _decode, _jsoncodec, _profiles, _rules_file, errors, repair
 from trimflow.audit import _gate, _read
 
 
@@ -19,7 +19,7 @@ def test_every_error_is_a_trimflow_error_exported_by_the_package(name: str) -> N
 @pytest.mark.parametrize(
     ("module", "name"),
     [
-        (_rules, "RulesError"),
+        (_rules_file, "RulesError"),
         (_profiles, "ProfilesError"),
         (_profiles, "UnknownProfile"),
         (_jsoncodec, "BodyError"),

@@ -276,3 +276,21 @@ def test_the_package_docstring_names_every_subpackage() -> None:
     subpackages = sorted(folder.name for folder in PACKAGE.iterdir() if (folder / "__init__.py").is_file())
     assert "repair" in subpackages and "cli" in subpackages
     assert [name for name in subpackages if f"`trimflow.{name}`" not in docstring] == []
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen: set[str] = set()
+    stack = [start]
+    while stack:
+        for target in graph.get(stack.pop(), ()):
+            if target not in seen:
+                seen.add(target)
+                stack.append(target)
+    return seen
+
+
+def test_the_limits_and_the_rules_stand_apart_from_the_planner() -> None:
+    """Reading rules needs the Limits schema, not the planner that applies it (nor, through it, the image codec)."""
+    graph = import_graph(PACKAGE, ADDON)
+    for module in ("trimflow._limits", "trimflow._rules"):
+        assert not reachable(graph, module) & {"trimflow._policy", "trimflow._shrink", "trimflow._engine"}, module

@@ -52,6 +52,7 @@ def test_the_wheel_ships_the_rules_and_prunes_with_them_from_an_empty_folder(tmp
     with zipfile.ZipFile(wheel) as archive:
         for name in ("default.yaml", "profiles.yaml", "examples/vllm.yaml"):
             assert archive.read(f"trimflow/rules/{name}") == (ROOT / "rules" / name).read_bytes()
+        assert "trimflow/py.typed" in archive.namelist()  # type checkers read the package's annotations (PEP 561)
         archive.extractall(installed)
 
     empty = tmp_path / "empty"

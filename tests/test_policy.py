@@ -7,7 +7,6 @@ Pillow and checked against it, and against the type its part declares.
 
 from __future__ import annotations
 
-import dataclasses
 import io
 
 import orjson
@@ -16,7 +15,8 @@ from PIL import Image
 
 from trimflow import _shrink, prune_request
 from trimflow._conversation import Conversations
-from trimflow._policy import LIMIT_FIELDS, Limits, count_pruned, nothing_to_change, prune_to_budgets
+from trimflow._limits import Limits
+from trimflow._policy import count_pruned, nothing_to_change, prune_to_budgets
 from trimflow._rules import builtin_rules
 from trimflow._tokens import anthropic_image_tokens, image_tokens, text_tokens
 from trimflow.formats import FORMATS, IMAGE
@@ -331,14 +331,6 @@ def test_a_pixel_bomb_is_dropped_unopened_even_when_it_is_the_newest(monkeypatch
     assert outcome.record.images_after == 0 and outcome.record.pruned_for_image_limit == 1
 
 
-def test_image_side_limit_applies_the_many_image_rule_over_the_threshold() -> None:
-    limits = Limits(max_image_side=8000, many_images_threshold=20, many_images_max_side=2000)
-    assert [limits.image_side_limit(n) for n in (0, 20, 21, 100)] == [8000, 8000, 2000, 2000]
-    assert Limits(many_images_threshold=2, many_images_max_side=500).image_side_limit(3) == 500
-    assert Limits(many_images_threshold=2, many_images_max_side=500).image_side_limit(2) is None
-    assert Limits().image_side_limit(1000) is None
-
-
 # --- thinning -------------------------------------------------------------------------------------------------
 
 
@@ -482,28 +474,6 @@ def test_ollama_body_budget_prunes_and_says_so() -> None:
     outcome = prune_with("ollama", raw, max_body_bytes=len(raw) - 10)
     assert outcome.record.reason is None and outcome.record.pruned == 1
     assert len(outcome.body) <= len(raw) - 10 == outcome.record.body_bytes_after + (len(raw) - 10 - len(outcome.body))
-
-
-# --- the limits -----------------------------------------------------------------------------------------------
-
-
-def test_every_limit_field_carries_what_the_rules_parser_checks() -> None:
-    fields = {f.name: f for f in dataclasses.fields(Limits)}
-    assert "rule" not in LIMIT_FIELDS and set(LIMIT_FIELDS) == set(fields) - {"rule"}
-    for name in LIMIT_FIELDS:
-        meta = fields[name].metadata
-        assert meta["kind"] in ("count", "size", "side", "bool", "template", "fraction", "duration") and meta["doc"], name
-        if meta["pair"] is not None:
-            assert fields[meta["pair"]].metadata["pair"] == name  # pairs name each other
-        if meta["needs"] is not None:
-            assert meta["needs"] in LIMIT_FIELDS and fields[meta["needs"]].metadata["needs"] is None, name
-
-
-def test_the_low_water_mark_lowers_every_cap_and_budget_and_cuts_exactly() -> None:
-    limits = Limits(max_images=10, max_body_bytes=16 * 2**20, max_est_tokens=1001, prune_batch=4, low_water=0.5)
-    low = limits.at_low_water()
-    assert (low.max_images, low.max_body_bytes, low.max_est_tokens, low.prune_batch) == (5, 8 * 2**20, 500, 1)
-    assert Limits(max_images=8).at_low_water() == Limits(max_images=8)  # no mark: the limits as they are
 
 
 # --- the fast path --------------------------------------------------------------------------------------------

@@ -12,9 +12,11 @@ docs/development.md maps every module.
 """
 
 from ._engine import NeedsWorker, Outcome, prune, prune_request
-from ._policy import DEFAULT_PLACEHOLDER, Limits
+from ._limits import Limits
+from ._placeholder import DEFAULT_PLACEHOLDER
 from ._record import ENFORCE, MODES, OBSERVE, Record
-from ._rules import DEFAULT_RULES_PATH, Rules, RulesFile, Target, builtin_rules, load_rules, parse_rules
+from ._rules import Rules, Target, builtin_rules
+from ._rules_file import DEFAULT_RULES_PATH, RulesFile, load_rules, parse_rules
 from .errors import BodyError, DecodeError, ExpressionError, InputError, ProfilesError, RulesError, SessionError, TrimflowError, UnknownProfile
 from .formats import FORMATS, Media, detect_shape
 

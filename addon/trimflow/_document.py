@@ -34,7 +34,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import _jsoncodec
-from .formats import Media
+from ._media import Media
 
 MARK, END = "\ue000", "\ue001"  # private-use characters: never in a provider's API text
 _MARK_BYTES, _END_BYTES = MARK.encode(), END.encode()

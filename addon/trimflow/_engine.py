@@ -31,8 +31,9 @@ from . import _clicks, _document, _jsoncodec
 from ._conversation import Recall
 from ._history import History, Images, history_of, session_key
 from ._imageinfo import sniff_media
+from ._limits import Limits, changed_fields
 from ._placeholder import MediaFacts
-from ._policy import BODY, CACHE, COUNT_CAP, IMAGE_LIMIT, REPEAT, TOKENS, Limits, NeedsWorker, Plan, changed_fields, nothing_to_change
+from ._policy import BODY, CACHE, COUNT_CAP, IMAGE_LIMIT, REPEAT, TOKENS, NeedsWorker, Plan, nothing_to_change
 from ._record import COUNT_TOKENS, ENFORCE, OBSERVE, WARMUP, Record, utc_timestamp
 from ._rules import Rules, Target
 from ._sizes import format_size
@@ -306,11 +307,11 @@ def _prune(
         facts = [facts[i] for i in order]  # oldest first by arrival: the plan's "oldest" (ordinals stay positions)
     writer = _DocumentWriter(module, doc)
     computer_use = _clicks.computer_tool(fmt, parsed) is not None
-    plan = Plan(facts, limits, fmt, model, inline, held, cold, computer_use)
+    plan = Plan(facts, limits, fmt, model, inline, held, cold, computer_use, module.ACCEPTS_WEBP)
     out = plan.run(writer, media_bytes)
     if cut_before > held and any(i not in plan.dropped for i in range(cut_before)):
         # An image cut on an earlier turn would go again (the agent sent fewer): it stays cut.
-        plan = Plan(facts, limits, fmt, model, inline, cut_before, cold, computer_use)
+        plan = Plan(facts, limits, fmt, model, inline, cut_before, cold, computer_use, module.ACCEPTS_WEBP)
         out = plan.run(writer, media_bytes)
     record = record_of(plan, out, started)
     forward = out if record.mode == ENFORCE else body

@@ -31,15 +31,15 @@ from typing import Any
 import orjson
 
 from ._document import END, HEAD, MARK, MIN_PAYLOAD, Payload
-from .formats import HistoryParts, JsonPath, Media
+from ._media import JsonPath, Media
+from ._placeholder import PLACEHOLDER_PREFIX
+from .formats import HistoryParts
 
 # Headers agents use for a session id (lower case).
 SESSION_HEADERS = ("x-claude-code-session-id", "session_id", "session-id", "x-session-id", "conversation_id", "x-conversation-id")
 # Body fields that name a conversation across turns.
 SESSION_FIELDS = ("prompt_cache_key", "conversation")
 
-# A text placeholder trimflow wrote in place of an image starts with this (the default templates do).
-PLACEHOLDER_PREFIX = "[trimflow:"
 _PLACEHOLDER_BYTES = PLACEHOLDER_PREFIX.encode()
 _VOLATILE_KEY = "cache_control"
 _MARK_BYTES = MARK.encode()

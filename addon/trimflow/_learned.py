@@ -35,7 +35,7 @@ from typing import Any
 import yaml
 from yaml.nodes import Node
 
-from ._policy import Limits
+from ._limits import Limits
 from ._record import utc_timestamp
 from ._yaml import NodeReader, read_text
 from .errors import RulesError

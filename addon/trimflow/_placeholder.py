@@ -1,21 +1,31 @@
-"""The text that stands where a pruned image was.
+"""The texts trimflow writes into a request: the placeholder that stands where a pruned image was (and the check of a
+rules file's template for it), and the note beside an image sent at other dimensions.
 
-It says what was there and depends only on the image itself and its ordinal in the conversation,
-so the same image gets the same text on every later turn and a provider's cached prefix survives.
+Each depends only on the image itself and its ordinal in the conversation, so the same image gets the same text on
+every later turn and a provider's cached prefix survives.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from ._imageinfo import ImageInfo
+from ._media import Media
 from ._sizes import format_size
-from .formats import Media
+from ._yaml import did_you_mean
 
 # The fields a template may use; _rules validates templates against these.
 PLACEHOLDER_FIELDS = ("kind", "ordinal", "mime", "dims", "size", "bytes", "width", "height", "reason")
 # A repeat's placeholder may also name the later image it repeats as.
 REPEAT_FIELDS = (*PLACEHOLDER_FIELDS, "later")
+
+# A text placeholder trimflow wrote in place of an image starts with this (the default templates do).
+PLACEHOLDER_PREFIX = "[trimflow:"
+DEFAULT_PLACEHOLDER = "[trimflow: {kind} #{ordinal} omitted ({mime}, {dims}, {size})]"
+# Stands where an image was that the same request sends again later; {later} is that image's ordinal.
+DEFAULT_REPEAT_PLACEHOLDER = "[trimflow: image #{ordinal} repeated as image #{later}]"
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,3 +79,58 @@ def rescale_note(facts: MediaFacts, width: int, height: int, computer_use: bool 
     scale = width / info.width
     coordinates = "; answer coordinates in this image's pixels" if computer_use else ""
     return f"[trimflow: image #{facts.ordinal} was resized from {info.width}x{info.height} to {width}x{height} (scale {scale:.4g}){coordinates}]"
+
+
+# Sample values for checking a placeholder template at load time, in the types _placeholder.render
+# passes: numbers are ints so a format spec such as {bytes:,} is checked as it will be used, and
+# the second set has width/height unknown ("?") as they are for an unreadable image.
+_PLACEHOLDER_SAMPLES: tuple[Mapping[str, Any], ...] = (
+    {
+        "kind": "image",
+        "ordinal": 3,
+        "mime": "image/png",
+        "dims": "1024x768",
+        "size": "669KB",
+        "bytes": 685_000,
+        "width": 1024,
+        "height": 768,
+        "reason": "max_images",
+    },
+    {
+        "kind": "document",
+        "ordinal": 1,
+        "mime": "unknown type",
+        "dims": "unknown size",
+        "size": "remote",
+        "bytes": 120,
+        "width": "?",
+        "height": "?",
+        "reason": "max_body_bytes",
+    },
+)
+
+
+def check_placeholder(template: str, field: str = "placeholder") -> None:
+    """Raise ValueError unless `template` formats with the known placeholder fields.
+
+    `field` is the rules field it is for: "repeat_placeholder" also knows {later}.
+    """
+    known = REPEAT_FIELDS if field == "repeat_placeholder" else PLACEHOLDER_FIELDS
+    fields = ", ".join("{" + f + "}" for f in known)
+    for i, sample in enumerate(_PLACEHOLDER_SAMPLES):
+        unknown_dims = "; {width} and {height} are '?' when an image's size is unknown" if i else ""
+        try:
+            template.format(**sample, **({"later": 7} if "later" in known else {}))
+        except KeyError as e:
+            name = str(e.args[0])
+            raise ValueError(f"{field} has an unknown field {{{name}}}{did_you_mean(name, known)}; fields: {fields}") from None
+        except IndexError:
+            raise ValueError(f"{field} has a field without a name ({{}}); use one of {fields}") from None
+        except ValueError as e:
+            hint = unknown_dims or "; write {{ and }} for a literal brace"
+            raise ValueError(f"{field} is not a valid template ({e}){hint}") from None
+        except (AttributeError, TypeError) as e:
+            raise ValueError(f"{field} is not a valid template ({e}){unknown_dims}") from None
+    if not template.strip():
+        # Some providers reject an empty text block; a placeholder must say something.
+        raise ValueError(f"{field} must not be empty")

@@ -33,110 +33,15 @@ sniffing an image (`nothing_to_change`). A new limit is one step, or one step's 
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from . import _shrink
+from ._limits import Limits
+from ._media import JsonPath, Media, data_url
 from ._placeholder import MediaFacts, render, rescale_note
 from ._sizes import format_size
 from ._tokens import image_tokens, text_tokens
-from .formats import FORMATS, JsonPath, Media
-from .formats._base import data_url
-
-DEFAULT_PLACEHOLDER = "[trimflow: {kind} #{ordinal} omitted ({mime}, {dims}, {size})]"
-# Stands where an image was that the same request sends again later; {later} is that image's ordinal.
-DEFAULT_REPEAT_PLACEHOLDER = "[trimflow: image #{ordinal} repeated as image #{later}]"
-
-# Kinds of limit, for the rules parser: what a value may be.
-COUNT, SIZE, SIDE, BOOL, TEMPLATE = "count", "size", "side", "bool", "template"
-FRACTION, DURATION = "fraction", "duration"  # a share in (0, 1]; seconds, written 300, 90s, 5m or 1h
-MIN_IMAGE_BYTES = 1024  # a byte limit below this is a typo (5 instead of 5MiB), not a real limit
-MIN_SIDE = 16  # the smallest long side the shrink ladder goes down to
-
-
-def _limit(
-    default: Any, kind: str, doc: str, *, minimum: int | None = None, nullable: bool = True, pair: str | None = None, needs: str | None = None
-) -> Any:
-    """A Limits field with what the rules parser needs to check a value: its kind, smallest value,
-    whether null (no limit) is allowed, the field it only means something together with (`pair`: both
-    or neither) and the field it cannot do without (`needs`)."""
-    metadata = {"kind": kind, "doc": doc, "min": minimum, "nullable": nullable, "pair": pair, "needs": needs}
-    return dataclasses.field(default=default, metadata=metadata)
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """The effective limits for one request, as resolved from the rules. None means no limit.
-
-    Each field's metadata (kind, min, nullable, pair, doc) is what the rules parser validates
-    against; a new limit is one field here and one step below.
-    """
-
-    rule: str = dataclasses.field(default="defaults", metadata={"kind": None})  # the rule's name, not a limit
-    max_images: int | None = _limit(None, COUNT, "most images a request may send", minimum=0)
-    max_body_bytes: int | None = _limit(None, SIZE, "body budget in bytes: the oldest images go while over", minimum=0)
-    keep_recent: int = _limit(1, COUNT, "the newest N images are never pruned by count or budget", minimum=0, nullable=False)
-    prune_batch: int = _limit(
-        1, COUNT, "drop old images in blocks of N, so the cut (and a cached prefix) moves every N turns", minimum=1, nullable=False
-    )
-    placeholder: str = _limit(DEFAULT_PLACEHOLDER, TEMPLATE, "the text that stands where an image was", nullable=False)
-    max_image_bytes: int | None = _limit(None, SIZE, "largest base64 length of one image; over it, shrunk", minimum=MIN_IMAGE_BYTES)
-    max_image_side: int | None = _limit(None, SIDE, "largest long side of one image in px; over it, shrunk", minimum=MIN_SIDE)
-    many_images_threshold: int | None = _limit(
-        None, COUNT, "with more images than this, many_images_max_side applies", minimum=0, pair="many_images_max_side"
-    )
-    many_images_max_side: int | None = _limit(None, SIDE, "long side limit when many images are sent", minimum=MIN_SIDE, pair="many_images_threshold")
-    thumbnail_side: int | None = _limit(None, SIDE, "images older than the newest keep_recent go as thumbnails this big", minimum=MIN_SIDE)
-    max_est_tokens: int | None = _limit(None, COUNT, "budget on the estimated prompt tokens, pruning like max_body_bytes", minimum=0)
-    dedupe: bool = _limit(False, BOOL, "an image byte-identical to a later one becomes repeat_placeholder", nullable=False)
-    rescale_note: bool = _limit(
-        True, BOOL, "an image shrunk to other dimensions gets a text part in its message: original and new size, scale", nullable=False
-    )
-    repeat_placeholder: str = _limit(DEFAULT_REPEAT_PLACEHOLDER, TEMPLATE, "the text that stands where a repeated image was", nullable=False)
-    low_water: float | None = _limit(
-        None,
-        FRACTION,
-        "when a cap or budget would break, cut down to this share of each and hold the cut until one would break again",
-    )
-    cache_ttl: float | None = _limit(
-        None, DURATION, "a conversation idle longer than this has a cold prompt cache: cut it to the low-water mark at once", needs="low_water"
-    )
-
-    def image_side_limit(self, images: int) -> int | None:
-        """The long side limit for a request that sends `images` images."""
-        sides = [self.max_image_side]
-        if self.many_images_threshold is not None and images > self.many_images_threshold:
-            sides.append(self.many_images_max_side)
-        present = [s for s in sides if s is not None]
-        return min(present) if present else None
-
-    def at_low_water(self) -> Limits:
-        """These limits with each cap and budget at its low-water mark: what a cut that moves cuts down to."""
-        share = self.low_water
-        if share is None:
-            return self
-
-        def lowered(limit: int | None) -> int | None:
-            return None if limit is None else int(limit * share)
-
-        return dataclasses.replace(
-            self,
-            max_images=lowered(self.max_images),
-            max_body_bytes=lowered(self.max_body_bytes),
-            max_est_tokens=lowered(self.max_est_tokens),
-            prune_batch=1,
-        )
-
-
-LIMIT_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Limits) if f.metadata.get("kind"))
-
-
-def changed_fields(before: Limits, after: Limits) -> str | None:
-    """The limits `after` sets differently from `before`, as "max_images=4 keep_recent=4"; None when none."""
-    changed = [f"{name}={getattr(after, name)}" for name in LIMIT_FIELDS if getattr(after, name) != getattr(before, name)]
-    return " ".join(changed) or None
 
 
 def count_pruned(images: int, limits: Limits) -> int:
@@ -213,11 +118,6 @@ _REASONS = {COUNT_CAP: "too many images", BODY: "request too large", TOKENS: "to
 _CHUNK = 1 << 20  # chars compared at a time when two payloads sit behind different data URL headers
 
 
-def payload_bytes(media: Media) -> int:
-    """The base64 length of one image's data (what `max_image_bytes` limits)."""
-    return media.wire_bytes - media.data_offset
-
-
 class Plan:
     """What happens to each image of one request: dropped (with a placeholder and a cause), re-encoded, or kept.
 
@@ -237,10 +137,12 @@ class Plan:
         held: int = 0,
         cold: bool = False,
         computer_use: bool = False,
+        accepts_webp: bool = False,
     ) -> None:
         self.images, self.limits, self.fmt, self.model, self.inline = images, limits, fmt, model, inline
         self.held, self.cold = held, cold
         self.computer_use = computer_use  # the request declares a computer tool: the rescale note asks for its pixels
+        self.accepts_webp = accepts_webp  # every provider behind the format decodes WebP (WireFormat.ACCEPTS_WEBP)
         self.dropped: dict[int, tuple[str, str]] = {}  # image index -> (cause, placeholder text)
         self.new: dict[int, _shrink.Shrunk] = {}  # image index -> its re-encoded bytes
         self.thinned: set[int] = set()  # of `new`, the ones made thumbnails by age
@@ -316,7 +218,7 @@ class Plan:
             return  # nothing to shrink here: the provider fetches it
         info = facts.info
         long_side = max(info.width, info.height) if info is not None and info.width and info.height else None
-        over_bytes = max_bytes is not None and payload_bytes(m) > max_bytes
+        over_bytes = max_bytes is not None and m.payload_bytes > max_bytes
         over_side = side is not None and long_side is not None and long_side > side
         thinning = thumb is not None and long_side is not None and long_side > thumb
         if not (over_bytes or over_side or thinning):
@@ -324,8 +226,7 @@ class Plan:
         if self.inline:
             raise NeedsWorker("an image to re-encode")
         sides = [s for s in (side, thumb) if s is not None]
-        webp = FORMATS[self.fmt].ACCEPTS_WEBP
-        result = _shrink.shrink(m.data[m.data_offset :], max_side=min(sides) if sides else None, max_bytes=max_bytes, webp=webp)
+        result = _shrink.shrink(m.data[m.data_offset :], max_side=min(sides) if sides else None, max_bytes=max_bytes, webp=self.accepts_webp)
         if result.data is not None:
             self.new[i] = result
             if thinning:
@@ -427,7 +328,7 @@ class _ImageLimits:
         if limits.thumbnail_side is not None or limits.image_side_limit(len(images)) is not None:
             return True  # needs each image's dimensions
         max_bytes = limits.max_image_bytes
-        return max_bytes is not None and any(payload_bytes(m) > max_bytes for m in images)
+        return max_bytes is not None and any(m.payload_bytes > max_bytes for m in images)
 
     @staticmethod
     def apply(plan: Plan, survivors: list[int]) -> list[int]:
@@ -531,10 +432,10 @@ def _repeats(images: list[MediaFacts]) -> dict[int, int]:
     groups: dict[tuple[int, str, str], list[int]] = {}
     for i, facts in enumerate(images):
         m = facts.media
-        if m.data is None or payload_bytes(m) < 1:
+        if m.data is None or m.payload_bytes < 1:
             continue
         # A cheap key first (length, head, tail); payloads are compared only within a group.
-        key = (payload_bytes(m), m.data[m.data_offset : m.data_offset + 64], m.data[-64:])
+        key = (m.payload_bytes, m.data[m.data_offset : m.data_offset + 64], m.data[-64:])
         groups.setdefault(key, []).append(i)
     later: dict[int, int] = {}
     for members in groups.values():
@@ -550,8 +451,8 @@ def _same_payload(a: Media, b: Media) -> bool:
     assert a.data is not None and b.data is not None
     if a.data == b.data:
         return True  # the usual repeat: the very same text, header included; no copy made
-    n = payload_bytes(a)
-    if n != payload_bytes(b):
+    n = a.payload_bytes
+    if n != b.payload_bytes:
         return False
     # Same bytes behind different data URL headers: compare in slices rather than copy 10 MB twice.
     return all(

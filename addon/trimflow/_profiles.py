@@ -22,7 +22,6 @@ from yaml.nodes import MappingNode, Node, SequenceNode
 
 from . import _jsoncodec
 from ._imageinfo import sniff_media
-from ._policy import payload_bytes
 from ._rules import builtin_rules
 from ._sizes import parse_size
 from ._yaml import NodeReader, did_you_mean, line_of, read_text, shipped_file
@@ -187,7 +186,7 @@ def check(profile: Profile, body: bytes, media: Sequence[Media] = (), *, model: 
         values["limit"] = getattr(profile, limit)
         if image is not None:
             values["image_path"] = image_path(parsed, image.path)
-            values["image_bytes"] = payload_bytes(image)
+            values["image_bytes"] = image.payload_bytes
             values["width"] = "?" if dims[0] is None else dims[0]
             values["height"] = "?" if dims[1] is None else dims[1]
         return Violation(profile.name, limit, profile.status, profile.content_type, profile.render(values))
@@ -200,7 +199,7 @@ def check(profile: Profile, body: bytes, media: Sequence[Media] = (), *, model: 
         return broken("max_media")
     if profile.max_image_base64_bytes is not None:
         for image in images:
-            if payload_bytes(image) > profile.max_image_base64_bytes:
+            if image.payload_bytes > profile.max_image_base64_bytes:
                 return broken("max_image_base64_bytes", image)
     if profile.needs_pixels:
         side_limits = []

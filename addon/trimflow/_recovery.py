@@ -30,7 +30,7 @@ import orjson
 from yaml.nodes import Node, SequenceNode
 
 from ._learned import FLOORS as LEARNED_FLOORS
-from ._policy import Limits
+from ._limits import Limits
 from ._yaml import NodeReader, read_text, shipped_file
 from .errors import RulesError
 

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from ._imageinfo import ImageInfo, sniff_bytes
+from ._limits import MIN_SIDE
 from ._sizes import format_size
 
 __all__ = ["CACHE", "MAX_PIXELS", "ShrinkCache", "Shrunk", "shrink"]
@@ -60,7 +61,6 @@ LOSSLESS_MARGIN = 1.05
 # this factor of the limit: on photo-like pixels it gains little and costs seconds per megapixel.
 LOSSLESS_WEBP_BYTES_PER_PIXEL, LOSSLESS_WEBP_REACH = 0.25, 4.0
 SCALE_STEP = 0.75
-MIN_SIDE = 16
 DEFAULT_CACHE_BYTES = 256 * 2**20
 # zlib level for PNG output. 6 (zlib's default) suits screenshots: text and flat areas shrink well
 # and it is as fast as level 1 there. Photo-like or noisy PNG sources (over 1 byte per pixel as

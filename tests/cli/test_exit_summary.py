@@ -8,7 +8,7 @@ from pathlib import Path
 import orjson
 
 from trimflow import load_rules, prune_request
-from trimflow._rules import DEFAULT_RULES_PATH
+from trimflow._rules_file import DEFAULT_RULES_PATH
 from trimflow.cli._exit_summary import summary
 from trimflow.testing import PATHS, image, session_body
 

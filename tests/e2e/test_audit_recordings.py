@@ -20,7 +20,7 @@ import orjson
 import pytest
 
 from trimflow._policy import count_pruned
-from trimflow._rules import DEFAULT_RULES_PATH, load_rules
+from trimflow._rules_file import DEFAULT_RULES_PATH, load_rules
 from trimflow.audit import main
 from trimflow.testing import PATHS, FakeProvider, Received, count_images, estimate_usage, image, session_body
 

@@ -34,7 +34,7 @@ import pytest
 
 from trimflow import prune_request
 from trimflow._decode import decode_body
-from trimflow._rules import parse_rules
+from trimflow._rules_file import parse_rules
 from trimflow.testing import PATHS, REPLY_TEXT, FakeProvider, Received, image
 
 from ..bombs import GiB, MiB, gzip_bomb

@@ -151,6 +151,17 @@ def test_prune_uses_a_rules_file_and_names_the_line_of_a_bad_one(tmp_path: Path)
     assert len(lines) == 1 and f"{rules}:2:" in lines[0] and "max_images" in lines[0]
 
 
+# --- scripts/fix --------------------------------------------------------------------------------------------
+
+
+def test_fix_applies_ruffs_own_fixes_and_formatting_to_the_paths_given(tmp_path: Path) -> None:
+    messy = tmp_path / "messy.py"
+    messy.write_text("import os\nimport sys\nx = {'a':1}\nprint( sys.argv )\n")
+    done = subprocess.run([str(ROOT / "scripts" / "fix"), str(messy)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert messy.read_text() == 'import sys\n\nx = {"a": 1}\nprint(sys.argv)\n'  # the unused import gone, formatted
+
+
 # --- scripts/run, last: it had the whole module to boot ----------------------------------------------------
 
 

@@ -21,7 +21,7 @@ import pytest
 import zstandard
 
 from trimflow import prune_request
-from trimflow._rules import parse_rules
+from trimflow._rules_file import parse_rules
 from trimflow.formats import FORMATS
 from trimflow.testing import PATHS, b64, data_url, image, session_body
 

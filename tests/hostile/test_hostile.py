@@ -22,7 +22,7 @@ from mitmproxy import http
 from mitmproxy.test import taddons, tflow, tutils
 
 from trimflow import prune_request
-from trimflow._rules import RulesFile, parse_rules
+from trimflow._rules_file import RulesFile, parse_rules
 from trimflow.testing import PATHS, image
 
 from ..bombs import MiB, gzip_bomb

@@ -5,7 +5,7 @@ from __future__ import annotations
 from mitmproxy.test import taddons
 
 from trimflow import proxy
-from trimflow._rules import RulesFile
+from trimflow._rules_file import RulesFile
 from trimflow.testing import PATHS
 
 from .flows import llm_flow, write_rules

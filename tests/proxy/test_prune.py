@@ -19,7 +19,7 @@ from mitmproxy.websocket import WebSocketMessage
 from wsproto.frame_protocol import Opcode
 
 from trimflow import proxy
-from trimflow._rules import RulesFile
+from trimflow._rules_file import RulesFile
 from trimflow._sizes import format_size_change
 from trimflow.proxy import prune as prune_module
 from trimflow.testing import PATHS, session_body

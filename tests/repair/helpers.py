@@ -6,7 +6,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from trimflow._rules import DEFAULT_RULES_PATH, Rules, load_rules
+from trimflow._rules import Rules
+from trimflow._rules_file import DEFAULT_RULES_PATH, load_rules
 
 SESSIONS = Path(__file__).resolve().parents[1] / "data" / "sessions"
 # The fixtures, with the images each agent's resume sends (measured with the real CLIs against the fake

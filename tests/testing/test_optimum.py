@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from trimflow._prices import load_prices
-from trimflow._rules import DEFAULT_RULES_PATH, load_rules
+from trimflow._rules_file import DEFAULT_RULES_PATH, load_rules
 from trimflow.testing._cache_sessions import POLICIES, REFERENCE_SESSIONS, ReferenceSession, Turn, run_policy
 from trimflow.testing._optimum import (
     CutTurn,

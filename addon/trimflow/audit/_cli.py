@@ -22,9 +22,11 @@ from .._decode import DEFAULT_MAX_DECODED_BYTES
 from .._decode import OPTION as DECODE_OPTION
 from .._prices import DEFAULT_PRICES_PATH, load_prices
 from .._profiles import DEFAULT_PROFILES_PATH, UnknownProfile, load_profiles
-from .._rules import DEFAULT_RULES_PATH, RulesError, builtin_rules, load_rules
+from .._rules import builtin_rules
+from .._rules_file import DEFAULT_RULES_PATH, load_rules
 from .._sizes import format_size, parse_size
 from .._text import for_text
+from ..errors import RulesError
 from . import _gate, _html, _report
 from ._gate import Gate
 from ._read import InputError, Reader

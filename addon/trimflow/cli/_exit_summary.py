@@ -6,7 +6,8 @@ import shlex
 from pathlib import Path
 
 from .. import audit
-from .._rules import DEFAULT_RULES_PATH, builtin_rules, load_rules
+from .._rules import builtin_rules
+from .._rules_file import DEFAULT_RULES_PATH, load_rules
 from .._sizes import format_size
 from ._run_dir import write_private
 

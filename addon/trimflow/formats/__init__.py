@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._media import DOCUMENT, IMAGE, JsonPath, Media, split_data_url
 from . import anthropic, bedrock, gemini, ollama, openai_chat, openai_responses
-from ._base import DOCUMENT, IMAGE, HistoryParts, JsonPath, Media, WireFormat, split_data_url
+from ._base import HistoryParts, WireFormat
 
 FORMATS: dict[str, WireFormat] = {module.NAME: module for module in (openai_chat, openai_responses, anthropic, gemini, bedrock, ollama)}
 

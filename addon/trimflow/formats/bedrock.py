@@ -10,7 +10,8 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import unquote
 
-from ._base import DOCUMENT, IMAGE, HistoryParts, JsonPath, Media, append_notes, dicts, listed, replace_images, replace_parts
+from .._media import DOCUMENT, IMAGE, JsonPath, Media
+from ._base import HistoryParts, append_notes, dicts, listed, replace_images, replace_parts
 
 NAME = "bedrock-converse"
 

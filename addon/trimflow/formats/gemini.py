@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ._base import HistoryParts, JsonPath, Media, append_notes, dicts, kind_of_mime, listed, replace_images, replace_parts
+from .._media import JsonPath, Media, kind_of_mime
+from ._base import HistoryParts, append_notes, dicts, listed, replace_images, replace_parts
 
 NAME = "gemini"
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ._base import IMAGE, HistoryParts, JsonPath, Media, dicts, listed, rebuild
+from .._media import IMAGE, JsonPath, Media
+from ._base import HistoryParts, dicts, listed, rebuild
 
 NAME = "ollama"
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ._base import DOCUMENT, IMAGE, HistoryParts, JsonPath, Media, append_notes, data_url, dicts, listed, replace_images, replace_parts, url_media
+from .._media import DOCUMENT, IMAGE, JsonPath, Media, data_url
+from ._base import HistoryParts, append_notes, dicts, listed, replace_images, replace_parts, url_media
 
 NAME = "openai-chat"
 

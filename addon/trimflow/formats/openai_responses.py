@@ -15,20 +15,8 @@ from typing import Any
 
 import orjson
 
-from ._base import (
-    DOCUMENT,
-    IMAGE,
-    HistoryParts,
-    JsonPath,
-    Media,
-    append_notes,
-    data_url,
-    dicts,
-    replace_images,
-    replace_parts,
-    split_data_url,
-    url_media,
-)
+from .._media import DOCUMENT, IMAGE, JsonPath, Media, data_url, split_data_url
+from ._base import HistoryParts, append_notes, dicts, replace_images, replace_parts, url_media
 from ._card import CARD_MIME, card, is_card
 
 NAME = "openai-responses"

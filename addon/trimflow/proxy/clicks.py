@@ -15,6 +15,7 @@ import logging
 import weakref
 
 from mitmproxy import ctx, http
+from mitmproxy.addonmanager import Loader
 
 from .._clicks import ClickStream, Malformed, map_answer
 from .._decode import DecodeError, decode_body, is_identity
@@ -33,7 +34,7 @@ class Clicks:
         self.flows = flows
         self._streams: weakref.WeakKeyDictionary[http.HTTPFlow, ClickStream] = weakref.WeakKeyDictionary()
 
-    def load(self, loader) -> None:
+    def load(self, loader: Loader) -> None:
         loader.add_option(
             OPTION,
             bool,

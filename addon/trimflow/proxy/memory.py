@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from mitmproxy import ctx
+from mitmproxy.addonmanager import Loader
 
 from .._malloc import TRIM_THRESHOLD, keep_freed_memory
 from .._sizes import format_size
@@ -18,7 +19,7 @@ class Memory:
     def __init__(self) -> None:
         self.kept = False  # trimflow_keep_memory took effect (it cannot be undone)
 
-    def load(self, loader) -> None:
+    def load(self, loader: Loader) -> None:
         loader.add_option(
             "trimflow_keep_memory",
             bool,

@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable
 
 from mitmproxy import ctx, http
+from mitmproxy.addonmanager import Loader
 
 from .._clicks import ClickStream
 from .._decode import DecodeError, decode_body
@@ -41,7 +42,7 @@ class Metrics:
         self._unfinished: list[tuple[Record, str | None]] = []  # finished flows not yet logged, with their error (see _finish)
         self.listeners: list[Callable[[Record, str | None], None]] = []  # each gets every record written, with its error
 
-    def load(self, loader) -> None:
+    def load(self, loader: Loader) -> None:
         loader.add_option(
             "trimflow_metrics",
             str,

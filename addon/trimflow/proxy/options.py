@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from mitmproxy import ctx, exceptions
+from mitmproxy.addonmanager import Loader
 
 from .._yaml import closest
 
@@ -77,7 +78,7 @@ class Options:
 
     name = "trimflow_options"
 
-    def load(self, loader) -> None:
+    def load(self, loader: Loader) -> None:
         options = loader.master.options
         problems = deferred_problems(options.deferred, dict(options.items()))
         if not problems:

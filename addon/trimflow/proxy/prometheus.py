@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from mitmproxy import ctx, exceptions
+from mitmproxy.addonmanager import Loader
 
 from .._record import ENFORCE, Record
 from .metrics import Metrics
@@ -224,7 +225,7 @@ class Prometheus:
         self._rendered: dict[tuple[Instruments, str], tuple[tuple[int, int, int], bytes]] = {}  # the last, by its state
         metrics.listeners.append(self.observe)
 
-    def load(self, loader) -> None:
+    def load(self, loader: Loader) -> None:
         loader.add_option(
             OPTION,
             str,

@@ -13,14 +13,16 @@ import asyncio
 import logging
 
 from mitmproxy import ctx, exceptions, http
+from mitmproxy.addonmanager import Loader
 
 from .. import ENFORCE, MODES, NeedsWorker, Outcome, prune
 from .._decode import DEFAULT_MAX_DECODED_BYTES, DecodeError, decode_body, is_identity
 from .._decode import OPTION as DECODE_OPTION
 from .._history import History
 from .._record import Record
-from .._rules import DEFAULT_RULES_PATH, RulesError, RulesFile
+from .._rules_file import DEFAULT_RULES_PATH, RulesFile
 from .._sizes import format_size, parse_size
+from ..errors import RulesError
 from .options import exits_at_startup
 from .state import Flows, FlowState, log_reason, path_of
 
@@ -34,7 +36,7 @@ class Prune:
         self.flows = flows
         self._warned_streamed: set[str] = set()
 
-    def load(self, loader) -> None:
+    def load(self, loader: Loader) -> None:
         loader.add_option(
             "trimflow_rules",
             str,

@@ -35,6 +35,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from mitmproxy import connection, ctx, exceptions, http
+from mitmproxy.addonmanager import Loader
 from mitmproxy.addons.clientplayback import ReplayHandler
 from mitmproxy.connection import ConnectionState
 from mitmproxy.net.http.http1 import expected_http_body_size
@@ -99,7 +100,7 @@ class Recover:
         self._originals: weakref.WeakKeyDictionary[http.HTTPFlow, bytes] = weakref.WeakKeyDictionary()
         self.refused = self.recovered = self.limits_learned = 0
 
-    def load(self, loader) -> None:
+    def load(self, loader: Loader) -> None:
         loader.add_option(
             "trimflow_recover",
             bool,

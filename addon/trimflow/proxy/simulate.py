@@ -12,6 +12,7 @@ import logging
 from collections.abc import Coroutine
 
 from mitmproxy import ctx, exceptions, http
+from mitmproxy.addonmanager import Loader
 
 from .._decode import DecodeError, decode_body
 from .._profiles import DEFAULT_PROFILES_PATH, OFF, Profile, Violation, check_request, load_profiles, select_profile
@@ -28,7 +29,7 @@ class Simulate:
         self.flows = flows
         self.profile: Profile | None = None  # trimflow_simulate's profile; None when off
 
-    def load(self, loader) -> None:
+    def load(self, loader: Loader) -> None:
         loader.add_option(
             "trimflow_simulate",
             str,

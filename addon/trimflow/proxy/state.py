@@ -22,9 +22,10 @@ from .._decode import DEFAULT_MAX_DECODED_BYTES
 from .._engine import Tighten
 from .._history import History, response_id_of
 from .._learned import upstream_key
-from .._policy import Limits
+from .._limits import Limits
 from .._record import Record
-from .._rules import RulesFile, Target
+from .._rules import Target
+from .._rules_file import RulesFile
 from ..formats import openai_responses
 from .comment import flow_comment
 

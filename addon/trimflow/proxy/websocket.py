@@ -19,6 +19,7 @@ import weakref
 
 import orjson
 from mitmproxy import ctx, exceptions, http
+from mitmproxy.addonmanager import Loader
 
 from ..formats import openai_responses
 from .options import exits_at_startup
@@ -55,7 +56,7 @@ class WebSocket:
         # Per WebSocket flow: images its client messages carried so far.
         self._images: weakref.WeakKeyDictionary[http.HTTPFlow, int] = weakref.WeakKeyDictionary()
 
-    def load(self, loader) -> None:
+    def load(self, loader: Loader) -> None:
         loader.add_option(
             OPTION,
             str,

@@ -19,8 +19,10 @@ from datetime import datetime
 from pathlib import Path
 from types import ModuleType
 
-from .._rules import DEFAULT_RULES_PATH, Rules, RulesError, load_rules
+from .._rules import Rules
+from .._rules_file import DEFAULT_RULES_PATH, load_rules
 from .._sizes import format_size, format_size_change
+from ..errors import RulesError
 from . import _claude, _codex, _files, _gemini
 from ._lines import SessionError, join_lines, split_lines
 from ._repair import Agent, repair_lines

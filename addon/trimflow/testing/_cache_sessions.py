@@ -35,7 +35,8 @@ from .._conversation import Conversations
 from .._engine import prune
 from .._prices import Price, PriceTable, load_prices
 from .._profiles import Profile, check, load_profiles
-from .._rules import DEFAULT_RULES_PATH, Rules, load_rules
+from .._rules import Rules
+from .._rules_file import DEFAULT_RULES_PATH, load_rules
 from .._tokens import text_tokens
 from ..formats import FORMATS, IMAGE
 from ._cache_model import CacheModel, CacheUsage, TooManyBreakpoints, prompt_of

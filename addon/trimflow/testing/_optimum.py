@@ -29,7 +29,8 @@ import orjson
 
 from .._engine import prune
 from .._prices import Price, PriceTable, load_prices
-from .._rules import DEFAULT_RULES_PATH, Rules, load_rules
+from .._rules import Rules
+from .._rules_file import DEFAULT_RULES_PATH, load_rules
 from ..formats import FORMATS, IMAGE
 from ._cache_model import CacheModel, CacheUsage, Prompt, prompt_of
 

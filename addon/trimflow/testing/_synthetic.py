@@ -13,7 +13,8 @@ from typing import Any
 
 from PIL import Image
 
-from ..formats import _base, anthropic, bedrock, gemini, ollama, openai_chat, openai_responses
+from .. import _media
+from ..formats import anthropic, bedrock, gemini, ollama, openai_chat, openai_responses
 
 MIME = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp", "GIF": "image/gif"}
 
@@ -54,7 +55,7 @@ def b64(data: bytes) -> str:
 
 def data_url(data: bytes, mime: str) -> str:
     """`data` as a base64 data URL, as the formats write one."""
-    return _base.data_url(b64(data), mime)
+    return _media.data_url(b64(data), mime)
 
 
 def session_body(wire_format: str, turns: int, shot: bytes, mime: str = "image/webp", model: str | None = None) -> dict[str, Any]:
