@@ -49,7 +49,7 @@ class Agent:
     args: list[str]
     env: dict[str, str] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)
-    path: list[str] = field(default_factory=list)
+    path: list[Path] = field(default_factory=list)  # folders first on PATH
     on_demand: bool = False
     prefix: Path = TOOLS
 
@@ -99,6 +99,22 @@ QWEN_SETTINGS = {
 }
 QWEN_ENV = {"OPENAI_API_KEY": KEY, "OPENAI_BASE_URL": "{provider}/v1", "OPENAI_MODEL": MODEL}
 
+# OpenClaw: its config (given with --config) with an OpenAI-compatible provider; no update check, no Bonjour.
+OPENCLAW_CONFIG = {
+    "agents": {"defaults": {"model": {"primary": f"fake/{MODEL}"}}},
+    "models": {
+        "providers": {
+            "fake": {
+                "baseUrl": "{provider}/v1",
+                "apiKey": KEY,
+                "api": "openai-completions",
+                "models": [{"id": MODEL, "name": MODEL, "reasoning": False, "input": ["text", "image"], "contextWindow": 128000, "maxTokens": 8192}],
+            }
+        }
+    },
+}
+OPENCLAW_ENV = {"OPENCLAW_NO_AUTO_UPDATE": "1", "OPENCLAW_DISABLE_BONJOUR": "1"}
+
 AGENTS = {
     "pi": Agent(
         "pi",
@@ -120,6 +136,15 @@ AGENTS = {
         ["--auth-type", "openai", "--model", MODEL, PROMPT],
         env=QWEN_ENV,
         files={"home/.qwen/settings.json": orjson.dumps(QWEN_SETTINGS).decode()},
+    ),
+    "openclaw": Agent(
+        "openclaw",
+        "openclaw",
+        ["agent", "exec", "--config", "{work}/openclaw.json", "--model", f"fake/{MODEL}", "--cwd", "{work}", PROMPT],
+        env=OPENCLAW_ENV,
+        files={"openclaw.json": orjson.dumps(OPENCLAW_CONFIG).decode()},
+        path=[TOOLS / "node24" / "node_modules" / ".bin"],
+        prefix=TOOLS / "openclaw",
     ),
 }
 
@@ -183,7 +208,7 @@ def run_agent(tmp_path: Path, name: str, *, through_trimflow: bool = True) -> di
         command=[agent.command, *agent.args],
         env=env,
         files=agent.files,
-        path=[str(p) for p in agent.path],
+        path=[str(p) for p in [*agent.path, agent.prefix / "node_modules" / ".bin"]],
         **session,
     )
 
@@ -246,3 +271,14 @@ def test_qwen_code_through_the_launcher(tmp_path: Path) -> None:
     result = run_agent(tmp_path, "qwen")
     assert_capped_and_newest_as_sent(result, sent)
     assert_summary_is_what_the_provider_received(result, "qwen")
+
+
+def test_openclaw_through_the_launcher(tmp_path: Path) -> None:
+    """OpenClaw on the Node it needs (.tools/node24). Its screenshots, this small, go as the files hold them. Each of
+    its requests is a conversation of its own to trimflow (the summary's per-conversation lines do not add up to
+    the run): the run's total is checked."""
+    result = run_agent(tmp_path, "openclaw")
+    assert_capped_and_newest_as_sent(result, result["shots"])
+    totals = re.search(r"^trimflow:   all: images sent ([\d,]+), pruned ([\d,]+)", result["stderr"], re.MULTILINE)
+    assert totals is not None, result["stderr"][-3000:]
+    assert int(totals.group(1).replace(",", "")) == sum(len(r["images"]) for r in turns(result))
