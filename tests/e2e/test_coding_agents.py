@@ -115,6 +115,36 @@ OPENCLAW_CONFIG = {
 }
 OPENCLAW_ENV = {"OPENCLAW_NO_AUTO_UPDATE": "1", "OPENCLAW_DISABLE_BONJOUR": "1"}
 
+# Kilo Code CLI (an opencode fork): the same provider config, its own variables.
+KILO_ENV = {
+    "KILO_CONFIG": "{work}/kilo.json",
+    "KILO_DISABLE_AUTOUPDATE": "1",
+    "KILO_DISABLE_MODELS_FETCH": "1",
+    "KILO_DISABLE_LSP_DOWNLOAD": "1",
+    "KILO_DISABLE_DEFAULT_PLUGINS": "1",
+    "KILO_DISABLE_SHARE": "1",
+    "KILO_DISABLE_SESSION_INGEST": "1",
+    "KILO_DISABLE_CODEBASE_INDEXING": "1",
+    "KILO_DISABLE_PRESENCE": "1",
+    "KILO_TELEMETRY_LEVEL": "off",
+    "KILO_PURE": "1",
+}
+
+# Cline CLI: its provider settings as `cline auth openai -k KEY -m MODEL -b URL` writes them.
+CLINE_PROVIDERS = {
+    "version": 1,
+    "lastUsedProvider": "openai-compatible",
+    "modes": {},
+    "providers": {
+        "openai-compatible": {
+            "settings": {"provider": "openai-compatible", "apiKey": KEY, "model": MODEL, "baseUrl": "{provider}/v1"},
+            "updatedAt": "2026-01-01T00:00:00.000Z",
+            "tokenSource": "manual",
+        }
+    },
+}
+CLINE_ENV = {"CLINE_NO_AUTO_UPDATE": "1"}
+
 AGENTS = {
     "pi": Agent(
         "pi",
@@ -145,6 +175,22 @@ AGENTS = {
         files={"openclaw.json": orjson.dumps(OPENCLAW_CONFIG).decode()},
         path=[TOOLS / "node24" / "node_modules" / ".bin"],
         prefix=TOOLS / "openclaw",
+    ),
+    "kilo": Agent(
+        "kilo",
+        "@kilocode/cli",
+        ["run", "-m", f"fake/{MODEL}", PROMPT],
+        env=KILO_ENV,
+        files={"kilo.json": orjson.dumps(OPENCODE_CONFIG).decode()},
+        on_demand=True,
+    ),
+    "cline": Agent(
+        "cline",
+        "cline",
+        ["-P", "openai-compatible", "-m", MODEL, "--compaction", "off", PROMPT],
+        env=CLINE_ENV,
+        files={"home/.cline/data/settings/providers.json": orjson.dumps(CLINE_PROVIDERS).decode()},
+        on_demand=True,
     ),
 }
 
@@ -282,3 +328,15 @@ def test_openclaw_through_the_launcher(tmp_path: Path) -> None:
     totals = re.search(r"^trimflow:   all: images sent ([\d,]+), pruned ([\d,]+)", result["stderr"], re.MULTILINE)
     assert totals is not None, result["stderr"][-3000:]
     assert int(totals.group(1).replace(",", "")) == sum(len(r["images"]) for r in turns(result))
+
+
+def test_kilo_code_cli_through_the_launcher(tmp_path: Path) -> None:
+    result = run_agent(tmp_path, "kilo")
+    assert_capped_and_newest_as_sent(result, result["shots"])
+    assert_summary_is_what_the_provider_received(result, "kilo")
+
+
+def test_cline_cli_through_the_launcher(tmp_path: Path) -> None:
+    result = run_agent(tmp_path, "cline")
+    assert_capped_and_newest_as_sent(result, result["shots"])
+    assert_summary_is_what_the_provider_received(result, "cline")

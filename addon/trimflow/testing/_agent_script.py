@@ -9,7 +9,7 @@ screenshot has been looked at, with the text `final`:
 - Gemini CLI (Gemini): a `functionCall` of `read_file` with `file_path`;
 - on OpenAI chat completions, a `tool_calls` entry of the first image tool the request offers: pi's and
   OpenClaw's `read` with `path`, opencode's and Kilo Code's `read` with `filePath`, Qwen Code's `read_file`
-  with `file_path` (a tool whose arguments are not declared matches by its name alone).
+  with `file_path`, Cline's `read_files` with `files: [{path}]` (a tool whose arguments are not declared matches by its name alone).
 
 Which screenshot comes next is read from the request itself, the tool results it carries (tool_result
 blocks, function_call_output items, functionResponse parts, tool messages), so the script holds no state and any replay
@@ -53,6 +53,10 @@ class ImageTool:
 
     name: str
     path_argument: str
+    entry: str | None = None  # the path goes in a list of entries, each {entry: path}, under path_argument
+
+    def arguments(self, path: str) -> dict[str, Any]:
+        return {self.path_argument: [{self.entry: path}] if self.entry is not None else path}
 
 
 # Per format, the image tools of the agents that speak it: a request is answered with the first it offers.
@@ -64,6 +68,7 @@ TOOLS: dict[str, tuple[ImageTool, ...]] = {
         ImageTool("read", "path"),
         ImageTool("read", "filePath"),
         ImageTool("read_file", "file_path"),
+        ImageTool("read_files", "files", entry="path"),
     ),
 }
 
@@ -83,7 +88,7 @@ class AgentScript:
         done = tool_results(fmt, request)
         call = None
         if done < len(self.shots):
-            call = {tool.path_argument: self.shots[done]}
+            call = tool.arguments(self.shots[done])
             self.calls += 1
         model = request.get("model")
         model = model if isinstance(model, str) else "fake-model"
@@ -148,7 +153,7 @@ def _json(data: Any) -> bytes:
 # --- Anthropic Messages ------------------------------------------------------------------------------------
 
 
-def _anthropic(model: str, tool: ImageTool, call: dict[str, str] | None, final: str, usage: Usage, stream: bool) -> Scripted:
+def _anthropic(model: str, tool: ImageTool, call: dict[str, Any] | None, final: str, usage: Usage, stream: bool) -> Scripted:
     if call is not None:
         block: dict[str, Any] = {"type": "tool_use", "id": _new_id("toolu_"), "name": tool.name, "input": call}
         stop = "tool_use"
@@ -176,7 +181,7 @@ def _anthropic(model: str, tool: ImageTool, call: dict[str, str] | None, final: 
 # --- OpenAI Responses --------------------------------------------------------------------------------------
 
 
-def _responses(request: dict[str, Any], model: str, tool: ImageTool, call: dict[str, str] | None, final: str, usage: Usage, stream: bool) -> Scripted:
+def _responses(request: dict[str, Any], model: str, tool: ImageTool, call: dict[str, Any] | None, final: str, usage: Usage, stream: bool) -> Scripted:
     rid = _new_id("resp_")
     if call is not None:
         item: dict[str, Any] = {
@@ -224,7 +229,7 @@ def _responses(request: dict[str, Any], model: str, tool: ImageTool, call: dict[
 # --- OpenAI chat completions ------------------------------------------------------------------------------
 
 
-def _chat(request: dict[str, Any], model: str, tool: ImageTool, call: dict[str, str] | None, final: str, usage: Usage, stream: bool) -> Scripted:
+def _chat(request: dict[str, Any], model: str, tool: ImageTool, call: dict[str, Any] | None, final: str, usage: Usage, stream: bool) -> Scripted:
     cid, created = _new_id("chatcmpl-"), int(time.time())
     if call is not None:
         function = {"name": tool.name, "arguments": orjson.dumps(call).decode()}
@@ -268,7 +273,7 @@ def _chat(request: dict[str, Any], model: str, tool: ImageTool, call: dict[str, 
 # --- Gemini ------------------------------------------------------------------------------------------------
 
 
-def _gemini(model: str, tool: ImageTool, call: dict[str, str] | None, final: str, usage: Usage, stream: bool, sse: bool) -> Scripted:
+def _gemini(model: str, tool: ImageTool, call: dict[str, Any] | None, final: str, usage: Usage, stream: bool, sse: bool) -> Scripted:
     part: dict[str, Any] = {"functionCall": {"name": tool.name, "args": call}} if call is not None else {"text": final}
     chunk = {
         "candidates": [{"content": {"parts": [part], "role": "model"}, "finishReason": "STOP", "index": 0}],
