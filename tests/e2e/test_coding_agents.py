@@ -8,8 +8,9 @@ provider by its own configuration (an OpenAI-compatible base URL, a fake key), w
 
 Each test shows: the agent exits 0 with the final text; the provider never holds more images than the shipped
 rules' cap for that host and model, while trimflow's records show the agent sent more; on every request the
-screenshot just added arrives as the agent sent it: byte for byte the file, or, for an agent that re-encodes its
-images, the same bytes on every later request that still holds it.
+screenshot just added arrives as the agent sent it: byte for byte the file, or, for Qwen Code, which re-encodes its
+screenshots as JPEG, byte for byte what it sent in a control run without trimflow (which also shows it sending
+more than the cap); no image arrives that the agent did not send.
 
 They skip without the agent or `unshare -n`; TRIMFLOW_REQUIRE_AGENT_CLIS=1 (.ci/run) makes that a failure for the
 CI set only: the on-demand agents skip, saying how to install them.
@@ -173,7 +174,7 @@ AGENTS = {
         ["agent", "exec", "--config", "{work}/openclaw.json", "--model", f"fake/{MODEL}", "--cwd", "{work}", PROMPT],
         env=OPENCLAW_ENV,
         files={"openclaw.json": orjson.dumps(OPENCLAW_CONFIG).decode()},
-        path=[TOOLS / "node24" / "node_modules" / ".bin"],
+        path=[NODE24_BIN],
         prefix=TOOLS / "openclaw",
     ),
     "kilo": Agent(
@@ -320,9 +321,8 @@ def test_qwen_code_through_the_launcher(tmp_path: Path) -> None:
 
 
 def test_openclaw_through_the_launcher(tmp_path: Path) -> None:
-    """OpenClaw on the Node it needs (.tools/node24). Its screenshots, this small, go as the files hold them. Each of
-    its requests is a conversation of its own to trimflow (the summary's per-conversation lines do not add up to
-    the run): the run's total is checked."""
+    """OpenClaw on the Node it needs (.tools/node24). Each of its requests ends with a context message the next one
+    drops, so each is a conversation of its own to trimflow: the summary's `all:` line is the run."""
     result = run_agent(tmp_path, "openclaw")
     assert_capped_and_newest_as_sent(result, result["shots"])
     totals = re.search(r"^trimflow:   all: images sent ([\d,]+), pruned ([\d,]+)", result["stderr"], re.MULTILINE)
