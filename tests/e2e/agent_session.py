@@ -138,8 +138,9 @@ def main(argv: list[str]) -> int:
         if "launcher_args" in session:
             launcher = [arg.format(**values) for arg in session["launcher_args"]]
             command = [sys.executable, "-m", "trimflow", "run", *launcher, "--", *command]
+        path = [*session.get("path", []), str(TOOLS_BIN), str(Path(sys.executable).parent), os.environ.get("PATH", "/usr/bin:/bin")]
         env = {
-            "PATH": os.pathsep.join([*session.get("path", []), str(TOOLS_BIN), str(Path(sys.executable).parent), os.environ.get("PATH", "/bin")]),
+            "PATH": os.pathsep.join(path),
             "HOME": str(home),
             "LANG": "C.UTF-8",
             "PYTHONPATH": str(ROOT / "addon"),
