@@ -196,24 +196,33 @@ AGENTS = {
 }
 
 
-def installed_version(agent: Agent) -> str | None:
-    package = agent.prefix / "node_modules" / agent.package / "package.json"
-    if not (agent.prefix / "node_modules" / ".bin" / agent.command).exists() or not package.exists():
+def installed_version(prefix: Path, package: str, command: str) -> str | None:
+    """The version of `package` installed in the npm prefix, with its `command`, or None."""
+    manifest = prefix / "node_modules" / package / "package.json"
+    if not (prefix / "node_modules" / ".bin" / command).exists() or not manifest.exists():
         return None
-    return str(orjson.loads(package.read_bytes())["version"])
+    return str(orjson.loads(manifest.read_bytes())["version"])
+
+
+def why_it_cannot_run(agent: Agent) -> str | None:
+    pins = pinned()
+    install = "scripts/setup --agent-clis=all" if agent.on_demand else "scripts/setup --agent-clis"
+    wanted = [(agent.prefix, agent.package, agent.command)]
+    if NODE24_BIN in agent.path:
+        wanted.insert(0, (NODE24_BIN.parents[1], "node", "node"))
+    for prefix, package, command in wanted:
+        version = installed_version(prefix, package, command)
+        if version is None:
+            return f"{package} is not installed: {install} (needs npm)"
+        if version != pins[package]:
+            return f"{package} {version} is installed, scripts/setup pins {pins[package]}: {install}"
+    if not unshare_works():
+        return "unshare -n does not work here (it needs root): the agents run with loopback only"
+    return None
 
 
 def need(agent: Agent) -> None:
-    pins = pinned()
-    why = None
-    version = installed_version(agent)
-    install = "scripts/setup --agent-clis=all" if agent.on_demand else "scripts/setup --agent-clis"
-    if version is None:
-        why = f"{agent.command} is not installed: {install} (needs npm)"
-    elif version != pins[agent.package]:
-        why = f"{agent.command} {version} is installed, scripts/setup pins {pins[agent.package]}: {install}"
-    elif not unshare_works():
-        why = "unshare -n does not work here (it needs root): the agents run with loopback only"
+    why = why_it_cannot_run(agent)
     if why is not None:
         if os.environ.get("TRIMFLOW_REQUIRE_AGENT_CLIS") == "1" and not agent.on_demand:
             pytest.fail(why)
