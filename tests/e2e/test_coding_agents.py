@@ -190,7 +190,10 @@ AGENTS = {
         "cline",
         ["-P", "openai-compatible", "-m", MODEL, "--compaction", "off", PROMPT],
         env=CLINE_ENV,
-        files={"home/.cline/data/settings/providers.json": orjson.dumps(CLINE_PROVIDERS).decode()},
+        files={
+            "home/.cline/data/settings/providers.json": orjson.dumps(CLINE_PROVIDERS).decode(),
+            "home/.cline/data/settings/global-settings.json": '{"telemetryOptOut": true}',
+        },
         on_demand=True,
     ),
 }
