@@ -7,9 +7,9 @@ for a by-hand recipe, beside a `python -m trimflow run` proxy), and writes what 
 command's status and output, and every request the provider received (its images as SHA-256 digests, the usage
 it was answered with). The test reads that file: nothing in here asserts.
 
-Placeholders in the session's command, environment and proxy arguments: {provider} (the fake's URL), {proxy}
+Placeholders in the session's command, environment, proxy arguments and files: {provider} (the fake's URL), {proxy}
 (the by-hand proxy's URL), {work} (the session's folder, where the screenshots are), {cert} (with "tls": the
-provider's certificate; it then serves HTTPS as localhost).
+provider's certificate; it then serves HTTPS as localhost). "path" lists folders put first on the command's PATH.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import orjson
 from trimflow import FORMATS
 from trimflow._rules import builtin_rules
 from trimflow.testing import FakeProvider, Received, estimate_usage, image
-from trimflow.testing._agent_script import AgentScript
+from trimflow.testing._agent_script import AgentScript, tool_results
 
 from ..certs import make_server_cert
 from .helpers import decode_b64
@@ -61,12 +61,20 @@ def digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def fill(text: str, values: dict[str, str]) -> str:
+    for name, value in values.items():
+        text = text.replace("{" + name + "}", value)
+    return text
+
+
 def request_facts(received: Received) -> dict[str, Any]:
     fmt = builtin_rules().format_for("", received.path)
     facts: dict[str, Any] = {"method": received.method, "path": received.path, "format": fmt, "images": [], "input_tokens": None}
     if fmt is None or received.method != "POST":
         return facts
     body = received.json()
+    facts["model"] = body.get("model")
+    facts["tool_results"] = tool_results(fmt, body)  # the screenshots looked at before this request
     for media in FORMATS[fmt].find_media(body):
         if media.kind == "image" and media.data is not None:
             facts["images"].append(digest(decode_b64(media.data[media.data_offset :])))
@@ -103,9 +111,6 @@ def main(argv: list[str]) -> int:
         path = work / f"screen-{i + 1:02d}.png"
         path.write_bytes(image(200, 120, "PNG", seed=1000 + i))  # noise: each screenshot different, none compresses away
         shots.append(path)
-    for name, text in session.get("files", {}).items():
-        (work / name).parent.mkdir(parents=True, exist_ok=True)
-        (work / name).write_text(text)
     result: dict[str, Any] = {"shots": [digest(p.read_bytes()) for p in shots]}
     script = AgentScript([str(p) for p in shots], session["final"])
     tls: dict[str, str] = {}
@@ -115,6 +120,9 @@ def main(argv: list[str]) -> int:
     with FakeProvider(script=script, **tls) as provider:
         url = provider.url.replace("127.0.0.1", "localhost") if tls else provider.url
         values = {"provider": url, "work": str(work), "proxy": "", "cert": tls.get("certfile", "")}
+        for name, text in session.get("files", {}).items():
+            (work / name).parent.mkdir(parents=True, exist_ok=True)
+            (work / name).write_text(fill(text, values))  # JSON's own braces stay: only the placeholders are replaced
         proxy = None
         if "proxy_args" in session:  # a by-hand recipe: the proxy on its own, the command pointed at it
             port = free_port()
@@ -130,8 +138,9 @@ def main(argv: list[str]) -> int:
         if "launcher_args" in session:
             launcher = [arg.format(**values) for arg in session["launcher_args"]]
             command = [sys.executable, "-m", "trimflow", "run", *launcher, "--", *command]
+        path = [*session.get("path", []), str(TOOLS_BIN), str(Path(sys.executable).parent), os.environ.get("PATH", "/usr/bin:/bin")]
         env = {
-            "PATH": f"{TOOLS_BIN}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
+            "PATH": os.pathsep.join(path),
             "HOME": str(home),
             "LANG": "C.UTF-8",
             "PYTHONPATH": str(ROOT / "addon"),

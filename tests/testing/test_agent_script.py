@@ -1,5 +1,6 @@
 """trimflow.testing._agent_script: the fake provider, scripted, asks for one screenshot per turn through the
-agent's own image tool and then answers the final text; read by the real SDKs (anthropic, openai, google-genai),
+agent's own image tool (on chat completions, the one of the agent whose tool the request offers) and then answers
+the final text; read by the real SDKs (anthropic, openai, google-genai),
 JSON and streamed, so the answers are ones a real client parses."""
 
 from __future__ import annotations
@@ -118,8 +119,63 @@ def test_gemini_reads_each_screenshot_then_gets_the_final_text(provider: FakePro
         assert turn().text == FINAL
 
 
+# --- chat completions: each agent's image tool, picked by its name and argument -----------------------------
+
+
+def chat_tool(name: str, argument: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:
+    properties = {argument: schema or {"type": "string"}}
+    return {"type": "function", "function": {"name": name, "parameters": {"type": "object", "properties": properties}}}
+
+
+CHAT_TOOLS = {
+    "pi": (chat_tool("read", "path"), {"path": SHOTS[0]}),
+    "opencode": (chat_tool("read", "filePath"), {"filePath": SHOTS[0]}),
+    "qwen": (chat_tool("read_file", "file_path"), {"file_path": SHOTS[0]}),
+    "cline": (chat_tool("read_files", "files", {"type": "array"}), {"files": [{"path": SHOTS[0]}]}),
+}
+
+
+def chat_turn(client: openai.OpenAI, messages: list[dict[str, Any]], tools: list[dict[str, Any]], stream: bool) -> Any:
+    args: dict[str, Any] = {"model": "gpt-4o", "messages": messages, "tools": tools}
+    if not stream:
+        return client.chat.completions.create(**args).choices[0].message
+    with client.chat.completions.stream(**args, stream_options={"include_usage": True}) as events:
+        final = events.get_final_completion()
+    assert final.usage is not None and final.usage.prompt_tokens > 0
+    return final.choices[0].message
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_chat_agent_reads_each_screenshot_then_gets_the_final_text(provider: FakeProvider, stream: bool) -> None:
+    client = openai.OpenAI(base_url=provider.url + "/v1", api_key="test-key", max_retries=0)
+    tools = [chat_tool("bash", "command"), CHAT_TOOLS["pi"][0]]  # other tools offered first
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "look at the screen"}]
+    for shot in SHOTS:
+        message = chat_turn(client, messages, tools, stream)
+        (call,) = message.tool_calls
+        assert (call.function.name, json.loads(call.function.arguments)) == ("read", {"path": shot})
+        messages += [message.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": call.id, "content": "an image"}]
+    message = chat_turn(client, messages, tools, stream)
+    assert (message.content, message.tool_calls) == (FINAL, None)
+
+
+@pytest.mark.parametrize("agent", sorted(CHAT_TOOLS))
+def test_each_chat_agents_tool_is_called_with_its_own_argument(provider: FakeProvider, agent: str) -> None:
+    client = openai.OpenAI(base_url=provider.url + "/v1", api_key="test-key", max_retries=0)
+    tool, arguments = CHAT_TOOLS[agent]
+    (call,) = chat_turn(client, [{"role": "user", "content": "look"}], [tool], stream=False).tool_calls
+    assert (call.function.name, json.loads(call.function.arguments)) == (tool["function"]["name"], arguments)
+
+
+def test_a_chat_tool_of_that_name_with_other_arguments_is_not_scripted(provider: FakeProvider) -> None:
+    client = openai.OpenAI(base_url=provider.url + "/v1", api_key="test-key", max_retries=0)
+    message = chat_turn(client, [{"role": "user", "content": "look"}], [chat_tool("read", "url")], stream=False)
+    assert (message.content, message.tool_calls) == (REPLY_TEXT, None)
+
+
 def test_the_next_screenshot_is_counted_from_the_tool_results_in_the_request() -> None:
     assert tool_results("anthropic", {"messages": [{"role": "user", "content": [{"type": "tool_result"}, {"type": "text"}]}] * 2}) == 2
     assert tool_results("openai-responses", {"input": [{"type": "function_call"}, {"type": "function_call_output"}]}) == 1
     assert tool_results("gemini", {"contents": [{"parts": [{"functionCall": {}}]}, {"parts": [{"functionResponse": {}}]}]}) == 1
+    assert tool_results("openai-chat", {"messages": [{"role": "assistant"}, {"role": "tool"}, {"role": "tool"}]}) == 2
     assert tool_results("anthropic", {"messages": "not a list"}) == 0

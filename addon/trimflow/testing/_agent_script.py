@@ -6,10 +6,13 @@ screenshot has been looked at, with the text `final`:
 
 - Claude Code (Anthropic Messages): a `tool_use` of `Read` with `file_path`;
 - Codex (OpenAI Responses): a `function_call` of `view_image` with `path`;
-- Gemini CLI (Gemini): a `functionCall` of `read_file` with `file_path`.
+- Gemini CLI (Gemini): a `functionCall` of `read_file` with `file_path`;
+- on OpenAI chat completions, a `tool_calls` entry of the first image tool the request offers: pi's and
+  OpenClaw's `read` with `path`, opencode's and Kilo Code's `read` with `filePath`, Qwen Code's `read_file`
+  with `file_path`, Cline's `read_files` with `files: [{path}]` (a tool whose arguments are not declared matches by its name alone).
 
 Which screenshot comes next is read from the request itself, the tool results it carries (tool_result
-blocks, function_call_output items, functionResponse parts), so the script holds no state and any replay
+blocks, function_call_output items, functionResponse parts, tool messages), so the script holds no state and any replay
 of a conversation gets the same answer. A request that does not offer the tool (a title, a classifier, a
 token count) is not scripted: the fake provider answers it as usual. Answers come as JSON or streamed, in
 each API's own event sequence, with the usage the fake provider worked out.
@@ -18,6 +21,7 @@ each API's own event sequence, with the usage the fake provider worked out.
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +32,7 @@ from ._fake_provider import (
     Usage,
     _anthropic_message,
     _anthropic_usage,
+    _chat_usage,
     _gemini_usage,
     _new_id,
     _responses_message,
@@ -48,12 +53,23 @@ class ImageTool:
 
     name: str
     path_argument: str
+    entry: str | None = None  # the path goes in a list of entries, each {entry: path}, under path_argument
+
+    def arguments(self, path: str) -> dict[str, Any]:
+        return {self.path_argument: [{self.entry: path}] if self.entry is not None else path}
 
 
-TOOLS = {
-    "anthropic": ImageTool("Read", "file_path"),
-    "openai-responses": ImageTool("view_image", "path"),
-    "gemini": ImageTool("read_file", "file_path"),
+# Per format, the image tools of the agents that speak it: a request is answered with the first it offers.
+TOOLS: dict[str, tuple[ImageTool, ...]] = {
+    "anthropic": (ImageTool("Read", "file_path"),),
+    "openai-responses": (ImageTool("view_image", "path"),),
+    "gemini": (ImageTool("read_file", "file_path"),),
+    "openai-chat": (
+        ImageTool("read", "path"),
+        ImageTool("read", "filePath"),
+        ImageTool("read_file", "file_path"),
+        ImageTool("read_files", "files", entry="path"),
+    ),
 }
 
 
@@ -66,13 +82,13 @@ class AgentScript:
         self.calls = 0
 
     def __call__(self, fmt: str, request: dict[str, Any], usage: Usage, stream: bool, sse: bool) -> Scripted | None:
-        tool = TOOLS.get(fmt)
-        if tool is None or tool.name not in offered_tools(fmt, request):
+        tool = image_tool(fmt, request)
+        if tool is None:
             return None
         done = tool_results(fmt, request)
         call = None
         if done < len(self.shots):
-            call = {tool.path_argument: self.shots[done]}
+            call = tool.arguments(self.shots[done])
             self.calls += 1
         model = request.get("model")
         model = model if isinstance(model, str) else "fake-model"
@@ -80,18 +96,39 @@ class AgentScript:
             return _anthropic(model, tool, call, self.final, usage, stream)
         if fmt == "openai-responses":
             return _responses(request, model, tool, call, self.final, usage, stream)
+        if fmt == "openai-chat":
+            return _chat(request, model, tool, call, self.final, usage, stream)
         return _gemini(model, tool, call, self.final, usage, stream, sse)
 
 
-def offered_tools(fmt: str, request: dict[str, Any]) -> set[str]:
-    """The names of the tools the request offers the model."""
+def image_tool(fmt: str, request: dict[str, Any]) -> ImageTool | None:
+    """The agent's image tool among those the request offers, or None."""
+    offered = offered_tools(fmt, request)
+    for tool in TOOLS.get(fmt, ()):
+        arguments = offered.get(tool.name)
+        if arguments is not None and (not arguments or tool.path_argument in arguments):
+            return tool
+    return None
+
+
+def offered_tools(fmt: str, request: dict[str, Any]) -> dict[str, set[str]]:
+    """The tools the request offers the model: name -> the names of its arguments (empty when not declared)."""
     tools = request.get("tools")
     if not isinstance(tools, list):
-        return set()
+        return {}
     if fmt == "gemini":
-        declared = (d for t in tools if isinstance(t, dict) for d in t.get("functionDeclarations") or [])
-        return {str(d.get("name")) for d in declared if isinstance(d, dict)}
-    return {str(t.get("name")) for t in tools if isinstance(t, dict)}
+        declared = [d for t in tools if isinstance(t, dict) for d in t.get("functionDeclarations") or []]
+    elif fmt == "openai-chat":  # {"type": "function", "function": {"name", "parameters"}}
+        declared = [t["function"] for t in tools if isinstance(t, dict) and isinstance(t.get("function"), dict)]
+    else:
+        declared = list(tools)
+    offered: dict[str, set[str]] = {}
+    for d in declared:
+        if isinstance(d, dict):
+            schema = d.get("parameters") or d.get("parametersJsonSchema") or d.get("input_schema")
+            properties = schema.get("properties") if isinstance(schema, dict) else None
+            offered[str(d.get("name"))] = set(properties) if isinstance(properties, dict) else set()
+    return offered
 
 
 def tool_results(fmt: str, request: dict[str, Any]) -> int:
@@ -100,6 +137,8 @@ def tool_results(fmt: str, request: dict[str, Any]) -> int:
         return sum(1 for message in _dicts(request.get("messages")) for block in _dicts(message.get("content")) if block.get("type") == "tool_result")
     if fmt == "openai-responses":
         return sum(1 for item in _dicts(request.get("input")) if item.get("type") == "function_call_output")
+    if fmt == "openai-chat":
+        return sum(1 for message in _dicts(request.get("messages")) if message.get("role") == "tool")
     return sum(1 for content in _dicts(request.get("contents")) for part in _dicts(content.get("parts")) if "functionResponse" in part)
 
 
@@ -114,7 +153,7 @@ def _json(data: Any) -> bytes:
 # --- Anthropic Messages ------------------------------------------------------------------------------------
 
 
-def _anthropic(model: str, tool: ImageTool, call: dict[str, str] | None, final: str, usage: Usage, stream: bool) -> Scripted:
+def _anthropic(model: str, tool: ImageTool, call: dict[str, Any] | None, final: str, usage: Usage, stream: bool) -> Scripted:
     if call is not None:
         block: dict[str, Any] = {"type": "tool_use", "id": _new_id("toolu_"), "name": tool.name, "input": call}
         stop = "tool_use"
@@ -142,7 +181,7 @@ def _anthropic(model: str, tool: ImageTool, call: dict[str, str] | None, final: 
 # --- OpenAI Responses --------------------------------------------------------------------------------------
 
 
-def _responses(request: dict[str, Any], model: str, tool: ImageTool, call: dict[str, str] | None, final: str, usage: Usage, stream: bool) -> Scripted:
+def _responses(request: dict[str, Any], model: str, tool: ImageTool, call: dict[str, Any] | None, final: str, usage: Usage, stream: bool) -> Scripted:
     rid = _new_id("resp_")
     if call is not None:
         item: dict[str, Any] = {
@@ -187,10 +226,54 @@ def _responses(request: dict[str, Any], model: str, tool: ImageTool, call: dict[
     return SSE, frames
 
 
+# --- OpenAI chat completions ------------------------------------------------------------------------------
+
+
+def _chat(request: dict[str, Any], model: str, tool: ImageTool, call: dict[str, Any] | None, final: str, usage: Usage, stream: bool) -> Scripted:
+    cid, created = _new_id("chatcmpl-"), int(time.time())
+    if call is not None:
+        function = {"name": tool.name, "arguments": orjson.dumps(call).decode()}
+        tool_call: dict[str, Any] = {"id": _new_id("call_"), "type": "function", "function": function}
+        message: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": [tool_call], "refusal": None}
+        finish = "tool_calls"
+    else:
+        message, finish = {"role": "assistant", "content": final, "refusal": None}, "stop"
+    if not stream:
+        reply = {
+            "id": cid,
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
+            "usage": _chat_usage(usage),
+        }
+        return JSON, [_json(reply)]
+
+    def chunk(delta: dict[str, Any], finish_reason: str | None) -> bytes:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        return _sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [choice]})
+
+    if call is not None:
+        frames = [
+            chunk({"role": "assistant", "content": None, "tool_calls": [{"index": 0, **tool_call, "function": {**function, "arguments": ""}}]}, None),
+            chunk({"tool_calls": [{"index": 0, "function": {"arguments": function["arguments"]}}]}, None),
+        ]
+    else:
+        frames = [chunk({"role": "assistant", "content": ""}, None), chunk({"content": final}, None)]
+    frames.append(chunk({}, finish))
+    options = request.get("stream_options")
+    if isinstance(options, dict) and options.get("include_usage"):
+        frames.append(
+            _sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [], "usage": _chat_usage(usage)})
+        )
+    frames.append(b"data: [DONE]\n\n")
+    return SSE, frames
+
+
 # --- Gemini ------------------------------------------------------------------------------------------------
 
 
-def _gemini(model: str, tool: ImageTool, call: dict[str, str] | None, final: str, usage: Usage, stream: bool, sse: bool) -> Scripted:
+def _gemini(model: str, tool: ImageTool, call: dict[str, Any] | None, final: str, usage: Usage, stream: bool, sse: bool) -> Scripted:
     part: dict[str, Any] = {"functionCall": {"name": tool.name, "args": call}} if call is not None else {"text": final}
     chunk = {
         "candidates": [{"content": {"parts": [part], "role": "model"}, "finishReason": "STOP", "index": 0}],
