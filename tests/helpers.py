@@ -83,7 +83,7 @@ class TrimflowAddons:
 
     def __init__(self) -> None:
         self.chain = proxy.make_addons()  # not `addons`: mitmproxy would run those hooks a second time
-        self.flows: proxy.Flows = self.get(proxy.Prune).flows
+        self.flows: proxy.SharedState = self.get(proxy.Prune).flows
 
     def get(self, kind: type) -> Any:
         (addon,) = (a for a in self.chain if isinstance(a, kind))

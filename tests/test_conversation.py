@@ -2,7 +2,7 @@
 numbered by Conversations, token counts and warm-ups that are not turns, and memory that stays bounded.
 
 Histories are digested as the engine digests them (Outcome.history of a real prune run) and numbered by a
-Conversations, as the proxy's Flows and the audit's Reader number them.
+Conversations, as the proxy's SharedState and the audit's Reader number them.
 """
 
 from __future__ import annotations

@@ -320,7 +320,7 @@ def test_a_declared_type_that_is_not_the_real_one_is_counted_and_left_alone() ->
     raw = encode(chat(data_url(jpeg, "image/png"), data_url(jpeg, "image/jpg"), data_url(png, "IMAGE/PNG")))
     outcome = prune_with("openai-chat", raw)
     assert outcome.body is raw and outcome.record.mime_mismatches == 1  # jpg is jpeg; case is ignored
-    assert "1 mime mismatch" in outcome.record.summary()
+    assert "1 mime mismatch" in outcome.record.log_line()
     anth = encode(anthropic((b64(png), "image/jpeg"), (b64(jpeg), "image/jpeg")))
     assert prune_with("anthropic", anth).record.mime_mismatches == 1
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import trimflow
-from trimflow import _decode, _jsoncodec, _profiles, _rules_file, errors, repair
+from trimflow import _decode, _jsoncodec, _limit_profiles, _rules_file, errors, repair
 from trimflow.audit import _gate, _read
 
 
@@ -20,8 +20,8 @@ def test_every_error_is_a_trimflow_error_exported_by_the_package(name: str) -> N
     ("module", "name"),
     [
         (_rules_file, "RulesError"),
-        (_profiles, "ProfilesError"),
-        (_profiles, "UnknownProfile"),
+        (_limit_profiles, "ProfilesError"),
+        (_limit_profiles, "UnknownProfile"),
         (_jsoncodec, "BodyError"),
         (_decode, "DecodeError"),
         (_gate, "ExpressionError"),

@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from trimflow import prune_request
-from trimflow._document import Payload
+from trimflow._body import Payload
 from trimflow._history import History, image_crc, image_key, response_id_of, session_key
 from trimflow.formats import Media
 from trimflow.testing import PATHS, b64, image, session_body

@@ -164,7 +164,7 @@ def test_each_module_tested_elsewhere_is_named_where_it_is_tested(module: str, t
 
 def test_every_folder_of_tests_is_a_package() -> None:
     """The relative imports between tests and their helpers need packages, and so do test files of the same
-    name in two folders (tests/test_metrics.py and tests/proxy/test_metrics.py)."""
+    name in two folders (tests/test_metrics_file.py and tests/proxy/test_metrics.py)."""
     folders = {path.parent for path in python_files(TESTS)}
     assert sorted(str(f.relative_to(ROOT)) for f in folders if not (f / "__init__.py").is_file()) == []
 

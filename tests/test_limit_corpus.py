@@ -12,7 +12,7 @@ import orjson
 import pytest
 import yaml
 
-from trimflow._recovery import FIELDS, load_patterns
+from trimflow._limit_errors import FIELDS, load_patterns
 
 CORPUS = yaml.safe_load((Path(__file__).parent / "data" / "limit_answers.yaml").read_text(encoding="utf-8"))
 ANSWERS: list[dict[str, Any]] = CORPUS["answers"]

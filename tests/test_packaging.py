@@ -14,7 +14,7 @@ from pathlib import Path
 from PIL import Image
 
 import trimflow
-from trimflow import _profiles
+from trimflow import _limit_profiles
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_a_checkout_reads_the_documented_rules_folder() -> None:
     assert (ROOT / "addon" / "trimflow" / "rules").resolve() == ROOT / "rules"
     assert trimflow.DEFAULT_RULES_PATH == ROOT / "rules" / "default.yaml"
-    assert _profiles.DEFAULT_PROFILES_PATH == ROOT / "rules" / "profiles.yaml"
+    assert _limit_profiles.DEFAULT_PROFILES_PATH == ROOT / "rules" / "profiles.yaml"
 
 
 def _ten_images_body() -> bytes:

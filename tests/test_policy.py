@@ -198,7 +198,7 @@ def test_repeats_point_at_the_next_copy_and_count_as_pruned() -> None:
     assert "[trimflow: image #3 repeated as image #5]" in texts(outcome.body)
     record = outcome.record
     assert record.deduplicated == record.pruned == 2 and record.images_after == 3
-    assert "2 repeated" in record.summary()
+    assert "2 repeated" in record.log_line()
 
 
 def test_repeats_are_off_by_default() -> None:
@@ -350,7 +350,7 @@ def test_older_images_become_thumbnails_and_the_newest_stays_whole(fresh_cache: 
     saved = 5 * (anthropic_image_tokens(1280, 800) - anthropic_image_tokens(256, 160))
     assert record.est_tokens_before - record.est_tokens_after == saved
     assert record.est_tokens_after == text_tokens(len(outcome.body) - record.media_bytes_after) + 5 * 60 + anthropic_image_tokens(1280, 800)
-    assert "(5 thinned)" in record.summary()
+    assert "(5 thinned)" in record.log_line()
 
 
 def test_thumbnails_are_byte_identical_on_the_next_turn_and_come_from_the_cache(
@@ -435,7 +435,7 @@ def test_body_budget_never_prunes_keep_recent_and_says_when_unmet() -> None:
     outcome = prune_with("openai-chat", body, max_body_bytes=100, keep_recent=1)
     assert outcome.record.images_after == 1 and outcome.record.over_budget
     assert len(images_left(outcome.body)) == 1
-    assert "OVER BUDGET" in outcome.record.summary()
+    assert "OVER BUDGET" in outcome.record.log_line()
 
 
 def test_the_token_budget_prunes_the_oldest_until_the_estimate_fits() -> None:
@@ -455,7 +455,7 @@ def test_the_token_budget_never_prunes_keep_recent_and_says_when_unmet() -> None
     body = chat(*(data_url(image(512, 512, "PNG", seed=i, noise=0.0), "image/png") for i in range(4)))
     outcome = prune_with("openai-chat", body, max_est_tokens=10, keep_recent=2)
     assert outcome.record.images_after == 2 and outcome.record.over_budget and outcome.record.pruned_for_tokens == 2
-    assert "OVER BUDGET" in outcome.record.summary()
+    assert "OVER BUDGET" in outcome.record.log_line()
 
 
 def test_body_and_token_budgets_each_take_their_share() -> None:

@@ -1,4 +1,4 @@
-"""trimflow._record.Record: its dict and JSON forms, the per-turn summary line, and what it never holds."""
+"""trimflow._record.Record: its dict and JSON forms, the per-turn log line, and what it never holds."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def test_a_fresh_record_says_none_for_what_only_the_answer_tells() -> None:
     assert fields["pruned"] == fields["images_before"] == 0 and fields["over_budget"] is False
 
 
-def test_summary_names_the_conversation_turn_model_and_the_figures() -> None:
+def test_log_line_names_the_conversation_turn_model_and_the_figures() -> None:
     line = record(
         images_before=12,
         images_after=8,
@@ -70,33 +70,33 @@ def test_summary_names_the_conversation_turn_model_and_the_figures() -> None:
         est_tokens_after=9_100,
         status=200,
         usage_input_tokens=9_000,
-    ).summary()
+    ).log_line()
     assert line.startswith("conv c0ffee00 turn 3 claude-x images 12->8 body ")
     assert "body 16.0MB->3.5MB" in line
     assert "~23k->9k tok" in line
     assert line.endswith(" 200 in=9000 est/in=1.01")
 
 
-def test_summary_shows_the_cache_and_output_the_provider_reported() -> None:
+def test_log_line_shows_the_cache_and_output_the_provider_reported() -> None:
     usage = {"usage_input_tokens": 12_000, "usage_cache_read_tokens": 9_000, "usage_cache_write_tokens": 2_000, "usage_output_tokens": 300}
-    line = record(status=200, **usage).summary()
+    line = record(status=200, **usage).log_line()
     assert " 200 in=12000 (cached 9000, written 2000) out=300" in line
     # OpenAI and Gemini report a read, never a write: only what is known is shown
-    assert "in=12000 (cached 9000) out=300" in record(usage_input_tokens=12_000, usage_cache_read_tokens=9_000, usage_output_tokens=300).summary()
-    assert "in=500 out=3" in record(usage_input_tokens=500, usage_output_tokens=3).summary()
-    assert "cached" not in record(usage_input_tokens=500).summary() and "out=" not in record(usage_input_tokens=500).summary()
+    assert "in=12000 (cached 9000) out=300" in record(usage_input_tokens=12_000, usage_cache_read_tokens=9_000, usage_output_tokens=300).log_line()
+    assert "in=500 out=3" in record(usage_input_tokens=500, usage_output_tokens=3).log_line()
+    assert "cached" not in record(usage_input_tokens=500).log_line() and "out=" not in record(usage_input_tokens=500).log_line()
 
 
-def test_summary_without_a_conversation_or_model_uses_dashes_and_the_format() -> None:
-    line = Record("t", None, None, "h", "/", "gemini", None, None, "enforce", est_tokens_before=999, est_tokens_after=999).summary()
+def test_log_line_without_a_conversation_or_model_uses_dashes_and_the_format() -> None:
+    line = Record("t", None, None, "h", "/", "gemini", None, None, "enforce", est_tokens_before=999, est_tokens_after=999).log_line()
     assert line.startswith("conv - turn - gemini images 0->0 body ")
     assert "~999->999 tok" in line  # under a thousand: the plain count
 
 
-def test_summary_lists_what_was_done_to_the_images() -> None:
-    line = record(images_before=6, images_after=4, thinned=2, shrunk=1, deduplicated=2, pruned_for_image_limit=1, mime_mismatches=3).summary()
+def test_log_line_lists_what_was_done_to_the_images() -> None:
+    line = record(images_before=6, images_after=4, thinned=2, shrunk=1, deduplicated=2, pruned_for_image_limit=1, mime_mismatches=3).log_line()
     assert "images 6->4 (2 thinned, 1 shrunk, 2 repeated, 1 too big, 3 mime mismatch)" in line
-    assert "(" not in record(images_before=6, images_after=4).summary()  # nothing done: no brackets
+    assert "(" not in record(images_before=6, images_after=4).log_line()  # nothing done: no brackets
 
 
 @pytest.mark.parametrize(
@@ -107,12 +107,12 @@ def test_summary_lists_what_was_done_to_the_images() -> None:
         ({"reason": "body is not JSON"}, "untouched (body is not JSON)", "OVER BUDGET"),
     ],
 )
-def test_summary_flags_observe_over_budget_and_untouched(fields: dict, shown: str, absent: str) -> None:
-    line = dataclasses.replace(record(), **fields).summary()
+def test_log_line_flags_observe_over_budget_and_untouched(fields: dict, shown: str, absent: str) -> None:
+    line = dataclasses.replace(record(), **fields).log_line()
     assert shown in line and absent not in line
 
 
-def test_summary_shows_the_estimate_over_the_provider_count() -> None:
+def test_log_line_shows_the_estimate_over_the_provider_count() -> None:
     record = Record(
         "t",
         "c",
@@ -128,16 +128,16 @@ def test_summary_shows_the_estimate_over_the_provider_count() -> None:
         usage_input_tokens=2000,
     )
     assert record.est_to_usage_ratio() == pytest.approx(1.08)
-    assert record.summary().endswith("in=2000 est/in=1.08")
+    assert record.log_line().endswith("in=2000 est/in=1.08")
     observed = Record("t", "c", 1, "h", "/", "anthropic", None, None, "observe", est_tokens_before=3000, est_tokens_after=10, usage_input_tokens=2000)
-    assert "est/in=1.50" in observed.summary()  # observe sends the original: its estimate counts
-    assert "est/in" not in Record("t", None, None, "h", "/", "anthropic", None, None, "enforce").summary()
+    assert "est/in=1.50" in observed.log_line()  # observe sends the original: its estimate counts
+    assert "est/in" not in Record("t", None, None, "h", "/", "anthropic", None, None, "enforce").log_line()
 
 
 def test_no_ratio_without_a_usage_or_an_estimate() -> None:
     assert record(usage_input_tokens=0, est_tokens_after=100).est_to_usage_ratio() is None
     assert record(usage_input_tokens=100, est_tokens_after=0).est_to_usage_ratio() is None
-    assert "est/in" not in record(usage_input_tokens=100).summary()
+    assert "est/in" not in record(usage_input_tokens=100).log_line()
 
 
 def test_a_record_of_a_real_request_holds_no_key_prompt_or_base64() -> None:
@@ -146,7 +146,7 @@ def test_a_record_of_a_real_request_holds_no_key_prompt_or_base64() -> None:
     headers = {"x-goog-api-key": SECRET_KEY, "authorization": f"Bearer {SECRET_KEY}"}
     made = prune_request(url, headers, encode(body), rules_with(max_images=1)).record
     assert made is not None and made.pruned == 3
-    for text in (made.to_json().decode(), made.summary(), repr(made)):
+    for text in (made.to_json().decode(), made.log_line(), repr(made)):
         assert SECRET_KEY not in text and "key=" not in text
         assert "What should I click next?" not in text and "You are a desktop assistant." not in text
         assert b64(SHOT)[:40] not in text
@@ -175,4 +175,4 @@ def test_an_untouched_record_says_why_and_that_the_body_went_as_it_came() -> Non
     untouched = Record.untouched("api.example.test", "/v1/messages", "anthropic", ENFORCE, "body is a JSON array, not an object", 1234)
     assert (untouched.body_bytes_before, untouched.body_bytes_after, untouched.images_before) == (1234, 1234, 0)
     assert (untouched.kind, untouched.mode, untouched.conversation) == (TURN, ENFORCE, None)
-    assert "untouched (body is a JSON array, not an object)" in untouched.summary()
+    assert "untouched (body is a JSON array, not an object)" in untouched.log_line()

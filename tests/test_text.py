@@ -32,5 +32,5 @@ def test_a_hostile_model_name_reaches_the_record_and_its_log_line_as_one_line() 
     assert target is not None
     record = prune(target, {}, body, rules).record
     assert record is not None and record.model == "gpt-4o\\n[12:00:00] trimflow: forged\\ud800"
-    assert "\n" not in record.summary()
+    assert "\n" not in record.log_line()
     orjson.loads(record.to_json())  # the JSONL line is written

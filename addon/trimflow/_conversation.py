@@ -3,7 +3,7 @@
 `Conversations` assigns each request's History (trimflow._history) a conversation id, a turn and a segment.
 A shorter or diverging history starts a new conversation: a rerun of the same test, a /clear, a fork, an edited
 message; a history under a session id that extends none of its earlier ones is a new *segment* of it. The proxy's
-Flows and the audit's Reader use it alike, so a session is numbered the same live and in a recording. What is
+SharedState and the audit's Reader use it alike, so a session is numbered the same live and in a recording. What is
 kept: 8-byte digests, and per line of history the position of its last history, where its last turn's cut ended
 and when that turn went (no text, no id).
 
@@ -44,7 +44,7 @@ class Assignment:
 
     __slots__ = ("conversation", "turn", "segment", "thread")
 
-    def __init__(self, conversation: str | None, turn: int | None, segment: int | None, thread: Thread | None) -> None:
+    def __init__(self, conversation: str | None, turn: int | None, segment: int | None, thread: HistoryLine | None) -> None:
         self.conversation, self.turn, self.segment, self.thread = conversation, turn, segment, thread
 
 
@@ -54,10 +54,10 @@ class _Conversation:
     def __init__(self, cid: str, named: bool) -> None:
         self.id, self.named = cid, named
         self.turns = self.segments = 0
-        self.threads: list[Thread] = []  # most recently used last
+        self.threads: list[HistoryLine] = []  # most recently used last
 
 
-class Thread:
+class HistoryLine:
     """One line of history of a conversation (a segment): where its last request's history ended, and for
     the cache-aware cut (trimflow._policy: low_water) where its last turn's cut ended and when that turn went;
     the images its last turn sent: by key, when each copy first came, whether it was cut, and its CRC-32."""
@@ -146,14 +146,14 @@ class Conversations:
         self.clock = clock  # seconds; a replay of recorded or simulated sessions gives its own
         self._salt = os.urandom(8) if salt is None else salt
         self._conversations: OrderedDict[str, _Conversation] = OrderedDict()
-        self._by_tip: dict[int, list[Thread]] = {}
-        self._by_response: dict[bytes, Thread] = {}
+        self._by_tip: dict[int, list[HistoryLine]] = {}
+        self._by_response: dict[bytes, HistoryLine] = {}
         self._started = 0
         self._clock = 0
         self._images = 0  # image copies remembered in all lines of history
         self._cut_keys: dict[bytes, int] = {}  # image_key -> copies remembered as cut
         # image_key -> the lines of history that remember it, the most recent last (a dict: removal in constant time)
-        self._by_image: dict[bytes, dict[Thread, None]] = {}
+        self._by_image: dict[bytes, dict[HistoryLine, None]] = {}
 
     def __len__(self) -> int:
         return len(self._conversations)
@@ -202,7 +202,7 @@ class Conversations:
                 return Assignment(named.id if named else None, None, None, None)
             conversation = named or self._add(_Conversation(self._new_id(history), named=False))
             conversation.segments += 1
-            thread = Thread(conversation, conversation.segments, history.head)
+            thread = HistoryLine(conversation, conversation.segments, history.head)
             conversation.threads.append(thread)
             if len(conversation.threads) > MAX_SEGMENTS:
                 self._drop_thread(conversation.threads.pop(0))
@@ -223,7 +223,7 @@ class Conversations:
                     self._remember(thread, remembered, history.images, cut or 0)
         return Assignment(conversation.id, turn, thread.segment, thread)
 
-    def recut(self, thread: Thread | None, history: History, cut: int) -> None:
+    def recut(self, thread: HistoryLine | None, history: History, cut: int) -> None:
         """The turn `thread` last sent went again with more cut (a retry within a limit the provider named, pruned in
         the order `recall` gave): its line remembers that cut, so the next turn holds it and never brings back an
         image the provider was not sent."""
@@ -234,12 +234,12 @@ class Conversations:
         thread.cut = cut
         self._remember(thread, thread.images, history.images, cut)
 
-    def _sent_again(self, keys: Sequence[bytes]) -> Thread | None:
+    def _sent_again(self, keys: Sequence[bytes]) -> HistoryLine | None:
         """The line of history whose images a request that continues no history sends again, more than half of them:
         an agent that rewrites an early message every turn (aider puts every image the user added into one, and the
         date into its system prompt) starts a new history each time, but not a new set of images. The line with the
         most of them, the most recently used of equals."""
-        shared: dict[Thread, int] = {}
+        shared: dict[HistoryLine, int] = {}
         for key in set(keys):
             holders = self._by_image.get(key)
             # The most recent few: one image many conversations sent costs a request that sends it no more than that.
@@ -251,7 +251,7 @@ class Conversations:
                 best, most = thread, n
         return best
 
-    def _remember(self, thread: Thread, remembered: Mapping[bytes, list[Copy]], images: Images, cut: int) -> None:
+    def _remember(self, thread: HistoryLine, remembered: Mapping[bytes, list[Copy]], images: Images, cut: int) -> None:
         """The images of the turn `thread` just sent: when each copy came (as `remembered`; now for a new one, on the
         memory's clock, which runs on across conversations) and the first `cut` in the order `recall` gave as cut.
         What the turn no longer sends is forgotten."""
@@ -278,7 +278,7 @@ class Conversations:
             for dropped in forgotten.threads:
                 self._drop_thread(dropped)
 
-    def _forget_images(self, thread: Thread) -> None:
+    def _forget_images(self, thread: HistoryLine) -> None:
         for key, copies in thread.images.items():
             holders = self._by_image[key]
             del holders[thread]
@@ -294,7 +294,7 @@ class Conversations:
                     del self._cut_keys[key]
         thread.images = {}
 
-    def responded(self, thread: Thread | None, response_id: str | None) -> None:
+    def responded(self, thread: HistoryLine | None, response_id: str | None) -> None:
         """The answer to `thread`'s last request had this id: a request naming it as previous_response_id continues it."""
         if thread is None or not response_id or thread.conversation.id not in self._conversations:
             return
@@ -303,7 +303,7 @@ class Conversations:
         thread.response = digest(b"r", response_id.encode())
         self._by_response[thread.response] = thread
 
-    def _continued(self, history: History, kind: str, named: _Conversation | None) -> Thread | None:
+    def _continued(self, history: History, kind: str, named: _Conversation | None) -> HistoryLine | None:
         if history.previous_response is not None:
             # The provider keeps the history: the answer it follows names the conversation.
             thread = self._by_response.get(history.previous_response)
@@ -338,14 +338,14 @@ class Conversations:
                 self._drop_thread(thread)
         return conversation
 
-    def _move(self, thread: Thread, tip: int) -> None:
+    def _move(self, thread: HistoryLine, tip: int) -> None:
         if thread.tip == tip:
             return
         self._unindex(thread)
         thread.tip = tip
         self._by_tip.setdefault(tip, []).append(thread)
 
-    def _unindex(self, thread: Thread) -> None:
+    def _unindex(self, thread: HistoryLine) -> None:
         if thread.tip is not None:
             threads = self._by_tip.get(thread.tip)
             if threads is not None:
@@ -354,7 +354,7 @@ class Conversations:
                     del self._by_tip[thread.tip]
             thread.tip = None
 
-    def _drop_thread(self, thread: Thread) -> None:
+    def _drop_thread(self, thread: HistoryLine) -> None:
         self._unindex(thread)
         self._forget_images(thread)
         if thread.response is not None and self._by_response.get(thread.response) is thread:

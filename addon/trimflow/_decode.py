@@ -20,7 +20,7 @@ import zlib
 import brotli
 import zstandard
 
-from ._sizes import format_size
+from ._human import format_size
 from .errors import DecodeError
 
 # 256 MiB: 8x Anthropic's 32 MB edge limit, 16x the default body budget (max_body_bytes 16MiB),

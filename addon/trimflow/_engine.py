@@ -4,7 +4,7 @@ Pure Python with no mitmproxy import, so the proxy, the command-line tools and t
 It never raises on bad input: the caller gets the original bytes and a reason in the record.
 
 The pipeline: resolve (the caller's Target, or `prune_request` from a URL), parse (the skeleton of
-_document), find (the format module's media), plan (_policy: what happens to each image), write
+_body), find (the format module's media), plan (_policy: what happens to each image), write
 (the document with placeholders and re-encoded images), record (the metrics Record).
 
 Where it runs: `inline=True` is for a caller on an event loop (the proxy). Work at memchr speed over
@@ -27,16 +27,16 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
-from . import _clicks, _document, _jsoncodec
+from . import _body, _clicks, _jsoncodec
 from ._conversation import Recall
 from ._history import History, Images, history_of, session_key
+from ._human import format_size
 from ._imageinfo import sniff_media
 from ._limits import Limits, changed_fields
 from ._placeholder import MediaFacts
 from ._policy import BODY, CACHE, COUNT_CAP, IMAGE_LIMIT, REPEAT, TOKENS, NeedsWorker, Plan, nothing_to_change
 from ._record import COUNT_TOKENS, ENFORCE, OBSERVE, WARMUP, Record, utc_timestamp
 from ._rules import Rules, Target
-from ._sizes import format_size
 from ._text import escape_controls
 from ._tokens import text_tokens
 from .formats import FORMATS, IMAGE, JsonPath, Media, WireFormat, counted_turn_path, detect_shape, openai_responses
@@ -48,7 +48,7 @@ INLINE_MAX_BODY = 16 * 2**20
 INLINE_MAX_WHOLE = 2**20
 
 # Limits to apply instead of the rule's for a request's model: the learned limits of the upstream the caller sends
-# it to (trimflow._learned), bound by the caller, which alone knows where the request goes.
+# it to (trimflow._learned_limits), bound by the caller, which alone knows where the request goes.
 Tighten = Callable[[str | None, Limits], Limits]
 
 
@@ -66,7 +66,7 @@ class Outcome:
 
     def __init__(
         self,
-        body: bytes | _document.Written,
+        body: bytes | _body.Written,
         record: Record | None,
         account: Callable[[], Record | None] | None = None,
         history: Callable[[], History | None] | History | None = None,
@@ -99,7 +99,7 @@ class Outcome:
     @property
     def body(self) -> bytes:
         """The body to forward: the input object itself when nothing changed. A rewritten body is
-        joined here, on first use, in the caller's thread (see _document.Written)."""
+        joined here, on first use, in the caller's thread (see _body.Written)."""
         if not isinstance(self._body, bytes):
             self._body = bytes(self._body)
         return self._body
@@ -170,7 +170,7 @@ def prune(
         raise NeedsWorker(f"a body over {format_size(INLINE_MAX_BODY)}")
     try:
         # Exact integers are only needed to write a body back: _DocumentWriter asks for them then.
-        doc = _document.parse(body, INLINE_MAX_WHOLE if inline else None, exact=False)
+        doc = _body.parse(body, INLINE_MAX_WHOLE if inline else None, exact=False)
     except _jsoncodec.BodyError as exc:
         if fmt is None:
             return Outcome(body, None)
@@ -187,7 +187,7 @@ def prune(
     lowered = {name.lower(): value for name, value in headers.items()}
 
     def failed(exc: Exception) -> Outcome:
-        # A payload is decoded only when read (_document.Payload): that is where a bad escape in one shows.
+        # A payload is decoded only when read (_body.Payload): that is where a bad escape in one shows.
         reason = str(exc) if isinstance(exc, _jsoncodec.BodyError) else f"internal error: {type(exc).__name__}"
         return _untouched(body, host, path, fmt, mode, reason, started)
 
@@ -222,7 +222,7 @@ def _elapsed_ms(started: float) -> float:
 
 
 def _prune(
-    doc: _document.Document,
+    doc: _body.ParsedBody,
     host: str,
     path: str,
     headers: Mapping[str, str],
@@ -251,7 +251,7 @@ def _prune(
     images = [m for m in media if m.kind == IMAGE]
     media_bytes = sum(m.wire_bytes for m in media)
 
-    def record_of(plan: Plan, out: bytes | _document.Written, started: float) -> Record:
+    def record_of(plan: Plan, out: bytes | _body.Written, started: float) -> Record:
         # The conversation is the session id's when one names it; the proxy and the audit assign the rest (Outcome.history).
         # The model name is the client's text: a control character or a lone surrogate must not reach a log or the JSONL.
         recorded_model = escape_controls(model) if model is not None else None
@@ -262,7 +262,7 @@ def _prune(
             record.kind = COUNT_TOKENS
         elif fmt == openai_responses.NAME and openai_responses.is_warmup(parsed):
             record.kind = WARMUP
-        _fill(record, plan, len(media) - len(images), media_bytes, len(body), out)
+        _fill_record(record, plan, len(media) - len(images), media_bytes, len(body), out)
         record.learned_limits = learned_limits
         if is_sigv4(headers):
             record.mode, record.reason = OBSERVE, "SigV4-signed body: any change would break its signature"
@@ -340,12 +340,12 @@ def _was_cut(memory: CutMemory, keys: tuple[bytes, ...]) -> bool:
         return False
 
 
-def _payload_ends(doc: _document.Document) -> Callable[[str], tuple[int, bytes, bytes] | None]:
+def _payload_ends(doc: _body.ParsedBody) -> Callable[[str], tuple[int, bytes, bytes] | None]:
     """What a payload's stub stands for in a conversation digest: its length as written, first and last bytes."""
 
     def ends(stub: str) -> tuple[int, bytes, bytes] | None:
         payload = doc.resolve(Media("text", (), stub)).data
-        if not isinstance(payload, _document.Payload):
+        if not isinstance(payload, _body.Payload):
             return None
         body, start, end = payload.body, payload.start, payload.end
         return end - start, body[start : start + 64], body[max(start, end - 64) : end]
@@ -357,7 +357,7 @@ def _facts(images: list[Media]) -> list[MediaFacts]:
     return [MediaFacts(m, ordinal, None if m.remote else sniff_media(m)) for ordinal, m in enumerate(images, start=1)]
 
 
-def _fill(record: Record, plan: Plan, documents: int, media_bytes: int, body_bytes: int, out: bytes | _document.Written) -> None:
+def _fill_record(record: Record, plan: Plan, documents: int, media_bytes: int, body_bytes: int, out: bytes | _body.Written) -> None:
     """The plan's outcome in the record: counts, sizes and token estimates before and after."""
     images = plan.images
     sent = [i for i in range(len(images)) if i not in plan.dropped]
@@ -409,7 +409,7 @@ def _mime_mismatch(facts: MediaFacts) -> bool:
 class _DocumentWriter:
     """The policy's BodyWriter over one parsed document and its format module."""
 
-    def __init__(self, module: WireFormat, doc: _document.Document) -> None:
+    def __init__(self, module: WireFormat, doc: _body.ParsedBody) -> None:
         self._module, self._doc = module, doc
         self.size = len(doc.body)
         self._staged: tuple[Mapping[JsonPath, tuple[str, str]], Any] | None = None
@@ -424,7 +424,7 @@ class _DocumentWriter:
 
     def write(
         self, texts: Mapping[JsonPath, str], images: Mapping[JsonPath, tuple[str, str]], notes: Mapping[JsonPath, str] | None = None
-    ) -> bytes | _document.Written:
+    ) -> bytes | _body.Written:
         if not texts and not images:
             return self._doc.body  # nothing changes: the very same bytes
         self._doc.make_exact()
@@ -459,7 +459,7 @@ class _BodySizer:
         self,
         module: WireFormat,
         stage: Callable[[], Any],
-        doc: _document.Document,
+        doc: _body.ParsedBody,
         size: int,
         compact_size: Callable[[], int],
         paths: list[tuple[str | int, ...]],

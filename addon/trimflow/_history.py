@@ -10,7 +10,7 @@ the conversation whose answer had that id. The engine digests each request into 
 What is hashed, per message: its JSON as sent, with its media parts left out and text placeholders
 trimflow wrote left out (so a session recorded behind trimflow, pruned, digests as the client sent it),
 without `cache_control` (agents move their cache breakpoints every turn), and with each payload the
-skeleton left in the body (trimflow._document: a string of 4 KiB or more) standing for its length,
+skeleton left in the body (trimflow._body: a string of 4 KiB or more) standing for its length,
 first and last 64 bytes. Nothing reads a payload's bytes in between: a 16 MB body costs its skeleton.
 
 An image is known by its key (`image_key`): its payload's length and first and last KiB, read without the bytes
@@ -30,7 +30,7 @@ from typing import Any
 
 import orjson
 
-from ._document import END, HEAD, MARK, MIN_PAYLOAD, Payload
+from ._body import END, HEAD, MARK, MIN_PAYLOAD, Payload
 from ._media import JsonPath, Media
 from ._placeholder import PLACEHOLDER_PREFIX
 from .formats import HistoryParts
@@ -196,7 +196,7 @@ def history_of(
 ) -> History:
     """A request's History: `parts` is its format's view of the body (formats' `history`), `media_paths` every
     media part the format found (left out of the digests), `skeleton` whether the body was parsed as one
-    (trimflow._document), `payload_ends` what a payload's stub stands for and `images` its images."""
+    (trimflow._body), `payload_ends` what a payload's stub stands for and `images` its images."""
     root = len(parts.path)
     media: dict[int, list[JsonPath]] = {}
     for path in media_paths:

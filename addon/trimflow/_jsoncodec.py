@@ -27,7 +27,7 @@ def loads(body: bytes, exact: bool = True) -> tuple[Any, bool]:
 
     orjson reads an integer over 64 bits as a float, changing its value: such bodies take the exact parser.
     With `exact=False` they do not (no scan for them), for a caller that checks `may_hold_big_integer`
-    before it writes the value back (trimflow._document: Document.make_exact)."""
+    before it writes the value back (trimflow._body: ParsedBody.make_exact)."""
     if not (exact and may_hold_big_integer(body)):
         try:
             return orjson.loads(body), False

@@ -11,9 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ._human import format_size
 from ._imageinfo import ImageInfo
 from ._media import Media
-from ._sizes import format_size
 from ._yaml import did_you_mean
 
 # The fields a template may use; _rules validates templates against these.

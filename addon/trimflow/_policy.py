@@ -37,10 +37,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from . import _shrink
+from ._human import format_size
 from ._limits import Limits
 from ._media import JsonPath, Media, data_url
 from ._placeholder import MediaFacts, render, rescale_note
-from ._sizes import format_size
 from ._tokens import image_tokens, text_tokens
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from ._sizes import format_size, format_thousands
+from ._human import format_size, format_thousands
 from ._text import for_text
 
 # What was done with the body (Record.mode).
@@ -118,7 +118,7 @@ class Record:
         segment = f"segment {self.segment} " if self.segment is not None and self.segment > 1 else ""
         return f"{segment}turn {self.turn if self.turn is not None else '-'}" if self.kind == TURN else self.kind
 
-    def summary(self) -> str:
+    def log_line(self) -> str:
         """The per-turn log line: sizes and counts only."""
         parts = [f"conv {self.conversation or '-'} {self.place}"]
         parts.append(for_text(self.model) if self.model else self.format)  # the client chose it: one line, no escapes

@@ -18,10 +18,10 @@ from typing import Any
 from yaml.nodes import Node, SequenceNode
 
 from ._globs import compile_globs, regex_warning
+from ._human import parse_duration, parse_size
 from ._limits import BOOL, COUNT, DURATION, FRACTION, LIMIT_FIELDS, SIDE, SIZE, TEMPLATE, Limits
 from ._placeholder import check_placeholder
 from ._rules import BUILTIN_ENDPOINTS, FORMAT_NAMES, Endpoint, Rule, Rules
-from ._sizes import parse_duration, parse_size
 from ._yaml import NodeReader, did_you_mean, line_of, read_text, shipped_file
 from .errors import RulesError
 

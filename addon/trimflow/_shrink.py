@@ -42,9 +42,9 @@ from dataclasses import dataclass
 
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from ._human import format_size
 from ._imageinfo import ImageInfo, sniff_bytes
 from ._limits import MIN_SIDE
-from ._sizes import format_size
 
 __all__ = ["CACHE", "MAX_PIXELS", "ShrinkCache", "Shrunk", "shrink"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from trimflow._sizes import parse_size
+from trimflow._human import parse_size
 from trimflow.audit._summary import STEADY_TURNS, slope
 from trimflow.testing import image, session_body
 

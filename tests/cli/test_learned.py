@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trimflow._learned import Entry, load_learned, write_entries
+from trimflow._learned_limits import Entry, load_learned, write_entries
 from trimflow._record import utc_timestamp
 from trimflow.cli._learned import main
 

@@ -18,7 +18,7 @@ import orjson
 import pytest
 import yaml
 
-from trimflow._learned import upstream_key
+from trimflow._learned_limits import upstream_key
 from trimflow.testing import FakeProvider, Received
 
 from ..certs import make_server_cert

@@ -17,7 +17,7 @@ from urllib.parse import parse_qs, urlsplit
 import orjson
 import pytest
 
-from trimflow._sizes import format_size_change
+from trimflow._human import format_size_change
 from trimflow.testing import FakeProvider, image, session_body
 
 from ..browser import headless

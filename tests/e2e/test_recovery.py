@@ -24,7 +24,7 @@ import pytest
 import yaml
 from PIL import Image
 
-from trimflow._profiles import load_profiles, provider_check
+from trimflow._limit_profiles import load_profiles, provider_check
 from trimflow.testing import REPLY_TEXT, FakeProvider, Received
 
 from ..helpers import wait_for

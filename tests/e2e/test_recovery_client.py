@@ -27,7 +27,7 @@ import orjson
 import pytest
 import yaml
 
-from trimflow._recovery import ANSWER_MAX
+from trimflow._limit_errors import ANSWER_MAX
 
 from ..helpers import wait_for
 from .helpers import OPENAI_KEY, Proxy, session, shots, start_all, stop_all, write_rules

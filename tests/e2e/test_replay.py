@@ -18,7 +18,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from trimflow._profiles import load_profiles, provider_check
+from trimflow._limit_profiles import load_profiles, provider_check
 from trimflow.testing import FakeProvider, Row, Session, replay
 
 from ..mitmdump import free_port

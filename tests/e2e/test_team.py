@@ -32,8 +32,8 @@ import orjson
 import pytest
 import yaml
 
-from trimflow._learned import CHECK_INTERVAL
-from trimflow._profiles import load_profiles, provider_check
+from trimflow._learned_limits import CHECK_INTERVAL
+from trimflow._limit_profiles import load_profiles, provider_check
 from trimflow.testing import FakeProvider, Session, replay
 
 from ..helpers import wait_for

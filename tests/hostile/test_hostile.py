@@ -68,7 +68,7 @@ def test_engine_prunes_or_returns_the_same_bytes_with_a_reason(case: Hostile) ->
         else:
             assert record.reason is None
     assert record.reason is None or "internal error" not in record.reason
-    assert marker(case.id) not in (record.reason or "") and marker(case.id) not in record.summary()
+    assert marker(case.id) not in (record.reason or "") and marker(case.id) not in record.log_line()
 
 
 # --- the addon ----------------------------------------------------------------------------------------------

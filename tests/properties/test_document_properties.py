@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from trimflow import prune_request
-from trimflow._document import MIN_PAYLOAD, Payload, parse
+from trimflow._body import MIN_PAYLOAD, Payload, parse
 from trimflow._jsoncodec import dumps
 from trimflow.formats import FORMATS, Media
 from trimflow.testing import image

@@ -1,4 +1,4 @@
-"""Flows and rules files for the addon tests."""
+"""SharedState and rules files for the addon tests."""
 
 from __future__ import annotations
 

@@ -13,11 +13,11 @@ from .flows import llm_flow, write_rules
 GEMINI = "generativelanguage.googleapis.com"
 
 
-def keys_on(tmp_path, extra: str = "") -> proxy.Keys:
-    """The keys addon alone, on a Flows whose rules the prune addon would have set."""
-    flows = proxy.Flows()
+def keys_on(tmp_path, extra: str = "") -> proxy.GeminiKeyHeader:
+    """The keys addon alone, on a SharedState whose rules the prune addon would have set."""
+    flows = proxy.SharedState()
     flows.rules = RulesFile(write_rules(tmp_path / "rules.yaml", 2, extra))
-    return proxy.Keys(flows)
+    return proxy.GeminiKeyHeader(flows)
 
 
 def test_gemini_query_key_moves_to_its_header(tmp_path) -> None:

@@ -18,16 +18,16 @@ from ..helpers import ROOT, load_addon_module
 
 PACKAGE = ROOT / "addon" / "trimflow"
 ORDER = [
-    proxy.Keys,
+    proxy.GeminiKeyHeader,
     proxy.Recover,
     proxy.Prune,
     proxy.WebSocket,
     proxy.Simulate,
     proxy.Clicks,
     proxy.Metrics,
-    recover.Hold,
+    recover.HoldErrorAnswers,
     proxy.Prometheus,
-    proxy.Memory,
+    proxy.KeepMemory,
     proxy.Options,
 ]
 OPTIONS = {

@@ -13,7 +13,7 @@ from trimflow.proxy import memory
 async def test_keep_memory_is_set_once_at_start_unless_turned_off(monkeypatch, caplog) -> None:
     calls: list[str] = []
     monkeypatch.setattr(memory, "keep_freed_memory", lambda: calls.append("set"))  # the real one: tests/test_malloc.py
-    instance = proxy.Memory()
+    instance = proxy.KeepMemory()
     with taddons.context(instance) as tctx:
         assert tctx.options.trimflow_keep_memory is True and tctx.options._options["trimflow_keep_memory"].help
         instance.configure(set(tctx.options.keys()))  # as mitmdump configures a script it has loaded
@@ -21,14 +21,14 @@ async def test_keep_memory_is_set_once_at_start_unless_turned_off(monkeypatch, c
         tctx.configure(instance, trimflow_keep_memory=False)
         tctx.configure(instance, trimflow_keep_memory=True)
         assert calls == ["set"]  # process-wide and for good: set once
-    off = proxy.Memory()
+    off = proxy.KeepMemory()
     with taddons.context(off) as tctx:
         tctx.options.trimflow_keep_memory = False  # --set trimflow_keep_memory=false
         off.configure(set(tctx.options.keys()))
         assert calls == ["set"] and not off.kept
 
     monkeypatch.setattr(memory, "keep_freed_memory", lambda: "not glibc")
-    elsewhere = proxy.Memory()
+    elsewhere = proxy.KeepMemory()
     with taddons.context(elsewhere) as tctx, caplog.at_level(logging.INFO, logger="trimflow"):
         elsewhere.configure(set(tctx.options.keys()))
     assert [r.getMessage() for r in caplog.records if "keep_memory" in r.getMessage()] == [

@@ -22,7 +22,7 @@ from .flows import SHOT, json_answer, llm_flow, write_rules
 
 
 def test_options_have_defaults_and_help() -> None:
-    metrics = proxy.Metrics(proxy.Flows())
+    metrics = proxy.Metrics(proxy.SharedState())
     with taddons.context(metrics) as tctx:
         assert tctx.options.trimflow_metrics == "" and metrics.file is None
         assert tctx.options._options["trimflow_metrics"].help

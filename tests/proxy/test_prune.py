@@ -19,8 +19,8 @@ from mitmproxy.websocket import WebSocketMessage
 from wsproto.frame_protocol import Opcode
 
 from trimflow import proxy
+from trimflow._human import format_size_change
 from trimflow._rules_file import RulesFile
-from trimflow._sizes import format_size_change
 from trimflow.proxy import prune as prune_module
 from trimflow.testing import PATHS, session_body
 
@@ -44,7 +44,7 @@ async def test_transparent_mode_matches_rules_on_the_host_the_client_addressed(t
 
 
 def test_options_have_defaults_and_help() -> None:
-    flows = proxy.Flows()
+    flows = proxy.SharedState()
     prune = proxy.Prune(flows)
     with taddons.context(prune) as tctx:
         options = tctx.options
@@ -63,7 +63,7 @@ def test_options_have_defaults_and_help() -> None:
 
 
 def test_the_default_rules_apply_gemini_10_and_others_8() -> None:
-    flows = proxy.Flows()
+    flows = proxy.SharedState()
     prune = proxy.Prune(flows)
     with taddons.context(prune) as tctx:
         tctx.configure(prune)  # mitmdump configures a script with all options once it is loaded
@@ -75,7 +75,7 @@ def test_the_default_rules_apply_gemini_10_and_others_8() -> None:
 def test_a_bad_rules_file_is_refused_at_start_with_file_and_line(tmp_path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("defaults:\n  max_images: 8\n  max_image: 3\n")
-    prune = proxy.Prune(proxy.Flows())
+    prune = proxy.Prune(proxy.SharedState())
     with taddons.context(prune) as tctx:
         with pytest.raises(exceptions.OptionsError, match=r"bad\.yaml:3: .*max_image"):
             tctx.configure(prune, trimflow_rules=str(bad))

@@ -12,7 +12,7 @@ from mitmproxy.connection import ConnectionState
 from mitmproxy.test import taddons
 
 from trimflow import Limits, proxy
-from trimflow._recovery import ANSWER_MAX
+from trimflow._limit_errors import ANSWER_MAX
 from trimflow.proxy import recover
 from trimflow.proxy.metrics import AnswerScanner
 
@@ -213,7 +213,7 @@ def test_a_bad_option_is_refused_with_one_line(tmp_path, options: dict, problem:
     learned = tmp_path / "learned.yaml"
     learned.write_text("learned: [\n")
     values = {k: str(v).replace("{bad}", str(bad)).replace("{learned}", str(learned)) if isinstance(v, str) else v for k, v in options.items()}
-    instance = proxy.Recover(proxy.Flows(), proxy.Simulate(proxy.Flows()))
+    instance = proxy.Recover(proxy.SharedState(), proxy.Simulate(proxy.SharedState()))
     with taddons.context(instance) as tctx, pytest.raises(exceptions.OptionsError) as raised:
         tctx.configure(instance, **values)
     assert str(raised.value).startswith(problem.replace("{bad}", str(bad)).replace("{learned}", str(learned)))
@@ -222,7 +222,7 @@ def test_a_bad_option_is_refused_with_one_line(tmp_path, options: dict, problem:
 def test_a_learned_file_that_cannot_be_read_is_said_once_and_left_as_it_is(tmp_path, caplog) -> None:
     learned = tmp_path / "learned.yaml"
     learned.write_text("learned: [\n")
-    instance = proxy.Recover(proxy.Flows(), proxy.Simulate(proxy.Flows()))
+    instance = proxy.Recover(proxy.SharedState(), proxy.Simulate(proxy.SharedState()))
     with taddons.context(instance) as tctx:
         tctx.configure(instance, trimflow_learned=str(learned))
         instance.learned.learn(OPENAI, None, {"max_images": 8}, "s")
@@ -234,7 +234,7 @@ def test_a_learned_file_that_cannot_be_read_is_said_once_and_left_as_it_is(tmp_p
 
 
 def test_the_exit_line_counts_refusals_recoveries_and_learned_limits() -> None:
-    instance = proxy.Recover(proxy.Flows(), proxy.Simulate(proxy.Flows()))
+    instance = proxy.Recover(proxy.SharedState(), proxy.Simulate(proxy.SharedState()))
     assert instance.summary() is None
     instance.refused, instance.recovered, instance.limits_learned = 3, 2, 1
     assert instance.summary() == "trimflow: refused for a limit: 3 requests, recovered by a retry: 2; limits learned: 1 (memory only)"

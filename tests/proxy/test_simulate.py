@@ -1,5 +1,5 @@
 """trimflow.proxy.simulate: a limit profile answers for the provider, on the body the prune addon forwards.
-The options and the observe/enforce answers: tests/test_profiles.py."""
+The options and the observe/enforce answers: tests/test_limit_profiles.py."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ async def test_a_compressed_body_is_checked_as_it_decodes(simulated) -> None:
 
 
 async def test_off_the_request_hook_makes_no_coroutine(tmp_path) -> None:
-    flows = proxy.Flows()
+    flows = proxy.SharedState()
     simulate = proxy.Simulate(flows)
     with taddons.context(simulate) as tctx:
         tctx.configure(simulate)

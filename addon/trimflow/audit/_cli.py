@@ -20,11 +20,11 @@ from typing import NoReturn
 
 from .._decode import DEFAULT_MAX_DECODED_BYTES
 from .._decode import OPTION as DECODE_OPTION
+from .._human import format_size, parse_size
+from .._limit_profiles import DEFAULT_PROFILES_PATH, UnknownProfile, load_profiles
 from .._prices import DEFAULT_PRICES_PATH, load_prices
-from .._profiles import DEFAULT_PROFILES_PATH, UnknownProfile, load_profiles
 from .._rules import builtin_rules
 from .._rules_file import DEFAULT_RULES_PATH, load_rules
-from .._sizes import format_size, parse_size
 from .._text import for_text
 from ..errors import RulesError
 from . import _gate, _html, _report

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .._sizes import format_size, parse_size
+from .._human import format_size, parse_size
 from ..errors import ExpressionError
 from ._read import Row
 from ._summary import CUT, EMPTY, Conversation, InputProblem, Summary

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from .._sizes import format_size
+from .._human import format_size
 from ._escape import for_html as escape
 from ._gate import Gate
 from ._read import Row

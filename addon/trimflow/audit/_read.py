@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from .._conversation import Conversations, Thread
+from .._conversation import Conversations, HistoryLine
 from .._decode import DEFAULT_MAX_DECODED_BYTES, BodyTooLarge, DecodeError, decode_body
 from .._engine import prune
 from .._history import History, response_id_of
+from .._human import format_size
 from .._record import ENFORCE, OBSERVE, Record, utc_timestamp
 from .._rules import Rules, Target
-from .._sizes import format_size
 from .._usage import Usage, usage_of
 from ..errors import InputError
 from ..formats import openai_responses
@@ -371,8 +371,8 @@ class Reader:
         body = self._body(request, tally)
         return None if body is None else prune(target, request.headers, body, self.rules, OBSERVE).history
 
-    def _number(self, record: Record, history: History | None, cut: int = 0) -> Thread | None:
-        """The record's conversation, turn and segment, as the proxy's Flows assigns them (with where its cut ended)."""
+    def _number(self, record: Record, history: History | None, cut: int = 0) -> HistoryLine | None:
+        """The record's conversation, turn and segment, as the proxy's SharedState assigns them (with where its cut ended)."""
         if history is None:
             return None
         assignment = self.conversations.assign(history, record.kind, cut)
@@ -396,7 +396,7 @@ class Reader:
         with the status and usage of the server event that ends its response (one response at a time per connection)."""
         assert flow.websocket is not None
         rows = []
-        waiting: list[tuple[Row, Thread | None]] = []
+        waiting: list[tuple[Row, HistoryLine | None]] = []
         for message in flow.websocket.messages:
             if not message.from_client:
                 answer = openai_responses.websocket_answer(message.content) if waiting else None

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from .. import _jsoncodec
-from .._sizes import format_size
+from .._human import format_size
 from .._text import for_text
 from ._escape import for_markdown, for_markdown_cell, for_markdown_code
 from ._gate import Gate

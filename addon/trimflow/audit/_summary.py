@@ -313,7 +313,7 @@ class Summary:
 
 @dataclass(frozen=True, slots=True)
 class ProfileLimits:
-    """The limits of a limit profile (trimflow._profiles) that the crossing report follows."""
+    """The limits of a limit profile (trimflow._limit_profiles) that the crossing report follows."""
 
     name: str
     max_images: int | None

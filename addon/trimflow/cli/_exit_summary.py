@@ -6,9 +6,9 @@ import shlex
 from pathlib import Path
 
 from .. import audit
+from .._human import format_size
 from .._rules import builtin_rules
 from .._rules_file import DEFAULT_RULES_PATH, load_rules
-from .._sizes import format_size
 from ._run_dir import write_private
 
 MAX_CONVERSATIONS = 8

@@ -16,8 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-from .._learned import DEFAULT_TTL, FILE_NAME, FLOORS, Entry, LearnedFile, LearnedLimits, locked, ordered, write_entries
-from .._sizes import format_duration, parse_duration
+from .._human import format_duration, parse_duration
+from .._learned_limits import DEFAULT_TTL, FILE_NAME, FLOORS, Entry, LearnedFile, LearnedLimits, locked, ordered, write_entries
 from .._text import for_text
 from ..errors import RulesError
 

@@ -13,9 +13,9 @@ from typing import Any
 
 from .. import _jsoncodec
 from .._engine import prune_request
+from .._human import parse_size
 from .._record import ENFORCE, MODES
 from .._rules_file import DEFAULT_RULES_PATH, load_rules
-from .._sizes import parse_size
 from ..errors import RulesError
 
 LIMIT_FLAGS = ("max_images", "max_body_bytes", "keep_recent", "prune_batch")

@@ -1,12 +1,12 @@
 """trimflow's mitmproxy addons, one per job: the only part of trimflow that imports mitmproxy.
 
 `addons` is the list mitmproxy loads (through `addon/mitm.py` or `trimflow/proxy/mitmdump_script.py`).
-mitmproxy runs each hook through them in list order, and they share one `Flows` (the rules and each
+mitmproxy runs each hook through them in list order, and they share one `SharedState` (the rules and each
 LLM flow's state):
 
-- Keys: a Gemini `?key=` moves to the x-goog-api-key header (requestheaders).
+- GeminiKeyHeader: a Gemini `?key=` moves to the x-goog-api-key header (requestheaders).
 - Recover: keeps each LLM request's body as the client sent it (before Prune), and answers a limit error with a
-  retry within the limit it names, learning that limit (response, before Metrics); its Hold, after Metrics,
+  retry within the limit it names, learning that limit (response, before Metrics); its HoldErrorAnswers, after Metrics,
   keeps such an error answer buffered.
 - Prune: applies the rules (and the learned limits) to requests and to Codex's WebSocket `response.create` messages.
 - WebSocket: refuses Codex's WebSocket upgrade on Responses endpoints when asked (trimflow_websocket), else warns
@@ -16,32 +16,32 @@ LLM flow's state):
   rescaled (before Metrics: its stream gets the events after Metrics read the usage, and its count is recorded).
 - Metrics: completes each record with the answer's status and usage; the log line and the JSONL record.
 - Prometheus: counts each record the metrics addon writes, served at /metrics (trimflow_prometheus).
-- Memory: keeps freed body memory in the process (glibc).
+- KeepMemory: keeps freed body memory in the process (glibc).
 - Options: last, so every trimflow option is declared: a misspelt trimflow_* name or a value mitmproxy
   cannot parse stops mitmproxy at start with one line (each addon's `configure` checks its own values).
 """
 
 from .clicks import Clicks
-from .keys import Keys
-from .memory import Memory
+from .keys import GeminiKeyHeader
+from .memory import KeepMemory
 from .metrics import FLUSH_DELAY, Metrics
 from .options import Options
 from .prometheus import Prometheus
 from .prune import Prune
 from .recover import Recover
 from .simulate import Simulate
-from .state import META, Flows, FlowState
+from .state import META, FlowState, SharedState
 from .websocket import WebSocket
 
 
 def make_addons() -> list[object]:
-    """A fresh set of trimflow's addons, in the order mitmproxy must run them, sharing one Flows."""
-    flows = Flows()
+    """A fresh set of trimflow's addons, in the order mitmproxy must run them, sharing one SharedState."""
+    flows = SharedState()
     simulate = Simulate(flows)
     recover = Recover(flows, simulate)
     metrics = Metrics(flows)
     return [
-        Keys(flows),
+        GeminiKeyHeader(flows),
         recover,
         Prune(flows),
         WebSocket(flows),
@@ -50,7 +50,7 @@ def make_addons() -> list[object]:
         metrics,
         recover.hold,
         Prometheus(metrics, recover),
-        Memory(),
+        KeepMemory(),
         Options(),
     ]
 
@@ -62,14 +62,14 @@ __all__ = [
     "META",
     "Clicks",
     "FlowState",
-    "Flows",
-    "Keys",
-    "Memory",
+    "GeminiKeyHeader",
+    "KeepMemory",
     "Metrics",
     "Options",
     "Prometheus",
     "Prune",
     "Recover",
+    "SharedState",
     "Simulate",
     "WebSocket",
     "addons",

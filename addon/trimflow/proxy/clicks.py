@@ -19,7 +19,7 @@ from mitmproxy.addonmanager import Loader
 
 from .._clicks import ClickStream, Malformed, map_answer
 from .._decode import DecodeError, decode_body, is_identity
-from .state import Flows, path_of
+from .state import SharedState, path_of
 
 log = logging.getLogger("trimflow")
 
@@ -30,7 +30,7 @@ _EVENT_STREAM = "text/event-stream"
 class Clicks:
     name = "trimflow_clicks"
 
-    def __init__(self, flows: Flows) -> None:
+    def __init__(self, flows: SharedState) -> None:
         self.flows = flows
         self._streams: weakref.WeakKeyDictionary[http.HTTPFlow, ClickStream] = weakref.WeakKeyDictionary()
 

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
+from .._human import format_size_change, format_thousands
 from .._record import OBSERVE, Record
-from .._sizes import format_size_change, format_thousands
 
 
 def flow_comment(record: Record) -> str:

@@ -9,13 +9,13 @@ from __future__ import annotations
 from mitmproxy import http
 
 from ..formats import gemini
-from .state import Flows
+from .state import SharedState
 
 
-class Keys:
+class GeminiKeyHeader:
     name = "trimflow_keys"
 
-    def __init__(self, flows: Flows) -> None:
+    def __init__(self, flows: SharedState) -> None:
         self.flows = flows
 
     def requestheaders(self, flow: http.HTTPFlow) -> None:

@@ -7,13 +7,13 @@ import logging
 from mitmproxy import ctx
 from mitmproxy.addonmanager import Loader
 
+from .._human import format_size
 from .._malloc import TRIM_THRESHOLD, keep_freed_memory
-from .._sizes import format_size
 
 log = logging.getLogger("trimflow")
 
 
-class Memory:
+class KeepMemory:
     name = "trimflow_memory"
 
     def __init__(self) -> None:

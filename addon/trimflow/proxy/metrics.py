@@ -17,18 +17,18 @@ from mitmproxy.addonmanager import Loader
 
 from .._clicks import ClickStream
 from .._decode import DecodeError, decode_body
-from .._metrics import MetricsFile
+from .._metrics_file import MetricsFile
 from .._record import Record
 from .._usage import Usage, UsageScanner, usage_of
 from ..formats import openai_responses, streamed_path
 from .options import check_writable, exits_at_startup, starting
-from .state import Flows, write
+from .state import SharedState, write
 
 log = logging.getLogger("trimflow")
 
 # The per-flow line and record wait this long (seconds) after mitmproxy sends the answer: one line
 # through mitmproxy's log handlers takes ~0.3 ms, and written at once it competed with the client
-# reading its answer (bench: +0.25 ms per request on a 2-core machine). Flows finishing within it share one flush.
+# reading its answer (bench: +0.25 ms per request on a 2-core machine). SharedState finishing within it share one flush.
 FLUSH_DELAY = 0.005
 _STREAMED_TYPES = ("text/event-stream", "application/x-ndjson", "application/vnd.amazon.eventstream")
 
@@ -36,7 +36,7 @@ _STREAMED_TYPES = ("text/event-stream", "application/x-ndjson", "application/vnd
 class Metrics:
     name = "trimflow_metrics"
 
-    def __init__(self, flows: Flows) -> None:
+    def __init__(self, flows: SharedState) -> None:
         self.flows = flows
         self.file: MetricsFile | None = None
         self._unfinished: list[tuple[Record, str | None]] = []  # finished flows not yet logged, with their error (see _finish)
@@ -160,7 +160,7 @@ class Metrics:
     def _flush(self) -> None:
         finished, self._unfinished = self._unfinished, []
         for record, error in finished:
-            log.info("trimflow: %s", record.summary())
+            log.info("trimflow: %s", record.log_line())
             if self.file is not None:
                 self.file.write(record, error)
             for listener in self.listeners:

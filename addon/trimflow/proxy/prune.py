@@ -19,12 +19,12 @@ from .. import ENFORCE, MODES, NeedsWorker, Outcome, prune
 from .._decode import DEFAULT_MAX_DECODED_BYTES, DecodeError, decode_body, is_identity
 from .._decode import OPTION as DECODE_OPTION
 from .._history import History
+from .._human import format_size, parse_size
 from .._record import Record
 from .._rules_file import DEFAULT_RULES_PATH, RulesFile
-from .._sizes import format_size, parse_size
 from ..errors import RulesError
 from .options import exits_at_startup
-from .state import Flows, FlowState, log_reason, path_of
+from .state import FlowState, SharedState, log_reason, path_of
 
 log = logging.getLogger("trimflow")
 
@@ -32,7 +32,7 @@ log = logging.getLogger("trimflow")
 class Prune:
     name = "trimflow_prune"  # mitmproxy names addons by class; a prefix keeps clear of other scripts'
 
-    def __init__(self, flows: Flows) -> None:
+    def __init__(self, flows: SharedState) -> None:
         self.flows = flows
         self._warned_streamed: set[str] = set()
 
@@ -110,7 +110,7 @@ class Prune:
                 asyncio.get_running_loop().call_soon(self.flows.settle, flow, state)
                 return
             if outcome is not None and outcome.changed:
-                # Here, not in the worker: the new body is joined in this thread (see trimflow._document.Written).
+                # Here, not in the worker: the new body is joined in this thread (see trimflow._body.Written).
                 flow.request.content = outcome.body  # re-encodes with the request's content-encoding, fixes content-length
         except Exception as exc:  # noqa: BLE001 - fail open: the request goes as it came
             log.warning("trimflow: %s%s forwarded untouched: internal error %s", flow.request.pretty_host, path_of(flow), type(exc).__name__)

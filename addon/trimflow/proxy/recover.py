@@ -5,12 +5,12 @@ answer.
 - `request` (before the prune addon) keeps a reference to the body as the client sent it, until the answer's
   status shows it cannot be a limit error, or the flow ends.
 - `response` (before the metrics addon) reads an error answer against the limit-error patterns
-  (trimflow._recovery); the original body is pruned again under the tightened limits, and the request goes
+  (trimflow._limit_errors); the original body is pruned again under the tightened limits, and the request goes
   upstream once more through mitmproxy's own connection machinery, as client replay sends a flow. At most
   trimflow_retries times, and never when the tightened limits change nothing. Only when the upstream accepts
-  a retry are its limits learned (trimflow._learned, option trimflow_learned), for the upstream the request
+  a retry are its limits learned (trimflow._learned_limits, option trimflow_learned), for the upstream the request
   went to; a limit played by trimflow_simulate is learned in memory only.
-- `Hold` (after the metrics addon) holds a candidate error answer back from the client, up to ANSWER_MAX bytes:
+- `HoldErrorAnswers` (after the metrics addon) holds a candidate error answer back from the client, up to ANSWER_MAX bytes:
   an answer streamed to the client could not be taken back. A larger one goes to the client as it comes and is
   not retried, so a long answer is never all in memory.
 - A retry ends with its client: when the client's connection closes, the retry's upstream connection is closed
@@ -46,18 +46,18 @@ from .. import ENFORCE, Limits, prune
 from .._decode import DecodeError, decode_body
 from .._engine import Tighten, is_sigv4
 from .._history import History
-from .._learned import DEFAULT_TTL, FILE_NAME, LearnedLimits
-from .._profiles import check_request
+from .._human import parse_duration
+from .._learned_limits import DEFAULT_TTL, FILE_NAME, LearnedLimits
+from .._limit_errors import ANSWER_MAX, HOST, NEVER, LimitError, Patterns, Refused, Rejected, assess, load_patterns, scope
+from .._limit_profiles import check_request
 from .._record import TURN, Record
-from .._recovery import ANSWER_MAX, HOST, NEVER, LimitError, Patterns, Refused, Rejected, assess, load_patterns, scope
-from .._sizes import parse_duration
 from ..errors import RulesError
 from ..formats import counted_turn_path
 from .comment import flow_comment
 from .options import exits_at_startup
 from .prune import plain_headers
 from .simulate import Simulate
-from .state import Flows, FlowState, path_of, upstream_of, write
+from .state import FlowState, SharedState, path_of, upstream_of, write
 
 log = logging.getLogger("trimflow")
 
@@ -90,13 +90,13 @@ class _Sent:
 class Recover:
     name = "trimflow_recover"
 
-    def __init__(self, flows: Flows, simulate: Simulate) -> None:
+    def __init__(self, flows: SharedState, simulate: Simulate) -> None:
         self.flows = flows
         self.simulate = simulate  # its profile answers a retry as it answered the request
         self._patterns: Patterns | None = None  # the shipped ones until trimflow_limit_errors is configured
         self.learned = LearnedLimits(None)
         self.simulated = LearnedLimits(None)  # what answers played by trimflow_simulate taught: never in the file
-        self.hold = Hold(self)
+        self.hold = HoldErrorAnswers(self)
         self._originals: weakref.WeakKeyDictionary[http.HTTPFlow, bytes] = weakref.WeakKeyDictionary()
         self.refused = self.recovered = self.limits_learned = 0
 
@@ -377,7 +377,7 @@ def _may_be_limit(status: int) -> bool:
     return 400 <= status < 500 and status not in NEVER
 
 
-class Hold:
+class HoldErrorAnswers:
     """After the metrics addon: holds an error answer that may be a limit error back from the client, up to
     ANSWER_MAX bytes, so that the recover addon can read it and answer with the retry's. A larger answer goes to
     the client as it comes, the held part first, and is not retried (the metrics addon streams answers on streamed
@@ -540,4 +540,4 @@ def cancel_retries(client: connection.Client) -> None:
         handler.cancel()
 
 
-__all__ = ["DEFAULT_LEARNED", "Hold", "Recover", "cancel_retries", "learned_path", "resend"]
+__all__ = ["DEFAULT_LEARNED", "HoldErrorAnswers", "Recover", "cancel_retries", "learned_path", "resend"]

@@ -15,9 +15,9 @@ from mitmproxy import ctx, exceptions, http
 from mitmproxy.addonmanager import Loader
 
 from .._decode import DecodeError, decode_body
-from .._profiles import DEFAULT_PROFILES_PATH, OFF, Profile, Violation, check_request, load_profiles, select_profile
+from .._limit_profiles import DEFAULT_PROFILES_PATH, OFF, Profile, Violation, check_request, load_profiles, select_profile
 from .options import exits_at_startup
-from .state import Flows, FlowState, path_of, write
+from .state import FlowState, SharedState, path_of, write
 
 log = logging.getLogger("trimflow")
 
@@ -25,7 +25,7 @@ log = logging.getLogger("trimflow")
 class Simulate:
     name = "trimflow_simulate"
 
-    def __init__(self, flows: Flows) -> None:
+    def __init__(self, flows: SharedState) -> None:
         self.flows = flows
         self.profile: Profile | None = None  # trimflow_simulate's profile; None when off
 

@@ -17,11 +17,11 @@ from mitmproxy import http
 
 from .. import Outcome
 from .._clicks import Screen
-from .._conversation import Conversations, Thread
+from .._conversation import Conversations, HistoryLine
 from .._decode import DEFAULT_MAX_DECODED_BYTES
 from .._engine import Tighten
 from .._history import History, response_id_of
-from .._learned import upstream_key
+from .._learned_limits import upstream_key
 from .._limits import Limits
 from .._record import Record
 from .._rules import Target
@@ -50,12 +50,12 @@ class FlowState:
         self.record: Record | None = None
         self.pending: Outcome | None = None
         self.error: str | None = None
-        self.thread: Thread | None = None
-        self.waiting: list[tuple[Record, Thread | None]] = []
+        self.thread: HistoryLine | None = None
+        self.waiting: list[tuple[Record, HistoryLine | None]] = []
         self.screen: Screen | None = None
 
 
-class Flows:
+class SharedState:
     """The addons' shared state. `rules` and `max_decoded_bytes` are set by the prune addon's options."""
 
     def __init__(self) -> None:
@@ -126,7 +126,7 @@ class Flows:
         write(flow, state)
         flow.comment = flow_comment(record)
 
-    def number(self, record: Record, history: History | None, cut: int = 0) -> Thread | None:
+    def number(self, record: Record, history: History | None, cut: int = 0) -> HistoryLine | None:
         """The record's conversation, turn and segment, from its history (trimflow._conversation); returns its
         place in the conversation, for `responded`. A body that could not be read has none."""
         if history is None:
@@ -135,7 +135,7 @@ class Flows:
         record.conversation, record.turn, record.segment = assignment.conversation, assignment.turn, assignment.segment
         return assignment.thread
 
-    def responded(self, record: Record, thread: Thread | None, answer_head: bytes) -> None:
+    def responded(self, record: Record, thread: HistoryLine | None, answer_head: bytes) -> None:
         """A Responses answer names its id: a later request naming it as previous_response_id continues this conversation."""
         if thread is not None and record.format == openai_responses.NAME:
             self.conversations.responded(thread, response_id_of(answer_head))

@@ -23,7 +23,7 @@ from mitmproxy.addonmanager import Loader
 
 from ..formats import openai_responses
 from .options import exits_at_startup
-from .state import Flows, path_of
+from .state import SharedState, path_of
 
 log = logging.getLogger("trimflow")
 
@@ -48,7 +48,7 @@ def is_websocket_upgrade(request: http.Request) -> bool:
 class WebSocket:
     name = "trimflow_websocket"
 
-    def __init__(self, flows: Flows) -> None:
+    def __init__(self, flows: SharedState) -> None:
         self.flows = flows
         self.refuse = False
         self._refused_hosts: set[str] = set()

@@ -19,9 +19,9 @@ from datetime import datetime
 from pathlib import Path
 from types import ModuleType
 
+from .._human import format_size, format_size_change
 from .._rules import Rules
 from .._rules_file import DEFAULT_RULES_PATH, load_rules
-from .._sizes import format_size, format_size_change
 from ..errors import RulesError
 from . import _claude, _codex, _files, _gemini
 from ._lines import SessionError, join_lines, split_lines

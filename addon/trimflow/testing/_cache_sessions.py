@@ -33,8 +33,8 @@ from PIL import Image, ImageDraw, ImageFont
 
 from .._conversation import Conversations
 from .._engine import prune
+from .._limit_profiles import Profile, check, load_profiles
 from .._prices import Price, PriceTable, load_prices
-from .._profiles import Profile, check, load_profiles
 from .._rules import Rules
 from .._rules_file import DEFAULT_RULES_PATH, load_rules
 from .._tokens import text_tokens

@@ -74,7 +74,7 @@ import brotli
 import orjson
 import zstandard
 
-from .._profiles import DEFAULT_PROFILES_PATH, load_profiles, provider_check
+from .._limit_profiles import DEFAULT_PROFILES_PATH, load_profiles, provider_check
 from .._record import utc_timestamp
 from .._rules import builtin_rules
 from ..formats import FORMATS, streamed_path

@@ -29,7 +29,7 @@ from typing import Any
 import orjson
 from yaml.nodes import Node, SequenceNode
 
-from ._learned import FLOORS as LEARNED_FLOORS
+from ._learned_limits import FLOORS as LEARNED_FLOORS
 from ._limits import Limits
 from ._yaml import NodeReader, read_text, shipped_file
 from .errors import RulesError
@@ -56,7 +56,7 @@ MODEL, HOST = "model", "host"
 NEVER = frozenset({401, 403, 404, 407, 408, 429})  # auth, missing, rate limits: never about size
 GENERAL_STATUSES = frozenset({400, 413, 422})  # the statuses the general reader reads
 
-# The least a refusal may teach, per kind (trimflow._learned.FLOORS says why): a figure under one is not applied.
+# The least a refusal may teach, per kind (trimflow._learned_limits.FLOORS says why): a figure under one is not applied.
 FLOORS = {kind: LEARNED_FLOORS[field] for kind, field in FIELDS.items()}
 
 # What a limit steps down to when the answer names no number: the largest common limit below the

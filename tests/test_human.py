@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trimflow._sizes import format_duration, format_size, format_size_change, format_thousands, parse_duration, parse_size
+from trimflow._human import format_duration, format_size, format_size_change, format_thousands, parse_duration, parse_size
 
 KiB, MiB, GiB, TiB = 1024, 1024**2, 1024**3, 1024**4
 

@@ -1,4 +1,4 @@
-"""The learned-limits store (trimflow._learned): tighten-only, per upstream and model, floors, expiry, bounds; the file
+"""The learned-limits store (trimflow._learned_limits): tighten-only, per upstream and model, floors, expiry, bounds; the file
 a person edits, read and written in the store's own thread only, under a lock it never waits on, never written over
 when it cannot be read, followed through a link; and the engine's `tighten` hook that applies it before pruning."""
 
@@ -16,7 +16,7 @@ import orjson
 import pytest
 
 from trimflow import Limits, RulesError, builtin_rules, prune
-from trimflow._learned import FLOORS, MAX_ENTRIES, MAX_PER_UPSTREAM, Entry, LearnedLimits, bounded, load_learned, upstream_key
+from trimflow._learned_limits import FLOORS, MAX_ENTRIES, MAX_PER_UPSTREAM, Entry, LearnedLimits, bounded, load_learned, upstream_key
 from trimflow.testing import image, session_body
 
 from .helpers import held_by_another_process, wait_for
@@ -336,7 +336,7 @@ def test_the_engine_applies_learned_limits_and_the_record_says_which() -> None:
     outcome = prune(target, {}, body, rules, tighten=tighten)
     assert outcome.record is not None and (outcome.record.images_before, outcome.record.images_after) == (6, 2)
     assert outcome.record.learned_limits == "max_images=2"
-    assert "learned: max_images=2" in outcome.record.summary()
+    assert "learned: max_images=2" in outcome.record.log_line()
     other = prune(target, {}, body.replace(b'"gpt-4o"', b'"gpt-4.1"'), rules, tighten=tighten)
     assert other.record is not None and other.record.images_after == 6 and other.record.learned_limits is None
 
@@ -344,7 +344,7 @@ def test_the_engine_applies_learned_limits_and_the_record_says_which() -> None:
 # Several trimflow processes behind one balancer share the file: each learns on its own, at any moment.
 _LEARNER = """\
 import sys
-from trimflow._learned import LearnedLimits
+from trimflow._learned_limits import LearnedLimits
 
 path, name, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
 learned = LearnedLimits(path)

@@ -21,9 +21,9 @@ import orjson
 from yaml.nodes import MappingNode, Node, SequenceNode
 
 from . import _jsoncodec
+from ._human import parse_size
 from ._imageinfo import sniff_media
 from ._rules import builtin_rules
-from ._sizes import parse_size
 from ._yaml import NodeReader, did_you_mean, line_of, read_text, shipped_file
 from .errors import ProfilesError, UnknownProfile
 from .formats import FORMATS, IMAGE, Media, detect_shape
@@ -115,16 +115,16 @@ class Profile:
         """The answer body with `values` (the TEMPLATE_FIELDS) filled in."""
         if isinstance(self.body, str):
             return self.body.format_map(values).encode("utf-8")
-        return orjson.dumps(_fill(self.body, values))
+        return orjson.dumps(_fill_template(self.body, values))
 
 
-def _fill(node: Any, values: Mapping[str, Any]) -> Any:
+def _fill_template(node: Any, values: Mapping[str, Any]) -> Any:
     if isinstance(node, str):
         return node.format_map(values)
     if isinstance(node, dict):
-        return {key: _fill(value, values) for key, value in node.items()}
+        return {key: _fill_template(value, values) for key, value in node.items()}
     if isinstance(node, list):
-        return [_fill(value, values) for value in node]
+        return [_fill_template(value, values) for value in node]
     return node
 
 

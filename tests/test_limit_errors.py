@@ -1,4 +1,4 @@
-"""Limit errors (trimflow._recovery): every shipped pattern against a real answer, what is never a limit error,
+"""Limit errors (trimflow._limit_errors): every shipped pattern against a real answer, what is never a limit error,
 how a limit is tightened, and the patterns file's checks."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from trimflow import Limits, RulesError
-from trimflow._recovery import (
+from trimflow._limit_errors import (
     BODY_BYTES,
     IMAGE_BYTES,
     IMAGE_COUNT,

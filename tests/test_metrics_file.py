@@ -1,4 +1,4 @@
-"""trimflow._metrics.MetricsFile: one JSON line per record, appended across reopenings; a write error is said
+"""trimflow._metrics_file.MetricsFile: one JSON line per record, appended across reopenings; a write error is said
 once and never raised; no line ever holds a prompt, a key or base64."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from trimflow import prune_request
-from trimflow._metrics import MetricsFile
+from trimflow._metrics_file import MetricsFile
 from trimflow.testing import PATHS, b64, image, session_body
 
 from .helpers import encode, rules_with

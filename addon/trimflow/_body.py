@@ -9,7 +9,7 @@ never decoded, re-encoded or escaped, and a body's bytes stay exactly as the cli
 
 A stub is the string's first characters (so a data URL keeps its header, and a format can read its
 type) followed by a private-use marker and the span's index. A format module sees a stub as an
-ordinary string; `Document.resolve` turns the media it finds back into a `Payload` that reads the
+ordinary string; `ParsedBody.resolve` turns the media it finds back into a `Payload` that reads the
 original bytes on demand.
 
 The body's bytes are scanned only at memchr speed, once for quotes: a payload is not searched for
@@ -104,7 +104,7 @@ class Payload:
 
 
 class Written:
-    """A body written from a Document: its pieces (kept payloads are views of the original bytes)
+    """A body written from a ParsedBody: its pieces (kept payloads are views of the original bytes)
     and its length, joined into bytes on the first `bytes()`.
 
     The engine may run in a worker thread (a slow request), and a large buffer allocated there comes
@@ -130,7 +130,7 @@ class Written:
         return self._joined
 
 
-class Document:
+class ParsedBody:
     """The parsed body, and how to write or measure a value built from it.
 
     Parsed with `exact=False`, a body may hold an integer orjson read as a float (_jsoncodec): nothing but a
@@ -210,11 +210,11 @@ class Document:
         return Media(media.kind, media.path, payload, media.data_offset, media.declared_mime, media.detail)  # type: ignore[arg-type]
 
 
-def parse(body: bytes, whole_max: int | None = None, exact: bool = True) -> Document | None:
-    """The body as a Document: a skeleton where that is safe and worth it, else fully parsed.
+def parse(body: bytes, whole_max: int | None = None, exact: bool = True) -> ParsedBody | None:
+    """The body as a ParsedBody: a skeleton where that is safe and worth it, else fully parsed.
 
     None when the body would need a full parse and is larger than `whole_max` bytes. With `exact=False`, the
-    check for integers orjson would read as floats waits for `Document.make_exact` (see Document).
+    check for integers orjson would read as floats waits for `ParsedBody.make_exact` (see ParsedBody).
     Raises _jsoncodec.BodyError for a body that is not JSON, as a full parse would.
     """
     split = _split(body) if len(body) >= 4 * MIN_PAYLOAD else None
@@ -226,11 +226,11 @@ def parse(body: bytes, whole_max: int | None = None, exact: bool = True) -> Docu
             parsed, fallback = None, True
         # The standard library writes the marker as an escape with ensure_ascii: keep to orjson.
         if not fallback:
-            return Document(parsed, False, body, spans, skeleton, exact)
+            return ParsedBody(parsed, False, body, spans, skeleton, exact)
     if whole_max is not None and len(body) > whole_max:
         return None
     parsed, fallback = _jsoncodec.loads(body, exact)
-    return Document(parsed, fallback, body, exact=exact)
+    return ParsedBody(parsed, fallback, body, exact=exact)
 
 
 def _split(body: bytes) -> tuple[bytes, list[tuple[int, int]]] | None:

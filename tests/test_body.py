@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trimflow._document import MIN_PAYLOAD, Payload, parse
+from trimflow._body import MIN_PAYLOAD, Payload, parse
 from trimflow._jsoncodec import BodyError
 from trimflow.formats import FORMATS, Media
 from trimflow.testing import b64, image, session_body

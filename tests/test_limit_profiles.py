@@ -11,7 +11,7 @@ from mitmproxy import exceptions, http
 from mitmproxy.test import taddons, tflow, tutils
 
 from trimflow import proxy
-from trimflow._profiles import (
+from trimflow._limit_profiles import (
     DEFAULT_PROFILES_PATH,
     ProfilesError,
     UnknownProfile,
