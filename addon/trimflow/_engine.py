@@ -39,7 +39,7 @@ from ._record import COUNT_TOKENS, ENFORCE, OBSERVE, WARMUP, Record, utc_timesta
 from ._rules import Rules, Target
 from ._text import escape_controls
 from ._tokens import text_tokens
-from .formats import FORMATS, IMAGE, JsonPath, Media, WireFormat, counted_turn_path, detect_shape, openai_responses
+from .formats import FORMATS, IMAGE, JsonPath, Media, WireFormat, counted_turn_path, detect_shape
 
 # Inline limits: the skeleton pass runs at memory speed, a fraction of what mitmproxy spends reading the body; a
 # full parse is an order of magnitude slower per byte, and re-encoding an image far slower still (figures:
@@ -260,14 +260,13 @@ def _prune(
         )
         if counted is not None:
             record.kind = COUNT_TOKENS
-        elif fmt == openai_responses.NAME and openai_responses.is_warmup(parsed):
+        elif module.is_warmup(parsed):
             record.kind = WARMUP
         _fill_record(record, plan, len(media) - len(images), media_bytes, len(body), out)
         record.learned_limits = learned_limits
         if is_sigv4(headers):
             record.mode, record.reason = OBSERVE, "SigV4-signed body: any change would break its signature"
-        if fmt == openai_responses.NAME:
-            record.server_side_history = openai_responses.server_side_history(parsed)
+        record.server_side_history = module.server_side_history(parsed)
         record.overhead_ms = _elapsed_ms(started)
         return record
 

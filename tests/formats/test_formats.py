@@ -7,7 +7,7 @@ import copy
 
 import pytest
 
-from trimflow.formats import FORMATS, detect_shape, streamed_path
+from trimflow.formats import FORMATS, WireFormat, detect_shape, streamed_path
 from trimflow.testing import b64
 
 from .cases import CASES, PNG
@@ -103,3 +103,18 @@ def test_shape_detection_refuses_what_is_not_an_llm_request() -> None:
 def test_embeddings_and_moderations_are_not_taken_for_responses() -> None:
     for body in ({"model": "text-embedding-3-small", "input": "hello"}, {"model": "omni-moderation-latest", "input": ["a", "b"]}):
         assert detect_shape(body) is None
+
+
+def test_every_format_module_is_a_wire_format() -> None:
+    members = [name for name in dir(WireFormat) if not name.startswith("_")]
+    for name, module in FORMATS.items():
+        assert all(hasattr(module, member) for member in members), (name, [m for m in members if not hasattr(module, m)])
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_format_says_whether_a_request_is_a_warmup_or_leaves_its_history_at_the_provider(name: str) -> None:
+    body, _ = CASES[name]
+    module = FORMATS[name]
+    assert not module.is_warmup(body) and not module.server_side_history(body)
+    if name == "openai-responses":
+        assert module.is_warmup({**body, "generate": False}) and module.server_side_history({**body, "previous_response_id": "resp_1"})

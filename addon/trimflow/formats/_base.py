@@ -50,6 +50,14 @@ class WireFormat(Protocol):
         """Where the body keeps its conversation: the messages, and what sets them up."""
         ...
 
+    def is_warmup(self, body: dict[str, Any]) -> bool:
+        """Whether the request only prepares the next turn (no answer): a warm-up, not a turn."""
+        ...
+
+    def server_side_history(self, body: dict[str, Any]) -> bool:
+        """Whether the earlier turns live at the provider (the request names them instead of sending them)."""
+        ...
+
 
 class HistoryParts(NamedTuple):
     """A request's conversation as its format lays it out (trimflow._history digests it)."""
@@ -121,6 +129,11 @@ def append_notes(
     for holder_path, texts in groups.items():
         body = rebuild(body, {holder_path: append(texts)})
     return body
+
+
+def never(body: dict[str, Any]) -> bool:
+    """`is_warmup` and `server_side_history` of a format that has neither: every request is a turn, whole."""
+    return False
 
 
 def dicts(value: Any) -> list[tuple[int, dict[str, Any]]]:

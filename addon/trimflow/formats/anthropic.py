@@ -11,7 +11,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from .._media import DOCUMENT, IMAGE, JsonPath, Media, kind_of_mime
-from ._base import HistoryParts, append_notes, dicts, listed, replace_images, replace_parts
+from ._base import HistoryParts, append_notes, dicts, listed, never, replace_images, replace_parts
 
 NAME = "anthropic"
 
@@ -117,3 +117,7 @@ def matches_shape(body: dict[str, Any]) -> bool:
 
 def history(body: dict[str, Any]) -> HistoryParts:
     return HistoryParts(body, body.get("system"), listed(body.get("messages")), ("messages",))
+
+
+# Every request is a turn, its whole history in it.
+is_warmup = server_side_history = never

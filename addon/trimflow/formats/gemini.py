@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._media import JsonPath, Media, kind_of_mime
-from ._base import HistoryParts, append_notes, dicts, listed, replace_images, replace_parts
+from ._base import HistoryParts, append_notes, dicts, listed, never, replace_images, replace_parts
 
 NAME = "gemini"
 
@@ -134,3 +134,7 @@ def history(body: dict[str, Any]) -> HistoryParts:
     request, root = request_of(body)
     head = request.get("systemInstruction", request.get("system_instruction"))
     return HistoryParts(request, head, listed(request.get("contents")), (*root, "contents"))
+
+
+# Every request is a turn, its whole history in it.
+is_warmup = server_side_history = never

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .._media import IMAGE, JsonPath, Media
-from ._base import HistoryParts, dicts, listed, rebuild
+from ._base import HistoryParts, dicts, listed, never, rebuild
 
 NAME = "ollama"
 
@@ -95,3 +95,7 @@ def matches_shape(body: dict[str, Any]) -> bool:
 def history(body: dict[str, Any]) -> HistoryParts:
     # The system prompt is the first message.
     return HistoryParts(body, None, listed(body.get("messages")), ("messages",))
+
+
+# Every request is a turn, its whole history in it.
+is_warmup = server_side_history = never

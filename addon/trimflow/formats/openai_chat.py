@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._media import DOCUMENT, IMAGE, JsonPath, Media, data_url
-from ._base import HistoryParts, append_notes, dicts, listed, replace_images, replace_parts, url_media
+from ._base import HistoryParts, append_notes, dicts, listed, never, replace_images, replace_parts, url_media
 
 NAME = "openai-chat"
 
@@ -107,3 +107,7 @@ def matches_shape(body: dict[str, Any]) -> bool:
 def history(body: dict[str, Any]) -> HistoryParts:
     # The system (or developer) prompt is the first message.
     return HistoryParts(body, None, listed(body.get("messages")), ("messages",))
+
+
+# Every request is a turn, its whole history in it.
+is_warmup = server_side_history = never

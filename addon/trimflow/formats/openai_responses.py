@@ -139,6 +139,7 @@ def matches_shape(body: dict[str, Any]) -> bool:
 
 
 def server_side_history(body: dict[str, Any]) -> bool:
+    """A request naming `previous_response_id`: the provider keeps the turns before it."""
     request, _ = request_of(body)
     return bool(request.get("previous_response_id"))
 
