@@ -97,12 +97,11 @@ class Prune:
             if flow.request.raw_content is None:
                 self._warn_streamed(flow, state)
                 return
-            history = None
+            history, cut = None, 0
             try:
                 record, outcome = self._prune_flow(flow, state, inline=True)
             except NeedsWorker:
-                record, outcome, history = await asyncio.to_thread(self._prune_in_worker, flow, state)
-            cut = state.cut
+                record, outcome, history, cut = await asyncio.to_thread(self._prune_in_worker, flow, state)
             if outcome is not None and outcome.record_pending:
                 # Nothing to change: mitmproxy forwards the request as soon as this hook returns, and the
                 # record is worked out on the next turn of the loop, while the provider answers.
@@ -116,16 +115,23 @@ class Prune:
             log.warning("trimflow: %s%s forwarded untouched: internal error %s", flow.request.pretty_host, path_of(flow), type(exc).__name__)
             return
         if record is not None:
-            self.flows.keep(flow, state, record, history if outcome is None else outcome.history, cut)
+            if outcome is not None:
+                history, cut = outcome.history, outcome.cut
+            self.flows.keep(flow, state, record, history, cut)
 
-    def _prune_in_worker(self, flow: http.HTTPFlow, state: FlowState) -> tuple[Record | None, Outcome | None, History | None]:
+    def _prune_in_worker(self, flow: http.HTTPFlow, state: FlowState) -> tuple[Record | None, Outcome | None, History | None, int]:
+        """As `_prune_flow`, in a worker thread: also the history (digested here, off the loop) and where the cut
+        ended, for when the outcome is already forwarded (None: a compressed body re-encoded here)."""
         record, outcome = self._prune_flow(flow, state, inline=False)
-        history = outcome.history if outcome is not None and record is not None else None  # digested here, off the loop
-        if outcome is not None and outcome.changed and not is_identity(flow.request.headers.get("content-encoding")):
+        if outcome is None:
+            return record, None, None, 0
+        history = outcome.history if record is not None else None
+        cut = outcome.cut
+        if outcome.changed and not is_identity(flow.request.headers.get("content-encoding")):
             # Compressing the new body is slow: done here, and nothing is left for the loop to forward.
             flow.request.content = outcome.body
             outcome = None
-        return record, outcome, history
+        return record, outcome, history, cut
 
     def _prune_flow(self, flow: http.HTTPFlow, state: FlowState, inline: bool) -> tuple[Record | None, Outcome | None]:
         """The record, and the outcome whose body the caller forwards. With `inline` (on the event loop)
@@ -154,7 +160,7 @@ class Prune:
             memory=self.flows.conversations,
             tighten=self.flows.tighten_for(flow),
         )
-        state.cut, state.screen = outcome.cut, outcome.screen
+        state.screen = outcome.screen
         if outcome.record_pending:
             return None, outcome
         if outcome.record is None:

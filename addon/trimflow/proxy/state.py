@@ -42,11 +42,10 @@ class FlowState:
     waits for the server's answer to it. `screen`: how the answer's computer-use coordinates map back
     (trimflow._clicks), set by the prune addon when the newest screenshot went rescaled."""
 
-    __slots__ = ("target", "record", "pending", "error", "thread", "waiting", "cut", "screen")
+    __slots__ = ("target", "record", "pending", "error", "thread", "waiting", "screen")
 
     def __init__(self, target: Target) -> None:
         self.target = target
-        self.cut = 0  # where the engine's cut ended (Outcome.cut), for the conversation's next turn
         self.record: Record | None = None
         self.pending: Outcome | None = None
         self.error: str | None = None
