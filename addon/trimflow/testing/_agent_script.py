@@ -6,10 +6,16 @@ screenshot has been looked at, with the text `final`:
 
 - Claude Code (Anthropic Messages): a `tool_use` of `Read` with `file_path`;
 - Codex (OpenAI Responses): a `function_call` of `view_image` with `path`;
-- Gemini CLI (Gemini): a `functionCall` of `read_file` with `file_path`.
+- Gemini CLI (Gemini): a `functionCall` of `read_file` with `file_path`;
+- Hermes Agent (OpenAI chat completions): a `tool_calls` entry of `vision_analyze` with `image_url` (and the
+  `question` it requires).
+
+`AddedImagesScript` plays the model of an agent with no image tool, whose user adds the screenshots (aider's
+`/add`): it answers each chat completion with a short text, and `final` once the user's last message names the
+last screenshot.
 
 Which screenshot comes next is read from the request itself, the tool results it carries (tool_result
-blocks, function_call_output items, functionResponse parts), so the script holds no state and any replay
+blocks, function_call_output items, functionResponse parts, `tool` messages), so the script holds no state and any replay
 of a conversation gets the same answer. A request that does not offer the tool (a title, a classifier, a
 token count) is not scripted: the fake provider answers it as usual. Answers come as JSON or streamed, in
 each API's own event sequence, with the usage the fake provider worked out.
@@ -18,8 +24,10 @@ each API's own event sequence, with the usage the fake provider worked out.
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import PurePath
 from typing import Any
 
 import orjson
@@ -28,6 +36,7 @@ from ._fake_provider import (
     Usage,
     _anthropic_message,
     _anthropic_usage,
+    _chat_usage,
     _gemini_usage,
     _new_id,
     _responses_message,
@@ -44,16 +53,23 @@ JSON = "application/json"
 
 @dataclass(frozen=True, slots=True)
 class ImageTool:
-    """An agent's tool that reads an image file: its name and the argument that takes the path."""
+    """An agent's tool that reads an image file: its name, the argument that takes the path, and the other
+    arguments the tool requires (fixed values)."""
 
     name: str
     path_argument: str
+    other_arguments: tuple[tuple[str, str], ...] = ()
+
+    def call(self, path: str) -> dict[str, str]:
+        return {self.path_argument: path, **dict(self.other_arguments)}
 
 
+# Per wire format, the image tools of the agents that speak it; a request gets the first one it offers.
 TOOLS = {
-    "anthropic": ImageTool("Read", "file_path"),
-    "openai-responses": ImageTool("view_image", "path"),
-    "gemini": ImageTool("read_file", "file_path"),
+    "anthropic": (ImageTool("Read", "file_path"),),
+    "openai-responses": (ImageTool("view_image", "path"),),
+    "gemini": (ImageTool("read_file", "file_path"),),
+    "openai-chat": (ImageTool("vision_analyze", "image_url", (("question", "What does this screenshot show?"),)),),
 }
 
 
@@ -66,13 +82,14 @@ class AgentScript:
         self.calls = 0
 
     def __call__(self, fmt: str, request: dict[str, Any], usage: Usage, stream: bool, sse: bool) -> Scripted | None:
-        tool = TOOLS.get(fmt)
-        if tool is None or tool.name not in offered_tools(fmt, request):
+        offered = offered_tools(fmt, request)
+        tool = next((t for t in TOOLS.get(fmt, ()) if t.name in offered), None)
+        if tool is None:
             return None
         done = tool_results(fmt, request)
         call = None
         if done < len(self.shots):
-            call = {tool.path_argument: self.shots[done]}
+            call = tool.call(self.shots[done])
             self.calls += 1
         model = request.get("model")
         model = model if isinstance(model, str) else "fake-model"
@@ -80,7 +97,38 @@ class AgentScript:
             return _anthropic(model, tool, call, self.final, usage, stream)
         if fmt == "openai-responses":
             return _responses(request, model, tool, call, self.final, usage, stream)
+        if fmt == "openai-chat":
+            return _chat(request, model, tool, call, self.final, usage, stream)
         return _gemini(model, tool, call, self.final, usage, stream, sse)
+
+
+class AddedImagesScript:
+    """The fake provider's `script` hook for an agent whose user adds the screenshots (see the module docstring).
+    `answers` counts the chat completions it answered."""
+
+    def __init__(self, shots: Sequence[str], final: str) -> None:
+        self.last = PurePath(shots[-1]).name
+        self.final = final
+        self.answers = 0
+
+    def __call__(self, fmt: str, request: dict[str, Any], usage: Usage, stream: bool, sse: bool) -> Scripted | None:
+        if fmt != "openai-chat" or offered_tools(fmt, request):
+            return None
+        self.answers += 1
+        text = self.final if self.last in last_user_text(request) else "Noted."
+        model = request.get("model")
+        return _chat(request, model if isinstance(model, str) else "fake-model", None, None, text, usage, stream)
+
+
+def last_user_text(request: dict[str, Any]) -> str:
+    """The text of the last user message of a chat completion request."""
+    users = [m for m in _dicts(request.get("messages")) if m.get("role") == "user"]
+    if not users:
+        return ""
+    content = users[-1].get("content")
+    if isinstance(content, str):
+        return content
+    return " ".join(str(part.get("text")) for part in _dicts(content) if part.get("type") == "text")
 
 
 def offered_tools(fmt: str, request: dict[str, Any]) -> set[str]:
@@ -91,6 +139,9 @@ def offered_tools(fmt: str, request: dict[str, Any]) -> set[str]:
     if fmt == "gemini":
         declared = (d for t in tools if isinstance(t, dict) for d in t.get("functionDeclarations") or [])
         return {str(d.get("name")) for d in declared if isinstance(d, dict)}
+    if fmt == "openai-chat":
+        functions = (t.get("function") for t in tools if isinstance(t, dict))
+        return {str(f.get("name")) for f in functions if isinstance(f, dict)}
     return {str(t.get("name")) for t in tools if isinstance(t, dict)}
 
 
@@ -100,6 +151,8 @@ def tool_results(fmt: str, request: dict[str, Any]) -> int:
         return sum(1 for message in _dicts(request.get("messages")) for block in _dicts(message.get("content")) if block.get("type") == "tool_result")
     if fmt == "openai-responses":
         return sum(1 for item in _dicts(request.get("input")) if item.get("type") == "function_call_output")
+    if fmt == "openai-chat":
+        return sum(1 for message in _dicts(request.get("messages")) if message.get("role") == "tool")
     return sum(1 for content in _dicts(request.get("contents")) for part in _dicts(content.get("parts")) if "functionResponse" in part)
 
 
@@ -184,6 +237,51 @@ def _responses(request: dict[str, Any], model: str, tool: ImageTool, call: dict[
         ]
     frames.append(event("response.output_item.done", output_index=0, item=item))
     frames.append(event("response.completed", response=response("completed", [item], usage)))
+    return SSE, frames
+
+
+# --- OpenAI chat completions ----------------------------------------------------------------------------
+
+
+def _chat(
+    request: dict[str, Any], model: str, tool: ImageTool | None, call: dict[str, str] | None, text: str, usage: Usage, stream: bool
+) -> Scripted:
+    """A call of `tool` with `call` as its arguments, or (no call) the answer `text`."""
+    cid, created = _new_id("chatcmpl-"), int(time.time())
+    tool_calls: list[dict[str, Any]] | None = None
+    if tool is not None and call is not None:
+        tool_calls = [{"id": _new_id("call_"), "type": "function", "function": {"name": tool.name, "arguments": orjson.dumps(call).decode()}}]
+    finish = "tool_calls" if tool_calls else "stop"
+    if not stream:
+        message: dict[str, Any] = {"role": "assistant", "content": None if tool_calls else text, "refusal": None}
+        if tool_calls:
+            message["tool_calls"] = tool_calls
+        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+        reply = {"id": cid, "object": "chat.completion", "created": created, "model": model, "choices": [choice], "usage": _chat_usage(usage)}
+        return JSON, [_json(reply)]
+    opts = request.get("stream_options")
+    include_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
+
+    def chunk(delta: dict[str, Any] | None, finish_reason: str | None, usage_field: Any = None) -> bytes:
+        choices = [] if delta is None else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]
+        data: dict[str, Any] = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": choices}
+        if include_usage:
+            data["usage"] = usage_field  # null on every chunk but the last, as real streams send it
+        return _sse(data)
+
+    if tool_calls:
+        (called,) = tool_calls
+        opening = {**called, "index": 0, "function": {"name": tool.name if tool else "", "arguments": ""}}
+        frames = [
+            chunk({"role": "assistant", "content": None, "tool_calls": [opening]}, None),
+            chunk({"tool_calls": [{"index": 0, "function": {"arguments": called["function"]["arguments"]}}]}, None),
+        ]
+    else:
+        frames = [chunk({"role": "assistant", "content": "", "refusal": None}, None), chunk({"content": text}, None)]
+    frames.append(chunk({}, finish))
+    if include_usage:
+        frames.append(chunk(None, None, _chat_usage(usage)))
+    frames.append(b"data: [DONE]\n\n")
     return SSE, frames
 
 
