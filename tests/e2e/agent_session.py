@@ -7,9 +7,14 @@ for a by-hand recipe, beside a `python -m trimflow run` proxy), and writes what 
 command's status and output, and every request the provider received (its images as SHA-256 digests, the usage
 it was answered with). The test reads that file: nothing in here asserts.
 
-Placeholders in the session's command, environment and proxy arguments: {provider} (the fake's URL), {proxy}
+Placeholders in the session's command, environment, proxy arguments and files: {provider} (the fake's URL), {proxy}
 (the by-hand proxy's URL), {work} (the session's folder, where the screenshots are), {cert} (with "tls": the
-provider's certificate; it then serves HTTPS as localhost).
+provider's certificate; it then serves HTTPS as localhost). In files only these names are replaced, so other braces
+(JSON) stay as they are.
+
+"venv": NAME puts the bin folder of .tools/venvs/NAME (a Python agent, scripts/setup --agent-clis) on PATH;
+"added_images": true scripts a model for an agent whose user adds the screenshots (AddedImagesScript) rather than
+one that calls an image tool; "input": text for the command's standard input (a user typing).
 """
 
 from __future__ import annotations
@@ -28,13 +33,14 @@ import orjson
 from trimflow import FORMATS
 from trimflow._rules import builtin_rules
 from trimflow.testing import FakeProvider, Received, estimate_usage, image
-from trimflow.testing._agent_script import AgentScript
+from trimflow.testing._agent_script import AddedImagesScript, AgentScript
 
 from ..certs import make_server_cert
 from .helpers import decode_b64
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS_BIN = ROOT / ".tools" / "node_modules" / ".bin"
+AGENT_VENVS = ROOT / ".tools" / "venvs"  # the Python agents, one venv each
 # Claude Code's side traffic off: no telemetry, update check or error report tries the (absent) network.
 SIDE_TRAFFIC_OFF = {
     "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
@@ -103,11 +109,12 @@ def main(argv: list[str]) -> int:
         path = work / f"screen-{i + 1:02d}.png"
         path.write_bytes(image(200, 120, "PNG", seed=1000 + i))  # noise: each screenshot different, none compresses away
         shots.append(path)
-    for name, text in session.get("files", {}).items():
-        (work / name).parent.mkdir(parents=True, exist_ok=True)
-        (work / name).write_text(text)
     result: dict[str, Any] = {"shots": [digest(p.read_bytes()) for p in shots]}
-    script = AgentScript([str(p) for p in shots], session["final"])
+    script: AgentScript | AddedImagesScript
+    if session.get("added_images"):
+        script = AddedImagesScript([str(p) for p in shots], session["final"])
+    else:
+        script = AgentScript([str(p) for p in shots], session["final"])
     tls: dict[str, str] = {}
     if session.get("tls"):  # the provider on HTTPS as localhost, its certificate in {cert}
         cert, key = make_server_cert(work / "certs", "provider")
@@ -115,6 +122,11 @@ def main(argv: list[str]) -> int:
     with FakeProvider(script=script, **tls) as provider:
         url = provider.url.replace("127.0.0.1", "localhost") if tls else provider.url
         values = {"provider": url, "work": str(work), "proxy": "", "cert": tls.get("certfile", "")}
+        for name, text in session.get("files", {}).items():
+            for key, value in values.items():
+                text = text.replace(f"{{{key}}}", value)
+            (work / name).parent.mkdir(parents=True, exist_ok=True)
+            (work / name).write_text(text)
         proxy = None
         if "proxy_args" in session:  # a by-hand recipe: the proxy on its own, the command pointed at it
             port = free_port()
@@ -130,8 +142,11 @@ def main(argv: list[str]) -> int:
         if "launcher_args" in session:
             launcher = [arg.format(**values) for arg in session["launcher_args"]]
             command = [sys.executable, "-m", "trimflow", "run", *launcher, "--", *command]
+        # The agent's venv after trimflow's, whose python and mitmdump the launcher runs.
+        venv = [str(AGENT_VENVS / session["venv"] / "bin")] if "venv" in session else []
+        path = [str(TOOLS_BIN), str(Path(sys.executable).parent), *venv, os.environ.get("PATH", "/usr/bin:/bin")]
         env = {
-            "PATH": f"{TOOLS_BIN}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
+            "PATH": os.pathsep.join(path),
             "HOME": str(home),
             "LANG": "C.UTF-8",
             "PYTHONPATH": str(ROOT / "addon"),
@@ -139,7 +154,8 @@ def main(argv: list[str]) -> int:
         }
         started = time.monotonic()
         try:
-            done = subprocess.run(command, cwd=work, env=env, capture_output=True, timeout=session.get("timeout", 240), stdin=subprocess.DEVNULL)
+            stdin: dict[str, Any] = {"input": session["input"].encode()} if "input" in session else {"stdin": subprocess.DEVNULL}
+            done = subprocess.run(command, cwd=work, env=env, capture_output=True, timeout=session.get("timeout", 240), **stdin)
             result.update(returncode=done.returncode, stdout=done.stdout.decode(errors="replace"), stderr=done.stderr.decode(errors="replace"))
         except subprocess.TimeoutExpired as exc:
             result.update(returncode=None, stdout=(exc.stdout or b"").decode(errors="replace"), stderr=(exc.stderr or b"").decode(errors="replace"))
@@ -149,7 +165,8 @@ def main(argv: list[str]) -> int:
             proxy.wait(30)
             result["proxy_log"] = (work / "proxy.log").read_text(errors="replace")
         result["requests"] = [request_facts(r) for r in provider.received]
-        result["tool_calls"] = script.calls
+        result["tool_calls"] = script.calls if isinstance(script, AgentScript) else None
+        result["answers"] = script.answers if isinstance(script, AddedImagesScript) else None
     (work / "result.json").write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
     return 0
 
