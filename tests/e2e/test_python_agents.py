@@ -6,7 +6,9 @@ localhost, in a network namespace with loopback only (tests/e2e/agent_session.py
 Hermes Agent looks at one new screenshot a turn with its own image tool (`vision_analyze`, which attaches the image
 to the conversation when the model is declared vision-capable). aider has no image tool: the user adds one
 screenshot a turn (`/add screen-NN.png`, typed on its standard input) and asks about it, and aider sends every image
-added so far again on each request, in an order that changes from request to request.
+added so far again on each request, in the order of a set of their paths, which changes as it grows. The test picks
+the hash seed that puts the screenshot just added first on the first request over the cap, so that keeping images
+by position would cut it there: trimflow as it was before it aged images by arrival fails at that request.
 
 For each: the agent exits 0 with the final answer; no request the provider gets holds more images than the shipped
 rules' cap for that host and model, while the agent sent more (trimflow's records of each request as received, which
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -159,11 +162,33 @@ AIDER_ARGS = ["--model", MODEL, "--no-git", "--no-analytics", "--no-check-update
 AIDER_INPUT = ["--no-fancy-input", "--no-pretty", "--yes-always"]
 
 
+# aider's images go in the order of a set of their paths, which the hash seed decides; this one's order, growing
+# one path a turn, as aider's own Python iterates it.
+SET_ORDER = "import sys\nadded = set()\nfor path in sys.argv[1:]:\n    added.add(path)\nprint(*added, sep='\\n')"
+
+
+def seed_putting_the_newest_first(paths: list[str]) -> int:
+    """A PYTHONHASHSEED under which aider, holding `paths`, sends the last of them first: where trimflow keeping
+    images by position would cut it first."""
+    python = AGENT_VENVS / "aider" / "bin" / "python"
+    for seed in range(500):
+        env = {"PYTHONHASHSEED": str(seed), "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+        order = subprocess.run([python, "-c", SET_ORDER, *paths], env=env, capture_output=True, text=True, check=True).stdout.split("\n")
+        if order[0] == paths[-1]:
+            return seed
+    raise AssertionError("no hash seed in 500 puts the newest path first")
+
+
 def test_aider_through_the_launcher_keeps_the_screenshot_just_added(tmp_path: Path) -> None:
-    """aider re-sends every added image in a shuffled order: trimflow ages each by when it first came."""
+    """aider re-sends every added image in an order that changes as they grow: trimflow ages each by when it first
+    came. The hash seed is chosen so that on the first request over the cap the screenshot just added comes first,
+    where the oldest by position would be."""
     need("aider")
     shots = cap() + 3
-    typed = "".join(f"/add screen-{i:02d}.png\nWhat changed in screen-{i:02d}.png?\n" for i in range(1, shots + 1))
+    names = [f"screen-{i:02d}.png" for i in range(1, shots + 1)]
+    over = [str((tmp_path / "work" / name).resolve()) for name in names[: cap() + 1]]
+    seed = seed_putting_the_newest_first(over)
+    typed = "".join(f"/add {name}\nWhat changed in {name}?\n" for name in names)
     result = run_session(
         tmp_path,
         shots=shots,
@@ -173,10 +198,11 @@ def test_aider_through_the_launcher_keeps_the_screenshot_just_added(tmp_path: Pa
         input=typed,
         launcher_args=LAUNCHER_ARGS,
         command=["aider", *AIDER_ARGS, *AIDER_INPUT],
-        env=AIDER_ENV,
+        env={**AIDER_ENV, "PYTHONHASHSEED": str(seed)},
     )
     assert result["answers"] == shots
     assert_capped(result, result["shots"], list(range(1, shots + 1)))
+    assert turns(result)[cap()]["images"][0] == result["shots"][cap()]  # sent first, as the seed had it, and kept
     # Each request rewrites aider's early history (its images reshuffled, one more among them), so the records may
     # count several conversations: the summary's total is checked, whichever line holds it.
     sent, pruned = summary_totals(result["stderr"], "aider", shots)
