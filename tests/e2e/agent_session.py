@@ -1,11 +1,12 @@
 """One agent CLI session against the scripted fake provider, run inside a network namespace of its own.
 
-`python -m tests.e2e.agent_session SESSION.json` (from the checkout, as tests/e2e/test_agent_clis.py runs it in
+`python -m tests.e2e.agent_session SESSION.json` (from the checkout, as `run_session` below runs it in
 `unshare -n`): writes screenshots into the session's folder, starts FakeProvider with an AgentScript that has the
 CLI look at each of them with its own image tool, runs the command (through `python -m trimflow run ... --`, or,
 for a by-hand recipe, beside a `python -m trimflow run` proxy), and writes what happened to RESULT.json: the
 command's status and output, and every request the provider received (its images as SHA-256 digests, the usage
-it was answered with). The test reads that file: nothing in here asserts.
+it was answered with). The test reads that file: the session asserts nothing. The agent tests (test_agent_clis.py,
+test_python_agents.py) share `run_session`, `turns` and the checks of the launcher's summary, defined here.
 
 Placeholders in the session's command, environment, proxy arguments and files: {provider} (the fake's URL), {proxy}
 (the by-hand proxy's URL), {work} (the session's folder, where the screenshots are), {cert} (with "tls": the
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -97,6 +99,64 @@ def wait_listening(port: int, process: subprocess.Popen[bytes], timeout: float =
         except OSError:
             time.sleep(0.05)
     raise RuntimeError(f"the proxy did not listen on {port} within {timeout} s")
+
+
+# --- for the tests: run a session in a network namespace and read what happened -------------------------------
+
+PROMPT = "Look at the screenshots in this folder, one at a time."
+FINAL = "All screenshots seen: the dialog moved each time."
+
+
+def unshare_works() -> bool:
+    try:
+        return subprocess.run(["unshare", "-n", "true"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def run_session(tmp_path: Path, **session: Any) -> dict[str, Any]:
+    """Run one session in a network namespace with loopback only; its result (see agent_session.py)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    config = tmp_path / "session.json"
+    config.write_bytes(orjson.dumps({"workdir": str(work), "final": FINAL, **session}))
+    inside = 'ip link set lo up && exec "$@"'
+    command = ["unshare", "-n", "sh", "-c", inside, "sh", sys.executable, "-m", "tests.e2e.agent_session", str(config)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, timeout=400)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-3000:]
+    result: dict[str, Any] = orjson.loads((work / "result.json").read_bytes())
+    result["work"] = work
+    return result
+
+
+def turns(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """The LLM requests that are turns (token counts left out)."""
+    return [r for r in result["requests"] if r["format"] is not None and not r["path"].endswith((":countTokens", "/count_tokens"))]
+
+
+def summary_figures(stderr: str) -> tuple[int, int, int]:
+    """(images sent, pruned, input tokens reported) over the summary's conversation lines."""
+    lines = [line for line in stderr.splitlines() if line.startswith("trimflow:   ") and "all:" not in line]
+    assert lines, stderr[-3000:]
+    sent = sum(int(m.group(1).replace(",", "")) for m in (re.search(r"images sent ([\d,]+)", line) for line in lines) if m)
+    pruned = sum(int(m.group(1).replace(",", "")) for m in (re.search(r"pruned ([\d,]+)", line) for line in lines) if m)
+    reported = sum(int(m.group(1).replace(",", "")) for m in (re.search(r"reported in ([\d,]+)", line) for line in lines) if m)
+    return sent, pruned, reported
+
+
+def assert_summary_is_what_the_provider_received(result: dict[str, Any], agent: str) -> None:
+    stderr = result["stderr"]
+    assert re.search(rf"^trimflow: {agent} exited 0; ", stderr, re.MULTILINE), stderr[-3000:]
+    sent, pruned, reported = summary_figures(stderr)
+    llm = [r for r in result["requests"] if r["format"] is not None]
+    assert sent == sum(len(r["images"]) for r in llm)
+    assert pruned > 0
+    assert reported == sum(r["input_tokens"] for r in turns(result))
+    metrics = re.search(r"^trimflow: every turn: scripts/audit (\S+)", stderr, re.MULTILINE)
+    assert metrics is not None and Path(metrics.group(1)).is_file()
+
+
+# --- the session, inside the namespace ------------------------------------------------------------------------
 
 
 def main(argv: list[str]) -> int:

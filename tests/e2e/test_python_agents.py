@@ -32,8 +32,17 @@ import pytest
 
 from trimflow import DEFAULT_RULES_PATH, load_rules
 
-from .agent_session import AGENT_VENVS, ROOT
-from .test_agent_clis import FINAL, PROMPT, assert_summary_is_what_the_provider_received, run_session, summary_figures, turns, unshare_works
+from .agent_session import (
+    AGENT_VENVS,
+    FINAL,
+    PROMPT,
+    ROOT,
+    assert_summary_is_what_the_provider_received,
+    run_session,
+    summary_figures,
+    turns,
+    unshare_works,
+)
 
 pytestmark = pytest.mark.e2e
 
