@@ -1,21 +1,28 @@
 """One agent CLI session against the scripted fake provider, run inside a network namespace of its own.
 
-`python -m tests.e2e.agent_session SESSION.json` (from the checkout, as tests/e2e/test_agent_clis.py runs it in
+`python -m tests.e2e.agent_session SESSION.json` (from the checkout, as `run_session` below runs it in
 `unshare -n`): writes screenshots into the session's folder, starts FakeProvider with an AgentScript that has the
 CLI look at each of them with its own image tool, runs the command (through `python -m trimflow run ... --`, or,
 for a by-hand recipe, beside a `python -m trimflow run` proxy), and writes what happened to RESULT.json: the
 command's status and output, and every request the provider received (its images as SHA-256 digests, the usage
-it was answered with). The test reads that file: nothing in here asserts.
+it was answered with). The test reads that file: the session asserts nothing. The agent tests (test_agent_clis.py,
+test_python_agents.py) share `run_session`, `turns` and the checks of the launcher's summary, defined here.
 
 Placeholders in the session's command, environment, proxy arguments and files: {provider} (the fake's URL), {proxy}
 (the by-hand proxy's URL), {work} (the session's folder, where the screenshots are), {cert} (with "tls": the
-provider's certificate; it then serves HTTPS as localhost). "path" lists folders put first on the command's PATH.
+provider's certificate; it then serves HTTPS as localhost). In files only these names are replaced, so other braces
+(JSON) stay as they are. "path" lists folders put first on the command's PATH.
+
+"venv": NAME puts the bin folder of .tools/venvs/NAME (a Python agent, scripts/setup --agent-clis) on PATH;
+"added_images": true scripts a model for an agent whose user adds the screenshots (AddedImagesScript) rather than
+one that calls an image tool; "input": text for the command's standard input (a user typing).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -28,13 +35,14 @@ import orjson
 from trimflow import FORMATS
 from trimflow._rules import builtin_rules
 from trimflow.testing import FakeProvider, Received, estimate_usage, image
-from trimflow.testing._agent_script import AgentScript, tool_results
+from trimflow.testing._agent_script import AddedImagesScript, AgentScript, tool_results
 
 from ..certs import make_server_cert
 from .helpers import decode_b64
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS_BIN = ROOT / ".tools" / "node_modules" / ".bin"
+AGENT_VENVS = ROOT / ".tools" / "venvs"  # the Python agents, one venv each
 # Claude Code's side traffic off: no telemetry, update check or error report tries the (absent) network.
 SIDE_TRAFFIC_OFF = {
     "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
@@ -101,6 +109,64 @@ def wait_listening(port: int, process: subprocess.Popen[bytes], timeout: float =
     raise RuntimeError(f"the proxy did not listen on {port} within {timeout} s")
 
 
+# --- for the tests: run a session in a network namespace and read what happened -------------------------------
+
+PROMPT = "Look at the screenshots in this folder, one at a time."
+FINAL = "All screenshots seen: the dialog moved each time."
+
+
+def unshare_works() -> bool:
+    try:
+        return subprocess.run(["unshare", "-n", "true"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def run_session(tmp_path: Path, **session: Any) -> dict[str, Any]:
+    """Run one session in a network namespace with loopback only; its result (see agent_session.py)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    config = tmp_path / "session.json"
+    config.write_bytes(orjson.dumps({"workdir": str(work), "final": FINAL, **session}))
+    inside = 'ip link set lo up && exec "$@"'
+    command = ["unshare", "-n", "sh", "-c", inside, "sh", sys.executable, "-m", "tests.e2e.agent_session", str(config)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, timeout=400)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-3000:]
+    result: dict[str, Any] = orjson.loads((work / "result.json").read_bytes())
+    result["work"] = work
+    return result
+
+
+def turns(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """The LLM requests that are turns (token counts left out)."""
+    return [r for r in result["requests"] if r["format"] is not None and not r["path"].endswith((":countTokens", "/count_tokens"))]
+
+
+def summary_figures(stderr: str) -> tuple[int, int, int]:
+    """(images sent, pruned, input tokens reported) over the summary's conversation lines."""
+    lines = [line for line in stderr.splitlines() if line.startswith("trimflow:   ") and "all:" not in line]
+    assert lines, stderr[-3000:]
+    sent = sum(int(m.group(1).replace(",", "")) for m in (re.search(r"images sent ([\d,]+)", line) for line in lines) if m)
+    pruned = sum(int(m.group(1).replace(",", "")) for m in (re.search(r"pruned ([\d,]+)", line) for line in lines) if m)
+    reported = sum(int(m.group(1).replace(",", "")) for m in (re.search(r"reported in ([\d,]+)", line) for line in lines) if m)
+    return sent, pruned, reported
+
+
+def assert_summary_is_what_the_provider_received(result: dict[str, Any], agent: str) -> None:
+    stderr = result["stderr"]
+    assert re.search(rf"^trimflow: {agent} exited 0; ", stderr, re.MULTILINE), stderr[-3000:]
+    sent, pruned, reported = summary_figures(stderr)
+    llm = [r for r in result["requests"] if r["format"] is not None]
+    assert sent == sum(len(r["images"]) for r in llm)
+    assert pruned > 0
+    assert reported == sum(r["input_tokens"] for r in turns(result))
+    metrics = re.search(r"^trimflow: every turn: scripts/audit (\S+)", stderr, re.MULTILINE)
+    assert metrics is not None and Path(metrics.group(1)).is_file()
+
+
+# --- the session, inside the namespace ------------------------------------------------------------------------
+
+
 def main(argv: list[str]) -> int:
     session = orjson.loads(Path(argv[0]).read_bytes())
     work = Path(session["workdir"])
@@ -112,7 +178,11 @@ def main(argv: list[str]) -> int:
         path.write_bytes(image(200, 120, "PNG", seed=1000 + i))  # noise: each screenshot different, none compresses away
         shots.append(path)
     result: dict[str, Any] = {"shots": [digest(p.read_bytes()) for p in shots]}
-    script = AgentScript([str(p) for p in shots], session["final"])
+    script: AgentScript | AddedImagesScript
+    if session.get("added_images"):
+        script = AddedImagesScript([str(p) for p in shots], session["final"])
+    else:
+        script = AgentScript([str(p) for p in shots], session["final"])
     tls: dict[str, str] = {}
     if session.get("tls"):  # the provider on HTTPS as localhost, its certificate in {cert}
         cert, key = make_server_cert(work / "certs", "provider")
@@ -138,7 +208,9 @@ def main(argv: list[str]) -> int:
         if "launcher_args" in session:
             launcher = [arg.format(**values) for arg in session["launcher_args"]]
             command = [sys.executable, "-m", "trimflow", "run", *launcher, "--", *command]
-        path = [*session.get("path", []), str(TOOLS_BIN), str(Path(sys.executable).parent), os.environ.get("PATH", "/usr/bin:/bin")]
+        # The agent's venv after trimflow's, whose python and mitmdump the launcher runs.
+        venv = [str(AGENT_VENVS / session["venv"] / "bin")] if "venv" in session else []
+        path = [*session.get("path", []), str(TOOLS_BIN), str(Path(sys.executable).parent), *venv, os.environ.get("PATH", "/usr/bin:/bin")]
         env = {
             "PATH": os.pathsep.join(path),
             "HOME": str(home),
@@ -148,7 +220,8 @@ def main(argv: list[str]) -> int:
         }
         started = time.monotonic()
         try:
-            done = subprocess.run(command, cwd=work, env=env, capture_output=True, timeout=session.get("timeout", 240), stdin=subprocess.DEVNULL)
+            stdin: dict[str, Any] = {"input": session["input"].encode()} if "input" in session else {"stdin": subprocess.DEVNULL}
+            done = subprocess.run(command, cwd=work, env=env, capture_output=True, timeout=session.get("timeout", 240), **stdin)
             result.update(returncode=done.returncode, stdout=done.stdout.decode(errors="replace"), stderr=done.stderr.decode(errors="replace"))
         except subprocess.TimeoutExpired as exc:
             result.update(returncode=None, stdout=(exc.stdout or b"").decode(errors="replace"), stderr=(exc.stderr or b"").decode(errors="replace"))
@@ -158,7 +231,8 @@ def main(argv: list[str]) -> int:
             proxy.wait(30)
             result["proxy_log"] = (work / "proxy.log").read_text(errors="replace")
         result["requests"] = [request_facts(r) for r in provider.received]
-        result["tool_calls"] = script.calls
+        result["tool_calls"] = script.calls if isinstance(script, AgentScript) else None
+        result["answers"] = script.answers if isinstance(script, AddedImagesScript) else None
     (work / "result.json").write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
     return 0
 

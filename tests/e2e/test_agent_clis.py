@@ -15,22 +15,28 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
-from .agent_session import CODEX_CONFIG, ROOT, SIDE_TRAFFIC_OFF, TOOLS_BIN
+from .agent_session import (
+    CODEX_CONFIG,
+    FINAL,
+    PROMPT,
+    ROOT,
+    SIDE_TRAFFIC_OFF,
+    TOOLS_BIN,
+    assert_summary_is_what_the_provider_received,
+    run_session,
+    turns,
+    unshare_works,
+)
 
 pytestmark = pytest.mark.e2e
 
 SETUP = ROOT / "scripts" / "setup"
-PROMPT = "Look at the screenshots in this folder, one at a time."
-FINAL = "All screenshots seen: the dialog moved each time."
-
 CLAUDE_ENV = {"ANTHROPIC_API_KEY": "sk-ant-test-agent-cli", **SIDE_TRAFFIC_OFF}
 CODEX_ENV = {"OPENAI_API_KEY": "sk-test-agent-cli", "CODEX_HOME": "{work}/codex"}
 # gpt-5 (a model Codex has no metadata for): its tools come as functions, view_image among them.
@@ -58,13 +64,6 @@ def installed(cli: str) -> str | None:
     return str(orjson.loads(package.read_bytes())["version"])
 
 
-def unshare_works() -> bool:
-    try:
-        return subprocess.run(["unshare", "-n", "true"], capture_output=True, timeout=30).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
 def need(cli: str) -> None:
     why = None
     version = installed(cli)
@@ -80,26 +79,6 @@ def need(cli: str) -> None:
         pytest.skip(why)
 
 
-def run_session(tmp_path: Path, **session: Any) -> dict[str, Any]:
-    """Run one session in a network namespace with loopback only; its result (see agent_session.py)."""
-    work = tmp_path / "work"
-    work.mkdir()
-    config = tmp_path / "session.json"
-    config.write_bytes(orjson.dumps({"workdir": str(work), "final": FINAL, **session}))
-    inside = 'ip link set lo up && exec "$@"'
-    command = ["unshare", "-n", "sh", "-c", inside, "sh", sys.executable, "-m", "tests.e2e.agent_session", str(config)]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, timeout=400)
-    assert done.returncode == 0, done.stderr.decode(errors="replace")[-3000:]
-    result: dict[str, Any] = orjson.loads((work / "result.json").read_bytes())
-    result["work"] = work
-    return result
-
-
-def turns(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """The LLM requests that are turns (token counts left out)."""
-    return [r for r in result["requests"] if r["format"] is not None and not r["path"].endswith((":countTokens", "/count_tokens"))]
-
-
 def assert_capped_session(result: dict[str, Any], cap: int) -> None:
     """Exit 0 with the final text; every turn the provider got within the cap, and pruning did happen; the
     newest screenshot of the last turn as the file holds it."""
@@ -113,28 +92,6 @@ def assert_capped_session(result: dict[str, Any], cap: int) -> None:
     assert llm[-1]["images"][-1] == result["shots"][-1]  # the newest, byte for byte
     seen = {digest for r in llm for digest in r["images"]}
     assert seen == set(result["shots"])  # each arrived at least once
-
-
-def summary_figures(stderr: str) -> tuple[int, int, int]:
-    """(images sent, pruned, input tokens reported) over the summary's conversation lines."""
-    lines = [line for line in stderr.splitlines() if line.startswith("trimflow:   ") and "all:" not in line]
-    assert lines, stderr[-3000:]
-    sent = sum(int(m.group(1).replace(",", "")) for m in (re.search(r"images sent ([\d,]+)", line) for line in lines) if m)
-    pruned = sum(int(m.group(1).replace(",", "")) for m in (re.search(r"pruned ([\d,]+)", line) for line in lines) if m)
-    reported = sum(int(m.group(1).replace(",", "")) for m in (re.search(r"reported in ([\d,]+)", line) for line in lines) if m)
-    return sent, pruned, reported
-
-
-def assert_summary_is_what_the_provider_received(result: dict[str, Any], agent: str) -> None:
-    stderr = result["stderr"]
-    assert re.search(rf"^trimflow: {agent} exited 0; ", stderr, re.MULTILINE), stderr[-3000:]
-    sent, pruned, reported = summary_figures(stderr)
-    llm = [r for r in result["requests"] if r["format"] is not None]
-    assert sent == sum(len(r["images"]) for r in llm)
-    assert pruned > 0
-    assert reported == sum(r["input_tokens"] for r in turns(result))
-    metrics = re.search(r"^trimflow: every turn: scripts/audit (\S+)", stderr, re.MULTILINE)
-    assert metrics is not None and Path(metrics.group(1)).is_file()
 
 
 # --- through the launcher --------------------------------------------------------------------------------------

@@ -10,6 +10,12 @@ screenshot has been looked at, with the text `final`:
 - on OpenAI chat completions, a `tool_calls` entry of the first image tool the request offers: pi's and
   OpenClaw's `read` with `path`, opencode's and Kilo Code's `read` with `filePath`, Qwen Code's `read_file`
   with `file_path`, Cline's `read_files` with `files: [{path}]` (a tool whose arguments are not declared matches by its name alone).
+- Hermes Agent (OpenAI chat completions): a `tool_calls` entry of `vision_analyze` with `image_url` (and the
+  `question` it requires).
+
+`AddedImagesScript` plays the model of an agent with no image tool, whose user adds the screenshots (aider's
+`/add`): it answers each chat completion with a short text, and `final` once the user's last message names the
+last screenshot.
 
 Which screenshot comes next is read from the request itself, the tool results it carries (tool_result
 blocks, function_call_output items, functionResponse parts, tool messages), so the script holds no state and any replay
@@ -24,6 +30,7 @@ import itertools
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import PurePath
 from typing import Any
 
 import orjson
@@ -54,9 +61,10 @@ class ImageTool:
     name: str
     path_argument: str
     entry: str | None = None  # the path goes in a list of entries, each {entry: path}, under path_argument
+    other_arguments: tuple[tuple[str, str], ...] = ()  # arguments the tool requires besides the path, as given
 
     def arguments(self, path: str) -> dict[str, Any]:
-        return {self.path_argument: [{self.entry: path}] if self.entry is not None else path}
+        return {self.path_argument: [{self.entry: path}] if self.entry is not None else path, **dict(self.other_arguments)}
 
 
 # Per format, the image tools of the agents that speak it: a request is answered with the first it offers.
@@ -65,6 +73,7 @@ TOOLS: dict[str, tuple[ImageTool, ...]] = {
     "openai-responses": (ImageTool("view_image", "path"),),
     "gemini": (ImageTool("read_file", "file_path"),),
     "openai-chat": (
+        ImageTool("vision_analyze", "image_url", other_arguments=(("question", "What does this screenshot show?"),)),
         ImageTool("read", "path"),
         ImageTool("read", "filePath"),
         ImageTool("read_file", "file_path"),
@@ -99,6 +108,35 @@ class AgentScript:
         if fmt == "openai-chat":
             return _chat(request, model, tool, call, self.final, usage, stream)
         return _gemini(model, tool, call, self.final, usage, stream, sse)
+
+
+class AddedImagesScript:
+    """The fake provider's `script` hook for an agent whose user adds the screenshots (see the module docstring).
+    `answers` counts the chat completions it answered."""
+
+    def __init__(self, shots: Sequence[str], final: str) -> None:
+        self.last = PurePath(shots[-1]).name
+        self.final = final
+        self.answers = 0
+
+    def __call__(self, fmt: str, request: dict[str, Any], usage: Usage, stream: bool, sse: bool) -> Scripted | None:
+        if fmt != "openai-chat" or offered_tools(fmt, request):
+            return None
+        self.answers += 1
+        text = self.final if self.last in last_user_text(request) else "Noted."
+        model = request.get("model")
+        return _chat(request, model if isinstance(model, str) else "fake-model", None, None, text, usage, stream)
+
+
+def last_user_text(request: dict[str, Any]) -> str:
+    """The text of the last user message of a chat completion request."""
+    users = [m for m in _dicts(request.get("messages")) if m.get("role") == "user"]
+    if not users:
+        return ""
+    content = users[-1].get("content")
+    if isinstance(content, str):
+        return content
+    return " ".join(str(part.get("text")) for part in _dicts(content) if part.get("type") == "text")
 
 
 def image_tool(fmt: str, request: dict[str, Any]) -> ImageTool | None:
@@ -226,46 +264,47 @@ def _responses(request: dict[str, Any], model: str, tool: ImageTool, call: dict[
     return SSE, frames
 
 
-# --- OpenAI chat completions ------------------------------------------------------------------------------
+# --- OpenAI chat completions ----------------------------------------------------------------------------
 
 
-def _chat(request: dict[str, Any], model: str, tool: ImageTool, call: dict[str, Any] | None, final: str, usage: Usage, stream: bool) -> Scripted:
+def _chat(
+    request: dict[str, Any], model: str, tool: ImageTool | None, call: dict[str, Any] | None, text: str, usage: Usage, stream: bool
+) -> Scripted:
+    """A call of `tool` with `call` as its arguments, or (no call) the answer `text`."""
     cid, created = _new_id("chatcmpl-"), int(time.time())
-    if call is not None:
-        function = {"name": tool.name, "arguments": orjson.dumps(call).decode()}
-        tool_call: dict[str, Any] = {"id": _new_id("call_"), "type": "function", "function": function}
-        message: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": [tool_call], "refusal": None}
-        finish = "tool_calls"
-    else:
-        message, finish = {"role": "assistant", "content": final, "refusal": None}, "stop"
+    tool_calls: list[dict[str, Any]] | None = None
+    if tool is not None and call is not None:
+        tool_calls = [{"id": _new_id("call_"), "type": "function", "function": {"name": tool.name, "arguments": orjson.dumps(call).decode()}}]
+    finish = "tool_calls" if tool_calls else "stop"
     if not stream:
-        reply = {
-            "id": cid,
-            "object": "chat.completion",
-            "created": created,
-            "model": model,
-            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
-            "usage": _chat_usage(usage),
-        }
+        message: dict[str, Any] = {"role": "assistant", "content": None if tool_calls else text, "refusal": None}
+        if tool_calls:
+            message["tool_calls"] = tool_calls
+        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+        reply = {"id": cid, "object": "chat.completion", "created": created, "model": model, "choices": [choice], "usage": _chat_usage(usage)}
         return JSON, [_json(reply)]
+    opts = request.get("stream_options")
+    include_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
 
-    def chunk(delta: dict[str, Any], finish_reason: str | None) -> bytes:
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-        return _sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [choice]})
+    def chunk(delta: dict[str, Any] | None, finish_reason: str | None, usage_field: Any = None) -> bytes:
+        choices = [] if delta is None else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]
+        data: dict[str, Any] = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": choices}
+        if include_usage:
+            data["usage"] = usage_field  # null on every chunk but the last, as real streams send it
+        return _sse(data)
 
-    if call is not None:
+    if tool_calls:
+        (called,) = tool_calls
+        opening = {**called, "index": 0, "function": {"name": tool.name if tool else "", "arguments": ""}}
         frames = [
-            chunk({"role": "assistant", "content": None, "tool_calls": [{"index": 0, **tool_call, "function": {**function, "arguments": ""}}]}, None),
-            chunk({"tool_calls": [{"index": 0, "function": {"arguments": function["arguments"]}}]}, None),
+            chunk({"role": "assistant", "content": None, "tool_calls": [opening]}, None),
+            chunk({"tool_calls": [{"index": 0, "function": {"arguments": called["function"]["arguments"]}}]}, None),
         ]
     else:
-        frames = [chunk({"role": "assistant", "content": ""}, None), chunk({"content": final}, None)]
+        frames = [chunk({"role": "assistant", "content": "", "refusal": None}, None), chunk({"content": text}, None)]
     frames.append(chunk({}, finish))
-    options = request.get("stream_options")
-    if isinstance(options, dict) and options.get("include_usage"):
-        frames.append(
-            _sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [], "usage": _chat_usage(usage)})
-        )
+    if include_usage:
+        frames.append(chunk(None, None, _chat_usage(usage)))
     frames.append(b"data: [DONE]\n\n")
     return SSE, frames
 
