@@ -111,6 +111,23 @@ def wait_listening(port: int, process: subprocess.Popen[bytes], timeout: float =
 
 # --- for the tests: run a session in a network namespace and read what happened -------------------------------
 
+SETUP = ROOT / "scripts" / "setup"
+# Forward mode, as for any agent the launcher does not know; mitmproxy checks the provider's certificate.
+FORWARD_LAUNCHER_ARGS = ["--set", "ssl_verify_upstream_trusted_ca={cert}", "--set", "confdir={work}/confdir"]
+
+
+def npm_pins() -> dict[str, str]:
+    """package -> version, as scripts/setup pins them (every AGENT_... list: CI's, on demand, OpenClaw and its Node)."""
+    lists = re.findall(r"^AGENT_\w+=\(([^)]*)\)", SETUP.read_text(), re.MULTILINE)
+    return dict(spec.rsplit("@", 1) for specs in lists for spec in specs.split())
+
+
+def python_pins() -> dict[str, str]:
+    """venv name -> pip requirement, as scripts/setup pins the Python agents."""
+    entries = SETUP.read_text().split("PYTHON_AGENTS=(", 1)[1].split(")", 1)[0].split()
+    return dict(entry.split("=", 1) for entry in entries)
+
+
 PROMPT = "Look at the screenshots in this folder, one at a time."
 FINAL = "All screenshots seen: the dialog moved each time."
 

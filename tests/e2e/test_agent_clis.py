@@ -14,7 +14,6 @@ TRIMFLOW_REQUIRE_AGENT_CLIS=1, which .ci/run sets, makes either a failure.
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from .agent_session import (
     SIDE_TRAFFIC_OFF,
     TOOLS_BIN,
     assert_summary_is_what_the_provider_received,
+    npm_pins,
     run_session,
     turns,
     unshare_works,
@@ -36,7 +36,6 @@ from .agent_session import (
 
 pytestmark = pytest.mark.e2e
 
-SETUP = ROOT / "scripts" / "setup"
 CLAUDE_ENV = {"ANTHROPIC_API_KEY": "sk-ant-test-agent-cli", **SIDE_TRAFFIC_OFF}
 CODEX_ENV = {"OPENAI_API_KEY": "sk-test-agent-cli", "CODEX_HOME": "{work}/codex"}
 # gpt-5 (a model Codex has no metadata for): its tools come as functions, view_image among them.
@@ -45,12 +44,6 @@ GEMINI_ENV = {"GEMINI_API_KEY": "AIza-test-agent-cli", "GEMINI_CLI_TRUST_WORKSPA
 GEMINI_SETTINGS = '{"privacy": {"usageStatisticsEnabled": false}}'
 # A model named, so no routing classifier runs before each turn.
 GEMINI_ARGS = ["-m", "gemini-2.5-flash", "-p", PROMPT]
-
-
-def pinned() -> dict[str, str]:
-    """package -> version, as scripts/setup pins them (every AGENT_... list: CI's, on demand, OpenClaw and its Node)."""
-    lists = re.findall(r"^AGENT_\w+=\(([^)]*)\)", SETUP.read_text(), re.MULTILINE)
-    return dict(spec.rsplit("@", 1) for specs in lists for spec in specs.split())
 
 
 PACKAGES = {"claude": "@anthropic-ai/claude-code", "codex": "@openai/codex", "gemini": "@google/gemini-cli"}
@@ -69,8 +62,8 @@ def need(cli: str) -> None:
     version = installed(cli)
     if version is None:
         why = f"{cli} is not installed: scripts/setup --agent-clis (needs npm)"
-    elif version != pinned()[PACKAGES[cli]]:
-        why = f"{cli} {version} is installed, scripts/setup pins {pinned()[PACKAGES[cli]]}: scripts/setup --agent-clis"
+    elif version != npm_pins()[PACKAGES[cli]]:
+        why = f"{cli} {version} is installed, scripts/setup pins {npm_pins()[PACKAGES[cli]]}: scripts/setup --agent-clis"
     elif not unshare_works():
         why = "unshare -n does not work here (it needs root): the CLIs run with loopback only"
     if why is not None:
@@ -175,6 +168,6 @@ def test_gemini_cli_by_hand_with_its_settings_selecting_the_api_key(tmp_path: Pa
 
 def test_the_versions_docs_agents_md_names_are_the_ones_scripts_setup_pins() -> None:
     docs = (ROOT / "docs" / "agents.md").read_text()
-    for package, version in pinned().items():
+    for package, version in npm_pins().items():
         assert f"`{package}@{version}`" in docs
-    assert set(PACKAGES.values()) <= set(pinned())
+    assert set(PACKAGES.values()) <= set(npm_pins())

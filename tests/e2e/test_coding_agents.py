@@ -30,8 +30,17 @@ import pytest
 
 from trimflow import DEFAULT_RULES_PATH, load_rules
 
-from .agent_session import ROOT
-from .test_agent_clis import FINAL, PROMPT, assert_summary_is_what_the_provider_received, pinned, run_session, turns, unshare_works
+from .agent_session import (
+    FINAL,
+    FORWARD_LAUNCHER_ARGS,
+    PROMPT,
+    ROOT,
+    assert_summary_is_what_the_provider_received,
+    npm_pins,
+    run_session,
+    turns,
+    unshare_works,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -39,8 +48,6 @@ TOOLS = ROOT / ".tools"
 NODE24_BIN = TOOLS / "node24" / "node_modules" / ".bin"
 MODEL = "gpt-4o"
 KEY = "sk-test-coding-agent"
-# mitmproxy checks the fake provider's certificate (it serves TLS as localhost) against that certificate.
-LAUNCHER_ARGS = ["--set", "ssl_verify_upstream_trusted_ca={cert}", "--set", "confdir={work}/confdir"]
 
 
 @dataclass(frozen=True)
@@ -208,7 +215,7 @@ def installed_version(prefix: Path, package: str, command: str) -> str | None:
 
 
 def why_it_cannot_run(agent: Agent) -> str | None:
-    pins = pinned()
+    pins = npm_pins()
     install = "scripts/setup --agent-clis=all" if agent.on_demand else "scripts/setup --agent-clis"
     wanted = [(agent.prefix, agent.package, agent.command)]
     if NODE24_BIN in agent.path:
@@ -257,7 +264,7 @@ def run_agent(tmp_path: Path, name: str, *, through_trimflow: bool = True) -> di
     env = dict(agent.env)
     session: dict[str, Any] = {}
     if through_trimflow:
-        session["launcher_args"] = LAUNCHER_ARGS
+        session["launcher_args"] = FORWARD_LAUNCHER_ARGS
     else:
         env["NODE_EXTRA_CA_CERTS"] = "{cert}"
     return run_session(

@@ -35,9 +35,11 @@ from trimflow import DEFAULT_RULES_PATH, load_rules
 from .agent_session import (
     AGENT_VENVS,
     FINAL,
+    FORWARD_LAUNCHER_ARGS,
     PROMPT,
     ROOT,
     assert_summary_is_what_the_provider_received,
+    python_pins,
     run_session,
     summary_figures,
     turns,
@@ -46,18 +48,9 @@ from .agent_session import (
 
 pytestmark = pytest.mark.e2e
 
-SETUP = ROOT / "scripts" / "setup"
 MODEL = "gpt-4o"
 CHAT_PATH = "/v1/chat/completions"
-# Forward mode, as for any agent the launcher does not know; mitmproxy checks the provider's certificate.
-LAUNCHER_ARGS = ["--set", "ssl_verify_upstream_trusted_ca={cert}", "--set", "confdir={work}/confdir"]
 EXECUTABLES = {"aider": "aider", "hermes": "hermes"}
-
-
-def pinned() -> dict[str, str]:
-    """venv name -> pip requirement, as scripts/setup pins them."""
-    entries = SETUP.read_text().split("PYTHON_AGENTS=(", 1)[1].split(")", 1)[0].split()
-    return dict(entry.split("=", 1) for entry in entries)
 
 
 def cap() -> int:
@@ -73,9 +66,9 @@ def need(agent: str) -> None:
     stamp = venv / ".trimflow-stamp"
     installed = stamp.read_text().strip() if stamp.exists() else None
     if installed is None or not (venv / "bin" / EXECUTABLES[agent]).exists():
-        why = f"{agent} is not installed: scripts/setup --agent-clis (puts {pinned()[agent]} in .tools/venvs/{agent})"
-    elif installed != pinned()[agent]:
-        why = f"{installed} is installed, scripts/setup pins {pinned()[agent]}: scripts/setup --agent-clis"
+        why = f"{agent} is not installed: scripts/setup --agent-clis (puts {python_pins()[agent]} in .tools/venvs/{agent})"
+    elif installed != python_pins()[agent]:
+        why = f"{installed} is installed, scripts/setup pins {python_pins()[agent]}: scripts/setup --agent-clis"
     elif not unshare_works():
         why = "unshare -n does not work here (it needs root): the agents run with loopback only"
     if why is not None:
@@ -151,7 +144,7 @@ def test_hermes_agent_through_the_launcher(tmp_path: Path) -> None:
         shots=shots,
         tls=True,
         venv="hermes",
-        launcher_args=LAUNCHER_ARGS,
+        launcher_args=FORWARD_LAUNCHER_ARGS,
         command=["hermes", "-z", PROMPT],
         env=HERMES_ENV,
         files={"hermes/config.yaml": HERMES_CONFIG},
@@ -205,7 +198,7 @@ def test_aider_through_the_launcher_keeps_the_screenshot_just_added(tmp_path: Pa
         venv="aider",
         added_images=True,
         input=typed,
-        launcher_args=LAUNCHER_ARGS,
+        launcher_args=FORWARD_LAUNCHER_ARGS,
         command=["aider", *AIDER_ARGS, *AIDER_INPUT],
         env={**AIDER_ENV, "PYTHONHASHSEED": str(seed)},
     )
@@ -221,7 +214,7 @@ def test_aider_through_the_launcher_keeps_the_screenshot_just_added(tmp_path: Pa
 
 def test_the_versions_docs_agents_md_names_are_the_ones_scripts_setup_pins() -> None:
     docs = (ROOT / "docs" / "agents.md").read_text()
-    for requirement in pinned().values():
+    for requirement in python_pins().values():
         package, version = requirement.split("==")
         assert f"`{package}` {version}" in docs or f"`{package}=={version}`" in docs, requirement
-    assert set(pinned()) == set(EXECUTABLES)
+    assert set(python_pins()) == set(EXECUTABLES)

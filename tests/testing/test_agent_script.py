@@ -136,7 +136,7 @@ CHAT_TOOLS = {
 
 
 def chat_turn(client: openai.OpenAI, messages: list[dict[str, Any]], tools: list[dict[str, Any]], stream: bool) -> Any:
-    args: dict[str, Any] = {"model": "gpt-4o", "messages": messages, "tools": tools}
+    args: dict[str, Any] = {"model": "gpt-4o", "messages": messages, **({"tools": tools} if tools else {})}
     if not stream:
         return client.chat.completions.create(**args).choices[0].message
     with client.chat.completions.stream(**args, stream_options={"include_usage": True}) as events:
@@ -192,27 +192,17 @@ VISION_ANALYZE = {
 }
 
 
-def chat_turn(client: openai.OpenAI, messages: list[dict[str, Any]], stream: bool, tools: list[dict[str, Any]]) -> Any:
-    args: dict[str, Any] = {"model": "gpt-4o", "messages": messages, **({"tools": tools} if tools else {})}
-    if not stream:
-        return client.chat.completions.create(**args).choices[0].message
-    with client.chat.completions.stream(**args, stream_options={"include_usage": True}) as events:
-        final = events.get_final_completion()
-    assert final.usage is not None and final.usage.prompt_tokens > 0
-    return final.choices[0].message
-
-
 @pytest.mark.parametrize("stream", [False, True])
 def test_hermes_analyzes_each_screenshot_then_gets_the_final_text(provider: FakeProvider, stream: bool) -> None:
     client = openai.OpenAI(base_url=provider.url + "/v1", api_key="test-key", max_retries=0)
     messages: list[dict[str, Any]] = [{"role": "user", "content": "look at the screen"}]
     for shot in SHOTS:
-        message = chat_turn(client, messages, stream, [VISION_ANALYZE])
+        message = chat_turn(client, messages, [VISION_ANALYZE], stream)
         (call,) = message.tool_calls
         assert (call.function.name, json.loads(call.function.arguments)["image_url"]) == ("vision_analyze", shot)
         assert json.loads(call.function.arguments)["question"]  # the tool requires one
         messages += [message.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": call.id, "content": "an image"}]
-    message = chat_turn(client, messages, stream, [VISION_ANALYZE])
+    message = chat_turn(client, messages, [VISION_ANALYZE], stream)
     assert (message.content, message.tool_calls) == (FINAL, None)
 
 
@@ -224,8 +214,8 @@ def test_an_agent_whose_user_adds_screenshots_gets_the_final_text_once_the_last_
     script = AddedImagesScript(SHOTS, FINAL)
     with FakeProvider(script=script) as p:
         client = openai.OpenAI(base_url=p.url + "/v1", api_key="test-key", max_retries=0)
-        first = chat_turn(client, [{"role": "user", "content": [{"type": "text", "text": "What changed in 1.png?"}]}], stream, [])
-        last = chat_turn(client, [{"role": "user", "content": "What changed in 2.png?"}], stream, [])
-        other = chat_turn(client, [{"role": "user", "content": "2.png"}], stream, [VISION_ANALYZE])  # an image tool: not this script's
+        first = chat_turn(client, [{"role": "user", "content": [{"type": "text", "text": "What changed in 1.png?"}]}], [], stream)
+        last = chat_turn(client, [{"role": "user", "content": "What changed in 2.png?"}], [], stream)
+        other = chat_turn(client, [{"role": "user", "content": "2.png"}], [VISION_ANALYZE], stream)  # an image tool: not this script's
     assert (first.content, last.content, script.answers) == ("Noted.", FINAL, 2)
     assert other.content == REPLY_TEXT
