@@ -14,7 +14,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "prune": ("trimflow.cli._prune", "apply the rules to one request body offline"),
     "audit": ("trimflow.audit._cli", "audit recorded LLM traffic (mitmproxy dumps, HAR, metrics JSONL)"),
     "replay": ("trimflow.testing._replay", "send a synthetic screenshot session turn by turn"),
-    "fake-provider": ("trimflow.testing._fake_provider", "run the offline fake LLM provider"),
+    "fake-provider": ("trimflow.testing._fake_provider_cli", "run the offline fake LLM provider"),
     "learned": ("trimflow.cli._learned", "list the limits learned from providers' refusals, and forget them"),
     "repair": ("trimflow.repair._cli", "apply the rules to an agent's saved session, so that resuming it works again"),
 }

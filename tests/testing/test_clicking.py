@@ -11,10 +11,10 @@ from PIL import Image, ImageDraw
 
 from trimflow.testing import b64
 from trimflow.testing._clicking import OTHER_TOOL, SAYS, ClickingModel, find
-from trimflow.testing._fake_provider import Usage
+from trimflow.testing._fake_usage import FakeUsage
 
 PINK = (255, 0, 255)
-USAGE = Usage(input_tokens=10, output_tokens=4)
+USAGE = FakeUsage(input_tokens=10, output_tokens=4)
 
 
 def shot(size: tuple[int, int], box: tuple[int, int, int, int] | None, fmt: str = "PNG") -> bytes:

@@ -35,17 +35,8 @@ from typing import Any
 
 import orjson
 
-from ._fake_provider import (
-    Usage,
-    _anthropic_message,
-    _anthropic_usage,
-    _chat_usage,
-    _gemini_usage,
-    _new_id,
-    _responses_message,
-    _responses_object,
-    _sse,
-)
+from ._fake_usage import FakeUsage
+from ._replies import anthropic_message, anthropic_usage, chat_usage, gemini_usage, new_id, responses_message, responses_object, sse
 
 Scripted = tuple[str, list[bytes]]
 """(content type, frames): one frame when the answer is not streamed, one event per frame when it is."""
@@ -90,7 +81,7 @@ class AgentScript:
         self.final = final
         self.calls = 0
 
-    def __call__(self, fmt: str, request: dict[str, Any], usage: Usage, stream: bool, sse: bool) -> Scripted | None:
+    def __call__(self, fmt: str, request: dict[str, Any], usage: FakeUsage, stream: bool, sse: bool) -> Scripted | None:
         tool = image_tool(fmt, request)
         if tool is None:
             return None
@@ -119,7 +110,7 @@ class AddedImagesScript:
         self.final = final
         self.answers = 0
 
-    def __call__(self, fmt: str, request: dict[str, Any], usage: Usage, stream: bool, sse: bool) -> Scripted | None:
+    def __call__(self, fmt: str, request: dict[str, Any], usage: FakeUsage, stream: bool, sse: bool) -> Scripted | None:
         if fmt != "openai-chat" or offered_tools(fmt, request):
             return None
         self.answers += 1
@@ -191,27 +182,27 @@ def _json(data: Any) -> bytes:
 # --- Anthropic Messages ------------------------------------------------------------------------------------
 
 
-def _anthropic(model: str, tool: ImageTool, call: dict[str, Any] | None, final: str, usage: Usage, stream: bool) -> Scripted:
+def _anthropic(model: str, tool: ImageTool, call: dict[str, Any] | None, final: str, usage: FakeUsage, stream: bool) -> Scripted:
     if call is not None:
-        block: dict[str, Any] = {"type": "tool_use", "id": _new_id("toolu_"), "name": tool.name, "input": call}
+        block: dict[str, Any] = {"type": "tool_use", "id": new_id("toolu_"), "name": tool.name, "input": call}
         stop = "tool_use"
     else:
         block, stop = {"type": "text", "text": final}, "end_turn"
     if not stream:
-        return JSON, [_json(_anthropic_message(_new_id("msg_"), model, [block], stop, _anthropic_usage(usage, usage.output_tokens)))]
-    start = _anthropic_message(_new_id("msg_"), model, [], None, _anthropic_usage(usage, 1))
+        return JSON, [_json(anthropic_message(new_id("msg_"), model, [block], stop, anthropic_usage(usage, usage.output_tokens)))]
+    start = anthropic_message(new_id("msg_"), model, [], None, anthropic_usage(usage, 1))
     empty = {**block, "input": {}} if call is not None else {"type": "text", "text": ""}
     delta = {"type": "input_json_delta", "partial_json": orjson.dumps(call).decode()} if call is not None else {"type": "text_delta", "text": final}
     frames = [
-        _sse({"type": "message_start", "message": start}, "message_start"),
-        _sse({"type": "content_block_start", "index": 0, "content_block": empty}, "content_block_start"),
-        _sse({"type": "content_block_delta", "index": 0, "delta": delta}, "content_block_delta"),
-        _sse({"type": "content_block_stop", "index": 0}, "content_block_stop"),
-        _sse(
+        sse({"type": "message_start", "message": start}, "message_start"),
+        sse({"type": "content_block_start", "index": 0, "content_block": empty}, "content_block_start"),
+        sse({"type": "content_block_delta", "index": 0, "delta": delta}, "content_block_delta"),
+        sse({"type": "content_block_stop", "index": 0}, "content_block_stop"),
+        sse(
             {"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None}, "usage": {"output_tokens": usage.output_tokens}},
             "message_delta",
         ),
-        _sse({"type": "message_stop"}, "message_stop"),
+        sse({"type": "message_stop"}, "message_stop"),
     ]
     return SSE, frames
 
@@ -219,28 +210,30 @@ def _anthropic(model: str, tool: ImageTool, call: dict[str, Any] | None, final: 
 # --- OpenAI Responses --------------------------------------------------------------------------------------
 
 
-def _responses(request: dict[str, Any], model: str, tool: ImageTool, call: dict[str, Any] | None, final: str, usage: Usage, stream: bool) -> Scripted:
-    rid = _new_id("resp_")
+def _responses(
+    request: dict[str, Any], model: str, tool: ImageTool, call: dict[str, Any] | None, final: str, usage: FakeUsage, stream: bool
+) -> Scripted:
+    rid = new_id("resp_")
     if call is not None:
         item: dict[str, Any] = {
-            "id": _new_id("fc_"),
+            "id": new_id("fc_"),
             "type": "function_call",
             "status": "completed",
-            "call_id": _new_id("call_"),
+            "call_id": new_id("call_"),
             "name": tool.name,
             "arguments": orjson.dumps(call).decode(),
         }
     else:
-        item = _responses_message(_new_id("msg_"), final, "completed")
+        item = responses_message(new_id("msg_"), final, "completed")
     if not stream:
-        return JSON, [_json(_responses_object(rid, request, model, "completed", [item], usage))]
+        return JSON, [_json(responses_object(rid, request, model, "completed", [item], usage))]
     seq = itertools.count()
 
     def event(kind: str, **fields: Any) -> bytes:
-        return _sse({"type": kind, "sequence_number": next(seq), **fields}, kind)
+        return sse({"type": kind, "sequence_number": next(seq), **fields}, kind)
 
-    def response(status: str, output: list[Any], u: Usage | None) -> dict[str, Any]:
-        return _responses_object(rid, request, model, status, output, u)
+    def response(status: str, output: list[Any], u: FakeUsage | None) -> dict[str, Any]:
+        return responses_object(rid, request, model, status, output, u)
 
     frames = [event(kind, response=response("in_progress", [], None)) for kind in ("response.created", "response.in_progress")]
     if call is not None:
@@ -253,7 +246,7 @@ def _responses(request: dict[str, Any], model: str, tool: ImageTool, call: dict[
         where = {"item_id": item["id"], "output_index": 0, "content_index": 0}
         part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
         frames += [
-            event("response.output_item.added", output_index=0, item=_responses_message(item["id"], "", "in_progress")),
+            event("response.output_item.added", output_index=0, item=responses_message(item["id"], "", "in_progress")),
             event("response.content_part.added", **where, part=part),
             event("response.output_text.delta", **where, delta=final, logprobs=[]),
             event("response.output_text.done", **where, text=final, logprobs=[]),
@@ -268,20 +261,20 @@ def _responses(request: dict[str, Any], model: str, tool: ImageTool, call: dict[
 
 
 def _chat(
-    request: dict[str, Any], model: str, tool: ImageTool | None, call: dict[str, Any] | None, text: str, usage: Usage, stream: bool
+    request: dict[str, Any], model: str, tool: ImageTool | None, call: dict[str, Any] | None, text: str, usage: FakeUsage, stream: bool
 ) -> Scripted:
     """A call of `tool` with `call` as its arguments, or (no call) the answer `text`."""
-    cid, created = _new_id("chatcmpl-"), int(time.time())
+    cid, created = new_id("chatcmpl-"), int(time.time())
     tool_calls: list[dict[str, Any]] | None = None
     if tool is not None and call is not None:
-        tool_calls = [{"id": _new_id("call_"), "type": "function", "function": {"name": tool.name, "arguments": orjson.dumps(call).decode()}}]
+        tool_calls = [{"id": new_id("call_"), "type": "function", "function": {"name": tool.name, "arguments": orjson.dumps(call).decode()}}]
     finish = "tool_calls" if tool_calls else "stop"
     if not stream:
         message: dict[str, Any] = {"role": "assistant", "content": None if tool_calls else text, "refusal": None}
         if tool_calls:
             message["tool_calls"] = tool_calls
         choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
-        reply = {"id": cid, "object": "chat.completion", "created": created, "model": model, "choices": [choice], "usage": _chat_usage(usage)}
+        reply = {"id": cid, "object": "chat.completion", "created": created, "model": model, "choices": [choice], "usage": chat_usage(usage)}
         return JSON, [_json(reply)]
     opts = request.get("stream_options")
     include_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
@@ -291,7 +284,7 @@ def _chat(
         data: dict[str, Any] = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": choices}
         if include_usage:
             data["usage"] = usage_field  # null on every chunk but the last, as real streams send it
-        return _sse(data)
+        return sse(data)
 
     if tool_calls:
         (called,) = tool_calls
@@ -304,7 +297,7 @@ def _chat(
         frames = [chunk({"role": "assistant", "content": "", "refusal": None}, None), chunk({"content": text}, None)]
     frames.append(chunk({}, finish))
     if include_usage:
-        frames.append(chunk(None, None, _chat_usage(usage)))
+        frames.append(chunk(None, None, chat_usage(usage)))
     frames.append(b"data: [DONE]\n\n")
     return SSE, frames
 
@@ -312,13 +305,13 @@ def _chat(
 # --- Gemini ------------------------------------------------------------------------------------------------
 
 
-def _gemini(model: str, tool: ImageTool, call: dict[str, Any] | None, final: str, usage: Usage, stream: bool, sse: bool) -> Scripted:
+def _gemini(model: str, tool: ImageTool, call: dict[str, Any] | None, final: str, usage: FakeUsage, stream: bool, sse: bool) -> Scripted:
     part: dict[str, Any] = {"functionCall": {"name": tool.name, "args": call}} if call is not None else {"text": final}
     chunk = {
         "candidates": [{"content": {"parts": [part], "role": "model"}, "finishReason": "STOP", "index": 0}],
-        "usageMetadata": _gemini_usage(usage, final=True),
+        "usageMetadata": gemini_usage(usage, final=True),
         "modelVersion": model.removeprefix("models/"),
-        "responseId": _new_id("resp-"),
+        "responseId": new_id("resp-"),
     }
     if not stream:
         return JSON, [_json(chunk)]

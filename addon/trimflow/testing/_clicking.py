@@ -29,7 +29,8 @@ from typing import Any
 import orjson
 from PIL import Image, ImageChops, UnidentifiedImageError
 
-from ._fake_provider import Usage, _anthropic_message, _anthropic_usage, _new_id, _responses_message, _responses_object, _sse
+from ._fake_usage import FakeUsage
+from ._replies import anthropic_message, anthropic_usage, new_id, responses_message, responses_object, sse
 
 Scripted = tuple[str, list[bytes]]
 SSE = "text/event-stream; charset=utf-8"
@@ -49,7 +50,7 @@ class ClickingModel:
         self.seen: list[tuple[int, int]] = []
         self.clicks: list[tuple[int, int]] = []
 
-    def __call__(self, fmt: str, request: dict[str, Any], usage: Usage, stream: bool, sse: bool) -> Scripted | None:
+    def __call__(self, fmt: str, request: dict[str, Any], usage: FakeUsage, stream: bool, sse: bool) -> Scripted | None:
         tool = computer_tool(fmt, request)
         data = newest_image(fmt, request) if tool is not None else None
         if tool is None or data is None:
@@ -127,23 +128,23 @@ def _dicts(value: Any) -> Iterator[dict[str, Any]]:
 # --- Anthropic Messages ------------------------------------------------------------------------------------
 
 
-def _anthropic(model: str, tool: str, centre: tuple[int, int], usage: Usage, stream: bool) -> Scripted:
+def _anthropic(model: str, tool: str, centre: tuple[int, int], usage: FakeUsage, stream: bool) -> Scripted:
     x, y = centre
     blocks: list[dict[str, Any]] = [
         {"type": "text", "text": SAYS},
-        {"type": "tool_use", "id": _new_id("toolu_"), "name": tool, "input": {"action": "left_click", "coordinate": [x, y]}},
+        {"type": "tool_use", "id": new_id("toolu_"), "name": tool, "input": {"action": "left_click", "coordinate": [x, y]}},
         {
             "type": "tool_use",
-            "id": _new_id("toolu_"),
+            "id": new_id("toolu_"),
             "name": tool,
             "input": {"action": "left_click_drag", "start_coordinate": [x, y], "coordinate": [x, y]},
         },
-        {"type": "tool_use", "id": _new_id("toolu_"), "name": OTHER_TOOL, "input": {"coordinate": [x, y]}},
+        {"type": "tool_use", "id": new_id("toolu_"), "name": OTHER_TOOL, "input": {"coordinate": [x, y]}},
     ]
     if not stream:
-        return JSON, [orjson.dumps(_anthropic_message(_new_id("msg_"), model, blocks, "tool_use", _anthropic_usage(usage, usage.output_tokens)))]
-    start = _anthropic_message(_new_id("msg_"), model, [], None, _anthropic_usage(usage, 1))
-    frames = [_sse({"type": "message_start", "message": start}, "message_start")]
+        return JSON, [orjson.dumps(anthropic_message(new_id("msg_"), model, blocks, "tool_use", anthropic_usage(usage, usage.output_tokens)))]
+    start = anthropic_message(new_id("msg_"), model, [], None, anthropic_usage(usage, 1))
+    frames = [sse({"type": "message_start", "message": start}, "message_start")]
     for index, block in enumerate(blocks):
         if block["type"] == "text":
             empty: dict[str, Any] = {"type": "text", "text": ""}
@@ -154,53 +155,53 @@ def _anthropic(model: str, tool: str, centre: tuple[int, int], usage: Usage, str
             # Cut inside the numbers: a proxy must join the fragments before it reads them.
             cuts = [0, len(text) // 3, 2 * len(text) // 3 + 1, len(text)]
             deltas = [{"type": "input_json_delta", "partial_json": text[a:b]} for a, b in itertools.pairwise(cuts)]
-        frames.append(_sse({"type": "content_block_start", "index": index, "content_block": empty}, "content_block_start"))
-        frames += [_sse({"type": "content_block_delta", "index": index, "delta": d}, "content_block_delta") for d in deltas]
-        frames.append(_sse({"type": "content_block_stop", "index": index}, "content_block_stop"))
+        frames.append(sse({"type": "content_block_start", "index": index, "content_block": empty}, "content_block_start"))
+        frames += [sse({"type": "content_block_delta", "index": index, "delta": d}, "content_block_delta") for d in deltas]
+        frames.append(sse({"type": "content_block_stop", "index": index}, "content_block_stop"))
     stop = {"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": None}, "usage": {"output_tokens": usage.output_tokens}}
-    frames += [_sse(stop, "message_delta"), _sse({"type": "message_stop"}, "message_stop")]
+    frames += [sse(stop, "message_delta"), sse({"type": "message_stop"}, "message_stop")]
     return SSE, frames
 
 
 # --- OpenAI Responses --------------------------------------------------------------------------------------
 
 
-def _responses(request: dict[str, Any], model: str, centre: tuple[int, int], usage: Usage, stream: bool) -> Scripted:
+def _responses(request: dict[str, Any], model: str, centre: tuple[int, int], usage: FakeUsage, stream: bool) -> Scripted:
     x, y = centre
-    rid = _new_id("resp_")
+    rid = new_id("resp_")
 
     def call(action: dict[str, Any]) -> dict[str, Any]:
         return {
             "type": "computer_call",
-            "id": _new_id("cu_"),
-            "call_id": _new_id("call_"),
+            "id": new_id("cu_"),
+            "call_id": new_id("call_"),
             "action": action,
             "pending_safety_checks": [],
             "status": "completed",
         }
 
     items: list[dict[str, Any]] = [
-        _responses_message(_new_id("msg_"), SAYS, "completed"),
+        responses_message(new_id("msg_"), SAYS, "completed"),
         call({"type": "click", "button": "left", "x": x, "y": y}),
         call({"type": "drag", "path": [{"x": x, "y": y}, {"x": x, "y": y}]}),
         {
             "type": "function_call",
-            "id": _new_id("fc_"),
-            "call_id": _new_id("call_"),
+            "id": new_id("fc_"),
+            "call_id": new_id("call_"),
             "name": OTHER_TOOL,
             "arguments": orjson.dumps({"x": x, "y": y}).decode(),
             "status": "completed",
         },
     ]
     if not stream:
-        return JSON, [orjson.dumps(_responses_object(rid, request, model, "completed", items, usage))]
+        return JSON, [orjson.dumps(responses_object(rid, request, model, "completed", items, usage))]
     seq = itertools.count()
 
     def event(kind: str, **fields: Any) -> bytes:
-        return _sse({"type": kind, "sequence_number": next(seq), **fields}, kind)
+        return sse({"type": kind, "sequence_number": next(seq), **fields}, kind)
 
-    def response(status: str, output: list[Any], u: Usage | None) -> dict[str, Any]:
-        return _responses_object(rid, request, model, status, output, u)
+    def response(status: str, output: list[Any], u: FakeUsage | None) -> dict[str, Any]:
+        return responses_object(rid, request, model, status, output, u)
 
     frames = [event(kind, response=response("in_progress", [], None)) for kind in ("response.created", "response.in_progress")]
     for index, item in enumerate(items):
