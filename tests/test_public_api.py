@@ -75,7 +75,7 @@ PUBLIC = {
         "REPLY_TEXT",
         "Received",
         "ReferenceSession",
-        "Row",
+        "ReplayedTurn",
         "Session",
         "b64",
         "count_images",

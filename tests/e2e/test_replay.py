@@ -19,7 +19,7 @@ import orjson
 import pytest
 
 from trimflow._limit_profiles import load_profiles, provider_check
-from trimflow.testing import FakeProvider, Row, Session, replay
+from trimflow.testing import FakeProvider, ReplayedTurn, Session, replay
 
 from ..mitmdump import free_port
 from .helpers import ROOT, start_proxy
@@ -44,11 +44,11 @@ SCREENSHOTS_ONLY = Session("openai-chat", 500)
 LONG_SESSION = Session("openai-chat", 190, system_kb=128)
 
 
-def first_failure(rows: list[Row]) -> int | None:
+def first_failure(rows: list[ReplayedTurn]) -> int | None:
     return next((row.turn for row in rows if not row.ok), None)
 
 
-def direct(profile: str, session: Session, turns: int, path: str | None = None) -> list[Row]:
+def direct(profile: str, session: Session, turns: int, path: str | None = None) -> list[ReplayedTurn]:
     """The same session sent straight to a FakeProvider that enforces `profile` itself."""
     with FakeProvider(check=provider_check(PROFILES.get(profile)), record=False) as upstream:
         return list(replay(upstream.url, session, turns, path=path))

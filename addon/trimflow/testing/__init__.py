@@ -16,7 +16,7 @@ from ._cache_model import CacheModel, CacheUsage
 from ._cache_sessions import POLICIES, REFERENCE_SESSIONS, Policy, PolicyResult, ReferenceSession, run_policy
 from ._fake_provider import FakeProvider, Received
 from ._fake_usage import REPLY_TEXT, count_images, estimate_usage
-from ._replay import Row, Session, replay
+from ._replay import ReplayedTurn, Session, replay
 from ._synthetic import MIME, PATHS, b64, data_url, image, screenshot, session_body
 
 __all__ = [
@@ -32,7 +32,7 @@ __all__ = [
     "PolicyResult",
     "Received",
     "ReferenceSession",
-    "Row",
+    "ReplayedTurn",
     "Session",
     "b64",
     "count_images",

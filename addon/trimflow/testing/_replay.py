@@ -42,7 +42,7 @@ _TOOL_TEXT = (
 
 
 @dataclass(frozen=True, slots=True)
-class Row:
+class ReplayedTurn:
     turn: int
     sent_bytes: int
     images: int
@@ -101,8 +101,8 @@ def _system_text(kilobytes: int) -> str:
     return (text + _TOOL_TEXT * (target // len(_TOOL_TEXT) + 1))[:target]
 
 
-def replay(base_url: str, session: Session, turns: int, *, path: str | None = None, timeout: float = 300.0) -> Iterator[Row]:
-    """Send turns 1..`turns` of `session` to `base_url` + `path`; one Row per turn, failures included."""
+def replay(base_url: str, session: Session, turns: int, *, path: str | None = None, timeout: float = 300.0) -> Iterator[ReplayedTurn]:
+    """Send turns 1..`turns` of `session` to `base_url` + `path`; one ReplayedTurn per turn, failures included."""
     url = urlsplit(base_url)
     if url.scheme not in ("http", "https") or not url.hostname:
         raise ValueError(f"not an http(s) base URL: {base_url!r}")
@@ -112,7 +112,7 @@ def replay(base_url: str, session: Session, turns: int, *, path: str | None = No
         yield _send(url.scheme, url.hostname, url.port, target, body, turn, timeout)
 
 
-def _send(scheme: str, host: str, port: int | None, target: str, body: bytes, turn: int, timeout: float) -> Row:
+def _send(scheme: str, host: str, port: int | None, target: str, body: bytes, turn: int, timeout: float) -> ReplayedTurn:
     connection_class = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
     conn = connection_class(host, port, timeout=timeout)
     try:
@@ -123,9 +123,9 @@ def _send(scheme: str, host: str, port: int | None, target: str, body: bytes, tu
         status = response.status
         error = None if 200 <= status < 300 else answer_text(response.getheader("content-type", ""), answer)
         upstream = int(received) if received and received.isdigit() else None
-        return Row(turn, len(body), turn, status, upstream, error)
+        return ReplayedTurn(turn, len(body), turn, status, upstream, error)
     except (OSError, http.client.HTTPException) as e:
-        return Row(turn, len(body), turn, None, None, f"no answer: {type(e).__name__}: {e}"[:200])
+        return ReplayedTurn(turn, len(body), turn, None, None, f"no answer: {type(e).__name__}: {e}"[:200])
     finally:
         conn.close()
 
@@ -166,7 +166,7 @@ def _table_header() -> str:
     return f"{'turn':>4}  {'sent_bytes':>12}  {'images':>6}  {'status':>6}  {'upstream_bytes':>14}  answer"
 
 
-def _table_row(row: Row) -> str:
+def _table_row(row: ReplayedTurn) -> str:
     status = "-" if row.status is None else str(row.status)
     upstream = "-" if row.upstream_bytes is None else f"{row.upstream_bytes:,}"
     return (f"{row.turn:>4}  {row.sent_bytes:>12,}  {row.images:>6}  {status:>6}  {upstream:>14}  {'ok' if row.ok else row.error or ''}").rstrip()
@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
         flush=True,
     )
-    rows: list[Row] = []
+    rows: list[ReplayedTurn] = []
     started = time.monotonic()
     try:
         if not args.json:
