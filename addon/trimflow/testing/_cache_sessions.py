@@ -54,6 +54,7 @@ __all__ = [
     "desktop_screenshot",
     "main",
     "run_policy",
+    "turn_images",
 ]
 
 SCREEN = (1280, 800)
@@ -760,6 +761,12 @@ class PolicyResult:
         }
 
 
+def turn_images(session: ReferenceSession) -> list[int]:
+    """The images each turn of `session` holds as the agent sends it, before any cut."""
+    module = FORMATS[session.fmt]
+    return [sum(1 for m in module.find_media(orjson.loads(t.body)) if m.kind == IMAGE) for t in session.turns()]
+
+
 REFUSED = "cache_control over 4"  # a breach: the provider refuses a fifth breakpoint
 
 
@@ -911,7 +918,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"replay: {session.name}: {policy.name}", file=sys.stderr, flush=True)
             results.append(run_policy(session, policy, base=base, prices=prices))
         print(f"replay: {session.name}: the cheapest schedules", file=sys.stderr, flush=True)
-        images = [sum(1 for m in FORMATS[session.fmt].find_media(orjson.loads(t.body)) if m.kind == IMAGE) for t in session.turns()]
+        images = turn_images(session)
         cap = session_cap(session, base)
         floors = {r.policy: policy_floor(r, images, cap) for r in results}
         best = optima(session, floors.values(), base=base, prices=prices)
