@@ -1,20 +1,17 @@
 """Reference sessions, and what each pruning policy costs on them against the prompt cache model.
 
-Four sessions, built deterministically with real Pillow screenshots (1280x800 PNG, distinct within a
-session, 220-310 KB like a real desktop's; the sessions draw from the same 61, made once per run), each
-a list of turns: the request body as the agent sends it (whole history, the agent's own `cache_control`),
-the think time before it (some gaps past the 5-minute TTL) and the tokens of the answer it gets:
+Twelve sessions, built deterministically with real Pillow screenshots (1280x800 PNG, distinct within a
+session, 220-310 KB like a real desktop's; made once per run), each a list of turns: the request body as the
+agent sends it (whole history, the agent's own `cache_control`), the think time before it (some gaps past the
+5-minute TTL) and the tokens of the answer it gets. Six shapes (steady computer use, a Claude Code-style coding
+session, chat pasting 3 screenshots a message, a Gemini browser agent, and pauses past the TTL every 15 turns
+on two of them), each on Anthropic's cache and on an automatic one: OpenAI chat, OpenAI Responses (Codex,
+computer use) or Gemini. docs/caching.md lists them.
 
-- computer-use: Anthropic, 60 turns, a screenshot per turn in a `tool_result`, `cache_control` on the
-  system prompt and on the last block, as Claude Code does;
-- claude-code: Anthropic, 80 requests of a coding session (a long system prompt and tool definitions,
-  file reads, shell output) that reads 20 screenshots;
-- chat: OpenAI chat, a user pasting 3 screenshots into each of 15 messages;
-- gemini: a Gemini 2.5 Flash browser agent, 40 turns, a screenshot per turn after each function call.
-
-`run` sends every turn of a session through the engine under one policy (a rules file with overrides),
-in process, then the body the engine forwards through the cache model at the session's simulated time,
-and adds up what the provider would bill. `python -m trimflow replay --policies` prints the tables.
+`run_policy` sends every turn of a session through the engine under one policy (a rules file with overrides),
+in process, as one proxy remembers the conversation or as several behind a round-robin balancer do, then the
+body the engine forwards through the cache model at the session's simulated time, and adds up what the
+provider would bill. `python -m trimflow replay --policies` prints the tables.
 """
 
 from __future__ import annotations
@@ -418,7 +415,7 @@ def _computer_use_responses(gaps: Mapping[int, float] = _CU_GAPS, seed: str = "c
         body = {"model": "gpt-5", "instructions": instructions, "tools": tools, "input": items, "store": False, "truncation": "auto"}
         x, y = rng.randrange(SCREEN[0]), rng.randrange(SCREEN[1])
         call_id = f"call_{turn:04d}"
-        answer = [
+        answer: list[dict[str, Any]] = [
             {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": f"Step {turn}: I will click at ({x}, {y})."}]},
             {"type": "computer_call", "call_id": call_id, "action": {"type": "click", "button": "left", "x": x, "y": y}, "pending_safety_checks": []},
         ]
