@@ -65,6 +65,7 @@ from trimflow.testing._cache_sessions import turn_images
 from trimflow.testing._optimum import optimum, policy_floor, price_for, ratios, session_cap
 
 FORMAT = "openai-chat"
+MODEL = "gpt-5"  # under the shipped default cap of 8 in batches of 6 (gpt-4o has a voluntary cap of 5)
 PATH = PATHS[FORMAT]
 URL = f"https://api.openai.com{PATH}"
 HEADERS = {"content-type": "application/json", "authorization": "Bearer sk-bench"}
@@ -239,7 +240,7 @@ FULL = Settings(
 def distinct_session(turns: int, shots: list[bytes], mime: str) -> bytes:
     """The whole-history OpenAI chat body of turn `turns`, screenshot shots[i] in turn i+1: distinct images,
     as a real session has (one placeholder image is built, then each turn's is swapped in)."""
-    body = session_body(FORMAT, turns, shots[0], mime)
+    body = session_body(FORMAT, turns, shots[0], mime, model=MODEL)
     user_turns = [m for m in body["messages"] if m["role"] == "user"]
     for message, shot in zip(user_turns, shots, strict=True):
         for part in message["content"]:
