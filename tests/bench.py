@@ -61,9 +61,11 @@ from trimflow._malloc import MMAP_THRESHOLD, TRIM_THRESHOLD
 from trimflow._record import utc_timestamp
 from trimflow._rules_file import DEFAULT_RULES_PATH, load_rules
 from trimflow.testing import MIME, PATHS, POLICIES, REFERENCE_SESSIONS, data_url, image, run_policy, screenshot, session_body
-from trimflow.testing._optimum import optimum, price_for, ratios
+from trimflow.testing._cache_sessions import turn_images
+from trimflow.testing._optimum import optimum, policy_floor, price_for, ratios, session_cap
 
 FORMAT = "openai-chat"
+MODEL = "gpt-5"  # under the shipped default cap of 8 in batches of 6 (gpt-4o has a voluntary cap of 5)
 PATH = PATHS[FORMAT]
 URL = f"https://api.openai.com{PATH}"
 HEADERS = {"content-type": "application/json", "authorization": "Bearer sk-bench"}
@@ -238,7 +240,7 @@ FULL = Settings(
 def distinct_session(turns: int, shots: list[bytes], mime: str) -> bytes:
     """The whole-history OpenAI chat body of turn `turns`, screenshot shots[i] in turn i+1: distinct images,
     as a real session has (one placeholder image is built, then each turn's is swapped in)."""
-    body = session_body(FORMAT, turns, shots[0], mime)
+    body = session_body(FORMAT, turns, shots[0], mime, model=MODEL)
     user_turns = [m for m in body["messages"] if m["role"] == "user"]
     for message, shot in zip(user_turns, shots, strict=True):
         for part in message["content"]:
@@ -1470,6 +1472,7 @@ LEARNED_ENTRIES = 10_000
 
 
 STEADY_SESSIONS = ("computer-use",)  # steady computer use: the shipped rules within 2% of the optimum at full length
+ROUND_ROBIN_SESSIONS = ("computer-use", "idle")  # two instances against one: pauses past the TTL on both
 
 
 def cache_figures() -> list[Figure]:
@@ -1497,7 +1500,9 @@ def cache_figures() -> list[Figure]:
     ]
     for reference in REFERENCE_SESSIONS:
         result = shipped if reference is session else run_policy(reference, policies["shipped defaults"])
-        best = optimum(reference)
+        cap = session_cap(reference, RULES)
+        floor = policy_floor(result, turn_images(reference), cap)
+        best = optimum(reference, cap=cap, floor=floor)
         against = ratios(result, best, price_for(reference))
         name = reference.name.replace("-", "_")
         where = f"{reference.name}, shipped / optimum at a floor of {best.floor} under a cap of {best.cap}"
@@ -1507,6 +1512,14 @@ def cache_figures() -> list[Figure]:
             Figure(f"cache_optimum_{name}_by_length", f"{where}, averaged over lengths", against.averaged, "x", 1.05),
             Figure(f"cache_optimum_{name}_over_cap", f"{reference.name}, shipped: turns over the cap", against.cap_broken, "turns", 0),
         ]
+    # Two instances behind a round-robin balancer, each seeing every other turn, against one instance.
+    for name in ROUND_ROBIN_SESSIONS:
+        reference = next(s for s in REFERENCE_SESSIONS if s.name == name)
+        one = shipped if reference is session else run_policy(reference, policies["shipped defaults"])
+        two = run_policy(reference, policies["shipped defaults"], instances=2)
+        assert one.cost is not None and two.cost is not None, "the session's model has a price"
+        label = f"{name}, shipped: two instances behind round robin / one"
+        figures.append(Figure(f"cache_round_robin_{name.replace('-', '_')}", label, two.cost / one.cost, "x", 1.0))
     return figures
 
 

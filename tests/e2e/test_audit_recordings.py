@@ -22,6 +22,7 @@ import pytest
 from trimflow._policy import count_pruned
 from trimflow._rules_file import DEFAULT_RULES_PATH, load_rules
 from trimflow.audit import main
+from trimflow.formats import FORMATS
 from trimflow.testing import PATHS, FakeProvider, Received, count_images, estimate_usage, image, session_body
 
 from ..browser import headless
@@ -37,7 +38,12 @@ API_KEY = "sk-ant-test-SECRET-audit-e2e-1f2e"
 QUERY_KEY = "SECRET-query-key-audit-e2e-77"
 # Interleaved conversations: Anthropic sent plainly, OpenAI chat gzip-compressed as some SDKs do.
 SESSIONS = {"anthropic": None, "openai-chat": "gzip"}
-SHIPPED = load_rules(DEFAULT_RULES_PATH).defaults
+SHIPPED_RULES = load_rules(DEFAULT_RULES_PATH)
+# The shipped rules' limits for each session's model (a cap of 8 in batches of 6; gpt-4o's voluntary 5 in batches of 3).
+SHIPPED = {
+    fmt: SHIPPED_RULES.limits_for("127.0.0.1", PATHS[fmt], FORMATS[fmt].model(session_body(fmt, 1, SHOT, "image/png"), PATHS[fmt]))
+    for fmt in SESSIONS
+}
 
 
 def gateway(received: Received) -> tuple[int, str, bytes] | None:
@@ -145,11 +151,14 @@ def test_without_the_addon_nothing_was_pruned_and_the_failures_are_listed(record
     report = audit_json(capsys, recordings["plain"].dump)
     for row in report["records"]:
         assert (row["images_after"], row["body_bytes_after"]) == (row["images_before"], row["body_bytes_before"])
+    crossings = []
     for conversation in report["summary"]["conversations"]:
         assert conversation["failures"] == [{"turn": t, "status": 400, "category": "too many images"} for t in (9, 10)]
         crossing = next(c for c in conversation["limits"] if c["limit"] == "max_images")
-        assert (crossing["value"], crossing["crossed_at"], crossing["projected"]) == (8, 9, False)
+        crossings.append((crossing["value"], crossing["crossed_at"], crossing["projected"]))
         assert conversation["growth_per_turn"]["images"] == pytest.approx(1.0)
+    # Each conversation crosses its model's cap in the shipped rules on the turn after it.
+    assert sorted(crossings) == sorted((cap, cap + 1, False) for cap in (limits.max_images for limits in SHIPPED.values()))
 
 
 def test_through_the_addon_the_after_side_is_what_the_provider_got(recordings, capsys) -> None:
@@ -159,7 +168,7 @@ def test_through_the_addon_the_after_side_is_what_the_provider_got(recordings, c
     for wire_format in SESSIONS:
         for turn, row in by_turn(report, wire_format).items():
             received = recording.received[(wire_format, turn)]
-            kept = turn - count_pruned(turn, SHIPPED)  # the shipped rules: a cap of 8, cut in batches of 6
+            kept = turn - count_pruned(turn, SHIPPED[wire_format])  # the shipped cap, cut in whole batches
             assert row["images_after"] == kept == count_images(received.body) <= GATEWAY_MAX_IMAGES
             assert row["body_bytes_after"] == len(received.body)
             assert row["pruned"] == turn - kept

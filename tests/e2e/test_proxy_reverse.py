@@ -19,6 +19,9 @@ import pytest
 from google import genai
 from google.genai import types
 
+from trimflow._policy import count_pruned
+from trimflow._rules_file import DEFAULT_RULES_PATH, load_rules
+from trimflow.formats import FORMATS
 from trimflow.testing import PATHS, REPLY_TEXT, FakeProvider, Received, b64
 
 from ..mitmdump import Mitmdump
@@ -414,18 +417,19 @@ def default_rules_proxy(proxies: dict) -> Proxy:
     return proxies["default_rules"]
 
 
-# Ten images: within Gemini's 10; over everyone else's 8, which cuts the oldest 6 (prune_batch: 6).
-@pytest.mark.parametrize(("wire_format", "kept"), [("gemini", 10), ("openai-chat", 4), ("anthropic", 4), ("openai-responses", 4)])
-def test_default_rules_keep_10_images_for_gemini_and_8_for_others_cut_in_batches_of_6(
-    default_rules_proxy: Proxy, fresh: FakeProvider, wire_format: str, kept: int
-) -> None:
+# Ten images: over every model's cap in the shipped rules (8, or a voluntary 5 or 6), cut in whole batches.
+@pytest.mark.parametrize("wire_format", ["gemini", "openai-chat", "anthropic", "openai-responses"])
+def test_default_rules_keep_each_models_cap_cut_in_whole_batches(default_rules_proxy: Proxy, fresh: FakeProvider, wire_format: str) -> None:
     images = shots(10, seed=16)
+    body = session(wire_format, images)
+    limits = load_rules(DEFAULT_RULES_PATH).limits_for("127.0.0.1", PATHS[wire_format], FORMATS[wire_format].model(body, PATHS[wire_format]))
+    kept = 10 - count_pruned(10, limits)
+    assert limits.max_images is not None and kept <= limits.max_images < 10
     with default_rules_proxy.expect_records(1) as new:
-        status, _ = post(default_rules_proxy.port, PATHS[wire_format], orjson.dumps(session(wire_format, images)))
+        status, _ = post(default_rules_proxy.port, PATHS[wire_format], orjson.dumps(body))
     assert status == 200
     assert_pruned_upstream(fresh, wire_format, images, kept)
-    assert (new[0]["images_before"], new[0]["images_after"]) == (10, kept)
-    assert (new[0]["rule"] == "gemini") == (wire_format == "gemini")  # Claude models may have a rule of their own
+    assert (new[0]["images_before"], new[0]["images_after"], new[0]["rule"]) == (10, kept, limits.rule)
     assert f"trimflow: rules from {ROOT / 'rules' / 'default.yaml'}" in default_rules_proxy.log()
 
 

@@ -20,6 +20,9 @@ from typing import Any
 import orjson
 import pytest
 
+from trimflow._policy import count_pruned
+from trimflow._rules_file import DEFAULT_RULES_PATH, load_rules
+
 from .agent_session import CODEX_CONFIG, ROOT, SIDE_TRAFFIC_OFF, TOOLS_BIN
 
 pytestmark = pytest.mark.e2e
@@ -145,7 +148,11 @@ def test_a_gemini_cli_session_repaired_resumes_within_the_cap(tmp_path: Path) ->
     (chat,) = (work / "home" / ".gemini" / "tmp").glob("*/chats/session-*.jsonl")
     session_id = orjson.loads(chat.read_bytes().split(b"\n", 1)[0])["sessionId"]
     before, after, repaired = repair(session_id, {"HOME": str(work / "home")})
-    # Resumed, Gemini CLI sends each tool's image twice (from the tool call and from the message after it).
-    assert (before, after, repaired) == (2 * SHOTS, 8, chat)
+    # Resumed, Gemini CLI sends each tool's image twice (from the tool call and from the message after it); the
+    # shipped Gemini cap, cut in whole batches, keeps the newest of them, each screenshot's two copies together.
+    limits = load_rules(DEFAULT_RULES_PATH).limits_for("", "", "gemini-2.5-flash")
+    assert limits.max_images is not None
+    kept = 2 * SHOTS - count_pruned(2 * SHOTS, limits)
+    assert kept % 2 == 0 and (before, after, repaired) == (2 * SHOTS, kept, chat)
     resumed = run_cli(work, command=["gemini", "-m", "gemini-2.5-flash", "--resume", "latest", "-p", "continue"], env=GEMINI_ENV, files=files)
-    assert_resumed_within(resumed, made, cap=10, kept=8, newest=4)
+    assert_resumed_within(resumed, made, cap=limits.max_images, kept=kept, newest=kept // 2)

@@ -113,10 +113,10 @@ def test_screenshot_backend_enforce_with_the_example_rules_never_fails_in_30_tur
 @pytest.mark.parametrize(
     ("mode", "profile", "wire_format", "model", "turns", "fails_at"),
     [
-        # A gateway's cap of 8: observe reproduces the 400 at image 9; the default rules keep 8 images.
+        # A gateway's cap of 8: observe reproduces the 400 at image 9; the default rules keep the turns under it.
         ("observe", "generic-8", "openai-chat", None, 10, 9),
         ("enforce", "generic-8", "openai-chat", None, 10, None),
-        # Copilot's Gemini cap of 10: the default rules' gemini rule keeps 10.
+        # Copilot's Gemini cap of 10: the default rules' gemini rule keeps the turns under it.
         ("observe", "copilot-gemini-10", "gemini", "gemini-3.1-pro-preview", 12, 11),
         ("enforce", "copilot-gemini-10", "gemini", "gemini-3.1-pro-preview", 12, None),
     ],

@@ -10,10 +10,14 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import orjson
 import pytest
 
+from trimflow._policy import count_pruned
+from trimflow._rules_file import DEFAULT_RULES_PATH, load_rules
+from trimflow.formats import FORMATS
 from trimflow.testing import FakeProvider
 
 from ..mitmdump import free_port
@@ -126,15 +130,20 @@ def test_prune_rejects_a_malformed_size(tmp_path: Path) -> None:
     assert "--max-body-bytes" in result.stderr.decode()
 
 
-# Ten images: within Gemini's 10; over everyone else's 8, which cuts the oldest 6 (prune_batch: 6).
-@pytest.mark.parametrize(("url", "wire_format", "kept"), [(GEMINI_URL, "gemini", 10), (OPENAI_URL, "openai-chat", 4)])
-def test_prune_without_flags_applies_the_default_rules(tmp_path: Path, url: str, wire_format: str, kept: int) -> None:
+# Ten images: over every model's cap in the shipped rules (a voluntary 6 for Gemini, 5 for gpt-4o), cut in batches.
+@pytest.mark.parametrize(("url", "wire_format"), [(GEMINI_URL, "gemini"), (OPENAI_URL, "openai-chat")])
+def test_prune_without_flags_applies_the_default_rules(tmp_path: Path, url: str, wire_format: str) -> None:
     images = shots(10, seed=35)
-    result = prune(tmp_path, "--url", url, stdin=orjson.dumps(session(wire_format, images)))
+    body = session(wire_format, images)
+    path = urlsplit(url).path
+    limits = load_rules(DEFAULT_RULES_PATH).limits_for(urlsplit(url).hostname or "", path, FORMATS[wire_format].model(body, path))
+    kept = 10 - count_pruned(10, limits)
+    assert limits.max_images is not None and kept <= limits.max_images < 10
+    result = prune(tmp_path, "--url", url, stdin=orjson.dumps(body))
     assert result.returncode == 0, result.stderr
     assert image_payloads(wire_format, orjson.loads(result.stdout)) == images[-kept:]
     record = last_record(result)
-    assert (record["images_after"], record["rule"] == "gemini") == (kept, wire_format == "gemini")
+    assert (record["images_after"], record["rule"]) == (kept, limits.rule)
 
 
 def test_prune_uses_a_rules_file_and_names_the_line_of_a_bad_one(tmp_path: Path) -> None:

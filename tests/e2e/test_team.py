@@ -17,6 +17,7 @@ from __future__ import annotations
 import csv
 import http.client
 import io
+import itertools
 import os
 import re
 import shutil
@@ -34,7 +35,8 @@ import yaml
 
 from trimflow._learned_limits import CHECK_INTERVAL
 from trimflow._limit_profiles import load_profiles, provider_check
-from trimflow.testing import FakeProvider, Session, replay
+from trimflow._prices import load_prices
+from trimflow.testing import REFERENCE_SESSIONS, FakeProvider, Session, replay
 
 from ..helpers import wait_for
 from ..mitmdump import ADDON, Mitmdump, free_port
@@ -413,6 +415,70 @@ def test_the_health_check_takes_a_stopped_instance_out(team: Team) -> None:
     team.haproxy.wait_until({"a": "UP", "b": "DOWN"})
     served = [team.send(team.haproxy.spread, shots(2, seed=40 + i), "gpt-4o")[0] for i in range(3)]
     assert served == ["a", "a", "a"]
+
+
+# --- two instances behind round robin against one, on a reference session ----------------------------------------
+
+
+def billed(records: list[dict[str, Any]], model: str) -> float:
+    """What the records' usage (the fake provider's prompt cache model) costs at rules/prices.yaml's prices."""
+    price = load_prices().for_model(model)
+    assert price is not None, model
+    total = 0.0
+    for r in records:
+        read, write = r["usage_cache_read_tokens"] or 0, r["usage_cache_write_tokens"] or 0
+        total += price.cost(r["usage_input_tokens"] - read - write, write, read, r["usage_output_tokens"] or 0)
+    return total
+
+
+# A reference session, or its first turns: computer use past two cuts of batches of 6 (bodies up to 5 MB).
+TEAM_SESSIONS = {"chat-anthropic": None, "computer-use": 16}
+
+
+@pytest.mark.parametrize("name", list(TEAM_SESSIONS))
+def test_two_instances_behind_round_robin_cost_no_more_than_one(tmp_path: Path, name: str) -> None:
+    """One reference session through one trimflow, then through two behind HAProxy's round robin, each time to a
+    fake provider that bills it with the prompt cache model. Every cut of the shipped rules is worked out from the
+    request alone, so the pair forwards what the single instance forwarded, byte for byte, the provider's cache
+    reads as much, and the pair costs no more. (rules/examples/cache-aware.yaml, which remembers each
+    conversation, does not: tests/testing/test_policy_runner.py.)"""
+    server_binary("haproxy")
+    reference = next(s for s in REFERENCE_SESSIONS if s.name == name)
+    length = TEAM_SESSIONS[name] or reference.length
+    one_provider, two_provider = FakeProvider(cache=True).start(), FakeProvider(cache=True).start()
+    metrics_ports = {instance: free_port() for instance in ("a", "b")}
+    single = Proxy(tmp_path / "single", "--mode", f"reverse:{one_provider.url}", rules=None)
+    pair = {
+        instance: Proxy(tmp_path / instance, "--mode", f"reverse:{two_provider.url}", rules=None, trimflow_prometheus=f"127.0.0.1:{port}")
+        for instance, port in metrics_ports.items()
+    }
+    start_all(single.mitm, *(p.mitm for p in pair.values()))
+    haproxy = None
+    try:
+        haproxy = HAProxy(tmp_path, (pair["a"].port, metrics_ports["a"]), (pair["b"].port, metrics_ports["b"]))
+        haproxy.wait_until({"a": "UP", "b": "UP"})
+        for port in (single.port, haproxy.spread):
+            for turn in itertools.islice(reference.turns(), length):  # back to back: the provider's cache stays warm
+                status, answer = post(port, reference.path, turn.body, {"content-type": "application/json"})
+                assert status == 200, answer[:300]
+        wait_for(lambda: len(single.records()) == length, "the single instance's records")
+        wait_for(lambda: sum(len(p.records()) for p in pair.values()) == length, "the pair's records")
+        one = single.records()
+        by_instance = {instance: p.records() for instance, p in pair.items()}
+        assert all(abs(len(records) - length / 2) <= 1 for records in by_instance.values()), {k: len(v) for k, v in by_instance.items()}
+        assert all(r["turn"] <= (length + 1) // 2 for records in by_instance.values() for r in records)  # each saw every other turn
+        # ... and forwarded what the single instance forwarded for it.
+        assert [r.body for r in two_provider.received] == [r.body for r in one_provider.received]
+        assert sum(r["pruned"] for r in one) > 0 and sum(r["usage_cache_read_tokens"] for r in one) > 0  # cuts, and a prefix read
+        cost_one = billed(one, reference.model)
+        cost_two = billed([r for records in by_instance.values() for r in records], reference.model)
+        assert 0 < cost_two <= cost_one
+    finally:
+        if haproxy is not None:
+            haproxy.stop()
+        stop_all(single.mitm, *(p.mitm for p in pair.values()))
+        one_provider.stop()
+        two_provider.stop()
 
 
 # --- without prometheus_client ----------------------------------------------------------------------------------

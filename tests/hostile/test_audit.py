@@ -168,8 +168,9 @@ def hostile_jsonl(directory: Path) -> Path:
 
 
 def clean_jsonl(directory: Path) -> Path:
-    """The same figures with harmless names: the blocks a report of it has."""
-    return jsonl(directory, "clean.jsonl", dict.fromkeys(HOSTILE_TEXT, "plain") | {"kind": "turn"})
+    """The same figures with harmless names: the blocks a report of it has. The model is the one the hostile name
+    starts with, so the same rule applies to both."""
+    return jsonl(directory, "clean.jsonl", dict.fromkeys(HOSTILE_TEXT, "plain") | {"kind": "turn", "model": "gpt-4o"})
 
 
 def mitm(directory: Path, model: bytes) -> Path:

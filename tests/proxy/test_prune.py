@@ -20,7 +20,7 @@ from wsproto.frame_protocol import Opcode
 
 from trimflow import proxy
 from trimflow._human import format_size_change
-from trimflow._rules_file import RulesFile
+from trimflow._rules_file import DEFAULT_RULES_PATH, RulesFile, load_rules
 from trimflow.proxy import prune as prune_module
 from trimflow.testing import PATHS, session_body
 
@@ -62,13 +62,20 @@ def test_options_have_defaults_and_help() -> None:
         assert flows.max_decoded_bytes == 2**20  # where the simulate and metrics addons read it
 
 
-def test_the_default_rules_apply_gemini_10_and_others_8() -> None:
+def test_the_default_rules_are_the_shipped_file() -> None:
     flows = proxy.SharedState()
     prune = proxy.Prune(flows)
+    shipped = load_rules(DEFAULT_RULES_PATH)
     with taddons.context(prune) as tctx:
         tctx.configure(prune)  # mitmdump configures a script with all options once it is loaded
         rules = flows.rules.current()
-        assert rules.limits_for("generativelanguage.googleapis.com", PATHS["gemini"], "gemini-2.5-pro").max_images == 10
+        for host, path, model, rule in [
+            ("generativelanguage.googleapis.com", PATHS["gemini"], "gemini-2.5-pro", "gemini"),
+            ("api.openai.com", "/v1/chat/completions", "gpt-4o", "openai-cached-share"),
+            ("api.anthropic.com", "/v1/messages", "claude-sonnet-4-5", "claude"),
+        ]:
+            limits = rules.limits_for(host, path, model)
+            assert limits == shipped.limits_for(host, path, model) and limits.rule == rule
         assert rules.limits_for("api.anthropic.com", "/v1/messages", "claude-sonnet-4-5").max_images == 8
 
 

@@ -11,20 +11,30 @@ from trimflow._rules_file import DEFAULT_RULES_PATH, load_rules
 
 SESSIONS = Path(__file__).resolve().parents[1] / "data" / "sessions"
 # The fixtures, with the images each agent's resume sends (measured with the real CLIs against the fake
-# provider) and the images it sends once repaired under the shipped rules.
+# provider) and the images it sends once repaired under the shipped rules: 8 in batches of 6 (Claude, Codex's
+# GPT-5), 6 in batches of 4 (Gemini).
 FIXTURES = {
     "claude-10.jsonl": ("claude", 10, 4),
     "claude-10-resumed.jsonl": ("claude", 10, 4),
     "claude-compacted.jsonl": ("claude", 12, 6),
     "codex-10.jsonl": ("codex", 11, 5),
-    "gemini-10.jsonl": ("gemini", 20, 8),
-    "gemini-10-resumed.jsonl": ("gemini", 20, 8),
+    "gemini-10.jsonl": ("gemini", 20, 4),
+    "gemini-10-resumed.jsonl": ("gemini", 20, 4),
 }
+# A model of each agent's fixtures, for the rule that applies to them.
+MODELS = {"claude": "claude-sonnet-4-5", "codex": "gpt-5-codex", "gemini": "gemini-2.5-pro"}
 PROMPT = "Look at the screenshots in this folder"  # the fixtures' prompt: never in any output
 
 
 def shipped_rules() -> Rules:
     return load_rules(DEFAULT_RULES_PATH)
+
+
+def shipped_cap(agent: str) -> int:
+    """The most images the shipped rules let a request of `agent`'s model send."""
+    cap = shipped_rules().limits_for("", "", MODELS[agent]).max_images
+    assert cap is not None
+    return cap
 
 
 def fixture(name: str, folder: Path, as_name: str | None = None) -> Path:

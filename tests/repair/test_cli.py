@@ -58,7 +58,8 @@ def test_dry_run_says_what_would_change_and_writes_nothing(tmp_path: Path, capsy
     code, out, _ = run(capsys, "--dry-run", str(path))
     found = LINE.fullmatch(out.strip())
     assert code == 0 and found is not None and found["done"] == "dry run, nothing written"
-    assert (found["before"], found["after"]) == ("20", "8")
+    _, before, after = FIXTURES["gemini-10.jsonl"]
+    assert (found["before"], found["after"]) == (str(before), str(after))
     assert path.read_bytes() == (SESSIONS / "gemini-10.jsonl").read_bytes()
     assert [p.name for p in tmp_path.iterdir()] == ["gemini-10.jsonl"]
 

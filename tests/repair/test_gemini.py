@@ -16,7 +16,7 @@ from trimflow.repair import _gemini
 from trimflow.repair._lines import Line, split_lines
 from trimflow.repair._repair import repair_lines
 
-from .helpers import SESSIONS, fixture, shipped_rules
+from .helpers import FIXTURES, SESSIONS, fixture, shipped_rules
 
 
 def load(name: str) -> list[Line]:
@@ -74,7 +74,7 @@ def test_after_a_resume_the_history_written_back_is_what_is_read_and_pruned() ->
     repaired = repair_lines(lines, _gemini, shipped_rules())
     touched = {edit.where[0] for edit in repaired.edits}
     assert min(touched) >= rewritten
-    assert (repaired.images_before, repaired.images_after) == (20, 8)
+    assert (repaired.images_before, repaired.images_after) == FIXTURES["gemini-10-resumed.jsonl"][1:]
 
 
 def test_the_pruned_parts_are_text_parts_that_keep_the_function_response_beside_them() -> None:

@@ -17,7 +17,7 @@ from trimflow.repair import _claude, _codex, _gemini
 from trimflow.repair._lines import Line, SessionError, split_lines, value_span
 from trimflow.repair._repair import Edit, Replay, apply_edits, repair_lines, value_at
 
-from .helpers import FIXTURES, SESSIONS, shipped_rules
+from .helpers import FIXTURES, SESSIONS, shipped_cap, shipped_rules
 
 MODULES = {"claude": _claude, "codex": _codex, "gemini": _gemini}
 
@@ -39,8 +39,7 @@ def test_the_resumed_history_sends_the_images_the_cli_sends_and_the_repair_leave
     repaired = repair_lines(lines, MODULES[agent], shipped_rules())
     assert (repaired.images_before, repaired.images_after) == (sent_by_the_cli, after)
     assert images_sent(repaired.lines, agent) == after
-    cap = 10 if agent == "gemini" else 8
-    assert after <= cap
+    assert after <= shipped_cap(agent)
 
 
 @pytest.mark.parametrize("name", sorted(FIXTURES))

@@ -42,6 +42,8 @@ SHOTS = {
     "chat-anthropic": 45,
     "claude-code-openai": 20,
     "gemini-idle": 60,
+    "codex": 20,
+    "computer-use-responses": 60,
 }
 
 
@@ -111,3 +113,17 @@ def test_each_shape_is_priced_under_both_caches(anthropic: str, openai: str) -> 
     if anthropic == "claude-code":  # the same conversation: the same pauses, the same screenshots read
         pairs = zip(BY_NAME[anthropic].turns(), BY_NAME[openai].turns(), strict=True)
         assert all(a.think == o.think and a.output_tokens == o.output_tokens for a, o in pairs)
+
+
+def test_the_responses_sessions_carry_their_screenshots_in_tool_outputs_and_the_whole_history() -> None:
+    """Codex over HTTP and computer use on Responses: every turn sends its whole history in `input` (no
+    previous_response_id), the screenshots in the tool calls' outputs; codex is claude-code's conversation."""
+    parsed, media = last_turn(BY_NAME["computer-use-responses"])
+    assert "previous_response_id" not in parsed and parsed["store"] is False
+    outputs = [parsed["input"][m.path[1]] for m in media[1:]]
+    assert len(outputs) == 59 and all(o["type"] == "computer_call_output" and o["output"]["type"] == "computer_screenshot" for o in outputs)
+    parsed, media = last_turn(BY_NAME["codex"])
+    assert "previous_response_id" not in parsed and parsed["store"] is False
+    assert all(parsed["input"][m.path[1]]["type"] == "function_call_output" for m in media)
+    pairs = zip(BY_NAME["claude-code"].turns(), BY_NAME["codex"].turns(), strict=True)
+    assert all(a.think == c.think and a.output_tokens == c.output_tokens for a, c in pairs)

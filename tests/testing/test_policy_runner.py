@@ -95,3 +95,19 @@ def test_replay_hands_policies_to_the_runner(capsys: pytest.CaptureFixture[str])
 
     assert replay_main(["--policies", "--session", "gemini", "--policy", "batch 8"]) == 0
     assert capsys.readouterr().out.startswith("gemini (gemini-2.5-flash):")
+
+
+def test_two_instances_behind_round_robin_cut_as_one_under_the_shipped_rules() -> None:
+    """Each instance sees every other turn. The shipped rules cut from the request alone: the pair forwards what one
+    instance forwards, turn by turn, and is billed the same. The cold cut (rules/examples/cache-aware.yaml) needs the
+    conversation's memory: each instance misses the other's cuts and pauses, the two cut differently, and the cached
+    prefix breaks, so the pair costs more than one instance on the same session."""
+    for name in ("idle", "chat"):
+        one, two = (run_policy(SESSION[name], POLICY["shipped defaults"], instances=n) for n in (1, 2))
+        assert [(t.images, t.body_bytes, t.usage) for t in two.turns] == [(t.images, t.body_bytes, t.usage) for t in one.turns], name
+        assert one.cost is not None and two.cost == one.cost
+    one, two = (run_policy(SESSION["idle"], POLICY["cache-aware example"], instances=n) for n in (1, 2))
+    assert one.cost is not None and two.cost is not None
+    assert two.cost > 1.2 * one.cost and two.broken_turns > one.broken_turns
+    with pytest.raises(ValueError, match="instances must be at least 1"):
+        run_policy(SESSION["chat"], POLICY["shipped defaults"], instances=0)

@@ -1,9 +1,12 @@
 """Reference sessions, and what each pruning policy costs on them against the prompt cache model.
 
-Four sessions, built deterministically with real Pillow screenshots (1280x800 PNG, distinct within a
-session, 220-310 KB like a real desktop's; the sessions draw from the same 61, made once per run), each
-a list of turns: the request body as the agent sends it (whole history, the agent's own `cache_control`),
-the think time before it (some gaps past the 5-minute TTL) and the tokens of the answer it gets:
+Twelve sessions, built deterministically with real Pillow screenshots (1280x800 PNG, distinct within a
+session, 220-310 KB like a real desktop's; made once per run), each a list of turns: the request body as the
+agent sends it (whole history, the agent's own `cache_control`), the think time before it (some gaps past the
+5-minute TTL) and the tokens of the answer it gets. Six shapes (steady computer use, a Claude Code-style coding
+session, chat pasting 3 screenshots a message, a Gemini browser agent, and pauses past the TTL every 15 turns
+on two of them), each on Anthropic's cache and on an automatic one: OpenAI chat, OpenAI Responses (Codex,
+computer use) or Gemini. docs/caching.md lists them.
 
 - computer-use: Anthropic, 60 turns, a screenshot per turn in a `tool_result`, `cache_control` on the
   system prompt and on the last block, as Claude Code does;
@@ -13,8 +16,9 @@ the think time before it (some gaps past the 5-minute TTL) and the tokens of the
 - gemini: a Gemini 2.5 Flash browser agent, 40 turns, a screenshot per turn after each function call.
 
 `run_policy` sends every turn of a session through the engine under one policy (a rules file with overrides),
-in process, then the body the engine forwards through the cache model at the session's simulated time,
-and adds up what the provider would bill. `python -m trimflow replay --policies` prints the tables.
+in process, as one proxy remembers the conversation or as several behind a round-robin balancer do, then the
+body the engine forwards through the cache model at the session's simulated time, and adds up what the
+provider would bill. `python -m trimflow replay --policies` prints the tables.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import random
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -40,7 +45,7 @@ from .._rules_file import DEFAULT_RULES_PATH, load_rules
 from .._tokens import text_tokens
 from ..formats import FORMATS, IMAGE
 from ._cache_model import CacheModel, CacheUsage, TooManyBreakpoints, prompt_of
-from ._optimum import Optimum, Ratios, optima, policy_floor, price_for, ratios
+from ._optimum import Optimum, Ratios, optima, policy_floor, price_for, ratios, session_cap
 from ._synthetic import b64, data_url
 
 __all__ = [
@@ -54,6 +59,7 @@ __all__ = [
     "desktop_screenshot",
     "main",
     "run_policy",
+    "turn_images",
 ]
 
 SCREEN = (1280, 800)
@@ -396,6 +402,83 @@ def _openai_messages(message: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _responses_screenshot(seed: int) -> dict[str, Any]:
+    return {"type": "computer_screenshot", "image_url": data_url(desktop_screenshot(seed), "image/png")}
+
+
+def _computer_use_responses(gaps: Mapping[int, float] = _CU_GAPS, seed: str = "computer-use-responses") -> Iterator[Turn]:
+    """Computer use on OpenAI Responses with the whole history in `input` (no previous_response_id): a
+    `computer_call` per turn, the screen after it as the `computer_call_output`'s `computer_screenshot`."""
+    rng = random.Random(seed)
+    tools = [{"type": "computer_use_preview", "display_width": SCREEN[0], "display_height": SCREEN[1], "environment": "browser"}]
+    task = "Open the billing page of the admin console, export last month's invoices as CSV and attach the file to the open ticket."
+    items: list[dict[str, Any]] = [
+        {
+            "role": "user",
+            "content": [{"type": "input_text", "text": task}, {"type": "input_image", "image_url": data_url(desktop_screenshot(0), "image/png")}],
+        }
+    ]
+    instructions = _filler("operate the computer", 6, 1)
+    for turn in range(1, 61):
+        body = {"model": "gpt-5", "instructions": instructions, "tools": tools, "input": items, "store": False, "truncation": "auto"}
+        x, y = rng.randrange(SCREEN[0]), rng.randrange(SCREEN[1])
+        call_id = f"call_{turn:04d}"
+        answer: list[dict[str, Any]] = [
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": f"Step {turn}: I will click at ({x}, {y})."}]},
+            {"type": "computer_call", "call_id": call_id, "action": {"type": "click", "button": "left", "x": x, "y": y}, "pending_safety_checks": []},
+        ]
+        yield Turn(orjson.dumps(body), _think(rng, turn, 4, 12, gaps), _tokens(answer))
+        items = [*items, *answer, {"type": "computer_call_output", "call_id": call_id, "output": _responses_screenshot(turn)}]
+
+
+def _codex() -> Iterator[Turn]:
+    """The coding session of _claude_code as Codex sends it over HTTP to OpenAI Responses: the whole history in
+    `input` every turn (store false), tools as functions, each screenshot read coming back in the
+    `function_call_output`'s output array as an `input_image` (its view_image tool)."""
+    for turn in _claude_code():
+        body = orjson.loads(turn.body)
+        tools = [
+            {"type": "function", "name": t["name"], "description": t["description"], "parameters": t["input_schema"], "strict": False}
+            for t in body["tools"]
+        ]
+        items: list[dict[str, Any]] = []
+        for message in body["messages"]:
+            items += _responses_items(message)
+        instructions = " ".join(block["text"] for block in body["system"])
+        out = {
+            "model": "gpt-5-codex",
+            "instructions": instructions,
+            "tools": tools,
+            "input": items,
+            "store": False,
+            "stream": True,
+            "prompt_cache_key": "codex-reference",
+        }
+        yield Turn(orjson.dumps(out), turn.think, turn.output_tokens)
+
+
+def _responses_items(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """One Anthropic message of _claude_code as the Responses input items Codex sends for it."""
+    blocks = message["content"]
+    out: list[dict[str, Any]] = []
+    if message["role"] == "assistant":
+        for b in blocks:
+            if b["type"] == "text":
+                out.append({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": b["text"]}]})
+            else:
+                out.append({"type": "function_call", "call_id": b["id"], "name": b["name"], "arguments": orjson.dumps(b["input"]).decode()})
+        return out
+    for block in blocks:
+        if block["type"] == "text":
+            out.append({"type": "message", "role": "user", "content": [{"type": "input_text", "text": block["text"]}]})
+        elif isinstance(block["content"], str):
+            out.append({"type": "function_call_output", "call_id": block["tool_use_id"], "output": block["content"]})
+        else:
+            images = [{"type": "input_image", "image_url": f"data:image/png;base64,{b['source']['data']}"} for b in block["content"]]
+            out.append({"type": "function_call_output", "call_id": block["tool_use_id"], "output": images})
+    return out
+
+
 _ANTHROPIC_PROFILES = (
     "anthropic-32mb",
     "anthropic-100-media",
@@ -517,25 +600,55 @@ REFERENCE_SESSIONS: tuple[ReferenceSession, ...] = (
         ("copilot-gemini-10",),
         functools.partial(_gemini, _IDLE_GAPS, 60, "gemini-idle"),
     ),
+    ReferenceSession(
+        "codex",
+        "claude-code's session as Codex sends it to OpenAI Responses: 80 requests, 20 screenshots in function_call_output",
+        "openai-responses",
+        "api.openai.com",
+        "/v1/responses",
+        "gpt-5-codex",
+        sum(_CC_EPISODES),
+        _OPENAI_PROFILES,
+        _codex,
+    ),
+    ReferenceSession(
+        "computer-use-responses",
+        "computer use on OpenAI Responses: 60 turns, a computer_call per turn and its computer_screenshot, history in input",
+        "openai-responses",
+        "api.openai.com",
+        "/v1/responses",
+        "gpt-5",
+        60,
+        _OPENAI_PROFILES,
+        _computer_use_responses,
+    ),
 )
 
 
 # --- policies -------------------------------------------------------------------------------------------------
 
 _OFF = {"low_water": None, "cache_ttl": None}
+# One cap for every model (8; 10 for Gemini, below): the policies compared with each other and with the shipped
+# rules' voluntary caps by model.
+_CAP_8 = {"max_images": 8}
+_GEMINI_10 = {"gemini": {"max_images": 10}}
+CACHE_AWARE_RULES = DEFAULT_RULES_PATH.parent / "examples" / "cache-aware.yaml"
 
 
 @dataclass(frozen=True)
 class Policy:
-    """A way to prune: the shipped rules with `overrides` forced on the defaults and every rule (None: as shipped),
-    and for a session of a wire format in `by_format`, that format's overrides on top (a provider whose cache
-    prices call for other settings)."""
+    """A way to prune: the shipped rules (or the rules file `path`) with `overrides` forced on the defaults and
+    every rule (None: as the file has them), and for a session of a wire format in `by_format`, that format's
+    overrides on top (a provider whose cache prices call for other settings)."""
 
     name: str
     overrides: Mapping[str, Any] | None
     by_format: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    path: Path | None = None
 
     def rules(self, base: Rules, fmt: str | None = None) -> Rules:
+        if self.path is not None:
+            base = load_rules(self.path)
         rules = base if self.overrides is None else base.with_limits(**self.overrides)
         extra = self.by_format.get(fmt) if fmt is not None else None
         return rules if extra is None else rules.with_limits(**extra)
@@ -543,23 +656,25 @@ class Policy:
 
 POLICIES: tuple[Policy, ...] = (
     Policy("no pruning", {"max_images": None, "max_body_bytes": None, "max_est_tokens": None, **_OFF}),
-    Policy("rolling (batch 1)", {"prune_batch": 1, **_OFF}),
-    Policy("batch 4", {"prune_batch": 4, **_OFF}),
-    Policy("batch 6", {"prune_batch": 6, **_OFF}),
-    Policy("batch 8", {"prune_batch": 8, **_OFF}),
-    Policy("low-water 0.5", {"prune_batch": 1, "low_water": 0.5, "cache_ttl": None}),
-    Policy("low-water 0.5 + cache_ttl 5m", {"prune_batch": 1, "low_water": 0.5, "cache_ttl": 300.0}),
+    Policy("rolling (batch 1)", {**_CAP_8, "prune_batch": 1, **_OFF}, _GEMINI_10),
+    Policy("batch 4", {**_CAP_8, "prune_batch": 4, **_OFF}, _GEMINI_10),
+    Policy("batch 6", {**_CAP_8, "prune_batch": 6, **_OFF}, _GEMINI_10),
+    Policy("batch 8", {**_CAP_8, "prune_batch": 8, **_OFF}, _GEMINI_10),
+    Policy("low-water 0.5", {**_CAP_8, "prune_batch": 1, "low_water": 0.5, "cache_ttl": None}, _GEMINI_10),
+    Policy("low-water 0.5 + cache_ttl 5m", {**_CAP_8, "prune_batch": 1, "low_water": 0.5, "cache_ttl": 300.0}, _GEMINI_10),
     # Batches of 6, and a conversation idle past the TTL cut to their floor at once: a low-water mark of 0.45
     # is 3 of 8 (batch 6's floor) and 4 of 10.
-    Policy("batch 6 + cold cut", {"prune_batch": 6, "low_water": 0.45, "cache_ttl": 300.0}),
-    # The cold cut at each cap's batch-6 floor (3 of 8, 5 of 10), and on OpenAI, whose cache reads cost half the
-    # input price and writes nothing extra, cuts in batches of 3 above a voluntary cap of 5 (the same floor of 3):
-    # holding an image costs more there than moving the cut.
+    Policy("batch 6 + cold cut", {**_CAP_8, "prune_batch": 6, "low_water": 0.45, "cache_ttl": 300.0}, _GEMINI_10),
+    # The cold cut at each cap's batch-6 floor (3 of 8, 5 of 10), and on OpenAI chat, whose cache reads cost half
+    # the input price on gpt-4o and writes nothing extra, cuts in batches of 3 above a voluntary cap of 5 (the same
+    # floor of 3): holding an image costs more there than moving the cut.
     Policy(
         "cache-aware candidate",
-        {"prune_batch": 6, "low_water": 0.4, "cache_ttl": 300.0},
-        {"gemini": {"low_water": 0.5}, "openai-chat": {"max_images": 5, "prune_batch": 3, "low_water": 0.6}},
+        {**_CAP_8, "prune_batch": 6, "low_water": 0.4, "cache_ttl": 300.0},
+        {"gemini": {"max_images": 10, "low_water": 0.5}, "openai-chat": {"max_images": 5, "prune_batch": 3, "low_water": 0.6}},
     ),
+    # The shipped rules with the cold cut, at the same floors: rules/examples/cache-aware.yaml as it is.
+    Policy("cache-aware example", None, path=CACHE_AWARE_RULES),
     Policy("shipped defaults", None),
 )
 
@@ -651,6 +766,12 @@ class PolicyResult:
         }
 
 
+def turn_images(session: ReferenceSession) -> list[int]:
+    """The images each turn of `session` holds as the agent sends it, before any cut."""
+    module = FORMATS[session.fmt]
+    return [sum(1 for m in module.find_media(orjson.loads(t.body)) if m.kind == IMAGE) for t in session.turns()]
+
+
 REFUSED = "cache_control over 4"  # a breach: the provider refuses a fifth breakpoint
 
 
@@ -661,9 +782,14 @@ def run_policy(
     base: Rules | None = None,
     prices: PriceTable | None = None,
     profiles: Sequence[Profile] | None = None,
+    instances: int = 1,
 ) -> PolicyResult:
     """Every turn of `session` through the engine under `policy`, then through the cache model at the
-    session's simulated time. The conversations are remembered as the proxy remembers them, on the same clock."""
+    session's simulated time. The conversations are remembered as the proxy remembers them, on the same clock;
+    with `instances` above 1, as that many proxies behind a round-robin balancer remember them: each its own
+    memory, turn k going to instance k mod `instances`, one provider cache for all."""
+    if instances < 1:
+        raise ValueError(f"instances must be at least 1, got {instances}")
     rules = policy.rules(base if base is not None else load_rules(DEFAULT_RULES_PATH), session.fmt)
     price = (prices if prices is not None else load_prices()).for_model(session.model)
     if profiles is None:
@@ -671,7 +797,7 @@ def run_policy(
         profiles = [known.get(name) for name in session.profiles]
     now = 0.0
     cache = CacheModel(lambda: now)
-    conversations = Conversations(clock=lambda: now)
+    memories = [Conversations(clock=lambda: now) for _ in range(instances)]
     module = FORMATS[session.fmt]
     target = rules.target(session.host, session.path)
     if target is None:
@@ -681,6 +807,7 @@ def run_policy(
     warm: tuple[float, int] | None = None  # (expiry, tokens) of the prefix the previous request left cached
     for number, turn in enumerate(session.turns(), start=1):
         now += turn.think
+        conversations = memories[(number - 1) % instances]
         outcome = prune(target, headers, turn.body, rules, memory=conversations)
         record, history = outcome.record, outcome.history
         if record is not None and history is not None:
@@ -796,8 +923,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"replay: {session.name}: {policy.name}", file=sys.stderr, flush=True)
             results.append(run_policy(session, policy, base=base, prices=prices))
         print(f"replay: {session.name}: the cheapest schedules", file=sys.stderr, flush=True)
-        images = [sum(1 for m in FORMATS[session.fmt].find_media(orjson.loads(t.body)) if m.kind == IMAGE) for t in session.turns()]
-        cap = base.limits_for(session.host, session.path, session.model).max_images or max(images)
+        images = turn_images(session)
+        cap = session_cap(session, base)
         floors = {r.policy: policy_floor(r, images, cap) for r in results}
         best = optima(session, floors.values(), base=base, prices=prices)
         price = price_for(session, prices)

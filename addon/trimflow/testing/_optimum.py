@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import orjson
 
 from .._engine import prune
+from .._limit_profiles import load_profiles
 from .._prices import Price, PriceTable, load_prices
 from .._rules import Rules
 from .._rules_file import DEFAULT_RULES_PATH, load_rules
@@ -53,6 +54,7 @@ __all__ = [
     "price_for",
     "ratios",
     "schedule_cost",
+    "session_cap",
     "simulate",
 ]
 
@@ -117,10 +119,15 @@ class Optimum:
         return sum(1 for a, b in zip((0, *self.cuts), self.cuts, strict=False) if b != a)
 
 
-def _cap(session: ReferenceSession, rules: Rules) -> int:
-    cap = rules.limits_for(session.host, session.path, session.model).max_images
+def session_cap(session: ReferenceSession, rules: Rules) -> int:
+    """The most images a request of `session` may send: the tightest count its limit profiles set (what a
+    gateway or provider refuses), else the rules' max_images. A rule's cap below the profiles' is a choice
+    of the policy, not a limit: the optimum is free to send more, up to what is refused."""
+    known = load_profiles()
+    counts = [c for name in session.profiles if (c := known.get(name).max_images) is not None]
+    cap = min(counts) if counts else rules.limits_for(session.host, session.path, session.model).max_images
     if cap is None:
-        raise ValueError(f"{session.name}: the rules set no max_images for {session.model}")
+        raise ValueError(f"{session.name}: no limit profile or rule sets max_images for {session.model}")
     return cap
 
 
@@ -181,10 +188,10 @@ def optimum(
     cap: int | None = None,
     floor: int | None = None,
 ) -> Optimum:
-    """The cheapest schedule of `session` under the cache model. `cap`: the rules' max_images for the
-    session's model unless given; `floor`: batch_floor(cap) unless given."""
+    """The cheapest schedule of `session` under the cache model. `cap`: session_cap unless given; `floor`:
+    batch_floor(cap) unless given."""
     rules = base if base is not None else load_rules(DEFAULT_RULES_PATH)
-    most = _cap(session, rules) if cap is None else cap
+    most = session_cap(session, rules) if cap is None else cap
     least = batch_floor(most) if floor is None else floor
     if not 1 <= least <= most:
         raise ValueError(f"a floor of {least} images under a cap of {most}")
@@ -194,10 +201,10 @@ def optimum(
 
 
 def optima(session: ReferenceSession, floors: Iterable[int], *, base: Rules | None = None, prices: PriceTable | None = None) -> dict[int, Optimum]:
-    """The cheapest schedule of `session` under the rules' cap at each of `floors` (each kept within 1 and
-    the cap): the requests of every cut are built once, for the lowest floor."""
+    """The cheapest schedule of `session` under its cap (session_cap) at each of `floors` (each kept within 1
+    and the cap): the requests of every cut are built once, for the lowest floor."""
     rules = base if base is not None else load_rules(DEFAULT_RULES_PATH)
-    cap = _cap(session, rules)
+    cap = session_cap(session, rules)
     wanted = sorted({min(max(1, f), cap) for f in floors})
     if not wanted:
         return {}
