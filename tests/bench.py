@@ -61,8 +61,8 @@ from trimflow._malloc import MMAP_THRESHOLD, TRIM_THRESHOLD
 from trimflow._record import utc_timestamp
 from trimflow._rules_file import DEFAULT_RULES_PATH, load_rules
 from trimflow.testing import MIME, PATHS, POLICIES, REFERENCE_SESSIONS, data_url, image, run_policy, screenshot, session_body
-from trimflow.testing._cache_sessions import turn_images
 from trimflow.testing._optimum import optimum, policy_floor, price_for, ratios, session_cap
+from trimflow.testing._policy_runner import turn_images
 
 FORMAT = "openai-chat"
 MODEL = "gpt-5"  # under the shipped default cap of 8 in batches of 6 (gpt-4o has a voluntary cap of 5)

@@ -11,7 +11,7 @@ import pytest
 
 from trimflow._prices import load_prices
 from trimflow._rules_file import DEFAULT_RULES_PATH, load_rules
-from trimflow.testing._cache_sessions import POLICIES, REFERENCE_SESSIONS, ReferenceSession, Turn, run_policy
+from trimflow.testing._cache_sessions import REFERENCE_SESSIONS, ReferenceSession, Turn
 from trimflow.testing._optimum import (
     CutTurn,
     batch_floor,
@@ -26,6 +26,7 @@ from trimflow.testing._optimum import (
     schedule_cost,
     simulate,
 )
+from trimflow.testing._policy_runner import POLICIES, run_policy
 from trimflow.testing._synthetic import b64, data_url, image
 
 RULES = load_rules(DEFAULT_RULES_PATH)

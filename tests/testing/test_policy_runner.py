@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from trimflow.testing._cache_sessions import POLICIES, REFERENCE_SESSIONS, PolicyResult, main, run_policy
+from trimflow.testing._cache_sessions import REFERENCE_SESSIONS
+from trimflow.testing._policy_runner import POLICIES, PolicyResult, main, run_policy
 
 POLICY = {p.name: p for p in POLICIES}
 SESSION = {s.name: s for s in REFERENCE_SESSIONS}

@@ -13,9 +13,10 @@ tools on the command line.
 """
 
 from ._cache_model import CacheModel, CacheUsage
-from ._cache_sessions import POLICIES, REFERENCE_SESSIONS, Policy, PolicyResult, ReferenceSession, run_policy
+from ._cache_sessions import REFERENCE_SESSIONS, ReferenceSession
 from ._fake_provider import FakeProvider, Received
 from ._fake_usage import REPLY_TEXT, count_images, estimate_usage
+from ._policy_runner import POLICIES, Policy, PolicyResult, run_policy
 from ._replay import ReplayedTurn, Session, replay
 from ._synthetic import MIME, PATHS, b64, data_url, image, screenshot, session_body
 

@@ -36,7 +36,8 @@ from ..formats import FORMATS, IMAGE
 from ._cache_model import CacheModel, CacheUsage, Prompt, prompt_of
 
 if TYPE_CHECKING:  # the policy runner prints these ratios: it imports this module
-    from ._cache_sessions import PolicyResult, ReferenceSession
+    from ._cache_sessions import ReferenceSession
+    from ._policy_runner import PolicyResult
 
 __all__ = [
     "BATCH_FLOOR_BELOW_CAP",

@@ -1,6 +1,6 @@
 """scripts/replay: drive a synthetic screenshot session through a proxy (or straight at a provider).
 
-(`replay --policies` is the other mode: trimflow.testing._cache_sessions, the reference sessions through
+(`replay --policies` is the other mode: trimflow.testing._policy_runner, the reference sessions through
 each pruning policy in process, against the prompt cache model.)
 
 Each turn adds one real screenshot of about --image-kb KB (a distinct image per turn) and sends the
@@ -176,9 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     args_in = sys.argv[1:] if argv is None else argv
     if "--policies" in args_in:
         # The other mode: the reference sessions through each pruning policy, in process, against the cache model.
-        from . import _cache_sessions
+        from . import _policy_runner
 
-        return _cache_sessions.main(args_in)
+        return _policy_runner.main(args_in)
     parser = argparse.ArgumentParser(
         prog="replay",
         epilog="replay --policies [--session NAME] [--policy NAME] [--json] runs the reference sessions through "
