@@ -132,21 +132,26 @@ PROMPT = "Look at the screenshots in this folder, one at a time."
 FINAL = "All screenshots seen: the dialog moved each time."
 
 
+# Loopback only (a network namespace), and a PID namespace of its own: when the session ends, so does every process
+# an agent started, a daemon that left its process group included (Cline's hub).
+UNSHARE = ["unshare", "--net", "--pid", "--fork", "--mount-proc"]
+
+
 def unshare_works() -> bool:
     try:
-        return subprocess.run(["unshare", "-n", "true"], capture_output=True, timeout=30).returncode == 0
+        return subprocess.run([*UNSHARE, "true"], capture_output=True, timeout=30).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
 
 
 def run_session(tmp_path: Path, **session: Any) -> dict[str, Any]:
-    """Run one session in a network namespace with loopback only; its result (see agent_session.py)."""
+    """Run one session in namespaces of its own (UNSHARE): loopback only, and nothing left running after; its result."""
     work = tmp_path / "work"
     work.mkdir()
     config = tmp_path / "session.json"
     config.write_bytes(orjson.dumps({"workdir": str(work), "final": FINAL, **session}))
     inside = 'ip link set lo up && exec "$@"'
-    command = ["unshare", "-n", "sh", "-c", inside, "sh", sys.executable, "-m", "tests.e2e.agent_session", str(config)]
+    command = [*UNSHARE, "sh", "-c", inside, "sh", sys.executable, "-m", "tests.e2e.agent_session", str(config)]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, timeout=400)
     assert done.returncode == 0, done.stderr.decode(errors="replace")[-3000:]
     result: dict[str, Any] = orjson.loads((work / "result.json").read_bytes())
