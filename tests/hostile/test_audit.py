@@ -53,21 +53,39 @@ def bomb_recording(path: Path) -> Path:
     return write_dump(path, [asked, answered, llm_flow(turn=3)])
 
 
+# The audit's own peak resident memory, written at its exit: VmHWM belongs to the address space the audit runs in.
+# ru_maxrss would not do: Linux carries into it the high-water mark of the memory the child had before exec, which
+# is this test process's (a child started with vfork runs in its parent's memory until exec).
+MEASURED_AUDIT = """
+import atexit, os, runpy, sys
+
+def peak() -> None:
+    with open("/proc/self/status") as status, open(os.environ["TRIMFLOW_TEST_PEAK"], "w") as out:
+        out.write(next(line for line in status if line.startswith("VmHWM:")).split()[1])
+
+atexit.register(peak)
+sys.argv = ["trimflow", "audit", *sys.argv[1:]]
+runpy.run_module("trimflow", run_name="__main__", alter_sys=True)
+"""
+
+
 def run_measured(args: list[str], cwd: Path) -> tuple[int, str, str, int]:
     """`python -m trimflow audit ARGS` in a child process: its exit code, stdout, stderr and peak RSS in bytes
-    (this child's own, from wait4: RUSAGE_CHILDREN would be the largest of every child this test run waited for)."""
-    out, err = cwd / "audit.out", cwd / "audit.err"
+    (VmHWM, from the child itself)."""
+    out, err, peak = cwd / "audit.out", cwd / "audit.err", cwd / "audit.peak"
+    env = {**os.environ, "TRIMFLOW_TEST_PEAK": str(peak)}
     with open(out, "wb") as stdout, open(err, "wb") as stderr:
-        child = subprocess.Popen([sys.executable, "-m", "trimflow", "audit", *args], stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL, cwd=ROOT)
+        child = subprocess.Popen(
+            [sys.executable, "-c", MEASURED_AUDIT, *args], stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL, cwd=ROOT, env=env
+        )
     resource.prlimit(child.pid, resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
     watchdog = threading.Timer(300, child.kill)  # a hung audit fails the test instead of the suite
     watchdog.start()
     try:
-        _, status, usage = os.wait4(child.pid, 0)
+        child.wait()
     finally:
         watchdog.cancel()
-    child.returncode = os.waitstatus_to_exitcode(status)
-    return child.returncode, out.read_text(), err.read_text(), usage.ru_maxrss * 1024
+    return child.returncode, out.read_text(), err.read_text(), int(peak.read_text()) * 1024
 
 
 def test_a_gzip_bomb_in_a_recorded_request_or_answer_is_never_inflated(tmp_path: Path) -> None:
