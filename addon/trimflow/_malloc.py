@@ -3,9 +3,9 @@
 A pruned request swaps a 16 MB body for a 5 MB one. With glibc's default heuristics that pattern
 leaves enough free memory at the top of the heap to cross its trim threshold, so the heap is given
 back to the kernel after a request and faulted in again, page by page, while mitmproxy reads the
-next body: measured in mitmdump on back-to-back 16 MB requests, ~1,000 more page faults and ~2 ms
-more per request than a plain mitmdump. A plain mitmdump gains from the same setting too
-(scripts/bench: "plain keeping freed memory").
+next body: many more page faults per request than a plain mitmdump (figures: docs/how-it-works.md and
+docs/performance.md). A plain mitmdump gains from the same setting too (scripts/bench: "plain keeping freed
+memory").
 
 Setting the thresholds fixes them (glibc stops adjusting them itself): allocations up to the mmap
 threshold come from the heap, and up to the trim threshold of free memory stays in the process.

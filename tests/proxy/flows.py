@@ -1,4 +1,4 @@
-"""SharedState and rules files for the addon tests."""
+"""Flows and rules files for the addon tests."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ class KeepMemory:
             True,
             f"On Linux with glibc, keep up to {format_size(TRIM_THRESHOLD)} of freed memory in this process instead of "
             "returning it after each request: a pruned body otherwise makes glibc give the heap back and fault it in "
-            "again while the next body is read (~2 ms per 16 MB request). Affects the whole process; turning it off takes a restart.",
+            "again while the next body is read (docs/options.md). Affects the whole process; turning it off takes a restart.",
         )
 
     def configure(self, updated: set[str]) -> None:

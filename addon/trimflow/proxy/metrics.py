@@ -26,9 +26,9 @@ from .state import SharedState, write
 
 log = logging.getLogger("trimflow")
 
-# The per-flow line and record wait this long (seconds) after mitmproxy sends the answer: one line
-# through mitmproxy's log handlers takes ~0.3 ms, and written at once it competed with the client
-# reading its answer (bench: +0.25 ms per request on a 2-core machine). SharedState finishing within it share one flush.
+# The per-flow line and record wait this long (seconds) after mitmproxy sends the answer: a line through
+# mitmproxy's log handlers is not free, and written at once it competed with the client reading its answer
+# (docs/performance.md). Flows finishing within it share one flush.
 FLUSH_DELAY = 0.005
 _STREAMED_TYPES = ("text/event-stream", "application/x-ndjson", "application/vnd.amazon.eventstream")
 

@@ -1,4 +1,4 @@
-"""SharedState read from a mitmproxy recording (`mitmdump -w`: .mitm, mitmproxy 11 and 12) or a HAR file.
+"""Flows read from a mitmproxy recording (`mitmdump -w`: .mitm, mitmproxy 11 and 12) or a HAR file.
 
 The audit imports this only when it reads such a file, so the rest of trimflow runs without mitmproxy.
 """
