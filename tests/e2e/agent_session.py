@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shlex
 import socket
 import subprocess
 import sys
@@ -31,8 +32,9 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
-from trimflow import FORMATS
+from trimflow import DEFAULT_RULES_PATH, FORMATS, load_rules
 from trimflow._rules import builtin_rules
 from trimflow.testing import FakeProvider, Received, estimate_usage, image
 from trimflow.testing._agent_script import AddedImagesScript, AgentScript, tool_results
@@ -144,11 +146,52 @@ def unshare_works() -> bool:
         return False
 
 
+def require_agent(why: str | None, *, on_demand: bool = False) -> None:
+    """Skip the test when its agent cannot run here (`why`: not installed, another version), or when the namespaces
+    cannot be made (that needs root); fail it instead where TRIMFLOW_REQUIRE_AGENT_CLIS=1 (CI) requires the agent,
+    which an on-demand one never is."""
+    if why is None and not unshare_works():
+        why = "unshare --net --pid does not work here (it needs root): the agents run with loopback only"
+    if why is None:
+        return
+    if os.environ.get("TRIMFLOW_REQUIRE_AGENT_CLIS") == "1" and not on_demand:
+        pytest.fail(why)
+    pytest.skip(why)
+
+
+def installed_version(prefix: Path, package: str, command: str) -> str | None:
+    """The version of `package` installed in the npm prefix, with its `command`, or None."""
+    manifest = prefix / "node_modules" / package / "package.json"
+    if not (prefix / "node_modules" / ".bin" / command).exists() or not manifest.exists():
+        return None
+    return str(orjson.loads(manifest.read_bytes())["version"])
+
+
+def shipped_cap(model: str, path: str = "/v1/chat/completions") -> int:
+    """The image cap the shipped rules set for the fake provider's host (localhost), this path and this model."""
+    cap = load_rules(DEFAULT_RULES_PATH).limits_for("localhost", path, model).max_images
+    assert cap is not None
+    return cap
+
+
+def launcher_records(stderr: str) -> list[dict[str, Any]]:
+    """The run's metrics records, from the file the launcher's exit summary names."""
+    found = re.search(r"^trimflow: every turn: scripts/audit (.+?) · proxy log:", stderr, re.MULTILINE)
+    assert found is not None, stderr[-3000:]
+    (path,) = shlex.split(found.group(1))
+    return [orjson.loads(line) for line in Path(path).read_bytes().splitlines() if line.strip()]
+
+
 def run_session(tmp_path: Path, **session: Any) -> dict[str, Any]:
-    """Run one session in namespaces of its own (UNSHARE): loopback only, and nothing left running after; its result."""
-    work = tmp_path / "work"
-    work.mkdir()
-    config = tmp_path / "session.json"
+    """Run one session in a new folder of `tmp_path` (see run_in)."""
+    return run_in(tmp_path / "work", **session)
+
+
+def run_in(work: Path, **session: Any) -> dict[str, Any]:
+    """Run one session in `work` (made if new; its session file goes beside it), in namespaces of its own
+    (UNSHARE): loopback only, and nothing left running after; its result."""
+    work.mkdir(exist_ok=True)
+    config = work.parent / "session.json"
     config.write_bytes(orjson.dumps({"workdir": str(work), "final": FINAL, **session}))
     inside = 'ip link set lo up && exec "$@"'
     command = [*UNSHARE, "sh", "-c", inside, "sh", sys.executable, "-m", "tests.e2e.agent_session", str(config)]
@@ -182,8 +225,7 @@ def assert_summary_is_what_the_provider_received(result: dict[str, Any], agent: 
     assert sent == sum(len(r["images"]) for r in llm)
     assert pruned > 0
     assert reported == sum(r["input_tokens"] for r in turns(result))
-    metrics = re.search(r"^trimflow: every turn: scripts/audit (\S+)", stderr, re.MULTILINE)
-    assert metrics is not None and Path(metrics.group(1)).is_file()
+    assert launcher_records(stderr)  # the file the summary names, with the run's records
 
 
 # --- the session, inside the namespace ------------------------------------------------------------------------

@@ -13,11 +13,9 @@ TRIMFLOW_REQUIRE_AGENT_CLIS=1, which .ci/run sets, makes either a failure.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 
 from .agent_session import (
@@ -26,12 +24,12 @@ from .agent_session import (
     PROMPT,
     ROOT,
     SIDE_TRAFFIC_OFF,
-    TOOLS_BIN,
     assert_summary_is_what_the_provider_received,
+    installed_version,
     npm_pins,
+    require_agent,
     run_session,
     turns,
-    unshare_works,
 )
 
 pytestmark = pytest.mark.e2e
@@ -49,27 +47,15 @@ GEMINI_ARGS = ["-m", "gemini-2.5-flash", "-p", PROMPT]
 PACKAGES = {"claude": "@anthropic-ai/claude-code", "codex": "@openai/codex", "gemini": "@google/gemini-cli"}
 
 
-def installed(cli: str) -> str | None:
-    """The installed version of `cli` in .tools, or None."""
-    package = ROOT / ".tools" / "node_modules" / PACKAGES[cli] / "package.json"
-    if not (TOOLS_BIN / cli).exists() or not package.exists():
-        return None
-    return str(orjson.loads(package.read_bytes())["version"])
-
-
 def need(cli: str) -> None:
+    package = PACKAGES[cli]
+    version = installed_version(ROOT / ".tools", package, cli)
     why = None
-    version = installed(cli)
     if version is None:
         why = f"{cli} is not installed: scripts/setup --agent-clis (needs npm)"
-    elif version != npm_pins()[PACKAGES[cli]]:
-        why = f"{cli} {version} is installed, scripts/setup pins {npm_pins()[PACKAGES[cli]]}: scripts/setup --agent-clis"
-    elif not unshare_works():
-        why = "unshare -n does not work here (it needs root): the CLIs run with loopback only"
-    if why is not None:
-        if os.environ.get("TRIMFLOW_REQUIRE_AGENT_CLIS") == "1":
-            pytest.fail(why)
-        pytest.skip(why)
+    elif version != npm_pins()[package]:
+        why = f"{cli} {version} is installed, scripts/setup pins {npm_pins()[package]}: scripts/setup --agent-clis"
+    require_agent(why)
 
 
 def assert_capped_session(result: dict[str, Any], cap: int) -> None:

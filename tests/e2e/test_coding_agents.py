@@ -18,9 +18,7 @@ CI set only: the on-demand agents skip, saying how to install them.
 
 from __future__ import annotations
 
-import os
 import re
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,18 +26,19 @@ from typing import Any
 import orjson
 import pytest
 
-from trimflow import DEFAULT_RULES_PATH, load_rules
-
 from .agent_session import (
     FINAL,
     FORWARD_LAUNCHER_ARGS,
     PROMPT,
     ROOT,
     assert_summary_is_what_the_provider_received,
+    installed_version,
+    launcher_records,
     npm_pins,
+    require_agent,
     run_session,
+    shipped_cap,
     turns,
-    unshare_works,
 )
 
 pytestmark = pytest.mark.e2e
@@ -206,14 +205,6 @@ AGENTS = {
 }
 
 
-def installed_version(prefix: Path, package: str, command: str) -> str | None:
-    """The version of `package` installed in the npm prefix, with its `command`, or None."""
-    manifest = prefix / "node_modules" / package / "package.json"
-    if not (prefix / "node_modules" / ".bin" / command).exists() or not manifest.exists():
-        return None
-    return str(orjson.loads(manifest.read_bytes())["version"])
-
-
 def why_it_cannot_run(agent: Agent) -> str | None:
     pins = npm_pins()
     install = "scripts/setup --agent-clis=all" if agent.on_demand else "scripts/setup --agent-clis"
@@ -226,32 +217,11 @@ def why_it_cannot_run(agent: Agent) -> str | None:
             return f"{package} is not installed: {install} (needs npm)"
         if version != pins[package]:
             return f"{package} {version} is installed, scripts/setup pins {pins[package]}: {install}"
-    if not unshare_works():
-        return "unshare -n does not work here (it needs root): the agents run with loopback only"
     return None
 
 
 def need(agent: Agent) -> None:
-    why = why_it_cannot_run(agent)
-    if why is not None:
-        if os.environ.get("TRIMFLOW_REQUIRE_AGENT_CLIS") == "1" and not agent.on_demand:
-            pytest.fail(why)
-        pytest.skip(why)
-
-
-def cap_for(model: str) -> int:
-    """The image cap the shipped rules set for the fake provider's host and this model."""
-    cap = load_rules(DEFAULT_RULES_PATH).limits_for("localhost", "/v1/chat/completions", model).max_images
-    assert cap is not None
-    return cap
-
-
-def trimflow_records(stderr: str) -> list[dict[str, Any]]:
-    """The run's metrics records, from the file the launcher's summary names."""
-    found = re.search(r"^trimflow: every turn: scripts/audit (.+?) · proxy log:", stderr, re.MULTILINE)
-    assert found is not None, stderr[-3000:]
-    (path,) = shlex.split(found.group(1))
-    return [orjson.loads(line) for line in Path(path).read_bytes().splitlines() if line.strip()]
+    require_agent(why_it_cannot_run(agent), on_demand=agent.on_demand)
 
 
 def run_agent(tmp_path: Path, name: str, *, through_trimflow: bool = True) -> dict[str, Any]:
@@ -269,7 +239,7 @@ def run_agent(tmp_path: Path, name: str, *, through_trimflow: bool = True) -> di
         env["NODE_EXTRA_CA_CERTS"] = "{cert}"
     return run_session(
         folder,
-        shots=cap_for(MODEL) + 3,
+        shots=shipped_cap(MODEL) + 3,
         tls=True,
         command=[agent.command, *agent.args],
         env=env,
@@ -299,10 +269,10 @@ def assert_capped_and_newest_as_sent(result: dict[str, Any], sent: list[str] | d
     every request the screenshot just added is the newest as the agent sent it: `sent`, screenshot k's bytes at
     index k - 1, or at key k (what the agent sent without trimflow, for an agent that re-encodes)."""
     assert_exited_with_the_final_answer(result)
-    cap = cap_for(MODEL)
+    cap = shipped_cap(MODEL)
     llm = [r for r in turns(result) if r["model"] == MODEL]
     assert all(len(r["images"]) <= cap for r in llm), [len(r["images"]) for r in llm]
-    records = [r for r in trimflow_records(result["stderr"]) if r.get("model") == MODEL]
+    records = [r for r in launcher_records(result["stderr"]) if r.get("model") == MODEL]
     assert max(r["images_before"] for r in records) == len(result["shots"]) > cap  # what the agent sent
     assert sum(r["pruned"] for r in records) > 0
     expected = sent if isinstance(sent, dict) else dict(enumerate(sent, 1))
@@ -315,7 +285,7 @@ def control_without_trimflow(tmp_path: Path, name: str) -> dict[int, str]:
     result = run_agent(tmp_path, name, through_trimflow=False)
     assert_exited_with_the_final_answer(result)
     llm = [r for r in turns(result) if r["model"] == MODEL]
-    assert max(len(r["images"]) for r in llm) == len(result["shots"]) > cap_for(MODEL)
+    assert max(len(r["images"]) for r in llm) == len(result["shots"]) > shipped_cap(MODEL)
     return newest_by_screenshot(result)
 
 

@@ -27,10 +27,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
-
-from trimflow import DEFAULT_RULES_PATH, load_rules
 
 from .agent_session import (
     AGENT_VENVS,
@@ -39,11 +36,13 @@ from .agent_session import (
     PROMPT,
     ROOT,
     assert_summary_is_what_the_provider_received,
+    launcher_records,
     python_pins,
+    require_agent,
     run_session,
+    shipped_cap,
     summary_figures,
     turns,
-    unshare_works,
 )
 
 pytestmark = pytest.mark.e2e
@@ -51,13 +50,6 @@ pytestmark = pytest.mark.e2e
 MODEL = "gpt-4o"
 CHAT_PATH = "/v1/chat/completions"
 EXECUTABLES = {"aider": "aider", "hermes": "hermes"}
-
-
-def cap() -> int:
-    """The image cap the shipped rules set for the model the agents use, on the fake provider's host."""
-    limit = load_rules(DEFAULT_RULES_PATH).limits_for("localhost", CHAT_PATH, MODEL).max_images
-    assert limit is not None
-    return limit
 
 
 def need(agent: str) -> None:
@@ -69,20 +61,12 @@ def need(agent: str) -> None:
         why = f"{agent} is not installed: scripts/setup --agent-clis (puts {python_pins()[agent]} in .tools/venvs/{agent})"
     elif installed != python_pins()[agent]:
         why = f"{installed} is installed, scripts/setup pins {python_pins()[agent]}: scripts/setup --agent-clis"
-    elif not unshare_works():
-        why = "unshare -n does not work here (it needs root): the agents run with loopback only"
-    if why is not None:
-        if os.environ.get("TRIMFLOW_REQUIRE_AGENT_CLIS") == "1":
-            pytest.fail(why)
-        pytest.skip(why)
+    require_agent(why)
 
 
 def records(result: dict[str, Any]) -> list[dict[str, Any]]:
     """trimflow's metrics records of the run's LLM requests, in order (the file the summary names)."""
-    found = re.search(r"^trimflow: every turn: scripts/audit (\S+)", result["stderr"], re.MULTILINE)
-    assert found is not None, result["stderr"][-3000:]
-    lines = Path(found.group(1)).read_bytes().splitlines()
-    return [r for r in map(orjson.loads, lines) if r.get("format") is not None]
+    return [r for r in launcher_records(result["stderr"]) if r.get("format") is not None]
 
 
 def assert_capped(result: dict[str, Any], newest: list[str | None], sent: list[int]) -> None:
@@ -94,7 +78,7 @@ def assert_capped(result: dict[str, Any], newest: list[str | None], sent: list[i
     assert FINAL in result["stdout"], output
     llm = turns(result)
     assert len(llm) == len(newest), [(r["method"], r["path"], len(r["images"])) for r in llm]
-    limit = cap()
+    limit = shipped_cap(MODEL, CHAT_PATH)
     went = [r["images"] for r in llm]
     assert max(len(images) for images in went) <= limit
     for i, (images, shot) in enumerate(zip(went, newest, strict=True)):
@@ -138,7 +122,7 @@ HERMES_ENV = {"HERMES_HOME": "{work}/hermes", "HERMES_DISABLE_LAZY_INSTALLS": "1
 
 def test_hermes_agent_through_the_launcher(tmp_path: Path) -> None:
     need("hermes")
-    shots = cap() + 3
+    shots = shipped_cap(MODEL, CHAT_PATH) + 3
     result = run_session(
         tmp_path,
         shots=shots,
@@ -186,9 +170,9 @@ def test_aider_through_the_launcher_keeps_the_screenshot_just_added(tmp_path: Pa
     came. The hash seed is chosen so that on the first request over the cap the screenshot just added comes first,
     where the oldest by position would be."""
     need("aider")
-    shots = cap() + 3
+    shots = shipped_cap(MODEL, CHAT_PATH) + 3
     names = [f"screen-{i:02d}.png" for i in range(1, shots + 1)]
-    over = [str((tmp_path / "work" / name).resolve()) for name in names[: cap() + 1]]
+    over = [str((tmp_path / "work" / name).resolve()) for name in names[: shipped_cap(MODEL, CHAT_PATH) + 1]]
     seed = seed_putting_the_newest_first(over)
     typed = "".join(f"/add {name}\nWhat changed in {name}?\n" for name in names)
     result = run_session(
@@ -204,7 +188,9 @@ def test_aider_through_the_launcher_keeps_the_screenshot_just_added(tmp_path: Pa
     )
     assert result["answers"] == shots
     assert_capped(result, result["shots"], list(range(1, shots + 1)))
-    assert turns(result)[cap()]["images"][0] == result["shots"][cap()]  # sent first, as the seed had it, and kept
+    assert (
+        turns(result)[shipped_cap(MODEL, CHAT_PATH)]["images"][0] == result["shots"][shipped_cap(MODEL, CHAT_PATH)]
+    )  # sent first, as the seed had it, and kept
     # Each request rewrites aider's early history (its images reshuffled, one more among them), so the records may
     # count several conversations: the summary's total is checked, whichever line holds it.
     sent, pruned = summary_totals(result["stderr"], "aider", shots)

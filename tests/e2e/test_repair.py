@@ -3,7 +3,7 @@ against the scripted fake provider with no trimflow in between, `scripts/repair`
 CLI resumes it: the provider gets at most the cap and the CLI exits 0 with the model's answer.
 
 Each CLI runs in a network namespace with loopback only (tests/e2e/agent_session.py). The tests skip without the
-CLIs (scripts/setup --agent-clis installs them into .tools/) or without `unshare -n` (root);
+CLIs (scripts/setup --agent-clis installs them into .tools/) or without the namespaces they run in (root);
 TRIMFLOW_REQUIRE_AGENT_CLIS=1, which .ci/run sets, makes either a failure.
 """
 
@@ -13,7 +13,6 @@ import os
 import re
 import sqlite3
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +22,10 @@ import pytest
 from trimflow._policy import count_pruned
 from trimflow._rules_file import DEFAULT_RULES_PATH, load_rules
 
-from .agent_session import CODEX_CONFIG, ROOT, SIDE_TRAFFIC_OFF, TOOLS_BIN
+from .agent_session import CODEX_CONFIG, FINAL, PROMPT, ROOT, SIDE_TRAFFIC_OFF, TOOLS_BIN, require_agent, run_in, turns
 
 pytestmark = pytest.mark.e2e
 
-PROMPT = "Look at the screenshots in this folder, one at a time."
-FINAL = "All screenshots seen: the dialog moved each time."
 SHOTS = 16
 CLAUDE_ENV = {"ANTHROPIC_API_KEY": "sk-ant-test-repair", "ANTHROPIC_BASE_URL": "{provider}", **SIDE_TRAFFIC_OFF}
 # A provider of its own over HTTP: every turn sends the whole history (the built-in one would try a WebSocket first).
@@ -45,31 +42,12 @@ REPORT = re.compile(r"trimflow repair: (\S+): (Claude Code|Codex|Gemini CLI) ses
 
 
 def need(cli: str) -> None:
-    why = None
-    if not (TOOLS_BIN / cli).exists():
-        why = f"{cli} is not installed: scripts/setup --agent-clis (needs npm)"
-    elif subprocess.run(["unshare", "-n", "true"], capture_output=True, timeout=30).returncode != 0:
-        why = "unshare -n does not work here (it needs root): the CLIs run with loopback only"
-    if why is not None:
-        if os.environ.get("TRIMFLOW_REQUIRE_AGENT_CLIS") == "1":
-            pytest.fail(why)
-        pytest.skip(why)
+    require_agent(None if (TOOLS_BIN / cli).exists() else f"{cli} is not installed: scripts/setup --agent-clis (needs npm)")
 
 
 def run_cli(work: Path, **session: Any) -> dict[str, Any]:
     """One CLI run in `work` (the same folder and home each time, as a user resumes in the folder they worked in)."""
-    config = work.parent / "session.json"
-    config.write_bytes(orjson.dumps({"workdir": str(work), "final": FINAL, "shots": SHOTS, **session}))
-    inside = 'ip link set lo up && exec "$@"'
-    command = ["unshare", "-n", "sh", "-c", inside, "sh", sys.executable, "-m", "tests.e2e.agent_session", str(config)]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, timeout=400)
-    assert done.returncode == 0, done.stderr.decode(errors="replace")[-3000:]
-    result: dict[str, Any] = orjson.loads((work / "result.json").read_bytes())
-    return result
-
-
-def turns(result: dict[str, Any]) -> list[dict[str, Any]]:
-    return [r for r in result["requests"] if r["format"] is not None and not r["path"].endswith((":countTokens", "/count_tokens"))]
+    return run_in(work, shots=SHOTS, **session)
 
 
 def repair(session_id: str, env: dict[str, str]) -> tuple[int, int, Path]:
