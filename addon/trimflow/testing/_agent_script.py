@@ -26,7 +26,6 @@ each API's own event sequence, with the usage the fake provider worked out.
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -36,7 +35,7 @@ from typing import Any
 import orjson
 
 from ._fake_usage import FakeUsage
-from ._replies import anthropic_message, anthropic_usage, chat_usage, gemini_usage, new_id, responses_message, responses_object, sse
+from ._replies import ResponsesEvents, anthropic_message, anthropic_usage, chat_usage, gemini_usage, new_id, responses_message, responses_object, sse
 
 Scripted = tuple[str, list[bytes]]
 """(content type, frames): one frame when the answer is not streamed, one event per frame when it is."""
@@ -227,33 +226,19 @@ def _responses(
         item = responses_message(new_id("msg_"), final, "completed")
     if not stream:
         return JSON, [_json(responses_object(rid, request, model, "completed", [item], usage))]
-    seq = itertools.count()
-
-    def event(kind: str, **fields: Any) -> bytes:
-        return sse({"type": kind, "sequence_number": next(seq), **fields}, kind)
-
-    def response(status: str, output: list[Any], u: FakeUsage | None) -> dict[str, Any]:
-        return responses_object(rid, request, model, status, output, u)
-
-    frames = [event(kind, response=response("in_progress", [], None)) for kind in ("response.created", "response.in_progress")]
+    events = ResponsesEvents(rid, request, model)
+    frames = events.started()
     if call is not None:
         frames += [
-            event("response.output_item.added", output_index=0, item={**item, "status": "in_progress", "arguments": ""}),
-            event("response.function_call_arguments.delta", item_id=item["id"], output_index=0, delta=item["arguments"]),
-            event("response.function_call_arguments.done", item_id=item["id"], output_index=0, arguments=item["arguments"]),
+            events.event("response.output_item.added", output_index=0, item={**item, "status": "in_progress", "arguments": ""}),
+            events.event("response.function_call_arguments.delta", item_id=item["id"], output_index=0, delta=item["arguments"]),
+            events.event("response.function_call_arguments.done", item_id=item["id"], output_index=0, arguments=item["arguments"]),
+            events.event("response.output_item.done", output_index=0, item=item),
         ]
     else:
-        where = {"item_id": item["id"], "output_index": 0, "content_index": 0}
-        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-        frames += [
-            event("response.output_item.added", output_index=0, item=responses_message(item["id"], "", "in_progress")),
-            event("response.content_part.added", **where, part=part),
-            event("response.output_text.delta", **where, delta=final, logprobs=[]),
-            event("response.output_text.done", **where, text=final, logprobs=[]),
-            event("response.content_part.done", **where, part={**part, "text": final}),
-        ]
-    frames.append(event("response.output_item.done", output_index=0, item=item))
-    frames.append(event("response.completed", response=response("completed", [item], usage)))
+        message, item = events.text_message(item["id"], [final])
+        frames += message
+    frames.append(events.completed([item], usage))
     return SSE, frames
 
 

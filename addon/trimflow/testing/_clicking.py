@@ -30,7 +30,7 @@ import orjson
 from PIL import Image, ImageChops, UnidentifiedImageError
 
 from ._fake_usage import FakeUsage
-from ._replies import anthropic_message, anthropic_usage, new_id, responses_message, responses_object, sse
+from ._replies import ResponsesEvents, anthropic_message, anthropic_usage, new_id, responses_message, responses_object, sse
 
 Scripted = tuple[str, list[bytes]]
 SSE = "text/event-stream; charset=utf-8"
@@ -195,17 +195,10 @@ def _responses(request: dict[str, Any], model: str, centre: tuple[int, int], usa
     ]
     if not stream:
         return JSON, [orjson.dumps(responses_object(rid, request, model, "completed", items, usage))]
-    seq = itertools.count()
-
-    def event(kind: str, **fields: Any) -> bytes:
-        return sse({"type": kind, "sequence_number": next(seq), **fields}, kind)
-
-    def response(status: str, output: list[Any], u: FakeUsage | None) -> dict[str, Any]:
-        return responses_object(rid, request, model, status, output, u)
-
-    frames = [event(kind, response=response("in_progress", [], None)) for kind in ("response.created", "response.in_progress")]
+    events = ResponsesEvents(rid, request, model)
+    frames = events.started()
     for index, item in enumerate(items):
-        frames.append(event("response.output_item.added", output_index=index, item={**item, "status": "in_progress"}))
-        frames.append(event("response.output_item.done", output_index=index, item=item))
-    frames.append(event("response.completed", response=response("completed", items, usage)))
+        frames.append(events.event("response.output_item.added", output_index=index, item={**item, "status": "in_progress"}))
+        frames.append(events.event("response.output_item.done", output_index=index, item=item))
+    frames.append(events.completed(items, usage))
     return SSE, frames

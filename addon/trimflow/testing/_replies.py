@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -346,30 +346,52 @@ def _chat_events(request_json: dict[str, Any], model: str, usage: FakeUsage) -> 
     yield b"data: [DONE]\n\n"
 
 
+class ResponsesEvents:
+    """The server events of one streamed Responses answer, each numbered in order (`sequence_number`) and named by
+    its type. The fake's own reply and the scripted models' are built with it, so they share the API's sequence."""
+
+    def __init__(self, rid: str, request_json: dict[str, Any], model: str) -> None:
+        self.rid, self.request_json, self.model = rid, request_json, model
+        self._numbers = itertools.count()
+
+    def event(self, kind: str, **fields: Any) -> bytes:
+        return sse({"type": kind, "sequence_number": next(self._numbers), **fields}, kind)
+
+    def started(self) -> list[bytes]:
+        """`response.created` and `response.in_progress`, the response still empty."""
+        return [self.event(kind, response=self._response("in_progress", [], None)) for kind in ("response.created", "response.in_progress")]
+
+    def text_message(self, item_id: str, deltas: Sequence[str], output_index: int = 0) -> tuple[list[bytes], dict[str, Any]]:
+        """The events of one assistant message whose text comes in `deltas`, to its `response.output_item.done`;
+        and the message item as it ends."""
+        text = "".join(deltas)
+        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        where = {"item_id": item_id, "output_index": output_index, "content_index": 0}
+        item = responses_message(item_id, text, "completed")
+        frames = [
+            self.event("response.output_item.added", output_index=output_index, item=responses_message(item_id, "", "in_progress")),
+            self.event("response.content_part.added", **where, part=part),
+            *(self.event("response.output_text.delta", **where, delta=delta, logprobs=[]) for delta in deltas),
+            self.event("response.output_text.done", **where, text=text, logprobs=[]),
+            self.event("response.content_part.done", **where, part={**part, "text": text}),
+            self.event("response.output_item.done", output_index=output_index, item=item),
+        ]
+        return frames, item
+
+    def completed(self, output: list[Any], usage: FakeUsage) -> bytes:
+        """`response.completed`, with the whole output and the usage."""
+        return self.event("response.completed", response=self._response("completed", output, usage))
+
+    def _response(self, status: str, output: list[Any], usage: FakeUsage | None) -> dict[str, Any]:
+        return responses_object(self.rid, self.request_json, self.model, status, output, usage)
+
+
 def _responses_events(request_json: dict[str, Any], model: str, usage: FakeUsage) -> Iterator[bytes]:
-    rid, item_id = new_id("resp_"), new_id("msg_")
-    seq = itertools.count()
-
-    def ev(kind: str, **fields: Any) -> bytes:
-        return sse({"type": kind, "sequence_number": next(seq), **fields}, kind)
-
-    def response(status: str, output: list[Any], u: FakeUsage | None) -> dict[str, Any]:
-        return responses_object(rid, request_json, model, status, output, u)
-
-    empty_part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-    done_part = {**empty_part, "text": REPLY_TEXT}
-    where = {"item_id": item_id, "output_index": 0, "content_index": 0}
-    yield ev("response.created", response=response("in_progress", [], None))
-    yield ev("response.in_progress", response=response("in_progress", [], None))
-    yield ev("response.output_item.added", output_index=0, item=responses_message(item_id, "", "in_progress"))
-    yield ev("response.content_part.added", **where, part=empty_part)
-    for delta in REPLY_DELTAS:
-        yield ev("response.output_text.delta", **where, delta=delta, logprobs=[])
-    yield ev("response.output_text.done", **where, text=REPLY_TEXT, logprobs=[])
-    yield ev("response.content_part.done", **where, part=done_part)
-    item = responses_message(item_id, REPLY_TEXT, "completed")
-    yield ev("response.output_item.done", output_index=0, item=item)
-    yield ev("response.completed", response=response("completed", [item], usage))
+    events = ResponsesEvents(new_id("resp_"), request_json, model)
+    yield from events.started()  # first: the events are numbered as they are made
+    frames, item = events.text_message(new_id("msg_"), REPLY_DELTAS)
+    yield from frames
+    yield events.completed([item], usage)
 
 
 def _anthropic_events(model: str, usage: FakeUsage) -> Iterator[bytes]:
