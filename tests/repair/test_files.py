@@ -71,14 +71,19 @@ def test_a_file_rewritten_with_the_same_size_and_time_is_caught_by_its_bytes(tmp
     assert path.read_bytes() == b'{"a":9}\n'
 
 
-def test_without_hard_links_the_backup_is_a_copy_with_the_same_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Some network and FUSE file systems refuse link(2)."""
-    path = session(tmp_path, mode=0o600)
+@pytest.fixture
+def no_hard_links(monkeypatch: pytest.MonkeyPatch) -> None:
+    """link(2) refused, as some network and FUSE file systems refuse it."""
 
-    def no_links(*args: object, **kwargs: object) -> None:
+    def refused(*args: object, **kwargs: object) -> None:
         raise PermissionError(1, "Operation not permitted")
 
-    monkeypatch.setattr(os, "link", no_links)
+    monkeypatch.setattr(os, "link", refused)
+
+
+@pytest.mark.usefixtures("no_hard_links")
+def test_without_hard_links_the_backup_is_a_copy_with_the_same_mode(tmp_path: Path) -> None:
+    path = session(tmp_path, mode=0o600)
     backup = _files.replace(_files.read(path), b'{"a":2}\n', NOW).backup
     assert backup.read_bytes() == b'{"a":1}\n' and stat.S_IMODE(backup.stat().st_mode) == 0o600
     assert backup.stat().st_ino != path.stat().st_ino
@@ -199,13 +204,9 @@ def test_a_backup_copy_that_fails_partway_leaves_no_file_under_a_backup_name(tmp
     assert [p.name for p in tmp_path.iterdir()] == ["s.jsonl"]  # no backup, no partial copy, no temporary file
 
 
-def test_a_copied_backup_is_renamed_into_place_whole_next_to_an_earlier_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.usefixtures("no_hard_links")
+def test_a_copied_backup_is_renamed_into_place_whole_next_to_an_earlier_one(tmp_path: Path) -> None:
     path = session(tmp_path, mode=0o600)
-
-    def no_links(*args: object, **kwargs: object) -> None:
-        raise PermissionError(1, "Operation not permitted")
-
-    monkeypatch.setattr(os, "link", no_links)
     first = _files.replace(_files.read(path), b'{"a":2}\n', NOW).backup
     second = _files.replace(_files.read(path), b'{"a":3}\n', NOW).backup
     assert (first.read_bytes(), second.read_bytes()) == (b'{"a":1}\n', b'{"a":2}\n')
