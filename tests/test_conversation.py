@@ -8,8 +8,11 @@ Conversations, as the proxy's SharedState and the audit's Reader number them.
 from __future__ import annotations
 
 import copy
+import random
 import re
 import tracemalloc
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -18,6 +21,7 @@ import pytest
 from trimflow import OBSERVE, _conversation, prune_request
 from trimflow._conversation import MAX_SEGMENTS, Conversations
 from trimflow._history import SESSION_HEADERS, History, Images, image_key, session_key
+from trimflow._last_turns import LastTurn, LastTurns, conversation_key
 from trimflow._record import COUNT_TOKENS, TURN, WARMUP
 from trimflow.formats import FORMATS, Media, counted_turn_path, openai_responses
 from trimflow.testing import PATHS, image, session_body
@@ -586,3 +590,98 @@ def test_images_with_one_key_are_told_apart_by_their_crc() -> None:
     recalled = conversations.recall(line(0, 3, [B, A, A, C], [0, 1, 2, 0]))
     assert recalled.order == (1, 0, 2, 3) and recalled.cut == 1  # the CRC-1 copy stays cut wherever it sits
     assert conversations.recall(line(0, 3, [A, B], [7, 0])).order == (1, 0)  # neither A: the key alone is new
+
+
+# --- several processes sharing one file of last turns (trimflow._last_turns) ----------------------------------------
+
+
+@pytest.fixture
+def closing() -> Iterator[Callable[[LastTurns], LastTurns]]:
+    """Closes the files of last turns a test opens."""
+    opened: list[LastTurns] = []
+    yield lambda shared: opened.append(shared) or shared
+    for shared in opened:
+        shared.close()
+
+
+def shuffled_turns(count: int) -> list[tuple[float, int, History]]:
+    """An agent that adds a screenshot a turn and sends them in an order that changes (as aider), with think times
+    of all sizes (pauses past any cache lifetime too) and a cut that moves now and then: (think, cut, history)."""
+    keys = [image_key(Media("image", (), f"{i:04d}" * 800)) for i in range(count)]
+    rng = random.Random(7)
+    turns = []
+    for turn in range(1, count + 1):
+        sent = keys[:turn]
+        rng.shuffle(sent)
+        turns.append((rng.choice([2.0, 30.0, 400.0]), (turn // 3) * 2 if turn > 4 else 0, line(0, turn, sent)))
+    return turns
+
+
+def recalled(conversations: Conversations, history: History) -> tuple[int, float, tuple[int, ...] | None] | None:
+    found = conversations.recall(history)
+    return None if found is None else (found.cut, found.idle, found.order)
+
+
+def test_two_memories_sharing_a_file_recall_each_turn_as_one_memory_would(closing: Callable[[LastTurns], LastTurns]) -> None:
+    """Turns alternate between two processes' memories, as behind a round-robin balancer: with the file each recalls
+    the cut, idle time and order of arrival one memory of every turn recalls; without it they do not."""
+    now = [1000.0]
+    one = Conversations(clock=lambda: now[0])
+    shared = closing(LastTurns(":memory:", clock=lambda: now[0]))
+    pair = [Conversations(clock=lambda: now[0], shared=shared) for _ in range(2)]
+    apart = [Conversations(clock=lambda: now[0]) for _ in range(2)]
+    differed = 0
+    for number, (think, cut, history) in enumerate(shuffled_turns(12)):
+        now[0] += think
+        expected = recalled(one, history)
+        assert recalled(pair[number % 2], history) == expected, number
+        differed += recalled(apart[number % 2], history) != expected
+        for memory in (one, pair[number % 2], apart[number % 2]):
+            memory.assign(history, TURN, cut)
+    assert differed > 6  # on their own, each misses the other's turns: every turn but the first two
+
+
+def test_a_retry_cut_on_one_process_is_what_the_other_holds(closing: Callable[[LastTurns], LastTurns]) -> None:
+    shared = closing(LastTurns(":memory:"))
+    a, b = Conversations(shared=shared), Conversations(shared=shared)
+    a.assign(line(0, 1, [A, B]))
+    sent = line(0, 2, [C, A, B])
+    a.recut(a.assign(sent, TURN, cut=0).thread, sent, 2)
+    found = b.recall(line(0, 3, [A, D, C, B]))
+    assert found is not None and found.cut == 2 and found.order == (0, 3, 2, 1)
+
+
+def test_a_shared_turn_is_taken_only_when_newer_and_only_by_a_request_that_sends_its_images_again(closing: Callable[[LastTurns], LastTurns]) -> None:
+    now = [50.0]
+    shared = closing(LastTurns(":memory:", clock=lambda: now[0]))
+    a, b = Conversations(clock=lambda: now[0], shared=shared), Conversations(clock=lambda: now[0], shared=shared)
+    a.assign(line(0, 1, [A, B, C]), TURN, cut=2)
+    # Another line of the same conversation key (a rerun: same system prompt and first message) sending other images.
+    assert b.recall(line(0, 2, [D, E])) is None
+    now[0] = 60.0
+    b.assign(line(0, 2, [A, B, C, D]), TURN, cut=1)  # b's own turn, newer than a's
+    now[0] = 70.0
+    found = b.recall(line(0, 3, [A, B, C, D, E]))
+    assert found is not None and (found.cut, found.idle) == (1, 10.0)
+    # The file lost b's turn (another process's write held the lock too long): b's own memory is newer, and a,
+    # which has only its own older turn and the file's, takes the file's.
+    shared.put(conversation_key(HOST, None, (0).to_bytes(8, "big")), LastTurn(55.0, 3, ((A, 0), (B, 0), (C, 0))))
+    assert b.recall(line(0, 3, [A, B, C, D, E])).cut == 1
+    assert a.recall(line(0, 3, [A, B, C, D, E])).cut == 3
+
+
+def test_the_shared_file_holds_digests_only(tmp_path: Path, closing: Callable[[LastTurns], LastTurns]) -> None:
+    path = tmp_path / "conversations.sqlite3"
+    shared = closing(LastTurns(str(path)))
+    conversations = Conversations(shared=shared)
+    body = session("anthropic", 3)
+    outcome = run(body, "anthropic", headers={"x-claude-code-session-id": "session-secret-1234"})
+    conversations.assign(outcome.history, TURN, cut=1)
+    shared.close()
+    stored = b"".join(p.read_bytes() for p in tmp_path.iterdir())
+    raw = orjson.dumps(body)
+    payload = re.search(rb'"data":"([^"]{200,})"', raw).group(1)
+    for secret in (SYSTEM.encode(), FIRST_QUESTION.encode(), b"session-secret-1234", payload[:64], payload[-64:]):
+        assert secret not in stored
+    with LastTurns(str(path)) as again:
+        assert again.get(conversation_key(HOST, outcome.history.session, outcome.history.origin)) is not None

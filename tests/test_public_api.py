@@ -92,6 +92,7 @@ PUBLIC = {
         "FLUSH_DELAY",
         "FlowState",
         "SharedState",
+        "ShareConversations",
         "GeminiKeyHeader",
         "META",
         "KeepMemory",

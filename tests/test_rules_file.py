@@ -314,7 +314,7 @@ def test_shipped_default():
     assert r.source == str(DEFAULT_RULES_PATH)
     gemini = r.limits_for("generativelanguage.googleapis.com", "/v1beta/models/gemini-2.5-pro:generateContent", "gemini-2.5-pro")
     # A voluntary cap under Copilot's 10, in batches that leave 3 images after a cut (docs/caching.md).
-    assert (gemini.rule, gemini.max_images, gemini.prune_batch) == ("gemini", 6, 4)
+    assert (gemini.rule, gemini.max_images, gemini.prune_batch, gemini.low_water, gemini.cache_ttl) == ("gemini", 6, 4, 0.5, 300.0)
     assert r.limits_for("openrouter.ai", "/api/v1/chat/completions", "google/gemini-2.5-pro").max_images == 6
     assert r.limits_for("api.githubcopilot.com", "/chat/completions", "gemini-3.1-pro-preview").max_images == 6
     # OpenAI models whose cached input costs a quarter or more of the input price: a voluntary cap of 5 in
@@ -326,7 +326,7 @@ def test_shipped_default():
         ("openrouter.ai", "/api/v1/chat/completions", "openai/gpt-4o-mini"),
     ]:
         openai = r.limits_for(host, path, model)
-        assert (openai.rule, openai.max_images, openai.prune_batch, openai.low_water) == ("openai-cached-share", 5, 3, None), model
+        assert (openai.rule, openai.max_images, openai.prune_batch, openai.low_water) == ("openai-cached-share", 5, 3, 0.6), model
     for model in ("gpt-5", "gpt-5-codex", "gpt-5.1", "o3"):
         assert r.limits_for("api.openai.com", "/v1/responses", model).max_images == 8, model
     claude = r.limits_for("api.anthropic.com", "/v1/messages", "claude-sonnet-4")
@@ -341,6 +341,8 @@ def test_shipped_default():
         max_image_side=8000,
         many_images_threshold=20,
         many_images_max_side=2000,
+        low_water=0.4,  # the cold cut: idle past cache_ttl, cut to 3 of 8 at once (docs/caching.md)
+        cache_ttl=300.0,
     )
     assert gemini.max_body_bytes == 16 * MiB
     assert r.limits_for("h", "/", None).max_images == 8

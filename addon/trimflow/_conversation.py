@@ -17,6 +17,10 @@ more is new. An image a turn no longer sends is forgotten (the agent dropped it:
 request that continues no line of history takes the arrivals of the line whose images it sends again
 (`_sent_again`). Bounded: at most MAX_IMAGES_PER_LINE per line, the oldest forgotten first, and
 MAX_IMAGES_REMEMBERED in all, past which the least recently seen conversations go.
+
+Several processes behind a balancer each see only some turns of a conversation. With `shared` (a LastTurns file,
+trimflow._last_turns) every turn is written there too, and `recall` takes the conversation's last turn from there
+when another process sent it after this one's own last turn: its cut, its time and its images' arrivals.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 from ._history import History, Images, digest, short_id
+from ._last_turns import LastTurn, LastTurns, conversation_key
 from ._record import COUNT_TOKENS, TURN
 
 DEFAULT_CAPACITY = 10_000  # conversations the proxy remembers (least recently seen forgotten first)
@@ -119,6 +124,14 @@ def _arrivals(remembered: Mapping[bytes, list[Copy]], images: Images) -> list[Co
     return found
 
 
+def _copies(last: LastTurn) -> dict[bytes, list[Copy]]:
+    """A shared last turn's images as a line of history remembers them: each copy's rank stands for when it came."""
+    table: dict[bytes, list[Copy]] = {}
+    for rank, (key, crc) in enumerate(last.images):
+        table.setdefault(key, []).append(Copy(rank, rank < last.cut, crc))
+    return table
+
+
 def _oldest_first(found: Sequence[Copy | None]) -> list[int]:
     """Image indices oldest first: the ones cut before, then by arrival (new ones last); position among those that
     came together."""
@@ -138,12 +151,22 @@ class Conversations:
     to this one (a retry) only when none is shorter, so a rerun's turn that repeats an earlier run's last
     request still follows its own run. Equal candidates: the most recently used. `salt` makes ids differ
     between proxy processes (a new conversation's id counts the conversations started before it, which
-    restarts with each process); the audit uses none, so its ids are the same on every run.
+    restarts with each process); the audit uses none, so its ids are the same on every run. `shared`: the file of
+    last turns this process shares with others (see the module's docstring).
     """
 
-    def __init__(self, capacity: int = DEFAULT_CAPACITY, salt: bytes | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        capacity: int = DEFAULT_CAPACITY,
+        salt: bytes | None = None,
+        clock: Callable[[], float] = time.time,
+        shared: LastTurns | None = None,
+    ) -> None:
         self.capacity = capacity
-        self.clock = clock  # seconds; a replay of recorded or simulated sessions gives its own
+        # Seconds on the wall clock, which processes sharing a file agree on; a replay of recorded or simulated
+        # sessions gives its own.
+        self.clock = clock
+        self.shared = shared
         self._salt = os.urandom(8) if salt is None else salt
         self._conversations: OrderedDict[str, _Conversation] = OrderedDict()
         self._by_tip: dict[int, list[HistoryLine]] = {}
@@ -168,13 +191,32 @@ class Conversations:
         thread = None if history.session is not None and named is None else self._continued(history, TURN, named)
         if thread is None or thread.sent_at is None:
             thread = self._sent_again(history.images.keys)
-            if thread is None or thread.sent_at is None:
-                return None
-        idle = max(0.0, self.clock() - thread.sent_at)
+            if thread is not None and thread.sent_at is None:
+                thread = None
+        last = self._shared_turn(history)
+        if last is not None and (thread is None or last.sent_at > (thread.sent_at or 0.0)):
+            # Another process sent the conversation's last turn.
+            sent_at, cut, remembered = last.sent_at, last.cut, _copies(last)
+        elif thread is not None and thread.sent_at is not None:
+            sent_at, cut, remembered = thread.sent_at, thread.cut, thread.images
+        else:
+            return None
+        idle = max(0.0, self.clock() - sent_at)
         if not history.images:
-            return Recall(thread.cut, idle)
-        found = _arrivals(thread.images, history.images)
+            return Recall(cut, idle)
+        found = _arrivals(remembered, history.images)
         return Recall(sum(1 for copy in found if copy is not None and copy.cut), idle, tuple(_oldest_first(found)))
+
+    def _shared_turn(self, history: History) -> LastTurn | None:
+        """The conversation's last turn in the shared file, if it is this conversation's: its images (if it sent
+        any) are more than half sent again by this request, as `_sent_again` asks of a line of history."""
+        if self.shared is None:
+            return None
+        last = self.shared.get(conversation_key(history.host, history.session, history.origin))
+        if last is None or not last.images:
+            return last
+        keys = {key for key, _ in last.images}
+        return last if 2 * len(keys.intersection(history.images.keys)) > len(keys) else None
 
     def was_cut(self, keys: Iterable[bytes]) -> bool:
         """Whether an image with one of these keys (image_key) was cut in a line of history remembered: a request
@@ -197,6 +239,10 @@ class Conversations:
         # _sent_again). Taken before a new line may make room by forgetting that one.
         source = thread if thread is not None and thread.sent_at is not None else self._sent_again(history.images.keys)
         remembered = source.images if source is not None else {}
+        if kind == TURN and history.previous_response is None:
+            last = self._shared_turn(history)
+            if last is not None and (source is None or last.sent_at > (source.sent_at or 0.0)):
+                remembered = _copies(last)  # as `recall` took them: the cut is a position in that order
         if thread is None:
             if kind == COUNT_TOKENS:  # never a conversation or segment of its own
                 return Assignment(named.id if named else None, None, None, None)
@@ -220,7 +266,7 @@ class Conversations:
                 thread.cut = cut or 0
                 thread.sent_at = self.clock()
                 if history.previous_response is None:
-                    self._remember(thread, remembered, history.images, cut or 0)
+                    self._share(history, thread, self._remember(thread, remembered, history.images, cut or 0))
         return Assignment(conversation.id, turn, thread.segment, thread)
 
     def recut(self, thread: HistoryLine | None, history: History, cut: int) -> None:
@@ -232,7 +278,13 @@ class Conversations:
         if thread.conversation.id not in self._conversations:  # forgotten meanwhile: the next turn starts afresh
             return
         thread.cut = cut
-        self._remember(thread, thread.images, history.images, cut)
+        self._share(history, thread, self._remember(thread, thread.images, history.images, cut))
+
+    def _share(self, history: History, thread: HistoryLine, images: list[tuple[bytes, int]]) -> None:
+        """The turn `thread` just sent, into the shared file: `images` oldest first by arrival, as `_remember` left them."""
+        if self.shared is not None and thread.sent_at is not None:
+            key = conversation_key(history.host, history.session, history.origin)
+            self.shared.put(key, LastTurn(thread.sent_at, min(thread.cut, len(images)), tuple(images)))
 
     def _sent_again(self, keys: Sequence[bytes]) -> HistoryLine | None:
         """The line of history whose images a request that continues no history sends again, more than half of them:
@@ -251,18 +303,20 @@ class Conversations:
                 best, most = thread, n
         return best
 
-    def _remember(self, thread: HistoryLine, remembered: Mapping[bytes, list[Copy]], images: Images, cut: int) -> None:
+    def _remember(self, thread: HistoryLine, remembered: Mapping[bytes, list[Copy]], images: Images, cut: int) -> list[tuple[bytes, int]]:
         """The images of the turn `thread` just sent: when each copy came (as `remembered`; now for a new one, on the
         memory's clock, which runs on across conversations) and the first `cut` in the order `recall` gave as cut.
-        What the turn no longer sends is forgotten."""
+        What the turn no longer sends is forgotten. Returns them oldest first by arrival as (key, CRC-32)."""
         found = _arrivals(remembered, images)
         order = _oldest_first(found)
         table: dict[bytes, list[Copy]] = {}
+        kept: list[tuple[bytes, int]] = []
         for rank in range(max(0, len(order) - MAX_IMAGES_PER_LINE), len(order)):
             i = order[rank]
             copy = found[i]
             came, crc = (self._clock, images.crc(i)) if copy is None else (copy.came, copy.crc)
             table.setdefault(images.keys[i], []).append(Copy(came, rank < cut, crc))
+            kept.append((images.keys[i], crc))
         for copies in table.values():
             copies.sort(key=lambda copy: (copy.came, not copy.cut))  # as _oldest_first: of copies that came together, the cut first
         self._forget_images(thread)
@@ -277,6 +331,7 @@ class Conversations:
             _, forgotten = self._conversations.popitem(last=False)  # never this one: just made the most recent
             for dropped in forgotten.threads:
                 self._drop_thread(dropped)
+        return kept
 
     def _forget_images(self, thread: HistoryLine) -> None:
         for key, copies in thread.images.items():

@@ -27,6 +27,7 @@ ORDER = [
     proxy.Metrics,
     recover.HoldErrorAnswers,
     proxy.Prometheus,
+    proxy.ShareConversations,
     proxy.KeepMemory,
     proxy.Options,
 ]
@@ -46,6 +47,7 @@ OPTIONS = {
     "trimflow_limit_errors",
     "trimflow_prometheus",
     "trimflow_clicks",
+    "trimflow_conversations",
 }
 
 

@@ -15,6 +15,7 @@ from trimflow import Limits, proxy
 from trimflow._limit_errors import ANSWER_MAX
 from trimflow.proxy import recover
 from trimflow.proxy.metrics import AnswerScanner
+from trimflow.proxy.options import confdir_path
 
 from ..helpers import TrimflowAddons, requested
 from .flows import llm_flow, write_rules
@@ -193,9 +194,9 @@ async def test_a_retry_for_a_client_that_has_gone_is_not_sent() -> None:
 
 
 def test_learned_path_follows_the_confdir() -> None:
-    assert recover.learned_path("", "~/.mitmproxy") is None
-    assert recover.learned_path(recover.DEFAULT_LEARNED, "/etc/mitm") == "/etc/mitm/trimflow-learned.yaml"
-    assert recover.learned_path("~/l.yaml", "/x") == os.path.expanduser("~/l.yaml")
+    assert confdir_path("", "~/.mitmproxy") is None
+    assert confdir_path(recover.DEFAULT_LEARNED, "/etc/mitm") == "/etc/mitm/trimflow-learned.yaml"
+    assert confdir_path("~/l.yaml", "/x") == os.path.expanduser("~/l.yaml")
 
 
 @pytest.mark.parametrize(

@@ -99,16 +99,18 @@ def test_replay_hands_policies_to_the_runner(capsys: pytest.CaptureFixture[str])
 
 
 def test_two_instances_behind_round_robin_cut_as_one_under_the_shipped_rules() -> None:
-    """Each instance sees every other turn. The shipped rules cut from the request alone: the pair forwards what one
-    instance forwards, turn by turn, and is billed the same. The cold cut (rules/examples/cache-aware.yaml) needs the
-    conversation's memory: each instance misses the other's cuts and pauses, the two cut differently, and the cached
-    prefix breaks, so the pair costs more than one instance on the same session."""
-    for name in ("idle", "chat"):
+    """Each instance sees every other turn. The shipped rules' cold cut needs each conversation's last turn: sharing
+    it (a file of last turns, as instances on one host do by default) the pair forwards what one instance forwards,
+    turn by turn, and is billed the same; each with its own memory only, the two cut differently, the cached prefix
+    breaks, and the pair costs more. The request-only example needs no memory: the pair cuts as one either way."""
+    for name in ("idle", "chat", "claude-code"):
         one, two = (run_policy(SESSION[name], POLICY["shipped defaults"], instances=n) for n in (1, 2))
         assert [(t.images, t.body_bytes, t.usage) for t in two.turns] == [(t.images, t.body_bytes, t.usage) for t in one.turns], name
         assert one.cost is not None and two.cost == one.cost
-    one, two = (run_policy(SESSION["idle"], POLICY["cache-aware example"], instances=n) for n in (1, 2))
-    assert one.cost is not None and two.cost is not None
-    assert two.cost > 1.2 * one.cost and two.broken_turns > one.broken_turns
+    one, apart = (run_policy(SESSION["idle"], POLICY["shipped defaults"], instances=n, shared=False) for n in (1, 2))
+    assert one.cost is not None and apart.cost is not None
+    assert apart.cost > 1.2 * one.cost and apart.broken_turns > one.broken_turns
+    one, apart = (run_policy(SESSION["idle"], POLICY["request-only example"], instances=n, shared=False) for n in (1, 2))
+    assert [(t.images, t.body_bytes, t.usage) for t in apart.turns] == [(t.images, t.body_bytes, t.usage) for t in one.turns]
     with pytest.raises(ValueError, match="instances must be at least 1"):
         run_policy(SESSION["chat"], POLICY["shipped defaults"], instances=0)

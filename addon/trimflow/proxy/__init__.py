@@ -16,12 +16,14 @@ LLM flow's state):
   rescaled (before Metrics: its stream gets the events after Metrics read the usage, and its count is recorded).
 - Metrics: completes each record with the answer's status and usage; the log line and the JSONL record.
 - Prometheus: counts each record the metrics addon writes, served at /metrics (trimflow_prometheus).
+- ShareConversations: shares each conversation's last turn with the other instances naming the same file.
 - KeepMemory: keeps freed body memory in the process (glibc).
 - Options: last, so every trimflow option is declared: a misspelt trimflow_* name or a value mitmproxy
   cannot parse stops mitmproxy at start with one line (each addon's `configure` checks its own values).
 """
 
 from .clicks import Clicks
+from .conversations import ShareConversations
 from .keys import GeminiKeyHeader
 from .memory import KeepMemory
 from .metrics import FLUSH_DELAY, Metrics
@@ -50,6 +52,7 @@ def make_addons() -> list[object]:
         metrics,
         recover.hold,
         Prometheus(metrics, recover),
+        ShareConversations(flows),
         KeepMemory(),
         Options(),
     ]
@@ -69,6 +72,7 @@ __all__ = [
     "Prometheus",
     "Prune",
     "Recover",
+    "ShareConversations",
     "SharedState",
     "Simulate",
     "WebSocket",

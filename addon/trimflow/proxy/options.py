@@ -36,6 +36,13 @@ _BOOL_WORDS = ("true", "false", "toggle")  # what mitmproxy's --set takes for a 
 A = TypeVar("A")
 
 
+def confdir_path(option: str, confdir: str) -> str | None:
+    """The file a path option names, `{confdir}` standing for mitmproxy's confdir: None for empty (no file)."""
+    if not option:
+        return None
+    return os.path.expanduser(option.replace("{confdir}", confdir))
+
+
 def starting() -> bool:
     """mitmproxy is starting: its errorcheck addon still watches the log, and would end the process for
     an error logged now, but only after the proxy is listening."""

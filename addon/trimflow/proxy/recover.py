@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import os
 import time
 import weakref
 from collections.abc import Callable, Coroutine, Generator, Iterable
@@ -54,7 +53,7 @@ from .._record import TURN, Record
 from ..errors import RulesError
 from ..formats import counted_turn_path
 from .comment import flow_comment
-from .options import exits_at_startup
+from .options import confdir_path, exits_at_startup
 from .prune import plain_headers
 from .simulate import Simulate
 from .state import FlowState, SharedState, path_of, upstream_of, write
@@ -147,7 +146,7 @@ class Recover:
                 raise exceptions.OptionsError("trimflow: trimflow_learned_ttl must be more than 0 (or none: never expire)")
             self.learned.ttl = self.simulated.ttl = ttl
         if "trimflow_learned" in updated or "confdir" in updated:
-            path = learned_path(ctx.options.trimflow_learned, ctx.options.confdir)
+            path = confdir_path(ctx.options.trimflow_learned, ctx.options.confdir)
             self.learned.close()
             self.learned = LearnedLimits(path, ttl=self.learned.ttl)
             # The file is read in the learned limits' own thread; a file that does not answer in time is read when it does.
@@ -464,13 +463,6 @@ def _bound_held_answers() -> bool:
     return True
 
 
-def learned_path(option: str, confdir: str) -> str | None:
-    """The learned-limits file an option value names: None for empty (in memory only)."""
-    if not option:
-        return None
-    return os.path.expanduser(option.replace("{confdir}", confdir))
-
-
 CLIENT_GONE = "the client closed its connection; cancelled"
 
 
@@ -540,4 +532,4 @@ def cancel_retries(client: connection.Client) -> None:
         handler.cancel()
 
 
-__all__ = ["DEFAULT_LEARNED", "HoldErrorAnswers", "Recover", "cancel_retries", "learned_path", "resend"]
+__all__ = ["DEFAULT_LEARNED", "HoldErrorAnswers", "Recover", "cancel_retries", "resend"]

@@ -20,6 +20,7 @@ import orjson
 
 from .._conversation import Conversations
 from .._engine import prune
+from .._last_turns import LastTurns
 from .._limit_profiles import Profile, check, load_profiles
 from .._prices import Price, PriceTable, load_prices
 from .._rules import Rules
@@ -39,7 +40,7 @@ _OFF = {"low_water": None, "cache_ttl": None}
 # rules' voluntary caps by model.
 _CAP_8 = {"max_images": 8}
 _GEMINI_10 = {"gemini": {"max_images": 10}}
-CACHE_AWARE_RULES = DEFAULT_RULES_PATH.parent / "examples" / "cache-aware.yaml"
+REQUEST_ONLY_RULES = DEFAULT_RULES_PATH.parent / "examples" / "request-only.yaml"
 
 
 @dataclass(frozen=True)
@@ -80,8 +81,8 @@ POLICIES: tuple[Policy, ...] = (
         {**_CAP_8, "prune_batch": 6, "low_water": 0.4, "cache_ttl": 300.0},
         {"gemini": {"max_images": 10, "low_water": 0.5}, "openai-chat": {"max_images": 5, "prune_batch": 3, "low_water": 0.6}},
     ),
-    # The shipped rules with the cold cut, at the same floors: rules/examples/cache-aware.yaml as it is.
-    Policy("cache-aware example", None, path=CACHE_AWARE_RULES),
+    # The shipped rules without the cold cut, every cut from the request alone: rules/examples/request-only.yaml.
+    Policy("request-only example", None, path=REQUEST_ONLY_RULES),
     Policy("shipped defaults", None),
 )
 
@@ -190,11 +191,14 @@ def run_policy(
     prices: PriceTable | None = None,
     profiles: Sequence[Profile] | None = None,
     instances: int = 1,
+    shared: bool = True,
 ) -> PolicyResult:
     """Every turn of `session` through the engine under `policy`, then through the cache model at the
     session's simulated time. The conversations are remembered as the proxy remembers them, on the same clock;
     with `instances` above 1, as that many proxies behind a round-robin balancer remember them: each its own
-    memory, turn k going to instance k mod `instances`, one provider cache for all."""
+    memory, turn k going to instance k mod `instances`, one provider cache for all. `shared`: the instances share
+    one file of last turns (trimflow._last_turns), as the proxies on one host do by default; False, each only
+    its own memory."""
     if instances < 1:
         raise ValueError(f"instances must be at least 1, got {instances}")
     rules = policy.rules(base if base is not None else load_rules(DEFAULT_RULES_PATH), session.fmt)
@@ -204,7 +208,8 @@ def run_policy(
         profiles = [known.get(name) for name in session.profiles]
     now = 0.0
     cache = CacheModel(lambda: now)
-    memories = [Conversations(clock=lambda: now) for _ in range(instances)]
+    last_turns = LastTurns(":memory:", clock=lambda: now) if shared else None
+    memories = [Conversations(clock=lambda: now, shared=last_turns) for _ in range(instances)]
     module = FORMATS[session.fmt]
     target = rules.target(session.host, session.path)
     if target is None:
@@ -212,27 +217,31 @@ def run_policy(
     headers = {"host": session.host, "content-type": "application/json"}
     results: list[TurnResult] = []
     warm: tuple[float, int] | None = None  # (expiry, tokens) of the prefix the previous request left cached
-    for number, turn in enumerate(session.turns(), start=1):
-        now += turn.think
-        conversations = memories[(number - 1) % instances]
-        outcome = prune(target, headers, turn.body, rules, memory=conversations)
-        record, history = outcome.record, outcome.history
-        if record is not None and history is not None:
-            conversations.assign(history, record.kind, cut=outcome.cut)
-        body = outcome.body
-        parsed = orjson.loads(body)
-        media = module.find_media(parsed)
-        breaches = [v.profile for p in profiles if (v := check(p, body, media, model=session.model, parsed=parsed)) is not None]
-        prompt = prompt_of(session.fmt, session.path, parsed, media)
-        try:
-            usage = cache.use(prompt) if prompt is not None else CacheUsage(0)
-        except TooManyBreakpoints:
-            usage, breaches = CacheUsage(0), [*breaches, REFUSED]
-        broken = warm is not None and now < warm[0] and usage.cache_read_tokens < warm[1]
-        warm = (now + usage.stored_ttl, usage.stored_tokens) if usage.stored_tokens else None
-        cost = None if price is None else price.cost(usage.uncached_tokens, usage.cache_write_tokens, usage.cache_read_tokens, turn.output_tokens)
-        images = sum(1 for m in media if m.kind == IMAGE)
-        results.append(TurnResult(number, now, images, len(body), usage, turn.output_tokens, cost, broken, tuple(breaches)))
+    try:
+        for number, turn in enumerate(session.turns(), start=1):
+            now += turn.think
+            conversations = memories[(number - 1) % instances]
+            outcome = prune(target, headers, turn.body, rules, memory=conversations)
+            record, history = outcome.record, outcome.history
+            if record is not None and history is not None:
+                conversations.assign(history, record.kind, cut=outcome.cut)
+            body = outcome.body
+            parsed = orjson.loads(body)
+            media = module.find_media(parsed)
+            breaches = [v.profile for p in profiles if (v := check(p, body, media, model=session.model, parsed=parsed)) is not None]
+            prompt = prompt_of(session.fmt, session.path, parsed, media)
+            try:
+                usage = cache.use(prompt) if prompt is not None else CacheUsage(0)
+            except TooManyBreakpoints:
+                usage, breaches = CacheUsage(0), [*breaches, REFUSED]
+            broken = warm is not None and now < warm[0] and usage.cache_read_tokens < warm[1]
+            warm = (now + usage.stored_ttl, usage.stored_tokens) if usage.stored_tokens else None
+            cost = None if price is None else price.cost(usage.uncached_tokens, usage.cache_write_tokens, usage.cache_read_tokens, turn.output_tokens)
+            images = sum(1 for m in media if m.kind == IMAGE)
+            results.append(TurnResult(number, now, images, len(body), usage, turn.output_tokens, cost, broken, tuple(breaches)))
+    finally:
+        if last_turns is not None:
+            last_turns.close()
     return PolicyResult(session.name, policy.name, session.model, results)
 
 
