@@ -57,6 +57,7 @@ from PIL import Image
 
 from tests.mitmdump import Mitmdump, stop_process
 from trimflow._engine import prune_request
+from trimflow._last_turns import LastTurn, LastTurns, conversation_key
 from trimflow._malloc import MMAP_THRESHOLD, TRIM_THRESHOLD
 from trimflow._record import utc_timestamp
 from trimflow._rules_file import DEFAULT_RULES_PATH, load_rules
@@ -1472,7 +1473,7 @@ LEARNED_ENTRIES = 10_000
 
 
 STEADY_SESSIONS = ("computer-use",)  # steady computer use: the shipped rules within 2% of the optimum at full length
-ROUND_ROBIN_SESSIONS = ("computer-use", "idle")  # two instances against one: pauses past the TTL on both
+ROUND_ROBIN_SESSIONS = ("computer-use", "idle", "claude-code")  # two instances against one: pauses past the TTL on all
 
 
 def cache_figures() -> list[Figure]:
@@ -1512,13 +1513,14 @@ def cache_figures() -> list[Figure]:
             Figure(f"cache_optimum_{name}_by_length", f"{where}, averaged over lengths", against.averaged, "x", 1.05),
             Figure(f"cache_optimum_{name}_over_cap", f"{reference.name}, shipped: turns over the cap", against.cap_broken, "turns", 0),
         ]
-    # Two instances behind a round-robin balancer, each seeing every other turn, against one instance.
+    # Two instances behind a round-robin balancer, each seeing every other turn and sharing the conversations file, as
+    # instances on one host do by default, against one instance.
     for name in ROUND_ROBIN_SESSIONS:
         reference = next(s for s in REFERENCE_SESSIONS if s.name == name)
         one = shipped if reference is session else run_policy(reference, policies["shipped defaults"])
         two = run_policy(reference, policies["shipped defaults"], instances=2)
         assert one.cost is not None and two.cost is not None, "the session's model has a price"
-        label = f"{name}, shipped: two instances behind round robin / one"
+        label = f"{name}, shipped: two instances behind round robin sharing the conversations file / one"
         figures.append(Figure(f"cache_round_robin_{name.replace('-', '_')}", label, two.cost / one.cost, "x", 1.0))
     return figures
 
@@ -1543,6 +1545,8 @@ def run(settings: Settings, say: Callable[[str], None], sections: tuple[str, ...
         if "learned" in sections:
             say(f"learned limits: {LEARNED_ENTRIES:,} entries in a file another process holds locked, learning meanwhile")
             figures += learned_figures(workdir, upstream, settings)
+            say(f"conversations file: {CONVERSATIONS_ROWS:,} conversations, one turn's read and write")
+            figures += conversations_file_figures(workdir, settings)
         if "text" in sections:
             figures += text_session_figures(workdir, upstream, settings, say)
         if "shaped" in sections:
@@ -1585,6 +1589,35 @@ def proxy_figures(
     say(f"a {ERROR_ANSWER_BYTES // MB} MiB error answer (fresh processes)")
     figures += error_answer_figures(workdir, upstream, bodies, settings)
     return figures
+
+
+CONVERSATIONS_ROWS = 10_000  # conversations in the file of last turns
+CONVERSATIONS_IMAGES = 60  # images of the turn read and written
+
+
+def conversations_file_figures(workdir: Path, settings: Settings) -> list[Figure]:
+    """What the file of last turns (trimflow._last_turns) adds to a turn: the read of the conversation's last turn
+    before its cut and the write after it, on a file of CONVERSATIONS_ROWS conversations, by one connection while
+    another (a second instance) reads and writes the same file between turns."""
+    path = workdir / "conversations" / "trimflow-conversations.sqlite3"
+    images = tuple((i.to_bytes(8, "big"), i) for i in range(CONVERSATIONS_IMAGES))
+    keys = [conversation_key("api.anthropic.com", None, i.to_bytes(8, "big")) for i in range(CONVERSATIONS_ROWS)]
+    times: list[float] = []
+    with LastTurns(str(path)) as this, LastTurns(str(path)) as other:
+        for key in keys:
+            other.put(key, LastTurn(time.time(), 6, images))
+        for rep in range(LATENCY_WARMUP + 20 * settings.latency_reps):
+            key = keys[rep % len(keys)]
+            other.put(key, LastTurn(time.time(), 6, images))  # the other instance's turn
+            started = time.perf_counter()
+            last = this.get(key)
+            this.put(key, LastTurn(time.time(), 12, images))
+            if rep >= LATENCY_WARMUP:
+                times.append((time.perf_counter() - started) * 1000)
+            if last is None or last.cut != 6:
+                raise RuntimeError("the other connection's turn was not read")
+    label = f"conversations file: a turn's read and write ({CONVERSATIONS_IMAGES} images, {CONVERSATIONS_ROWS:,} conversations), median"
+    return [Figure("conversations_file_turn_ms", label, statistics.median(times), "ms", 0.5)]
 
 
 def learned_figures(workdir: Path, upstream: Upstream, settings: Settings) -> list[Figure]:

@@ -48,7 +48,9 @@ def test_the_shipped_rules_apply_without_a_rules_file(monkeypatch, capsys) -> No
     record = orjson.loads(err.strip().splitlines()[-1])
     limits = load_rules(DEFAULT_RULES_PATH).limits_for("api.openai.com", "/v1/chat/completions", orjson.loads(body)["model"])
     assert code == 0 and record["rule"] == limits.rule and limits.max_images is not None and limits.max_images < 10
-    assert (record["images_before"], record["images_after"]) == (10, 10 - count_pruned(10, limits))  # the cap, cut in whole batches
+    # The cap broken, the cut moves: down to the low-water mark (3 of 5) where the rules set one, else in whole batches.
+    assert (record["images_before"], record["images_after"]) == (10, 10 - count_pruned(10, limits.at_low_water()))
+    assert limits.low_water is not None and record["images_after"] == 3
     assert orjson.loads(out)["model"] == orjson.loads(body)["model"]
 
 

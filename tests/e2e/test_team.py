@@ -5,6 +5,8 @@
 - HAProxy in front of two mitmdumps sharing one learned-limits file: a limit learned through one instance holds
   on the other's next request; balancing on the session id keeps a conversation's turn numbers, spreading it
   does not; the health check on /metrics takes a stopped instance out;
+- HAProxy's round robin in front of two mitmdumps sharing one conversations file: a reference session costs what
+  it costs through one mitmdump, and more when each keeps its own;
 - without prometheus_client, mitmdump runs and says in one line how to add it.
 
 Where prometheus or haproxy is missing these tests skip with one line saying how to install them; with
@@ -33,6 +35,7 @@ import orjson
 import pytest
 import yaml
 
+from trimflow._last_turns import FILE_NAME
 from trimflow._learned_limits import CHECK_INTERVAL
 from trimflow._limit_profiles import load_profiles, provider_check
 from trimflow._prices import load_prices
@@ -431,25 +434,35 @@ def billed(records: list[dict[str, Any]], model: str) -> float:
     return total
 
 
-# A reference session, or its first turns: computer use past two cuts of batches of 6 (bodies up to 5 MB).
+# A reference session, or its first turns: computer use past two cuts of batches of 6 (bodies up to 5 MB); and whether
+# the pair shares the conversations file, as instances on one host do by default.
 TEAM_SESSIONS = {"chat-anthropic": None, "computer-use": 16}
+TEAM_CASES = [("chat-anthropic", True), ("computer-use", True), ("computer-use", False)]
 
 
-@pytest.mark.parametrize("name", list(TEAM_SESSIONS))
-def test_two_instances_behind_round_robin_cost_no_more_than_one(tmp_path: Path, name: str) -> None:
+@pytest.mark.parametrize(("name", "shared"), TEAM_CASES, ids=["chat-anthropic", "computer-use", "computer-use-unshared"])
+def test_two_instances_behind_round_robin_cost_no_more_than_one(tmp_path: Path, name: str, shared: bool) -> None:
     """One reference session through one trimflow, then through two behind HAProxy's round robin, each time to a
-    fake provider that bills it with the prompt cache model. Every cut of the shipped rules is worked out from the
-    request alone, so the pair forwards what the single instance forwarded, byte for byte, the provider's cache
-    reads as much, and the pair costs no more. (rules/examples/cache-aware.yaml, which remembers each
-    conversation, does not: tests/testing/test_policy_runner.py.)"""
+    fake provider that bills it with the prompt cache model. The shipped rules hold each conversation's cut from
+    turn to turn (low_water) and the two instances share its last turn through the conversations file, so the pair
+    forwards what the single instance forwarded, byte for byte, the provider's cache reads as much, and the pair
+    costs no more. Each with a file of its own, the two hold different cuts and forward other bodies."""
     server_binary("haproxy")
     reference = next(s for s in REFERENCE_SESSIONS if s.name == name)
     length = TEAM_SESSIONS[name] or reference.length
     one_provider, two_provider = FakeProvider(cache=True).start(), FakeProvider(cache=True).start()
     metrics_ports = {instance: free_port() for instance in ("a", "b")}
     single = Proxy(tmp_path / "single", "--mode", f"reverse:{one_provider.url}", rules=None)
+    files = {instance: tmp_path / ("shared" if shared else instance) / FILE_NAME for instance in metrics_ports}
     pair = {
-        instance: Proxy(tmp_path / instance, "--mode", f"reverse:{two_provider.url}", rules=None, trimflow_prometheus=f"127.0.0.1:{port}")
+        instance: Proxy(
+            tmp_path / instance,
+            "--mode",
+            f"reverse:{two_provider.url}",
+            rules=None,
+            trimflow_prometheus=f"127.0.0.1:{port}",
+            trimflow_conversations=str(files[instance]),
+        )
         for instance, port in metrics_ports.items()
     }
     start_all(single.mitm, *(p.mitm for p in pair.values()))
@@ -467,12 +480,16 @@ def test_two_instances_behind_round_robin_cost_no_more_than_one(tmp_path: Path, 
         by_instance = {instance: p.records() for instance, p in pair.items()}
         assert all(abs(len(records) - length / 2) <= 1 for records in by_instance.values()), {k: len(v) for k, v in by_instance.items()}
         assert all(r["turn"] <= (length + 1) // 2 for records in by_instance.values() for r in records)  # each saw every other turn
-        # ... and forwarded what the single instance forwarded for it.
-        assert [r.body for r in two_provider.received] == [r.body for r in one_provider.received]
         assert sum(r["pruned"] for r in one) > 0 and sum(r["usage_cache_read_tokens"] for r in one) > 0  # cuts, and a prefix read
         cost_one = billed(one, reference.model)
         cost_two = billed([r for records in by_instance.values() for r in records], reference.model)
-        assert 0 < cost_two <= cost_one
+        bodies_one, bodies_two = [r.body for r in one_provider.received], [r.body for r in two_provider.received]
+        if shared:
+            # ... and forwarded what the single instance forwarded for it.
+            assert bodies_two == bodies_one and all(f.is_file() for f in files.values())
+            assert 0 < cost_two <= cost_one
+        else:
+            assert bodies_two != bodies_one and cost_two > cost_one
     finally:
         if haproxy is not None:
             haproxy.stop()
