@@ -54,7 +54,7 @@ def test_after_a_compaction_only_the_images_after_its_boundary_are_sent_and_prun
         assert repaired.lines[i].raw == lines[i].raw  # never sent again: left alone
     after = [i for i in image_lines(lines) if i > boundary]
     assert len(after) == 12
-    assert [i for i in after if repaired.lines[i].raw != lines[i].raw] == after[:6]  # the oldest batch of 6
+    assert [i for i in after if repaired.lines[i].raw != lines[i].raw] == after[:9]  # the oldest, down to the low-water mark of 3
 
 
 def test_the_display_copy_of_each_pruned_image_is_emptied_and_a_kept_images_stays() -> None:
@@ -73,7 +73,7 @@ def test_the_display_copy_of_each_pruned_image_is_emptied_and_a_kept_images_stay
         else:
             assert repaired.lines[i].raw == lines[i].raw
     pruned = [i for i in with_images if repaired.lines[i].raw != lines[i].raw]
-    assert len(pruned) == 6
+    assert len(pruned) == 7  # 10 images, down to the low-water mark of 3
     # Both copies gone: each pruned line lost twice its image's base64.
     for i in pruned:
         data = lines[i].value["toolUseResult"]["file"]["base64"]

@@ -46,7 +46,7 @@ def test_a_file_is_repaired_with_one_line_saying_what_changed(tmp_path: Path, ca
     assert code == 0 and err == ""
     found = LINE.fullmatch(out.strip())
     assert found is not None, out
-    assert (found["agent"], found["before"], found["after"]) == ("Claude Code", "10", "4")
+    assert (found["agent"], found["before"], found["after"]) == ("Claude Code", "10", str(FIXTURES["claude-10.jsonl"][2]))
     backup = tmp_path / found["done"].removeprefix("backup ")
     assert backup.read_bytes() == original
     assert len(path.read_bytes()) < len(original)

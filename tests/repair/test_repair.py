@@ -97,7 +97,7 @@ def test_a_session_under_the_cap_is_left_as_it_is() -> None:
 
 
 def test_a_rules_file_changes_what_is_kept() -> None:
-    repaired = repair_lines(load("codex-10.jsonl"), _codex, shipped_rules().with_limits(max_images=2, prune_batch=1))
+    repaired = repair_lines(load("codex-10.jsonl"), _codex, shipped_rules().with_limits(max_images=2, prune_batch=1, low_water=None))
     assert (repaired.images_before, repaired.images_after) == (11, 2)
 
 
