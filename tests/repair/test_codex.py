@@ -3,6 +3,7 @@ which items resume sends, compactions, the thread index beside the sessions, and
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from pathlib import Path
 
@@ -69,7 +70,7 @@ def test_a_compaction_without_a_replacement_history_keeps_no_image() -> None:
 
 
 def make_index(database: Path, threads: list[str]) -> None:
-    with sqlite3.connect(database) as connection:
+    with contextlib.closing(sqlite3.connect(database)) as connection, connection:
         connection.executescript(
             "CREATE TABLE thread_turns (thread_id TEXT, turn_id TEXT, rollout_byte_offset INTEGER);"
             "CREATE TABLE thread_items (thread_id TEXT, item_id TEXT);"
@@ -83,7 +84,7 @@ def make_index(database: Path, threads: list[str]) -> None:
 
 
 def rows(database: Path, thread: str) -> int:
-    with sqlite3.connect(database) as connection:
+    with contextlib.closing(sqlite3.connect(database)) as connection:
         tables = ("thread_turns", "thread_items", "thread_history_projection_state")
         return sum(connection.execute(f"SELECT count(*) FROM {table} WHERE thread_id = ?", (thread,)).fetchone()[0] for table in tables)
 
