@@ -651,13 +651,14 @@ def test_a_retry_cut_on_one_process_is_what_the_other_holds(closing: Callable[[L
     assert found is not None and found.cut == 2 and found.order == (0, 3, 2, 1)
 
 
-def test_a_shared_turn_is_taken_only_when_newer_and_only_by_a_request_that_sends_its_images_again(closing: Callable[[LastTurns], LastTurns]) -> None:
+def test_a_shared_turn_is_taken_only_when_newer_and_by_a_request_that_sends_all_its_images_again(closing: Callable[[LastTurns], LastTurns]) -> None:
     now = [50.0]
     shared = closing(LastTurns(":memory:", clock=lambda: now[0]))
     a, b = Conversations(clock=lambda: now[0], shared=shared), Conversations(clock=lambda: now[0], shared=shared)
     a.assign(line(0, 1, [A, B, C]), TURN, cut=2)
-    # Another line of the same conversation key (a rerun: same system prompt and first message) sending other images.
-    assert b.recall(line(0, 2, [D, E])) is None
+    # Another run of the same conversation (same system prompt and first message) that has not come to all of a's
+    # images: a's cut is not its own.
+    assert b.recall(line(0, 2, [D, E])) is None and b.recall(line(0, 2, [A, B, D])) is None
     now[0] = 60.0
     b.assign(line(0, 2, [A, B, C, D]), TURN, cut=1)  # b's own turn, newer than a's
     now[0] = 70.0

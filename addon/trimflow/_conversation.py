@@ -20,7 +20,8 @@ MAX_IMAGES_REMEMBERED in all, past which the least recently seen conversations g
 
 Several processes behind a balancer each see only some turns of a conversation. With `shared` (a LastTurns file,
 trimflow._last_turns) every turn is written there too, and `recall` takes the conversation's last turn from there
-when another process sent it after this one's own last turn: its cut, its time and its images' arrivals.
+when another process sent it after this one's own last turn and the request sends all its images again: its cut,
+its time and its images' arrivals.
 """
 
 from __future__ import annotations
@@ -208,15 +209,16 @@ class Conversations:
         return Recall(sum(1 for copy in found if copy is not None and copy.cut), idle, tuple(_oldest_first(found)))
 
     def _shared_turn(self, history: History) -> LastTurn | None:
-        """The conversation's last turn in the shared file, if it is this conversation's: its images (if it sent
-        any) are more than half sent again by this request, as `_sent_again` asks of a line of history."""
+        """The conversation's last turn in the shared file, if this request continues it: it sends every image that
+        turn sent again. (Two runs of one conversation share a key: a later turn of the other run sent images this
+        one has not come to, and its cut must not be held here.)"""
         if self.shared is None:
             return None
         last = self.shared.get(conversation_key(history.host, history.session, history.origin))
         if last is None or not last.images:
             return last
-        keys = {key for key, _ in last.images}
-        return last if 2 * len(keys.intersection(history.images.keys)) > len(keys) else None
+        sent = set(history.images.keys)
+        return last if all(key in sent for key, _ in last.images) else None
 
     def was_cut(self, keys: Iterable[bytes]) -> bool:
         """Whether an image with one of these keys (image_key) was cut in a line of history remembered: a request
