@@ -24,7 +24,7 @@ Only images over a limit (or thinned) are ever decoded; the rest is header sniff
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from . import _body, _clicks, _jsoncodec
@@ -281,11 +281,7 @@ def _prune(
             return None
 
     held, cold, known, order, cut_before = 0, False, None, None, 0
-    if (
-        memory is not None
-        and arrivals
-        and (limits.low_water is not None or not nothing_to_change(images, limits, len(body)) or _was_cut(memory, arrivals.keys))
-    ):
+    if memory is not None and arrivals and (_might_cut(images, limits, len(body)) or _was_cut(memory, arrivals.keys)):
         # The cut needs the images' arrivals (and the cache-aware cut the last cut) now: the history is digested first.
         known = history()
         try:
@@ -330,6 +326,14 @@ def _screen(plan: Plan, fmt: str, parsed: dict[str, Any], model: str | None) -> 
     # Rescaled: both sizes are known.
     assert info is not None and info.width is not None and info.height is not None and new.width is not None and new.height is not None
     return _clicks.screen_for(fmt, parsed, model, (info.width, info.height), (new.width, new.height))
+
+
+def _might_cut(images: Sequence[Media], limits: Limits, body_bytes: int) -> bool:
+    """Whether the request is over a limit, or with `low_water` over a low-water mark: only then can where the last
+    turn cut (a held cut, a cold cache cut to the mark) change what it sends."""
+    if not nothing_to_change(images, limits, body_bytes):
+        return True
+    return limits.low_water is not None and not nothing_to_change(images, limits.at_low_water(), body_bytes)
 
 
 def _was_cut(memory: CutMemory, keys: tuple[bytes, ...]) -> bool:
