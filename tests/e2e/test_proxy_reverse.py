@@ -417,14 +417,15 @@ def default_rules_proxy(proxies: dict) -> Proxy:
     return proxies["default_rules"]
 
 
-# Ten images: over every model's cap in the shipped rules (8, or a voluntary 5 or 6), cut in whole batches.
+# Ten images: over every model's cap in the shipped rules (8, or a voluntary 5 or 6); the cut moves down to the
+# rule's low-water mark (3 images on every model).
 @pytest.mark.parametrize("wire_format", ["gemini", "openai-chat", "anthropic", "openai-responses"])
-def test_default_rules_keep_each_models_cap_cut_in_whole_batches(default_rules_proxy: Proxy, fresh: FakeProvider, wire_format: str) -> None:
+def test_default_rules_cut_each_models_cap_down_to_its_low_water_mark(default_rules_proxy: Proxy, fresh: FakeProvider, wire_format: str) -> None:
     images = shots(10, seed=16)
     body = session(wire_format, images)
     limits = load_rules(DEFAULT_RULES_PATH).limits_for("127.0.0.1", PATHS[wire_format], FORMATS[wire_format].model(body, PATHS[wire_format]))
-    kept = 10 - count_pruned(10, limits)
-    assert limits.max_images is not None and kept <= limits.max_images < 10
+    kept = 10 - count_pruned(10, limits.at_low_water())
+    assert limits.max_images is not None and limits.low_water is not None and kept == int(limits.max_images * limits.low_water) == 3
     with default_rules_proxy.expect_records(1) as new:
         status, _ = post(default_rules_proxy.port, PATHS[wire_format], orjson.dumps(body))
     assert status == 200

@@ -9,6 +9,7 @@ TRIMFLOW_REQUIRE_AGENT_CLIS=1, which .ci/run sets, makes either a failure.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sqlite3
@@ -19,6 +20,7 @@ from typing import Any
 import orjson
 import pytest
 
+from trimflow._limits import Limits
 from trimflow._policy import count_pruned
 from trimflow._rules_file import DEFAULT_RULES_PATH, load_rules
 
@@ -65,6 +67,10 @@ def repair(session_id: str, env: dict[str, str]) -> tuple[int, int, Path]:
     return int(found[3]), int(found[4]), path
 
 
+def shipped_limits(model: str) -> Limits:
+    return load_rules(DEFAULT_RULES_PATH).limits_for("", "", model)
+
+
 def assert_resumed_within(result: dict[str, Any], made: dict[str, Any], cap: int, kept: int, newest: int) -> None:
     """Exit 0 with the model's answer; no turn over the cap; the first sends `kept` images, the `newest` screenshots."""
     output = f"stdout:\n{result['stdout'][-2000:]}\nstderr:\n{result['stderr'][-3000:]}"
@@ -83,9 +89,10 @@ def test_a_claude_code_session_repaired_resumes_within_the_cap(tmp_path: Path) -
     assert made["returncode"] == 0 and len(turns(made)[-1]["images"]) == SHOTS  # no trimflow: every screenshot every turn
     (transcript,) = (work / "home" / ".claude" / "projects").glob("*/*.jsonl")
     before, after, repaired = repair(transcript.stem, {"HOME": str(work / "home")})
-    assert (before, after, repaired) == (SHOTS, 4, transcript)
+    kept = SHOTS - count_pruned(SHOTS, shipped_limits("claude-sonnet-4-5").at_low_water())  # down to the low-water mark
+    assert (before, after, repaired) == (SHOTS, kept, transcript)
     resumed = run_cli(work, command=["claude", "-p", "--resume", transcript.stem, "continue", "--allowedTools", "Read"], env=CLAUDE_ENV)
-    assert_resumed_within(resumed, made, cap=8, kept=4, newest=4)
+    assert_resumed_within(resumed, made, cap=8, kept=kept, newest=kept)
     # Through the proxy from now on: the placeholders are the proxy's own, so nothing more is pruned.
     proxied = run_cli(work, launcher_args=[], command=["claude", "-p", "--resume", transcript.stem, "continue again"], env=CLAUDE_ENV)
     assert proxied["returncode"] == 0, proxied["stderr"][-3000:]
@@ -102,13 +109,14 @@ def test_a_codex_session_repaired_resumes_within_the_cap_and_codex_indexes_it_ag
     (rollout,) = (work / "codex" / "sessions").rglob("rollout-*.jsonl")
     thread = orjson.loads(rollout.read_bytes().split(b"\n", 1)[0])["payload"]["id"]
     before, after, repaired = repair(thread, {"CODEX_HOME": str(work / "codex")})
-    assert (before, after, repaired) == (SHOTS, 4, rollout)
+    kept = SHOTS - count_pruned(SHOTS, shipped_limits("gpt-5").at_low_water())
+    assert (before, after, repaired) == (SHOTS, kept, rollout)
     resume = ["codex", *CODEX_PROVIDER, "exec", "--skip-git-repo-check", "-m", "gpt-5", "resume", thread, "continue"]
     resumed = run_cli(work, command=resume, env=CODEX_ENV, files=files)
-    assert_resumed_within(resumed, made, cap=8, kept=4, newest=4)
+    assert_resumed_within(resumed, made, cap=8, kept=kept, newest=kept)
     # Codex read the repaired file into its thread index again: every turn's offsets lie within the file.
     (index,) = (work / "codex").glob("thread_history_*.sqlite")
-    with sqlite3.connect(f"file:{index}?mode=ro", uri=True) as connection:
+    with contextlib.closing(sqlite3.connect(f"file:{index}?mode=ro", uri=True)) as connection:
         turn_ends = "SELECT rollout_end_byte_offset FROM thread_turns WHERE thread_id = ? ORDER BY rollout_ordinal"
         ends = connection.execute(turn_ends, (thread,)).fetchall()
         read = "SELECT next_rollout_byte_offset FROM thread_history_projection_state WHERE thread_id = ?"
@@ -127,10 +135,11 @@ def test_a_gemini_cli_session_repaired_resumes_within_the_cap(tmp_path: Path) ->
     session_id = orjson.loads(chat.read_bytes().split(b"\n", 1)[0])["sessionId"]
     before, after, repaired = repair(session_id, {"HOME": str(work / "home")})
     # Resumed, Gemini CLI sends each tool's image twice (from the tool call and from the message after it); the
-    # shipped Gemini cap, cut in whole batches, keeps the newest of them, each screenshot's two copies together.
-    limits = load_rules(DEFAULT_RULES_PATH).limits_for("", "", "gemini-2.5-flash")
+    # shipped Gemini rule cuts the oldest of them down to its low-water mark: the newest copies, of the newest
+    # screenshots (an odd mark leaves one copy of the oldest screenshot kept).
+    limits = shipped_limits("gemini-2.5-flash")
     assert limits.max_images is not None
-    kept = 2 * SHOTS - count_pruned(2 * SHOTS, limits)
-    assert kept % 2 == 0 and (before, after, repaired) == (2 * SHOTS, kept, chat)
+    kept = 2 * SHOTS - count_pruned(2 * SHOTS, limits.at_low_water())
+    assert (before, after, repaired) == (2 * SHOTS, kept, chat)
     resumed = run_cli(work, command=["gemini", "-m", "gemini-2.5-flash", "--resume", "latest", "-p", "continue"], env=GEMINI_ENV, files=files)
-    assert_resumed_within(resumed, made, cap=limits.max_images, kept=kept, newest=kept // 2)
+    assert_resumed_within(resumed, made, cap=limits.max_images, kept=kept, newest=(kept + 1) // 2)

@@ -130,15 +130,16 @@ def test_prune_rejects_a_malformed_size(tmp_path: Path) -> None:
     assert "--max-body-bytes" in result.stderr.decode()
 
 
-# Ten images: over every model's cap in the shipped rules (a voluntary 6 for Gemini, 5 for gpt-4o), cut in batches.
+# Ten images: over every model's cap in the shipped rules (a voluntary 6 for Gemini, 5 for gpt-4o), cut down to the
+# rule's low-water mark.
 @pytest.mark.parametrize(("url", "wire_format"), [(GEMINI_URL, "gemini"), (OPENAI_URL, "openai-chat")])
 def test_prune_without_flags_applies_the_default_rules(tmp_path: Path, url: str, wire_format: str) -> None:
     images = shots(10, seed=35)
     body = session(wire_format, images)
     path = urlsplit(url).path
     limits = load_rules(DEFAULT_RULES_PATH).limits_for(urlsplit(url).hostname or "", path, FORMATS[wire_format].model(body, path))
-    kept = 10 - count_pruned(10, limits)
-    assert limits.max_images is not None and kept <= limits.max_images < 10
+    kept = 10 - count_pruned(10, limits.at_low_water())
+    assert limits.max_images is not None and kept < limits.max_images < 10
     result = prune(tmp_path, "--url", url, stdin=orjson.dumps(body))
     assert result.returncode == 0, result.stderr
     assert image_payloads(wire_format, orjson.loads(result.stdout)) == images[-kept:]
@@ -193,10 +194,11 @@ def test_run_serves_on_the_given_port_with_the_default_rules_and_stops_on_ctrl_c
     images = shots(10, seed=31)
     status, _ = post(run_script.port, "/v1/chat/completions", orjson.dumps(session("openai-chat", images)))
     assert status == 200
-    assert_pruned_upstream(provider, "openai-chat", images, 4)  # rules/default.yaml: 8 for non-Gemini models, cut in batches of 6
+    # rules/default.yaml: a cap of 5 for gpt-4o, cut down to its low-water mark of 3.
+    assert_pruned_upstream(provider, "openai-chat", images, 3)
     assert f"trimflow: rules from {ROOT / 'rules' / 'default.yaml'}" in run_script.log()
 
     run_script.process.send_signal(signal.SIGINT)
     assert run_script.process.wait(15) == 0
     record = json.loads((run_script.workdir / "metrics.jsonl").read_text().splitlines()[-1])
-    assert (record["images_before"], record["images_after"], record["status"]) == (10, 4, 200)
+    assert (record["images_before"], record["images_after"], record["status"]) == (10, 3, 200)
