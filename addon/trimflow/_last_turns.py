@@ -38,7 +38,9 @@ FILE_NAME = "trimflow-conversations.sqlite3"  # in mitmproxy's confdir, by defau
 MAX_AGE = 2 * 24 * 3600.0  # seconds a row is kept: past every prompt cache's lifetime (OpenAI's longest is a day)
 MAX_ROWS = 100_000  # conversations kept in all (the least recently sent go first)
 MAX_IMAGES = 1024  # images a row keeps (the oldest go first), as a conversation's own memory
-LOCK_TIMEOUT = 0.25  # seconds a write waits for another process's write before this one is dropped
+# Seconds a write waits for another process's write (tens of microseconds each) before it is dropped: writes run on
+# the proxy's event loop, which must not stall for a busy file.
+LOCK_TIMEOUT = 0.05
 CLEAN_EVERY = 512  # writes between two removals of old rows
 _IMAGE = struct.Struct(">8sI")  # an image's key and CRC-32
 _SCHEMA = 1
@@ -160,11 +162,11 @@ class LastTurns:
     def _clean(self) -> None:
         assert self._db is not None
         with self._db:
-            self._db.execute("DELETE FROM last_turn WHERE sent_at < ?", (self.clock() - MAX_AGE,))
-            self._db.execute(
-                "DELETE FROM last_turn WHERE conversation IN (SELECT conversation FROM last_turn ORDER BY sent_at DESC LIMIT -1 OFFSET ?)",
-                (MAX_ROWS,),
-            )
+            self._db.execute("DELETE FROM last_turn WHERE sent_at < ?", (self.clock() - MAX_AGE,))  # by the index
+            # Past MAX_ROWS, down to it: the least recently sent go (the oldest time kept found by the index).
+            kept_from = self._db.execute("SELECT sent_at FROM last_turn ORDER BY sent_at DESC LIMIT 1 OFFSET ?", (MAX_ROWS - 1,)).fetchone()
+            if kept_from is not None:
+                self._db.execute("DELETE FROM last_turn WHERE sent_at < ?", kept_from)
 
     def _fail(self, exc: BaseException) -> None:
         self._failed = True
