@@ -686,3 +686,20 @@ def test_the_shared_file_holds_digests_only(tmp_path: Path, closing: Callable[[L
         assert secret not in stored
     with LastTurns(str(path)) as again:
         assert again.get(conversation_key(HOST, outcome.history.session, outcome.history.origin)) is not None
+
+
+def test_a_planted_row_cutting_every_image_still_leaves_the_newest(closing: Callable[[LastTurns], LastTurns]) -> None:
+    """Whoever can write the file can make images count as cut before, never the newest keep_recent."""
+    now = [500.0]
+    shared = closing(LastTurns(":memory:", clock=lambda: now[0]))
+    body = orjson.dumps(session_body("anthropic", 6, image(24, 16, "PNG", seed=9), "image/png"))
+    url = f"https://{HOST}{PATHS['anthropic']}"
+    rules = rules_with(max_images=8, low_water=0.4, cache_ttl=300.0)
+    known = prune_request(url, {}, body, rules, memory=Conversations(clock=lambda: now[0])).history
+    assert known is not None and len(known.images) == 6
+    images = tuple((key, known.images.crc(i)) for i, key in enumerate(known.images.keys))
+    shared.put(conversation_key(HOST, known.session, known.origin), LastTurn(now[0], len(images), images))
+    outcome = prune_request(url, {}, body, rules, memory=Conversations(clock=lambda: now[0], shared=shared))
+    assert outcome.record is not None and (outcome.record.images_before, outcome.record.images_after) == (6, 1)
+    newest = re.findall(rb'"data":"([^"]+)"', body)[-1]
+    assert newest in outcome.body
