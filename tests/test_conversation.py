@@ -703,3 +703,13 @@ def test_a_planted_row_cutting_every_image_still_leaves_the_newest(closing: Call
     assert outcome.record is not None and (outcome.record.images_before, outcome.record.images_after) == (6, 1)
     newest = re.findall(rb'"data":"([^"]+)"', body)[-1]
     assert newest in outcome.body
+
+
+def test_past_the_images_a_line_remembers_the_shared_turn_keeps_the_newest_and_the_cut_among_them(
+    monkeypatch: pytest.MonkeyPatch, closing: Callable[[LastTurns], LastTurns]
+) -> None:
+    monkeypatch.setattr(_conversation, "MAX_IMAGES_PER_LINE", 2)
+    shared = closing(LastTurns(":memory:"))
+    Conversations(shared=shared).assign(line(0, 1, [A, B, C, D]), TURN, cut=3)
+    last = shared.get(conversation_key(HOST, None, (0).to_bytes(8, "big")))
+    assert last is not None and [key for key, _ in last.images] == [C, D] and last.cut == 1

@@ -282,11 +282,12 @@ class Conversations:
         thread.cut = cut
         self._share(history, thread, self._remember(thread, thread.images, history.images, cut))
 
-    def _share(self, history: History, thread: HistoryLine, images: list[tuple[bytes, int]]) -> None:
-        """The turn `thread` just sent, into the shared file: `images` oldest first by arrival, as `_remember` left them."""
+    def _share(self, history: History, thread: HistoryLine, kept: tuple[list[tuple[bytes, int]], int]) -> None:
+        """The turn `thread` just sent, into the shared file: its images oldest first by arrival and how many of them
+        were cut, as `_remember` kept them."""
         if self.shared is not None and thread.sent_at is not None:
-            key = conversation_key(history.host, history.session, history.origin)
-            self.shared.put(key, LastTurn(thread.sent_at, min(thread.cut, len(images)), tuple(images)))
+            images, cut = kept
+            self.shared.put(conversation_key(history.host, history.session, history.origin), LastTurn(thread.sent_at, cut, tuple(images)))
 
     def _sent_again(self, keys: Sequence[bytes]) -> HistoryLine | None:
         """The line of history whose images a request that continues no history sends again, more than half of them:
@@ -305,15 +306,17 @@ class Conversations:
                 best, most = thread, n
         return best
 
-    def _remember(self, thread: HistoryLine, remembered: Mapping[bytes, list[Copy]], images: Images, cut: int) -> list[tuple[bytes, int]]:
+    def _remember(self, thread: HistoryLine, remembered: Mapping[bytes, list[Copy]], images: Images, cut: int) -> tuple[list[tuple[bytes, int]], int]:
         """The images of the turn `thread` just sent: when each copy came (as `remembered`; now for a new one, on the
         memory's clock, which runs on across conversations) and the first `cut` in the order `recall` gave as cut.
-        What the turn no longer sends is forgotten. Returns them oldest first by arrival as (key, CRC-32)."""
+        What the turn no longer sends is forgotten. Returns the images it keeps oldest first by arrival as (key, CRC-32),
+        and how many of those were cut."""
         found = _arrivals(remembered, images)
         order = _oldest_first(found)
         table: dict[bytes, list[Copy]] = {}
         kept: list[tuple[bytes, int]] = []
-        for rank in range(max(0, len(order) - MAX_IMAGES_PER_LINE), len(order)):
+        first = max(0, len(order) - MAX_IMAGES_PER_LINE)
+        for rank in range(first, len(order)):
             i = order[rank]
             copy = found[i]
             came, crc = (self._clock, images.crc(i)) if copy is None else (copy.came, copy.crc)
@@ -333,7 +336,7 @@ class Conversations:
             _, forgotten = self._conversations.popitem(last=False)  # never this one: just made the most recent
             for dropped in forgotten.threads:
                 self._drop_thread(dropped)
-        return kept
+        return kept, max(0, min(cut, len(order)) - first)
 
     def _forget_images(self, thread: HistoryLine) -> None:
         for key, copies in thread.images.items():
