@@ -82,7 +82,8 @@ class LastTurns:
             try:
                 row = self._db.execute("SELECT sent_at, cut, images FROM last_turn WHERE conversation = ?", (key,)).fetchone()
             except sqlite3.Error as exc:
-                self._fail(exc)
+                if not _busy(exc):  # a read held up (WAL recovery, rare) reads nothing this once
+                    self._fail(exc)
                 return None
         return _checked(row, self.clock()) if row is not None else None
 
@@ -104,12 +105,9 @@ class LastTurns:
                 self._writes += 1
                 if self._writes % CLEAN_EVERY == 0:
                     self._clean()
-            except sqlite3.OperationalError as exc:
-                if "locked" in str(exc) or "busy" in str(exc):
-                    return  # another process held the file too long: this turn is not shared, the next one is
-                self._fail(exc)
             except sqlite3.Error as exc:
-                self._fail(exc)
+                if not _busy(exc):  # another process held the file too long: this turn is not shared, the next one is
+                    self._fail(exc)
 
     def __enter__(self) -> LastTurns:
         return self
@@ -195,6 +193,11 @@ def _checked(row: Sequence[object], now: float) -> LastTurn | None:
     if not now - MAX_AGE <= sent_at <= now + 1.0:  # a time to come is no last turn (clocks of one host agree)
         return None
     return LastTurn(float(sent_at), cut, tuple(_IMAGE.iter_unpack(images)))
+
+
+def _busy(exc: sqlite3.Error) -> bool:
+    """Another connection held the file past LOCK_TIMEOUT: a moment's wait, not a broken file."""
+    return isinstance(exc, sqlite3.OperationalError) and ("locked" in str(exc) or "busy" in str(exc))
 
 
 def _reason(exc: BaseException) -> str:
