@@ -113,9 +113,10 @@ def test_old_rows_go_and_past_max_rows_the_least_recently_sent(path: Path, monke
 def test_a_file_that_is_not_a_database_costs_the_sharing_only(path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path.write_bytes(b"these are not the rows you are looking for" * 100)
     with caplog.at_level(logging.WARNING, "trimflow"), opened(path) as turns:
+        assert turns.in_use  # not tried yet
         assert turns.get(KEY) is None
         turns.put(KEY, TURN)
-        assert turns.get(KEY) is None
+        assert turns.get(KEY) is None and not turns.in_use
     lines = [r.getMessage() for r in caplog.records]
     assert lines == [
         f"trimflow: conversations file {path} not used: file is not a database; each instance keeps its own (docs/caching.md#several-instances)"
@@ -148,8 +149,9 @@ def test_a_write_another_process_holds_up_is_dropped_not_waited_for_without_end(
         finally:
             holder.execute("ROLLBACK")
             holder.close()
+        assert turns.writes_dropped == 1
         turns.put(KEY, TURN._replace(cut=3))
-        assert turns.get(KEY).cut == 3  # the file is still used
+        assert turns.get(KEY).cut == 3 and turns.in_use  # the file is still used
     assert caplog.records == []
 
 

@@ -71,8 +71,14 @@ class LastTurns:
         self.clock = clock
         self._lock = threading.Lock()
         self._writes = 0
+        self.writes_dropped = 0  # turns another process's write kept out of the file
         self._db: sqlite3.Connection | None = None
-        self._failed = False  # the file could not be used: not tried again
+        self._failed = False  # the file could not be used (or was closed): not tried again
+
+    @property
+    def in_use(self) -> bool:
+        """Whether turns are shared through the file: it works, or has not been needed yet."""
+        return not self._failed
 
     def get(self, key: bytes) -> LastTurn | None:
         with self._lock:
@@ -106,7 +112,9 @@ class LastTurns:
                 if self._writes % CLEAN_EVERY == 0:
                     self._clean()
             except sqlite3.Error as exc:
-                if not _busy(exc):  # another process held the file too long: this turn is not shared, the next one is
+                if _busy(exc):  # another process held the file too long: this turn is not shared, the next one is
+                    self.writes_dropped += 1
+                else:
                     self._fail(exc)
 
     def __enter__(self) -> LastTurns:

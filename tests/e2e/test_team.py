@@ -199,6 +199,9 @@ def test_prometheus_reads_the_figures_of_the_jsonl(tmp_path: Path, provider: Fak
         assert by_family == {"gpt": 28, "claude": 10}
         assert prometheus.value("sum(trimflow_overhead_seconds_count)") == len(records)
         assert prometheus.value("sum(trimflow_overhead_seconds_sum)") == pytest.approx(summed("overhead_ms") / 1000, rel=1e-9)
+        # The instance shares its turns through the conversations file in its confdir, and no write was dropped.
+        assert prometheus.value("min(trimflow_conversations_file)") == 1
+        assert prometheus.value("sum(trimflow_conversations_writes_dropped_total)") == 0
 
         # The deployment page's queries, as written there, give figures of the right kind.
         queries = deployment_queries()

@@ -262,6 +262,19 @@ async def test_learned_limits_are_read_when_scraped(addon, tmp_path) -> None:
     assert values["trimflow_learned_limits"] == 2
 
 
+async def test_the_conversations_file_is_read_when_scraped(addon, tmp_path) -> None:
+    """1 while turns are shared through the file; 0 when it cannot be used or none is named."""
+    broken = tmp_path / "not-a-database.sqlite3"
+    broken.write_bytes(b"not sqlite" * 512)
+    addon.tctx.configure(addon, trimflow_prometheus="127.0.0.1:0", trimflow_conversations=str(tmp_path / "c.sqlite3"))
+    for path, expected in [(str(tmp_path / "c.sqlite3"), 1), (str(broken), 0), ("", 0)]:
+        addon.tctx.configure(addon, trimflow_conversations=path)
+        await requested(addon, llm_flow())  # a turn: written to the file, if any
+        values = samples((await scrape(port_of(addon)))[2])
+        assert values["trimflow_conversations_file"] == expected, path
+        assert values["trimflow_conversations_writes_dropped_total"] == 0
+
+
 # --- the endpoint -------------------------------------------------------------------------------------------
 
 

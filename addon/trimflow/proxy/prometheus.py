@@ -38,6 +38,7 @@ from .._record import ENFORCE, Record
 from .metrics import Metrics
 from .options import exits_at_startup
 from .recover import Recover
+from .state import SharedState
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -62,6 +63,9 @@ _ACCEPT_BATCH = 8  # connections accepted per wakeup, so that a flood of them le
 ACCEPT_RATE = 100
 _ACCEPT_RETRY = 1.0  # seconds before accepting again when the process is out of descriptors (as asyncio's servers do)
 _LOG_INTERVAL = 60.0  # seconds between two lines saying the same thing about the endpoint
+# What a render depends on: records counted, learned limits held and learned, the conversations file in use and its
+# writes dropped.
+RenderState = tuple[int, int, int, bool, int]
 
 
 def model_family(model: str | None) -> str:
@@ -139,7 +143,7 @@ def _client() -> Any:
 class Instruments:
     """The counters and histograms of one registry, and how a record adds to them."""
 
-    def __init__(self, client: Any, recover: Recover) -> None:
+    def __init__(self, client: Any, recover: Recover, flows: SharedState) -> None:
         self.registry: CollectorRegistry = client.CollectorRegistry()
         self._choose_encoder: Callable[[str], tuple[Callable[[CollectorRegistry], bytes], str]] = client.exposition.choose_encoder
         registry, labels = self.registry, ("format", "family", "rule")
@@ -151,7 +155,8 @@ class Instruments:
         self.body = client.Histogram("trimflow_request_body_bytes", body_doc, by, buckets=BODY_BUCKETS, registry=registry)
         self.overhead = client.Histogram("trimflow_overhead_seconds", overhead_doc, by, buckets=OVERHEAD_BUCKETS, registry=registry)
         self.registry.register(_Learned(client, recover))
-        self.recover = recover
+        self.registry.register(_SharedConversations(client, flows))
+        self.recover, self.flows = recover, flows
         self.observed = 0  # records counted: with the learned limits, what a render depends on
         self._children: dict[tuple[str, str, str], tuple[list[Any], Any, Any]] = {}
 
@@ -184,9 +189,12 @@ class Instruments:
         """The content type `render` answers `accept` with."""
         return self._choose_encoder(accept)[1]
 
-    def state(self) -> tuple[int, int, int]:
-        """What a render shows changes only with this: the records counted and the learned limits."""
-        return self.observed, len(self.recover.learned.live()), self.recover.limits_learned
+    def state(self) -> RenderState:
+        """What a render shows changes only with this: the records counted, the learned limits and the conversations
+        file's state."""
+        shared = self.flows.conversations.shared
+        in_use, dropped = (shared.in_use, shared.writes_dropped) if shared is not None else (False, 0)
+        return self.observed, len(self.recover.learned.live()), self.recover.limits_learned, in_use, dropped
 
 
 class _Learned:
@@ -206,11 +214,34 @@ class _Learned:
         return [held, learned]
 
 
+class _SharedConversations:
+    """The conversations file (trimflow._last_turns), read when scraped: whether this instance shares each
+    conversation's last turn through it, and how many of its turns a busy file kept from being shared."""
+
+    def __init__(self, client: Any, flows: SharedState) -> None:
+        self.client, self.flows = client, flows
+
+    def collect(self) -> list[Any]:
+        shared = self.flows.conversations.shared
+        in_use = self.client.metrics_core.GaugeMetricFamily(
+            "trimflow_conversations_file",
+            "1 when this instance shares each conversation's last turn through the conversations file, 0 when it keeps "
+            "its own only (trimflow_conversations empty, or the file could not be used: see the log).",
+        )
+        in_use.add_metric([], 1 if shared is not None and shared.in_use else 0)
+        dropped = self.client.metrics_core.CounterMetricFamily(
+            "trimflow_conversations_writes_dropped",
+            "Turns not written to the conversations file because another instance held it too long.",
+        )
+        dropped.add_metric([], shared.writes_dropped if shared is not None else 0)
+        return [in_use, dropped]
+
+
 class Prometheus:
     name = "trimflow_prometheus"
 
     def __init__(self, metrics: Metrics, recover: Recover) -> None:
-        self.recover = recover
+        self.recover, self.flows = recover, metrics.flows
         self.instruments: Instruments | None = None
         self.address: tuple[str, int] | None = None  # where /metrics is served, once bound
         self._socket: socket.socket | None = None
@@ -222,7 +253,7 @@ class Prometheus:
         self._tokens, self._refilled = float(_ACCEPT_BATCH), time.monotonic()  # the accept rate's bucket
         self._accept_failed = _Throttled()
         self._renders: dict[tuple[Instruments, str], asyncio.Future[tuple[bytes, str]]] = {}  # renders in progress
-        self._rendered: dict[tuple[Instruments, str], tuple[tuple[int, int, int], bytes]] = {}  # the last, by its state
+        self._rendered: dict[tuple[Instruments, str], tuple[RenderState, bytes]] = {}  # the last, by its state
         metrics.listeners.append(self.observe)
 
     def load(self, loader: Loader) -> None:
@@ -264,7 +295,7 @@ class Prometheus:
                 OPTION,
                 value,
             )
-        self.instruments = Instruments(client, self.recover)
+        self.instruments = Instruments(client, self.recover, self.flows)
         self._failed = False
         try:
             asyncio.get_running_loop()
@@ -429,7 +460,7 @@ class Prometheus:
             render.add_done_callback(lambda done: self._keep(key, state, done))
         return await asyncio.shield(render)  # one scraper gone does not cancel the render the others wait for
 
-    def _keep(self, key: tuple[Instruments, str], state: tuple[int, int, int], render: asyncio.Future[tuple[bytes, str]]) -> None:
+    def _keep(self, key: tuple[Instruments, str], state: RenderState, render: asyncio.Future[tuple[bytes, str]]) -> None:
         if not render.cancelled() and render.exception() is None and key[0] is self.instruments:
             self._rendered[key] = (state, render.result()[0])
 
