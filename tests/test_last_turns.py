@@ -57,7 +57,10 @@ def test_the_file_is_made_on_first_use_and_private(tmp_path: Path) -> None:
     with opened(path) as turns:
         assert not path.parent.exists()
         turns.put(KEY, TURN)
-        assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+        assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+        # The file and SQLite's own beside it (-wal, -shm) while it is open.
+        modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in path.parent.iterdir()}
+        assert modes == {path.name: 0o600, f"{path.name}-wal": 0o600, f"{path.name}-shm": 0o600}
 
 
 def test_a_row_that_is_not_what_put_writes_is_ignored(path: Path) -> None:
