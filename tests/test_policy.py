@@ -110,15 +110,18 @@ class _Clock:
         return self.now
 
 
-def _drive(turns: int, gaps: dict[int, float] | None = None, fmt: str = "openai-chat", memory: bool = True, **limits) -> list[dict]:
+def _drive(
+    turns: int, gaps: dict[int, float] | None = None, fmt: str = "openai-chat", memory: bool = True, extra: dict | None = None, **limits
+) -> list[dict]:
     """A session of `turns` turns through the engine as the proxy runs it (the conversations as memory, each turn
-    numbered with its cut), 30 s apart but for `gaps` (turn -> seconds before it). One row per turn: what went."""
+    numbered with its cut), 30 s apart but for `gaps` (turn -> seconds before it); `extra`: top-level fields of
+    every body. One row per turn: what went."""
     shot, clock, rows, previous = screenshot(10), _Clock(), [], None
     conversations = Conversations(clock=clock)
     rules = rules_with(**limits)
     for turn in range(1, turns + 1):
         clock.now += (gaps or {}).get(turn, 30.0)
-        body = encode(session_body(fmt, turn, shot))
+        body = encode({**session_body(fmt, turn, shot), **(extra or {})})
         outcome = prune_request(url_for(fmt), {}, body, rules, memory=conversations if memory else None)
         record = outcome.record
         assert record is not None
@@ -154,6 +157,21 @@ def test_a_cold_cache_is_cut_to_the_mark_at_once_and_the_next_turns_hold_it() ->
     assert [turn for turn, r in enumerate(rows, 1) if r["broke"]] == [9, 12]
     warm = _drive(16, gaps={12: 200.0}, max_images=8, low_water=0.5, cache_ttl=300)
     assert [r["sent"] for r in warm][11] == 7  # within the TTL: the cut holds
+
+
+@pytest.mark.parametrize(
+    ("fmt", "extra", "lifetime"),
+    [
+        ("anthropic", {"cache_control": {"type": "ephemeral", "ttl": "1h"}}, 3600.0),
+        ("openai-chat", {"prompt_cache_retention": "24h"}, 86400.0),
+    ],
+)
+def test_a_request_asking_for_a_longer_cache_lifetime_is_cold_only_past_it(fmt: str, extra: dict, lifetime: float) -> None:
+    limits = {"max_images": 8, "low_water": 0.5, "cache_ttl": 300}
+    warm = _drive(12, gaps={12: lifetime - 60}, fmt=fmt, extra=extra, **limits)
+    assert warm[11]["sent"] == 7  # past the rules' 5 minutes, within the lifetime asked for: the cut holds
+    cold = _drive(12, gaps={12: lifetime + 60}, fmt=fmt, extra=extra, **limits)
+    assert cold[11]["sent"] == 4 and cold[11]["cache"] == 4  # past it: cut to the mark, 4 of the 8 for the cache
 
 
 def test_a_cold_cache_under_the_mark_changes_nothing() -> None:

@@ -292,7 +292,8 @@ def _prune(
             order, cut_before = recalled.order, recalled.cut
             if limits.low_water is not None:
                 held = recalled.cut
-                cold = limits.cache_ttl is not None and recalled.idle > limits.cache_ttl
+                # Idle past the rules' lifetime and past any longer one the request asks for (read only then).
+                cold = limits.cache_ttl is not None and recalled.idle > limits.cache_ttl and recalled.idle > _asked_lifetime(module, parsed)
     if guard is not None and not cut_before and not cold and nothing_to_change(images, limits, len(body)):
         # The plan of a request nothing changes is empty: only the record's facts are left to work out.
         record_later = guard(lambda: record_of(Plan(_facts(images), limits, fmt, model), body, time.perf_counter()))
@@ -326,6 +327,14 @@ def _screen(plan: Plan, fmt: str, parsed: dict[str, Any], model: str | None) -> 
     # Rescaled: both sizes are known.
     assert info is not None and info.width is not None and info.height is not None and new.width is not None and new.height is not None
     return _clicks.screen_for(fmt, parsed, model, (info.width, info.height), (new.width, new.height))
+
+
+def _asked_lifetime(module: WireFormat, parsed: dict[str, Any]) -> float:
+    """Seconds of the prompt cache lifetime the request asks for beyond its provider's default (0: none)."""
+    try:
+        return module.cache_lifetime(parsed) or 0.0
+    except Exception:  # noqa: BLE001 - a body the format cannot read asks for nothing: the rules' cache_ttl stands
+        return 0.0
 
 
 def _might_cut(images: Sequence[Media], limits: Limits, body_bytes: int) -> bool:

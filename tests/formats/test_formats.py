@@ -118,3 +118,50 @@ def test_a_format_says_whether_a_request_is_a_warmup_or_leaves_its_history_at_th
     assert not module.is_warmup(body) and not module.server_side_history(body)
     if name == "openai-responses":
         assert module.is_warmup({**body, "generate": False}) and module.server_side_history({**body, "previous_response_id": "resp_1"})
+
+
+# A longer prompt cache lifetime each format's requests can ask for, and where: (body fields, seconds).
+LONGER_LIFETIMES = {
+    "anthropic": ({"cache_control": {"type": "ephemeral", "ttl": "1h"}}, 3600.0),
+    "openai-chat": ({"prompt_cache_retention": "24h"}, 86400.0),
+    "openai-responses": ({"prompt_cache_retention": "24h"}, 86400.0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_format_says_how_long_a_request_asks_its_prompt_cache_to_live(name: str) -> None:
+    body, _ = CASES[name]
+    module = FORMATS[name]
+    assert module.cache_lifetime(body) is None  # the provider's default: the rules' cache_ttl
+    if name not in LONGER_LIFETIMES:
+        return
+    fields, seconds = LONGER_LIFETIMES[name]
+    assert module.cache_lifetime({**body, **fields}) == seconds
+    for junk in ({"ttl": 3600}, "1h", None, {"ttl": "forever"}):  # not what the API takes: the default
+        key = "cache_control" if name == "anthropic" else "prompt_cache_retention"
+        assert module.cache_lifetime({**body, key: junk}) is None, junk
+
+
+def test_an_anthropic_breakpoint_counts_on_a_message_block_not_on_the_system_prompt_or_tools() -> None:
+    """Images sit only in messages: a longer-lived system or tools breakpoint leaves them uncached all the same."""
+    module = FORMATS["anthropic"]
+    hour = {"type": "ephemeral", "ttl": "1h"}
+    assert (
+        module.cache_lifetime(
+            {"system": [{"type": "text", "text": "s", "cache_control": hour}], "tools": [{"name": "t", "cache_control": hour}], "messages": []}
+        )
+        is None
+    )
+    message = {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": "q", "cache_control": {"type": "ephemeral", "ttl": "5m"}},
+            {"type": "text", "text": "r", "cache_control": hour},
+        ],
+    }
+    assert module.cache_lifetime({"messages": [message]}) == 3600.0
+
+
+def test_a_responses_message_over_a_websocket_asks_inside_its_request() -> None:
+    module = FORMATS["openai-responses"]
+    assert module.cache_lifetime({"type": "response.create", "response": {"input": [], "prompt_cache_retention": "24h"}}) == 86400.0

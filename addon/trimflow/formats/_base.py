@@ -58,6 +58,12 @@ class WireFormat(Protocol):
         """Whether the earlier turns live at the provider (the request names them instead of sending them)."""
         ...
 
+    def cache_lifetime(self, body: dict[str, Any]) -> float | None:
+        """Seconds the provider keeps the cached prefix holding the request's images when the request asks for
+        longer than its default (Anthropic's `"ttl": "1h"`, OpenAI's `prompt_cache_retention`); None: the default,
+        the rules' `cache_ttl`."""
+        ...
+
 
 class HistoryParts(NamedTuple):
     """A request's conversation as its format lays it out (trimflow._history digests it)."""
@@ -129,6 +135,11 @@ def append_notes(
     for holder_path, texts in groups.items():
         body = rebuild(body, {holder_path: append(texts)})
     return body
+
+
+def default_lifetime(body: dict[str, Any]) -> float | None:
+    """`cache_lifetime` of a format whose requests cannot ask for a longer prompt cache lifetime."""
+    return None
 
 
 def never(body: dict[str, Any]) -> bool:

@@ -121,3 +121,24 @@ def history(body: dict[str, Any]) -> HistoryParts:
 
 # Every request is a turn, its whole history in it.
 is_warmup = server_side_history = never
+
+_TTL_SECONDS = {"5m": 300.0, "1h": 3600.0}  # the lifetimes a cache_control breakpoint may ask for
+
+
+def cache_lifetime(body: dict[str, Any]) -> float | None:
+    """The longest `ttl` of the breakpoints that cache the messages (the automatic one at the top level, or one on a
+    message's block): images sit only in messages, so a longer-lived tools or system prompt breakpoint leaves them
+    uncached all the same."""
+    longest = _ttl(body)
+    for _, message in dicts(body.get("messages")):
+        for _, block in dicts(message.get("content")):
+            ttl = _ttl(block)
+            if ttl is not None and (longest is None or ttl > longest):
+                longest = ttl
+    return longest
+
+
+def _ttl(part: dict[str, Any]) -> float | None:
+    control = part.get("cache_control")
+    ttl = control.get("ttl") if isinstance(control, dict) else None
+    return _TTL_SECONDS.get(ttl) if isinstance(ttl, str) else None

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._media import JsonPath, Media, kind_of_mime
-from ._base import HistoryParts, append_notes, dicts, listed, never, replace_images, replace_parts
+from ._base import HistoryParts, append_notes, default_lifetime, dicts, listed, never, replace_images, replace_parts
 
 NAME = "gemini"
 
@@ -138,3 +138,4 @@ def history(body: dict[str, Any]) -> HistoryParts:
 
 # Every request is a turn, its whole history in it.
 is_warmup = server_side_history = never
+cache_lifetime = default_lifetime

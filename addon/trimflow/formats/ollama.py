@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .._media import IMAGE, JsonPath, Media
-from ._base import HistoryParts, dicts, listed, never, rebuild
+from ._base import HistoryParts, default_lifetime, dicts, listed, never, rebuild
 
 NAME = "ollama"
 
@@ -99,3 +99,4 @@ def history(body: dict[str, Any]) -> HistoryParts:
 
 # Every request is a turn, its whole history in it.
 is_warmup = server_side_history = never
+cache_lifetime = default_lifetime

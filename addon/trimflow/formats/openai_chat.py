@@ -111,3 +111,12 @@ def history(body: dict[str, Any]) -> HistoryParts:
 
 # Every request is a turn, its whole history in it.
 is_warmup = server_side_history = never
+
+
+_RETENTION_SECONDS = {"24h": 86400.0}  # prompt_cache_retention values longer than the default in-memory lifetime
+
+
+def cache_lifetime(body: dict[str, Any]) -> float | None:
+    """A request with `prompt_cache_retention: "24h"` keeps its cached prefix for a day."""
+    retention = body.get("prompt_cache_retention")
+    return _RETENTION_SECONDS.get(retention) if isinstance(retention, str) else None

@@ -18,6 +18,7 @@ import orjson
 from .._media import DOCUMENT, IMAGE, JsonPath, Media, data_url, split_data_url
 from ._base import HistoryParts, append_notes, dicts, replace_images, replace_parts, url_media
 from ._card import CARD_MIME, card, is_card
+from .openai_chat import cache_lifetime as chat_cache_lifetime
 
 NAME = "openai-responses"
 
@@ -186,3 +187,8 @@ def history(body: dict[str, Any]) -> HistoryParts:
     # A plain string input is one user message.
     listed = items if isinstance(items, list) else [items] if isinstance(items, str) else []
     return HistoryParts(request, request.get("instructions"), listed, (*root, "input"))
+
+
+def cache_lifetime(body: dict[str, Any]) -> float | None:
+    """As on chat: the request's `prompt_cache_retention` (inside a `response.create` message's request too)."""
+    return chat_cache_lifetime(request_of(body)[0])
