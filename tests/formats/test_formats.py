@@ -125,6 +125,7 @@ LONGER_LIFETIMES = {
     "anthropic": ({"cache_control": {"type": "ephemeral", "ttl": "1h"}}, 3600.0),
     "openai-chat": ({"prompt_cache_retention": "24h"}, 86400.0),
     "openai-responses": ({"prompt_cache_retention": "24h"}, 86400.0),
+    "bedrock-converse": ({"messages": [{"role": "user", "content": [{"cachePoint": {"type": "default", "ttl": "1h"}}]}]}, 3600.0),
 }
 
 
@@ -137,6 +138,8 @@ def test_a_format_says_how_long_a_request_asks_its_prompt_cache_to_live(name: st
         return
     fields, seconds = LONGER_LIFETIMES[name]
     assert module.cache_lifetime({**body, **fields}) == seconds
+    if name == "bedrock-converse":
+        return  # its junk: test_a_bedrock_cache_point_among_the_messages_asks_for_its_ttl
     for junk in ({"ttl": 3600}, "1h", None, {"ttl": "forever"}):  # not what the API takes: the default
         key = "cache_control" if name == "anthropic" else "prompt_cache_retention"
         assert module.cache_lifetime({**body, key: junk}) is None, junk
@@ -165,3 +168,15 @@ def test_an_anthropic_breakpoint_counts_on_a_message_block_not_on_the_system_pro
 def test_a_responses_message_over_a_websocket_asks_inside_its_request() -> None:
     module = FORMATS["openai-responses"]
     assert module.cache_lifetime({"type": "response.create", "response": {"input": [], "prompt_cache_retention": "24h"}}) == 86400.0
+
+
+def test_a_bedrock_cache_point_among_the_messages_asks_for_its_ttl() -> None:
+    module = FORMATS["bedrock-converse"]
+    hour = {"cachePoint": {"type": "default", "ttl": "1h"}}
+    assert module.cache_lifetime({"system": [hour], "toolConfig": {"tools": [hour]}, "messages": []}) is None
+    message = {"role": "user", "content": [{"text": "q"}, {"cachePoint": {"type": "default"}}]}
+    assert module.cache_lifetime({"messages": [message]}) is None  # the default: 5 minutes
+    message["content"].append(hour)
+    assert module.cache_lifetime({"messages": [message]}) == 3600.0
+    for junk in ({"type": "default", "ttl": 3600}, "1h", {"ttl": "forever"}):
+        assert module.cache_lifetime({"messages": [{"role": "user", "content": [{"cachePoint": junk}]}]}) is None, junk

@@ -142,6 +142,27 @@ def default_lifetime(body: dict[str, Any]) -> float | None:
     return None
 
 
+_BREAKPOINT_TTLS = {"5m": 300.0, "1h": 3600.0}  # what a Claude cache breakpoint's `ttl` may ask for (Anthropic, Bedrock)
+
+
+def breakpoint_ttl(breakpoint: Any) -> float | None:
+    """Seconds a cache breakpoint (`cache_control`, Bedrock's `cachePoint`) asks its entry to live; None: not said."""
+    ttl = breakpoint.get("ttl") if isinstance(breakpoint, dict) else None
+    return _BREAKPOINT_TTLS.get(ttl) if isinstance(ttl, str) else None
+
+
+def longest_message_ttl(body: dict[str, Any], key: str) -> float | None:
+    """The longest `breakpoint_ttl` of the breakpoints under `key` on the blocks of `messages[].content[]`: those that
+    cache the messages, where images sit (a longer-lived tools or system breakpoint leaves them uncached all the same)."""
+    longest = None
+    for _, message in dicts(body.get("messages")):
+        for _, block in dicts(message.get("content")):
+            ttl = breakpoint_ttl(block.get(key))
+            if ttl is not None and (longest is None or ttl > longest):
+                longest = ttl
+    return longest
+
+
 def never(body: dict[str, Any]) -> bool:
     """`is_warmup` and `server_side_history` of a format that has neither: every request is a turn, whole."""
     return False

@@ -11,7 +11,17 @@ from typing import Any
 from urllib.parse import unquote
 
 from .._media import DOCUMENT, IMAGE, JsonPath, Media, kind_of_mime
-from ._base import HistoryParts, append_notes, dicts, listed, never, replace_images, replace_parts
+from ._base import (
+    HistoryParts,
+    append_notes,
+    breakpoint_ttl,
+    dicts,
+    listed,
+    longest_message_ttl,
+    never,
+    replace_images,
+    replace_parts,
+)
 
 NAME = "anthropic"
 
@@ -122,23 +132,9 @@ def history(body: dict[str, Any]) -> HistoryParts:
 # Every request is a turn, its whole history in it.
 is_warmup = server_side_history = never
 
-_TTL_SECONDS = {"5m": 300.0, "1h": 3600.0}  # the lifetimes a cache_control breakpoint may ask for
-
 
 def cache_lifetime(body: dict[str, Any]) -> float | None:
-    """The longest `ttl` of the breakpoints that cache the messages (the automatic one at the top level, or one on a
-    message's block): images sit only in messages, so a longer-lived tools or system prompt breakpoint leaves them
-    uncached all the same."""
-    longest = _ttl(body)
-    for _, message in dicts(body.get("messages")):
-        for _, block in dicts(message.get("content")):
-            ttl = _ttl(block)
-            if ttl is not None and (longest is None or ttl > longest):
-                longest = ttl
-    return longest
-
-
-def _ttl(part: dict[str, Any]) -> float | None:
-    control = part.get("cache_control")
-    ttl = control.get("ttl") if isinstance(control, dict) else None
-    return _TTL_SECONDS.get(ttl) if isinstance(ttl, str) else None
+    """The longest `ttl` of the breakpoints that cache the messages: the automatic one at the top level (it marks the
+    last block), or one on a message's block."""
+    ttls = [ttl for ttl in (breakpoint_ttl(body.get("cache_control")), longest_message_ttl(body, "cache_control")) if ttl is not None]
+    return max(ttls) if ttls else None

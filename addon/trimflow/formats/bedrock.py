@@ -11,7 +11,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from .._media import DOCUMENT, IMAGE, JsonPath, Media
-from ._base import HistoryParts, append_notes, default_lifetime, dicts, listed, never, replace_images, replace_parts
+from ._base import HistoryParts, append_notes, dicts, listed, longest_message_ttl, never, replace_images, replace_parts
 
 NAME = "bedrock-converse"
 
@@ -98,4 +98,8 @@ def history(body: dict[str, Any]) -> HistoryParts:
 
 # Every request is a turn, its whole history in it.
 is_warmup = server_side_history = never
-cache_lifetime = default_lifetime
+
+
+def cache_lifetime(body: dict[str, Any]) -> float | None:
+    """The longest `ttl` of the `cachePoint` blocks among the messages (5m or 1h, as on Anthropic)."""
+    return longest_message_ttl(body, "cachePoint")
