@@ -36,7 +36,9 @@ log = logging.getLogger("trimflow")
 
 FILE_NAME = "trimflow-conversations.sqlite3"  # in mitmproxy's confdir, by default
 MAX_AGE = 2 * 24 * 3600.0  # seconds a row is kept: past every prompt cache's lifetime (OpenAI's longest is a day)
-MAX_ROWS = 100_000  # conversations kept in all (the least recently sent go first)
+# Conversations kept in all, the least recently sent going first: as many as one process remembers
+# (trimflow._conversation.DEFAULT_CAPACITY), at most 12 KiB each (MAX_IMAGES), about 1 KiB for 60 images.
+MAX_ROWS = 10_000
 MAX_IMAGES = 1024  # images a row keeps (the oldest go first), as a conversation's own memory
 # Seconds a write waits for another process's write (tens of microseconds each) before it is dropped: writes run on
 # the proxy's event loop, which must not stall for a busy file.
