@@ -107,6 +107,7 @@ def addon(tmp_path):
         instance.tctx = tctx
         instance.metrics_path = tmp_path / "metrics.jsonl"
         yield instance
+        instance.done()  # as mitmproxy at exit: the files the addons opened closed
 
 
 def trimflow_lines(caplog) -> list[logging.LogRecord]:

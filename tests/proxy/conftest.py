@@ -15,3 +15,4 @@ def addon(tmp_path):
         tctx.configure(instance, trimflow_rules=str(write_rules(tmp_path / "rules.yaml", 2)))
         instance.tctx = tctx
         yield instance
+        instance.done()  # as mitmproxy at exit: the metrics file and the conversations file closed

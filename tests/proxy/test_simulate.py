@@ -22,6 +22,7 @@ def simulated(tmp_path):
     with taddons.context(instance) as tctx:
         tctx.configure(instance, trimflow_rules=str(write_rules(tmp_path / "rules.yaml", 20)), trimflow_simulate="generic-8")
         yield instance
+        instance.done()  # as mitmproxy at exit: the files the addons opened closed
 
 
 async def test_a_request_needing_no_change_is_answered_once_its_deferred_record_is_worked_out(simulated) -> None:
