@@ -3,16 +3,12 @@ trimflow processes that name it (trimflow._last_turns), so that behind a balance
 
 from __future__ import annotations
 
-import logging
-
 from mitmproxy import ctx
 from mitmproxy.addonmanager import Loader
 
 from .._last_turns import FILE_NAME, LastTurns
 from .options import confdir_path
 from .state import SharedState
-
-log = logging.getLogger("trimflow")
 
 DEFAULT_CONVERSATIONS = "{confdir}/" + FILE_NAME
 
