@@ -713,3 +713,26 @@ def test_past_the_images_a_line_remembers_the_shared_turn_keeps_the_newest_and_t
     Conversations(shared=shared).assign(line(0, 1, [A, B, C, D]), TURN, cut=3)
     last = shared.get(conversation_key(HOST, None, (0).to_bytes(8, "big")))
     assert last is not None and [key for key, _ in last.images] == [C, D] and last.cut == 1
+
+
+def test_a_turn_reads_the_file_once_and_remembers_itself_in_the_order_it_was_cut_in(
+    monkeypatch: pytest.MonkeyPatch, closing: Callable[[LastTurns], LastTurns]
+) -> None:
+    """`assign` takes the row `recall` read for the same request, even when another process wrote since."""
+    now = [10.0]
+    shared = closing(LastTurns(":memory:", clock=lambda: now[0]))
+    a, b = Conversations(clock=lambda: now[0], shared=shared), Conversations(clock=lambda: now[0], shared=shared)
+    a.assign(line(0, 1, [A, B]), TURN, cut=0)
+    reads = []
+    get = shared.get
+    monkeypatch.setattr(shared, "get", lambda key: reads.append(key) or get(key))
+    request = line(0, 2, [A, B, C])
+    now[0] = 20.0
+    assert b.recall(request).cut == 0  # a's turn: nothing cut
+    key = conversation_key(HOST, None, (0).to_bytes(8, "big"))
+    shared.put(key, LastTurn(15.0, 2, ((B, 0), (A, 0))))  # meanwhile, another process's row with another order
+    b.assign(request, TURN, cut=1)
+    assert len(reads) == 1
+    last = get(key)
+    assert last is not None and last.images[0][0] == A and last.cut == 1  # A first, as recall ordered: A was cut
+    assert b.recall(line(0, 3, [A, B, C, D])) is not None and len(reads) == 2  # a new request: read again

@@ -168,6 +168,7 @@ class Conversations:
         # sessions gives its own.
         self.clock = clock
         self.shared = shared
+        self._read: tuple[bytes, int, LastTurn | None] | None = None  # (key, tip, row) of the last read of `shared`
         self._salt = os.urandom(8) if salt is None else salt
         self._conversations: OrderedDict[str, _Conversation] = OrderedDict()
         self._by_tip: dict[int, list[HistoryLine]] = {}
@@ -194,9 +195,8 @@ class Conversations:
             thread = self._sent_again(history.images.keys)
             if thread is not None and thread.sent_at is None:
                 thread = None
-        last = self._shared_turn(history)
-        if last is not None and (thread is None or last.sent_at > (thread.sent_at or 0.0)):
-            # Another process sent the conversation's last turn.
+        last = self._newer_shared_turn(history, thread, fresh=True)
+        if last is not None:  # another process sent the conversation's last turn
             sent_at, cut, remembered = last.sent_at, last.cut, _copies(last)
         elif thread is not None and thread.sent_at is not None:
             sent_at, cut, remembered = thread.sent_at, thread.cut, thread.images
@@ -208,15 +208,25 @@ class Conversations:
         found = _arrivals(remembered, history.images)
         return Recall(sum(1 for copy in found if copy is not None and copy.cut), idle, tuple(_oldest_first(found)))
 
-    def _shared_turn(self, history: History) -> LastTurn | None:
-        """The conversation's last turn in the shared file, if this request continues it: it sends every image that
-        turn sent again. (Two runs of one conversation share a key: a later turn of the other run sent images this
-        one has not come to, and its cut must not be held here.)"""
+    def _newer_shared_turn(self, history: History, line: HistoryLine | None, fresh: bool = False) -> LastTurn | None:
+        """The conversation's last turn in the shared file when it went after `line`'s (this process's own memory of
+        it, if any) and this request continues it: it sends every image that turn sent again. (Two runs of one
+        conversation share a key: a later turn of the other run sent images this one has not come to, and its cut
+        must not be held here.)
+
+        `recall` reads the file (`fresh`); `assign` takes the row `recall` last read for the same request (`_read`,
+        until a turn is written): one read a turn, and the turn remembered in the order it was cut in."""
         if self.shared is None:
             return None
-        last = self.shared.get(conversation_key(history.host, history.session, history.origin))
-        if last is None or not last.images:
-            return last
+        key = conversation_key(history.host, history.session, history.origin)
+        read = self._read
+        if not fresh and read is not None and read[0] == key and read[1] == history.tip:
+            last = read[2]
+        else:
+            last = self.shared.get(key)
+            self._read = (key, history.tip, last)
+        if last is None or (line is not None and line.sent_at is not None and last.sent_at <= line.sent_at):
+            return None
         sent = set(history.images.keys)
         return last if all(key in sent for key, _ in last.images) else None
 
@@ -242,8 +252,8 @@ class Conversations:
         source = thread if thread is not None and thread.sent_at is not None else self._sent_again(history.images.keys)
         remembered = source.images if source is not None else {}
         if kind == TURN and history.previous_response is None:
-            last = self._shared_turn(history)
-            if last is not None and (source is None or last.sent_at > (source.sent_at or 0.0)):
+            last = self._newer_shared_turn(history, source)
+            if last is not None:
                 remembered = _copies(last)  # as `recall` took them: the cut is a position in that order
         if thread is None:
             if kind == COUNT_TOKENS:  # never a conversation or segment of its own
@@ -288,6 +298,7 @@ class Conversations:
         if self.shared is not None and thread.sent_at is not None:
             images, cut = kept
             self.shared.put(conversation_key(history.host, history.session, history.origin), LastTurn(thread.sent_at, cut, tuple(images)))
+            self._read = None  # the next request reads the file again
 
     def _sent_again(self, keys: Sequence[bytes]) -> HistoryLine | None:
         """The line of history whose images a request that continues no history sends again, more than half of them:
