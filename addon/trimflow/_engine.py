@@ -281,7 +281,8 @@ def _prune(
             return None
 
     held, cold, known, order, cut_before = 0, False, None, None, 0
-    if memory is not None and arrivals and (_might_cut(images, limits, len(body)) or _was_cut(memory, arrivals.keys)):
+    unchanged = nothing_to_change(images, limits, len(body))
+    if memory is not None and arrivals and (not unchanged or _over_low_water(images, limits, len(body)) or _was_cut(memory, arrivals.keys)):
         # The cut needs the images' arrivals (and the cache-aware cut the last cut) now: the history is digested first.
         known = history()
         try:
@@ -294,7 +295,7 @@ def _prune(
                 held = recalled.cut
                 # Idle past the rules' lifetime and past any longer one the request asks for (read only then).
                 cold = limits.cache_ttl is not None and recalled.idle > limits.cache_ttl and recalled.idle > _asked_lifetime(module, parsed)
-    if guard is not None and not cut_before and not cold and nothing_to_change(images, limits, len(body)):
+    if guard is not None and not cut_before and not cold and unchanged:
         # The plan of a request nothing changes is empty: only the record's facts are left to work out.
         record_later = guard(lambda: record_of(Plan(_facts(images), limits, fmt, model), body, time.perf_counter()))
         return Outcome(body, None, record_later, known or history)
@@ -337,11 +338,9 @@ def _asked_lifetime(module: WireFormat, parsed: dict[str, Any]) -> float:
         return 0.0
 
 
-def _might_cut(images: Sequence[Media], limits: Limits, body_bytes: int) -> bool:
-    """Whether the request is over a limit, or with `low_water` over a low-water mark: only then can where the last
-    turn cut (a held cut, a cold cache cut to the mark) change what it sends."""
-    if not nothing_to_change(images, limits, body_bytes):
-        return True
+def _over_low_water(images: Sequence[Media], limits: Limits, body_bytes: int) -> bool:
+    """Whether the request is over a low-water mark (with `low_water`): within every mark, where the last turn cut (a
+    held cut, a cold cache cut to the mark) changes nothing it sends."""
     return limits.low_water is not None and not nothing_to_change(images, limits.at_low_water(), body_bytes)
 
 
