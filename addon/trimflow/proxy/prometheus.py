@@ -192,9 +192,7 @@ class Instruments:
     def state(self) -> RenderState:
         """What a render shows changes only with this: the records counted, the learned limits and the conversations
         file's state."""
-        shared = self.flows.conversations.shared
-        in_use, dropped = (shared.in_use, shared.writes_dropped) if shared is not None else (False, 0)
-        return self.observed, len(self.recover.learned.live()), self.recover.limits_learned, in_use, dropped
+        return self.observed, len(self.recover.learned.live()), self.recover.limits_learned, *_conversations_file(self.flows)
 
 
 class _Learned:
@@ -214,6 +212,12 @@ class _Learned:
         return [held, learned]
 
 
+def _conversations_file(flows: SharedState) -> tuple[bool, int]:
+    """Whether this instance shares its turns through the conversations file, and how many writes a busy file dropped."""
+    shared = flows.conversations.shared
+    return (shared.in_use, shared.writes_dropped) if shared is not None else (False, 0)
+
+
 class _SharedConversations:
     """The conversations file (trimflow._last_turns), read when scraped: whether this instance shares each
     conversation's last turn through it, and how many of its turns a busy file kept from being shared."""
@@ -222,18 +226,18 @@ class _SharedConversations:
         self.client, self.flows = client, flows
 
     def collect(self) -> list[Any]:
-        shared = self.flows.conversations.shared
+        sharing, dropped_writes = _conversations_file(self.flows)
         in_use = self.client.metrics_core.GaugeMetricFamily(
             "trimflow_conversations_file",
             "1 when this instance shares each conversation's last turn through the conversations file, 0 when it keeps "
             "its own only (trimflow_conversations empty, or the file could not be used: see the log).",
         )
-        in_use.add_metric([], 1 if shared is not None and shared.in_use else 0)
+        in_use.add_metric([], 1 if sharing else 0)
         dropped = self.client.metrics_core.CounterMetricFamily(
             "trimflow_conversations_writes_dropped",
             "Turns not written to the conversations file because another instance held it too long.",
         )
-        dropped.add_metric([], shared.writes_dropped if shared is not None else 0)
+        dropped.add_metric([], dropped_writes)
         return [in_use, dropped]
 
 
