@@ -34,12 +34,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 from ._history import History, Images, digest, short_id
-from ._last_turns import LastTurn, LastTurns, conversation_key
+from ._last_turns import MAX_IMAGES, LastTurn, LastTurns, conversation_key
 from ._record import COUNT_TOKENS, TURN
 
 DEFAULT_CAPACITY = 10_000  # conversations the proxy remembers (least recently seen forgotten first)
 MAX_SEGMENTS = 8  # histories remembered per session id
-MAX_IMAGES_PER_LINE = 1024  # images a line of history remembers the arrival of (the oldest forgotten first)
+# Images a line of history remembers the arrival of (the oldest forgotten first): as many as the shared file keeps.
+MAX_IMAGES_PER_LINE = MAX_IMAGES
 MAX_IMAGES_REMEMBERED = 1 << 18  # in all conversations (past it, the least recently seen are forgotten)
 _SENT_AGAIN_HOLDERS = 16  # lines of history that remember an image looked at for a request that continues none
 _NEW = 1 << 62  # when an image its line of history has not seen came: now, after every remembered one

@@ -39,7 +39,7 @@ MAX_AGE = 2 * 24 * 3600.0  # seconds a row is kept: past every prompt cache's li
 # Conversations kept in all, the least recently sent going first: as many as one process remembers
 # (trimflow._conversation.DEFAULT_CAPACITY), at most 12 KiB each (MAX_IMAGES), about 1 KiB for 60 images.
 MAX_ROWS = 10_000
-MAX_IMAGES = 1024  # images a row keeps (the oldest go first), as a conversation's own memory
+MAX_IMAGES = 1024  # images a row keeps (the oldest go first); a line of history remembers as many (trimflow._conversation)
 # Seconds a write waits for another process's write (tens of microseconds each) before it is dropped: writes run on
 # the proxy's event loop, which must not stall for a busy file.
 LOCK_TIMEOUT = 0.05
