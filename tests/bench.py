@@ -1472,7 +1472,8 @@ SECTIONS = ("engine", "text", "proxy", "learned", "shaped", "shrink", "cache")
 LEARNED_ENTRIES = 10_000
 
 
-STEADY_SESSIONS = ("computer-use",)  # steady computer use: the shipped rules within 2% of the optimum at full length
+# Steady computer use, on Anthropic, OpenAI chat and Responses: the shipped rules within 2% of the optimum at full length.
+STEADY_SESSIONS = ("computer-use", "computer-use-openai", "computer-use-responses")
 ROUND_ROBIN_SESSIONS = ("computer-use", "idle", "claude-code")  # two instances against one: pauses past the TTL on all
 
 
