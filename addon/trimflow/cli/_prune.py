@@ -81,10 +81,11 @@ def main(argv: list[str] | None = None) -> int:
     if not overrides.get("prune_batch", 1):
         return _fail("--prune-batch takes a whole number >= 1")
     if "max_images" in overrides:
-        # A cap given for one request means that many images: the rules' batches and low-water mark are for a
-        # conversation's turns.
+        # A cap given for one request means that many images: the rules' batches, low-water mark and cap after an
+        # overflow are for a conversation's turns.
         overrides.setdefault("prune_batch", 1)
         overrides["low_water"] = None
+        overrides["max_images_after_overflow"] = None
     try:
         rules = load_rules(args.rules or DEFAULT_RULES_PATH)
     except RulesError as exc:
