@@ -13,6 +13,7 @@ from trimflow._limit_errors import (
     BODY_BYTES,
     IMAGE_BYTES,
     IMAGE_COUNT,
+    IMAGE_SIDE,
     LimitError,
     Refused,
     Rejected,
@@ -489,6 +490,53 @@ def test_the_general_reader_runs_after_the_named_patterns_and_before_the_catch_a
     # a body limit it reads holds for the whole host, as the named ones do
     body = PATTERNS.recognise(400, openai("request body limit: 4 MB"), "h")
     assert body is not None and scope(body) == "host"
+
+
+@pytest.mark.parametrize("status", [400, 422])
+def test_a_400_or_422_that_names_what_was_too_large_but_no_number_steps_down_as_a_bare_413_does(status: int) -> None:
+    body = error_for(status, openai("Request payload is too large"))
+    assert (body.pattern.name, body.kind, body.value) == ("general", BODY_BYTES, None)
+    t = tightened(body, Limits(), Refused(body_bytes=2_200_000, images=9))
+    assert t is not None and dict(t.fields) == {"max_body_bytes": 2 * 2**20} and not t.named
+    count = error_for(status, openai("Too many images in this conversation"))
+    t = tightened(count, Limits(), Refused(body_bytes=1000, images=22))
+    assert count.kind == IMAGE_COUNT and t is not None and dict(t.fields) == {"max_images": 20}
+
+
+def test_a_413_that_names_no_number_is_the_catch_alls_which_steps_the_body_down() -> None:
+    # the general reader would read one image's side here, which has no figure to step down from; the body has
+    error = error_for(413, openai("Image exceeds max pixels allowed."))
+    assert error.pattern.name == "bare-413" and error.kind == BODY_BYTES
+    named = error_for(413, openai("Downloaded image content cannot exceed 30MB"))  # a number: the general reader's
+    assert (named.pattern.name, named.kind) == ("general", IMAGE_BYTES)
+
+
+@pytest.mark.parametrize(
+    ("limits", "refused", "fields"),
+    [
+        (Limits(max_image_side=4096), Refused(1000, 1), {"max_image_side": 3840}),  # under the limit that applied
+        (Limits(), Refused(1000, 1, largest_image_side=5000), {"max_image_side": 4096}),  # under the largest image sent
+        (Limits(max_image_side=4096), Refused(1000, 1, largest_image_side=3000), {"max_image_side": 2560}),  # the lower
+    ],
+)
+def test_one_images_side_named_without_a_number_steps_down_from_what_is_known(limits: Limits, refused: Refused, fields: dict[str, int]) -> None:
+    error = error_for(400, b'{"message":"400 Bad Request: Image exceeds max pixels allowed."}')
+    assert (error.kind, error.value) == (IMAGE_SIDE, None)
+    t = tightened(error, limits, refused)
+    assert t is not None and dict(t.fields) == fields and not t.named
+
+
+def test_one_images_bytes_named_without_a_number_step_down_or_say_why_not() -> None:
+    error = error_for(400, openai("The uploaded file is too large."))
+    assert (error.kind, error.value) == (IMAGE_BYTES, None)
+    t = tightened(error, Limits(max_image_bytes=5 * 2**20), Refused(1000, 1))
+    assert t is not None and dict(t.fields) == {"max_image_bytes": 5_000_000}
+    assert why_not(error, Limits(), Refused(1000, 1)) == "image too large: the answer names no number, and no image size is known to step down from"
+
+
+def test_an_answer_about_a_rate_per_minute_is_no_limit() -> None:
+    assert PATTERNS.recognise(400, openai("Too many images per minute: max 50"), "h") is None
+    assert PATTERNS.recognise(400, openai("IPM limit reached: at most 20 images"), "h") is None
 
 
 @pytest.mark.parametrize("status", [401, 403, 404, 407, 408, 429, 500, 502, 503])
