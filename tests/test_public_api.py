@@ -103,8 +103,7 @@ PUBLIC = {
         "Recover",
         "Simulate",
         "WebSocket",
-        "addons",
-        "make_addons",
+        "make_addons",  # builds the list: importing trimflow.proxy builds nothing (tests/proxy/test_loading.py)
     ],
     "trimflow.repair": [
         "AGENTS",

@@ -1,13 +1,14 @@
 """trimflow's mitmproxy addons, one per job: the only part of trimflow that imports mitmproxy.
 
-`addons` is the list mitmproxy loads (through `addon/mitm.py` or `trimflow/proxy/mitmdump_script.py`).
-mitmproxy runs each hook through them in list order, and they share one `SharedState` (the rules and each
-LLM flow's state):
+`make_addons()` builds the list mitmproxy loads; only the scripts mitmdump loads (`addon/mitm.py`,
+`trimflow/proxy/mitmdump_script.py`) call it, so importing trimflow builds nothing and leaves mitmproxy as it is
+(as mitmproxy's own `default_addons()`). mitmproxy runs each hook through them in list order, and they share one
+`SharedState` (the rules and each LLM flow's state):
 
 - GeminiKeyHeader: a Gemini `?key=` moves to the x-goog-api-key header (requestheaders).
 - Recover: keeps each LLM request's body as the client sent it (before Prune), and answers a limit error with a
   retry within the limit it names, learning that limit (response, before Metrics); its HoldErrorAnswers, after Metrics,
-  keeps such an error answer buffered.
+  keeps such an error answer buffered (extending mitmproxy's size check from `running` to `done`).
 - Prune: applies the rules (and the learned limits) to requests and to Codex's WebSocket `response.create` messages.
 - WebSocket: refuses Codex's WebSocket upgrade on Responses endpoints when asked (trimflow_websocket), else warns
   once per host when a WebSocket leaves images at the provider (after Prune: it reads Prune's record).
@@ -58,8 +59,6 @@ def make_addons() -> list[object]:
     ]
 
 
-addons = make_addons()
-
 __all__ = [
     "FLUSH_DELAY",
     "META",
@@ -76,6 +75,5 @@ __all__ = [
     "SharedState",
     "Simulate",
     "WebSocket",
-    "addons",
     "make_addons",
 ]
