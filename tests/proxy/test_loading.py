@@ -29,6 +29,7 @@ ORDER = [
     proxy.Prometheus,
     proxy.ShareConversations,
     proxy.KeepMemory,
+    proxy.UpstreamAuthPipe,
     proxy.Options,
 ]
 OPTIONS = {
@@ -48,6 +49,7 @@ OPTIONS = {
     "trimflow_prometheus",
     "trimflow_clicks",
     "trimflow_conversations",
+    "trimflow_upstream_auth_fd",
 }
 
 

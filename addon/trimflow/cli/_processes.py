@@ -74,16 +74,19 @@ def _parent_death_signal(sig: signal.Signals) -> Any:
 class Proxy:
     """mitmdump with trimflow's addons, in a session of its own (the terminal's signals never reach it)."""
 
-    def __init__(self, command: list[str], log: Path, host: str, port: int) -> None:
-        self.command, self.log, self.host, self.port = command, log, host, port
+    def __init__(self, command: list[str], log: Path, host: str, port: int, env: dict[str, str] | None = None) -> None:
+        self.command, self.log, self.host, self.port, self.env = command, log, host, port, env
         self.process: subprocess.Popen[bytes] | None = None
 
-    def start(self, ca: Path | None = None, timeout: float = LISTEN_TIMEOUT) -> None:
-        """Start mitmdump and return once it listens (and, given `ca`, once it has written its CA there)."""
+    def start(self, ca: Path | None = None, timeout: float = LISTEN_TIMEOUT, pass_fds: tuple[int, ...] = ()) -> None:
+        """Start mitmdump (with `pass_fds` open in it) and return once it listens (and, given `ca`, once it has
+        written its CA there)."""
         out = os.open(self.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, PRIVATE_MODE)
         try:
             self.process = subprocess.Popen(
                 self.command,
+                env=self.env,
+                pass_fds=pass_fds,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
