@@ -10,6 +10,7 @@ import base64
 import json
 import os
 import re
+import resource
 import signal
 import socket
 import stat
@@ -144,6 +145,16 @@ def environment(pid: int) -> bytes:
     return Path(f"/proc/{pid}/environ").read_bytes()
 
 
+def core_files_on() -> None:
+    """As for a user whose shell allows core files (systemd-coredump keeps them under /var/lib)."""
+    resource.setrlimit(resource.RLIMIT_CORE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+
+
+def core_file_limits(pid: int) -> list[str]:
+    (line,) = [line for line in Path(f"/proc/{pid}/limits").read_text().splitlines() if line.startswith("Max core file size")]
+    return line.split()[4:6]  # soft, hard
+
+
 def mitmdump_of(launcher_pid: int) -> int | None:
     """The launcher's mitmdump once it runs as mitmdump (started, the launcher's death signal set), else None."""
     found = [pid for pid in descendants(launcher_pid) if b"mitmdump" in cmdline(pid)]
@@ -200,7 +211,7 @@ def test_an_upstream_proxy_that_wants_credentials_works_and_they_leak_nowhere(tm
         command = launcher(
             "--set", f"confdir={confdir}", "--", sys.executable, str(work / "client.py"), str(work), f"https://localhost:{provider.port}"
         )
-        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, preexec_fn=core_files_on)
         try:
             agent = int(wait_for_file(work / "ready", process))
             running = [process.pid, *descendants(process.pid)]
@@ -210,6 +221,8 @@ def test_an_upstream_proxy_that_wants_credentials_works_and_they_leak_nowhere(tm
             # The user gave the launcher the URL in its environment; the proxy and the agent get none of it.
             environments = {"mitmdump": environment(mitmdump), "agent": environment(agent)}
             assert b"\0HTTPS_PROXY=http://127.0.0.1:" in environments["agent"]
+            assert core_file_limits(process.pid) == ["unlimited", "unlimited"]
+            assert core_file_limits(mitmdump) == ["0", "0"]  # a core file would hold its memory, the credentials with it
             for form in secret_forms():
                 assert not any(form in line for line in lines.values()), (form, lines)
                 assert [name for name, text in environments.items() if form in text] == [], form
@@ -242,7 +255,7 @@ def test_an_upstream_proxy_that_wants_credentials_works_and_they_leak_nowhere(tm
 
 
 def test_a_launcher_killed_while_the_proxy_starts_leaves_the_upstream_proxys_password_in_no_file(tmp_path: Path) -> None:
-    """SIGKILL to the launcher once mitmdump runs and before it listens: nothing removes the run's folder, and no
+    """SIGKILL to the launcher once mitmdump runs and before the agent starts: nothing removes the run's folder, and no
     file under the home, the temporary folder or anywhere else the run could write holds the password."""
     home, work, tmp = tmp_path / "home", tmp_path / "work", tmp_path / "tmp"
     for folder in (home, work, tmp):

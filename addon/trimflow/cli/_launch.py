@@ -113,9 +113,9 @@ def _run_with_proxy(invocation: Invocation, environ: dict[str, str], setup: Setu
         for note in setup.notes:
             say(note)
         proxy = Proxy(mitmdump, log, host, port, proxy_environment(environ))
-        proxy.start(ca if setup.ca_bundle else None, pass_fds=() if auth_fd is None else (auth_fd,))
+        proxy.start(ca if setup.ca_bundle else None, handed=auth_fd)  # back once mitmdump has read the pipe
     finally:
-        if auth_fd is not None:  # mitmdump has its own copy, which it reads to the end and closes as it starts
+        if auth_fd is not None:
             os.close(auth_fd)
     try:
         env = {**environ, **setup.env}

@@ -3,22 +3,28 @@
 `python -m trimflow run -- COMMAND` hands mitmdump an upstream proxy's `user:password` this way, so that it is
 in no file, on no command line and in no environment: the launcher writes it into a pipe, closes its writing
 end and passes the reading end to mitmdump as file descriptor N, `--set trimflow_upstream_auth_fd=N` (the
-number alone is on the command line). While mitmproxy starts, before it listens, this addon reads the pipe to
-its end without waiting, closes it and sets `upstream_auth`, which mitmproxy's own UpstreamAuth addon sends as
-Proxy-Authorization. Nothing is left in the pipe, and a later value of the option is refused: it is read once.
-No message names what the pipe held.
+number alone is on the command line). As mitmproxy loads trimflow's script, this addon reads the pipe to its
+end without waiting, closes it and sets `upstream_auth`, which mitmproxy's own UpstreamAuth addon sends as
+Proxy-Authorization. mitmproxy may listen before it loads the script: the launcher starts the agent only once
+the pipe is empty. Nothing is left in the pipe, and a later value of the option is refused: it is read once.
+No message names what the pipe held, and the process makes no core file from then on (it would hold them).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import stat
+import sys
 
 from mitmproxy import ctx, exceptions
 from mitmproxy.addonmanager import Loader
 
 from .options import exits_at_startup
+
+if sys.platform != "win32":
+    import resource
 
 OPTION = "trimflow_upstream_auth_fd"
 NO_PIPE = -1
@@ -50,6 +56,7 @@ class UpstreamAuthPipe:
         if self.read_from is not None:
             raise exceptions.OptionsError(f"trimflow: {OPTION} is read once, at start")
         self.read_from = fd
+        no_core_files()
         # The number goes back to none: the descriptor is closed, and a reloaded script must not read whatever
         # the process opens under that number next.
         ctx.options.update(upstream_auth=read_auth(fd), trimflow_upstream_auth_fd=NO_PIPE)
@@ -81,3 +88,10 @@ def read_auth(fd: int) -> str:
     if _USER_AND_PASSWORD.search(auth) is None:
         raise exceptions.OptionsError(f"trimflow: {OPTION}={fd}: the pipe holds no user:password")
     return auth
+
+
+def no_core_files() -> None:
+    """No core file of this process from now on, whatever the user's limit was: it would hold its memory."""
+    if sys.platform != "win32":
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
