@@ -1,6 +1,7 @@
 """trimflow.proxy.upstream_auth: mitmproxy's upstream_auth read once from a pipe (trimflow_upstream_auth_fd), which
 is left empty and closed; anything else refused in a message that never holds what the pipe held. The launcher's
-side, a real mitmdump through a proxy that wants the credentials: tests/e2e/test_launch_hostile.py."""
+side, a real mitmdump through a proxy that wants the credentials and its core size limit: tests/e2e/test_launch_hostile.py
+(a pipe read here sets this process's core size limit to 0, as mitmdump's)."""
 
 from __future__ import annotations
 
