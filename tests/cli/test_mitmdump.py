@@ -16,7 +16,8 @@ from mitmproxy.tools.dump import DumpMaster
 from mitmproxy.tools.main import process_options
 
 from trimflow.cli._launch_error import LaunchError
-from trimflow.cli._mitmdump import SCRIPT, auth_pipe, mitmdump_argv, mitmdump_binary, without_option
+from trimflow.cli._mitmdump import AUTH_FD_OPTION, SCRIPT, auth_pipe, mitmdump_argv, mitmdump_binary, without_option
+from trimflow.proxy import upstream_auth
 
 DEFAULTS = ["--set", "listen_host=127.0.0.1", "--set", "listen_port=8080"]
 
@@ -98,6 +99,7 @@ def test_credentials_longer_than_a_pipe_takes_at_once_are_refused_without_showin
     assert open_descriptors() == before
 
 
-def test_a_users_confdir_option_makes_way_for_the_runs(tmp_path: Path) -> None:
-    args = ["--set", "confdir=/c", "-q", "--set=confdir=/d", "--set", "confdirx=1", "--set=trimflow_mode=observe"]
-    assert without_option(args, "confdir") == ["-q", "--set", "confdirx=1", "--set=trimflow_mode=observe"]
+def test_the_credentials_pipe_option_is_the_launchers_alone_to_give() -> None:
+    assert AUTH_FD_OPTION == upstream_auth.OPTION  # the name the addon declares (cli may not import mitmproxy)
+    args = ["--set", f"{AUTH_FD_OPTION}=7", "-q", f"--set={AUTH_FD_OPTION}=8", "--set", f"{AUTH_FD_OPTION}x=1", "--set=trimflow_mode=observe"]
+    assert without_option(args, AUTH_FD_OPTION) == ["-q", "--set", f"{AUTH_FD_OPTION}x=1", "--set=trimflow_mode=observe"]
