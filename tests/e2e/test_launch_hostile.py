@@ -147,12 +147,14 @@ def environment(pid: int) -> bytes:
 
 def core_files_on() -> None:
     """As for a user whose shell allows core files (systemd-coredump keeps them under /var/lib)."""
-    resource.setrlimit(resource.RLIMIT_CORE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    hard = resource.getrlimit(resource.RLIMIT_CORE)[1]
+    resource.setrlimit(resource.RLIMIT_CORE, (hard, hard))
 
 
-def core_file_limits(pid: int) -> list[str]:
+def core_file_limit(pid: int) -> str:
+    """The soft limit, which the kernel and systemd-coredump go by."""
     (line,) = [line for line in Path(f"/proc/{pid}/limits").read_text().splitlines() if line.startswith("Max core file size")]
-    return line.split()[4:6]  # soft, hard
+    return line.split()[4]
 
 
 def mitmdump_of(launcher_pid: int) -> int | None:
@@ -221,8 +223,9 @@ def test_an_upstream_proxy_that_wants_credentials_works_and_they_leak_nowhere(tm
             # The user gave the launcher the URL in its environment; the proxy and the agent get none of it.
             environments = {"mitmdump": environment(mitmdump), "agent": environment(agent)}
             assert b"\0HTTPS_PROXY=http://127.0.0.1:" in environments["agent"]
-            assert core_file_limits(process.pid) == ["unlimited", "unlimited"]
-            assert core_file_limits(mitmdump) == ["0", "0"]  # a core file would hold its memory, the credentials with it
+            if resource.getrlimit(resource.RLIMIT_CORE)[1] != 0:  # a machine may forbid core files altogether
+                assert core_file_limit(process.pid) != "0"
+            assert core_file_limit(mitmdump) == "0"  # a core file would hold its memory, the credentials with it
             for form in secret_forms():
                 assert not any(form in line for line in lines.values()), (form, lines)
                 assert [name for name, text in environments.items() if form in text] == [], form

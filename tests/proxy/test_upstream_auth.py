@@ -1,12 +1,13 @@
 """trimflow.proxy.upstream_auth: mitmproxy's upstream_auth read once from a pipe (trimflow_upstream_auth_fd), which
 is left empty and closed; anything else refused in a message that never holds what the pipe held. The launcher's
 side, a real mitmdump through a proxy that wants the credentials and its core size limit: tests/e2e/test_launch_hostile.py
-(a pipe read here sets this process's core size limit to 0, as mitmdump's)."""
+(here, this process's soft limit is put back after each test)."""
 
 from __future__ import annotations
 
 import base64
 import os
+import resource
 import tempfile
 from collections.abc import Iterator
 
@@ -43,18 +44,25 @@ def is_open(fd: int) -> bool:
 def context() -> Iterator[tuple[taddons.context, proxy.UpstreamAuthPipe, UpstreamAuth]]:
     """The addon beside mitmproxy's own UpstreamAuth, which declares upstream_auth and sends it."""
     ours, theirs = proxy.UpstreamAuthPipe(), UpstreamAuth()
-    with taddons.context(ours, theirs) as tctx:
-        yield tctx, ours, theirs
+    core = resource.getrlimit(resource.RLIMIT_CORE)
+    try:
+        with taddons.context(ours, theirs) as tctx:
+            yield tctx, ours, theirs
+    finally:
+        resource.setrlimit(resource.RLIMIT_CORE, core)  # a soft limit goes back up to the hard one
 
 
 def test_the_pipe_is_read_to_its_end_once_closed_and_its_number_forgotten(context) -> None:
     tctx, ours, theirs = context
     assert tctx.options.trimflow_upstream_auth_fd == NO_PIPE and tctx.options.upstream_auth is None
+    hard = resource.getrlimit(resource.RLIMIT_CORE)[1]
+    resource.setrlimit(resource.RLIMIT_CORE, (hard, hard))  # as for a user whose shell allows core files
     read, _ = pipe_holding(AUTH.encode())
     tctx.configure(ours, trimflow_upstream_auth_fd=read)  # as the launcher's --set, applied while mitmdump starts
     assert tctx.options.upstream_auth == AUTH
     assert theirs.auth == b"Basic " + base64.b64encode(AUTH.encode())  # what goes out as Proxy-Authorization
     assert not is_open(read)
+    assert resource.getrlimit(resource.RLIMIT_CORE) == (0, hard)  # a core file would hold the credentials
     assert tctx.options.trimflow_upstream_auth_fd == NO_PIPE  # a reloaded script reads nothing opened under it later
     ours.configure(set(tctx.options.keys()))  # as mitmdump configures a script it has loaded: nothing read again
     assert tctx.options.upstream_auth == AUTH

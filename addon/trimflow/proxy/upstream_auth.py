@@ -91,7 +91,8 @@ def read_auth(fd: int) -> str:
 
 
 def no_core_files() -> None:
-    """No core file of this process from now on, whatever the user's limit was: it would hold its memory."""
+    """No core file of this process from now on, whatever the user's limit was: it would hold its memory. The
+    kernel and systemd-coredump go by the soft limit; the hard one is left as it was."""
     if sys.platform != "win32":
         with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+            resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
