@@ -41,7 +41,7 @@ def mitmdump_argv(args: list[str]) -> list[str] | None:
 def auth_pipe(auth: str) -> int:
     """The reading end of a pipe that holds `auth` whole, its writing end closed: what mitmdump reads, once, as
     `upstream_auth` (AUTH_FD_OPTION), so the credentials are in no file. The caller passes it to mitmdump and
-    closes its own copy once mitmdump runs."""
+    closes its own copy once mitmdump has read it."""
     data = auth.encode()
     read, write = os.pipe()
     try:
