@@ -31,6 +31,7 @@ ORDER = [
     proxy.Prometheus,
     proxy.ShareConversations,
     proxy.KeepMemory,
+    proxy.UpstreamAuthPipe,
     proxy.Options,
 ]
 OPTIONS = {
@@ -50,6 +51,7 @@ OPTIONS = {
     "trimflow_prometheus",
     "trimflow_clicks",
     "trimflow_conversations",
+    "trimflow_upstream_auth_fd",
 }
 
 
