@@ -68,7 +68,7 @@ from trimflow.testing._cache_sessions import ReferenceSession
 from trimflow.testing._optimum import batch_floor, price_for, priced_optima, ratios, session_cap
 
 FORMAT = "openai-chat"
-MODEL = "gpt-5"  # under the shipped default cap of 8 in batches of 6 (gpt-4o has a voluntary cap of 5)
+MODEL = "gpt-5"  # under the shipped default cap of 8 (gpt-4o holds at most 5 once over it)
 PATH = PATHS[FORMAT]
 URL = f"https://api.openai.com{PATH}"
 HEADERS = {"content-type": "application/json", "authorization": "Bearer sk-bench"}
