@@ -275,7 +275,7 @@ def test_a_stream_that_ends_inside_a_held_block_gets_what_was_held() -> None:
 
 
 def test_an_event_larger_than_the_bound_stops_the_mapping_and_passes_everything(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_clicks, "MAX_EVENT", 64)
+    monkeypatch.setattr(_clicks, "MAX_HELD", 64)
     events = claude_events()
     stream = ClickStream(CLAUDE)
     data = b"data: " + b"x" * 100 + b"".join(events)
