@@ -418,8 +418,9 @@ def test_an_event_with_too_many_members_to_map_on_the_event_loop_passes_unmapped
     assert stream.mapped == 0 and stream.problem == _clicks.OVER_STRUCTURE
 
 
-def test_an_event_in_many_small_chunks_is_read_once() -> None:
-    """A large event that arrives in small chunks is looked through once for its end, not once per chunk."""
+def test_an_event_cut_into_many_small_chunks_is_mapped_whole() -> None:
+    """Each chunk is looked through for an event's end from where the last one stopped (less the three bytes an end
+    may be cut across), so a large event that comes in small chunks is found whole, once."""
     data = drag_events(2000)
     chunks = [data[i : i + 512] for i in range(0, len(data), 512)]
     stream = ClickStream(OPENAI)

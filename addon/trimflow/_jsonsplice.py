@@ -119,6 +119,13 @@ def _walk(raw: bytes, pos: int, tree: _Tree | None, path: JsonPath, found: list[
         child = tree.get(key)
         if child is None:
             pos = _value_end(raw, pos)
+        elif child is _TARGET:  # the usual leaf, without a call of its own
+            end = _value_end(raw, pos)
+            if opening == 0x5B:
+                found.append(((*path, key), pos, end))
+            else:
+                latest[str(key)] = [((*path, key), pos, end)]
+            pos = end
         elif opening == 0x5B:
             pos = _walk(raw, pos, child, (*path, key), found)
         else:
@@ -126,9 +133,10 @@ def _walk(raw: bytes, pos: int, tree: _Tree | None, path: JsonPath, found: list[
             latest[str(key)] = under
             pos = _walk(raw, pos, child, (*path, key), under)
         step = _NEXT.match(raw, pos)
-        if step is None or (step.group(1) != b"," and step.group(1) != closing):
+        separator = step.group(1) if step is not None else None
+        if step is None or (separator != b"," and separator != closing):
             raise NoValue(f"expected , or {closing.decode()} at {pos}")
-        if step.group(1) == closing:
+        if separator == closing:
             for under in latest.values():
                 found += under
             return step.start(1) + 1
