@@ -291,7 +291,7 @@ def structure(text: bytes | str) -> int:
 
 OVER_ANSWER = f"over the {MAX_HELD // 2**20} MiB one answer may hold while its clicks are read"
 OVER_BUDGET = "over the memory all answers may hold while their clicks are read"
-OVER_STRUCTURE = f"a computer call in an event of over {MAX_STRUCTURE:,} JSON members, too many to map on the event loop"
+OVER_STRUCTURE = f"a computer call in an event of over {MAX_STRUCTURE:,} quotes, brackets and commas, too many to map on the event loop"
 
 
 class _GiveUp(Exception):
