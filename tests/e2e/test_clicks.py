@@ -436,6 +436,6 @@ def test_the_open_blocks_of_one_answer_are_held_within_one_bound(hostile_proxy: 
     answer = hostile.blocks * hostile.block_bytes
     print(f"\npeak RSS growth {growth / 2**20:.0f} MiB for a {answer / 2**20:.0f} MiB answer of {hostile.blocks} open blocks")
     assert got == {"status": 200, "size": hostile.sent_bytes, "digest": hostile.sent.hexdigest()}  # as it came
-    assert growth < answer / 4, f"peak RSS grew {growth / 2**20:.0f} MiB"
+    assert growth < answer / 2, f"peak RSS grew {growth / 2**20:.0f} MiB"  # what was held alone: over twice the answer
     assert records[0]["clicks_unmapped"] == OVER_ANSWER and records[0]["clicks_mapped"] == 0
     assert proxy.log().count("computer-use answer passed unmapped: " + OVER_ANSWER) == 1
