@@ -57,6 +57,7 @@ import orjson
 from PIL import Image
 
 from tests.mitmdump import Mitmdump, stop_process
+from trimflow._clicks import ClickStream, Screen, map_answer
 from trimflow._engine import prune_request
 from trimflow._last_turns import LastTurn, LastTurns, conversation_key
 from trimflow._malloc import MMAP_THRESHOLD, TRIM_THRESHOLD
@@ -355,6 +356,68 @@ def engine_figures(bodies: Bodies, settings: Settings) -> list[Figure]:
         Figure("engine_nochange_ms", f"engine, {size4:.1f} MB body needing no change", engine4, "ms"),
         Figure("loads_nochange_ms", f"json.loads alone, same {size4:.1f} MB body", loads4, "ms"),
         Figure("engine_nochange_vs_loads", "engine / json.loads (body needing no change)", engine4 / loads4, "x", 1.0),
+    ]
+
+
+CLICKS = 3000  # computer-tool calls in the JSON answer whose clicks are mapped
+DRAG_POINTS = 600  # points of the streamed drag
+
+
+def clicks_answer(clicks: int) -> bytes:
+    """A Messages answer of `clicks` computer-tool calls, a text block before each."""
+    blocks: list[dict[str, Any]] = []
+    for i in range(clicks):
+        blocks.append({"type": "text", "text": f"Step {i}: clicking the next field."})
+        blocks.append(
+            {"type": "tool_use", "id": f"toolu_{i:05d}", "name": "computer", "input": {"action": "left_click", "coordinate": [i % 2000, i % 1125]}}
+        )
+    return orjson.dumps({"id": "msg_1", "type": "message", "role": "assistant", "content": blocks, "usage": {"input_tokens": 1, "output_tokens": 1}})
+
+
+def drag_stream(points: int) -> bytes:
+    """A streamed Responses answer with one drag through `points` points, in its three events."""
+    path = [{"x": i % 2000, "y": i % 1125} for i in range(points)]
+    call = {"type": "computer_call", "id": "cu_1", "call_id": "call_1", "action": {"type": "drag", "path": path}, "status": "completed"}
+    events = [
+        {"type": "response.output_item.added", "item": {**call, "status": "in_progress"}},
+        {"type": "response.output_item.done", "item": call},
+        {"type": "response.completed", "response": {"output": [call]}},
+    ]
+    return b"".join(b"event: " + e["type"].encode() + b"\ndata: " + orjson.dumps(e) + b"\n\n" for e in events)
+
+
+def clicks_figures(settings: Settings) -> list[Figure]:
+    """Mapping a computer-use answer's clicks back (trimflow._clicks), in process: JSON answers of CLICKS calls and of half
+    as many (the work must grow with the answer alone), against json.loads; and a streamed DRAG_POINTS-point drag, which
+    the proxy maps on its event loop."""
+    claude = Screen("anthropic", "computer", (2000, 1125), (2560, 1440))
+    openai = Screen("openai-responses", None, (2000, 1125), (5120, 2880))
+    answer, half, drag = clicks_answer(CLICKS), clicks_answer(CLICKS // 2), drag_stream(DRAG_POINTS)
+    if map_answer(claude, answer)[1] != CLICKS:
+        raise RuntimeError("the answer's clicks were not all mapped")
+
+    def stream() -> None:
+        clicks = ClickStream(openai)
+        clicks(drag)
+        clicks(b"")
+        if clicks.mapped != 1:
+            raise RuntimeError("the drag was not mapped")
+
+    mapped, mapped_half, loads, streamed = interleaved_ms(
+        settings.engine_reps, lambda: map_answer(claude, answer), lambda: map_answer(claude, half), _loads(answer), stream
+    )
+    size = len(answer) / MB
+    return [
+        Figure("clicks_json_ms", f"clicks mapped, JSON answer of {CLICKS:,} computer calls ({size:.2f} MB)", mapped, "ms"),
+        Figure("clicks_json_doubling", f"clicks mapped, {CLICKS // 2:,} -> {CLICKS:,} calls", mapped / mapped_half, "x", 2.2),
+        Figure("clicks_json_vs_loads", "clicks mapped / json.loads of the same answer", mapped / loads, "x"),
+        Figure(
+            "clicks_drag_ms",
+            f"clicks mapped, streamed {DRAG_POINTS}-point drag ({len(drag) / 2**10:.0f} KB, on the event loop)",
+            streamed,
+            "ms",
+            250.0,  # a quarter of the stall an unrelated request may see (docs/security.md, click mapping)
+        ),
     ]
 
 
@@ -1579,6 +1642,8 @@ def run(settings: Settings, say: Callable[[str], None], sections: tuple[str, ...
         figures += engine_figures(bodies, settings)
         say("engine scaling")
         figures += scaling_figures(bodies, settings)
+        say("clicks of a computer-use answer mapped back")
+        figures += clicks_figures(settings)
     if "text" in sections:
         figures += text_figures(settings, say)
     with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory(prefix="trimflow-bench-") as tmp:

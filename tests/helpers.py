@@ -6,10 +6,12 @@ import asyncio
 import dataclasses
 import importlib.util
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 from typing import Any, TypeVar
 
 import orjson
@@ -34,6 +36,32 @@ def wait_for(condition: Callable[[], T], what: str, timeout: float = 60.0) -> T:
             return value
         assert time.monotonic() < deadline, f"no {what} within {timeout} s"
         time.sleep(0.05)
+
+
+_PACKAGE = str(Path(__file__).resolve().parents[1] / "addon" / "trimflow")
+
+
+def lines_run(call: Callable[[], object]) -> int:
+    """How many lines of trimflow's own Python code `call()` runs: a measure of its work that a busy machine does
+    not change, for checking how work grows with the input (a timing would fail under load)."""
+    count = 0
+
+    def tracer(frame: FrameType, event: str, arg: object) -> Callable[..., object] | None:
+        nonlocal count
+        if event == "line":
+            count += 1
+        return tracer
+
+    def calls(frame: FrameType, event: str, arg: object) -> Callable[..., object] | None:
+        return tracer if frame.f_code.co_filename.startswith(_PACKAGE) else None
+
+    previous = sys.gettrace()
+    sys.settrace(calls)
+    try:
+        call()
+    finally:
+        sys.settrace(previous)
+    return count
 
 
 @contextmanager
@@ -132,6 +160,11 @@ class TrimflowAddons:
 
     def response(self, flow) -> None:
         self._run(http_layer.HttpResponseHook(flow))
+
+    async def response_async(self, flow) -> None:
+        """The response hook awaiting what an addon returns, as mitmproxy does (the clicks addon maps a large or
+        compressed JSON answer in a worker thread)."""
+        await self._run_async(http_layer.HttpResponseHook(flow))
 
     def error(self, flow) -> None:
         self._run(http_layer.HttpErrorHook(flow))

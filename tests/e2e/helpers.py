@@ -13,7 +13,7 @@ import http.client
 import ssl
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -283,6 +283,26 @@ def stop_all(*mitmdumps: Mitmdump) -> None:
             m.process.terminate()
     for m in mitmdumps:
         m.stop()
+
+
+# --- a process's memory --------------------------------------------------------------------------------------
+
+
+def peak_growth_during(pid: int, action: Callable[[], object]) -> int:
+    """How far the process's peak resident memory rose above its resident memory before `action` (bytes)."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")  # resets the peak (VmHWM) to the current resident size
+    before = _status(pid)["VmRSS"]
+    action()
+    return _status(pid)["VmHWM"] - before
+
+
+def _status(pid: int) -> dict[str, int]:
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if value.strip().endswith("kB"):
+            fields[name] = int(value.split()[0]) * 1024
+    return fields
 
 
 # --- raw HTTP -----------------------------------------------------------------------------------------------

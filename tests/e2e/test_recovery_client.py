@@ -20,7 +20,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -30,7 +29,7 @@ import yaml
 from trimflow._limit_errors import ANSWER_MAX
 
 from ..helpers import wait_for
-from .helpers import OPENAI_KEY, Proxy, session, shots, start_all, stop_all, write_rules
+from .helpers import OPENAI_KEY, Proxy, peak_growth_during, session, shots, start_all, stop_all, write_rules
 
 pytestmark = pytest.mark.e2e
 
@@ -298,23 +297,6 @@ def test_a_retry_is_cancelled_when_its_client_hangs_up(proxy: Proxy, fresh: Upst
 
 
 # --- how much of an error answer is held --------------------------------------------------------------------------
-
-
-def peak_growth_during(pid: int, action: Any) -> int:
-    """How far the process's peak resident memory rose above its resident memory before `action` (bytes)."""
-    Path(f"/proc/{pid}/clear_refs").write_text("5")  # resets the peak (VmHWM) to the current resident size
-    before = _status(pid)["VmRSS"]
-    action()
-    return _status(pid)["VmHWM"] - before
-
-
-def _status(pid: int) -> dict[str, int]:
-    fields = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        name, _, value = line.partition(":")
-        if value.strip().endswith("kB"):
-            fields[name] = int(value.split()[0]) * 1024
-    return fields
 
 
 @pytest.mark.parametrize("framing", ["chunked", "length"])
