@@ -16,7 +16,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import pytest
 from trimflow.testing import FakeProvider
 
 from ..certs import make_server_cert
+from ..helpers import wait_for
 from .helpers import wait_for_file
 
 pytestmark = pytest.mark.e2e
@@ -295,10 +295,7 @@ def test_a_launcher_killed_with_sigkill_takes_the_proxy_and_the_agent_with_it_an
         (run_dir,) = [p for p in runs.iterdir() if p.is_dir()]
         process.kill()
         process.wait()
-        deadline = time.monotonic() + 60
-        while not (gone(agent) and gone(mitmdump)):
-            assert time.monotonic() < deadline, f"still running after the launcher's SIGKILL: agent {not gone(agent)}, mitmdump {not gone(mitmdump)}"
-            time.sleep(0.05)
+        wait_for(lambda: gone(agent) and gone(mitmdump), "end of the agent and mitmdump after the launcher's SIGKILL")
     finally:
         if process.poll() is None:
             process.kill()

@@ -281,9 +281,7 @@ def test_a_retry_is_cancelled_when_its_client_hangs_up(proxy: Proxy, fresh: Upst
     assert retry.closed.wait(WAIT), "the upstream never saw the retry's connection close"
     assert retry.closed_at is not None
     print(f"\n{stage}: the upstream saw the retry's connection close {1000 * (retry.closed_at - hung_up):.1f} ms after the client hung up")
-    deadline = time.monotonic() + WAIT
-    while "retry failed" not in proxy.log()[log_before:] and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_for(lambda: "retry failed" in proxy.log()[log_before:], "line saying the retry failed", WAIT)
     lines = [line for line in proxy.log()[log_before:].splitlines() if "retry failed" in line]
     assert len(lines) == 1, lines
     assert lines[0].endswith(f"trimflow: 127.0.0.1/{stage}/v1/chat/completions retry failed: the client closed its connection; cancelled")

@@ -18,13 +18,13 @@ from trimflow import proxy
 from trimflow._record import Record
 from trimflow.proxy.prometheus import ENABLE, MAX_CONNECTIONS, model_family, outcome_of, parse_address, status_class
 
-from ..helpers import TrimflowAddons, answer_sent, requested
+from ..helpers import TrimflowAddons, answer_sent, requested, wait_for_async
 from .flows import json_answer, llm_flow
 
 
-async def scrape(port: int, request: bytes | None = None) -> tuple[int, dict[str, str], bytes]:
+async def scrape(port: int, request: bytes | None = None, host: str = "127.0.0.1") -> tuple[int, dict[str, str], bytes]:
     """One HTTP exchange with the endpoint: (status, headers, body)."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    reader, writer = await asyncio.open_connection(host, port)
     writer.write(request or b"GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: text/plain;version=0.0.4\r\n\r\n")
     await writer.drain()
     answer = await asyncio.wait_for(reader.read(), 5)
@@ -303,23 +303,26 @@ async def test_a_refused_change_leaves_the_endpoint_where_it_was(addon) -> None:
     assert port_of(addon) == serving and (await scrape(serving))[0] == 200
 
 
+async def refused(port: int, host: str = "127.0.0.1") -> bool:
+    try:
+        await scrape(port, host=host)
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
 async def test_moving_or_clearing_the_address_frees_the_port(addon) -> None:
     addon.tctx.configure(addon, trimflow_prometheus="127.0.0.1:0")
     first = port_of(addon)
     assert (await scrape(first))[0] == 200
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        second = probe.getsockname()[1]
-    addon.tctx.configure(addon, trimflow_prometheus=f"127.0.0.1:{second}")
-    assert (await scrape(second))[0] == 200
-    await asyncio.sleep(0.05)  # the old server's task ends, and closes its socket
-    with pytest.raises(ConnectionRefusedError):
-        await scrape(first)
+    # Another loopback address (Linux answers on all of 127/8), port 0 again: the port it got is read back.
+    addon.tctx.configure(addon, trimflow_prometheus="127.0.0.2:0")
+    second = port_of(addon)
+    assert (await scrape(second, host="127.0.0.2"))[0] == 200
+    await wait_for_async(lambda: refused(first), "the first address refused")
     addon.tctx.configure(addon, trimflow_prometheus="")
-    await asyncio.sleep(0.05)
     assert addon.get(proxy.Prometheus).address is None
-    with pytest.raises(ConnectionRefusedError):
-        await scrape(second)
+    await wait_for_async(lambda: refused(second, "127.0.0.2"), "the second address refused")
 
 
 # --- what anyone who reaches the port can do ----------------------------------------------------------------------
