@@ -254,12 +254,12 @@ class Proxy:
         return new
 
     @contextmanager
-    def expect_records(self, count: int = 1) -> Iterator[list[dict[str, Any]]]:
+    def expect_records(self, count: int = 1, timeout: float = 30.0) -> Iterator[list[dict[str, Any]]]:
         """The records written by the requests made inside the block: exactly `count` of them."""
         before = len(self.settled_records())
         new: list[dict[str, Any]] = []
         yield new
-        new.extend(self.records_after(before, count))
+        new.extend(self.records_after(before, count, timeout))
 
 
 def start_all(*mitmdumps: Mitmdump, may_exit: tuple[Mitmdump, ...] = ()) -> None:
