@@ -168,6 +168,31 @@ def anthropic_turn(client: Any, body: dict[str, Any], stream: bool) -> tuple[str
     return reply.content[0].text, reply.usage.input_tokens
 
 
+def genai_contents(images: list[bytes]) -> list[Any]:
+    """The session of trimflow._synthetic built with google-genai's own types, as a google-genai app does."""
+    from google.genai import types  # only the tests that drive google-genai import it
+
+    contents = []
+    for turn, shot in enumerate(images, 1):
+        parts = [
+            types.Part.from_text(text=f"Turn {turn}: here is my screen. What should I click next?"),
+            types.Part.from_bytes(data=shot, mime_type="image/png"),
+        ]
+        contents.append(types.Content(role="user", parts=parts))
+        if turn < len(images):
+            contents.append(types.Content(role="model", parts=[types.Part.from_text(text=f"On turn {turn} I see the settings page; click Save.")]))
+    return contents
+
+
+def google_genai_turn(client: Any, images: list[bytes], stream: bool) -> tuple[str, int]:
+    contents = genai_contents(images)
+    if stream:
+        chunks = list(client.models.generate_content_stream(model="gemini-2.5-flash", contents=contents))
+        return "".join(c.text or "" for c in chunks), chunks[-1].usage_metadata.prompt_token_count
+    reply = client.models.generate_content(model="gemini-2.5-flash", contents=contents)
+    return reply.text, reply.usage_metadata.prompt_token_count
+
+
 # --- rules --------------------------------------------------------------------------------------------------
 
 

@@ -1,5 +1,5 @@
-"""The proxy end to end in reverse mode: a real mitmdump with the addon in front of the FakeProvider, driven
-by the real openai, anthropic and google-genai SDK clients and by raw HTTP."""
+"""The proxy end to end in reverse mode: a real mitmdump with the addon in front of the FakeProvider, driven by
+raw HTTP and by the real SDK clients (their turns in both modes: test_proxy_sdks.py)."""
 
 from __future__ import annotations
 
@@ -35,14 +35,12 @@ from .helpers import (
     ROOT,
     SECRETS,
     Proxy,
-    anthropic_turn,
     assert_pruned_upstream,
     assert_record,
     direct_http_client,
     genai_client_args,
+    genai_contents,
     image_payloads,
-    openai_chat_turn,
-    openai_responses_turn,
     post,
     replace_text,
     session,
@@ -123,89 +121,7 @@ def google_key_of(received: Received) -> str | None:
     return parse_qs(received.query).get("key", [received.headers.get("x-goog-api-key")])[0]
 
 
-def genai_contents(images: list[bytes]) -> list[types.Content]:
-    """The session of trimflow._synthetic built with the SDK's own types, as a google-genai app does."""
-    contents = []
-    for turn, shot in enumerate(images, 1):
-        parts = [
-            types.Part.from_text(text=f"Turn {turn}: here is my screen. What should I click next?"),
-            types.Part.from_bytes(data=shot, mime_type="image/png"),
-        ]
-        contents.append(types.Content(role="user", parts=parts))
-        if turn < len(images):
-            contents.append(types.Content(role="model", parts=[types.Part.from_text(text=f"On turn {turn} I see the settings page; click Save.")]))
-    return contents
-
-
-# --- each SDK, streaming and not ----------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
-def test_openai_chat_completions(proxy: Proxy, fresh: FakeProvider, openai_client: openai.OpenAI, stream: bool) -> None:
-    images = shots(5, seed=1)
-    body = session("openai-chat", images)
-    with proxy.expect_records(1) as new:
-        text, prompt_tokens = openai_chat_turn(openai_client, body, stream)
-    assert text == REPLY_TEXT
-    received = assert_pruned_upstream(fresh, "openai-chat", images, MAX_IMAGES)
-    assert received.headers["authorization"] == f"Bearer {OPENAI_KEY}"
-    assert_record(new[0], "openai-chat", 5, MAX_IMAGES, prompt_tokens)
-    assert new[0]["model"] == "gpt-4o" and new[0]["path"] == "/v1/chat/completions"
-
-
-@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
-def test_openai_responses(proxy: Proxy, fresh: FakeProvider, openai_client: openai.OpenAI, stream: bool) -> None:
-    images = shots(5, seed=2)
-    body = session("openai-responses", images)
-    with proxy.expect_records(1) as new:
-        text, input_tokens = openai_responses_turn(openai_client, body, stream)
-    assert text == REPLY_TEXT
-    assert_pruned_upstream(fresh, "openai-responses", images, MAX_IMAGES)
-    assert_record(new[0], "openai-responses", 5, MAX_IMAGES, input_tokens)
-
-
-@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
-def test_anthropic_messages(proxy: Proxy, fresh: FakeProvider, anthropic_client: anthropic.Anthropic, stream: bool) -> None:
-    images = shots(5, seed=3)
-    body = session("anthropic", images, model=CLAUDE)
-    with proxy.expect_records(1) as new:
-        text, input_tokens = anthropic_turn(anthropic_client, body, stream)
-    assert text == REPLY_TEXT
-    received = assert_pruned_upstream(fresh, "anthropic", images, MAX_IMAGES)
-    assert anthropic_key_of(received.headers) == ANTHROPIC_KEY
-    assert_record(new[0], "anthropic", 5, MAX_IMAGES, input_tokens)
-
-
-def _gemini_call(client: genai.Client, images: list[bytes], stream: bool) -> tuple[str, int | None]:
-    contents = genai_contents(images)
-    if stream:
-        chunks = list(client.models.generate_content_stream(model="gemini-2.5-flash", contents=contents))
-        return "".join(c.text or "" for c in chunks), chunks[-1].usage_metadata.prompt_token_count
-    reply = client.models.generate_content(model="gemini-2.5-flash", contents=contents)
-    return reply.text, reply.usage_metadata.prompt_token_count
-
-
-@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
-def test_google_genai_reply_usage_and_record(proxy: Proxy, fresh: FakeProvider, genai_client: genai.Client, stream: bool) -> None:
-    with proxy.expect_records(1) as new:
-        text, prompt_tokens = _gemini_call(genai_client, shots(3, seed=4), stream)
-    assert text == REPLY_TEXT
-    assert len(fresh.received) == 1
-    # A custom base_url makes google-genai call /v1/models/...; the stream asks for SSE.
-    assert fresh.received[0].path.endswith("/models/gemini-2.5-flash:" + ("streamGenerateContent" if stream else "generateContent"))
-    assert fresh.received[0].headers["x-goog-api-key"] == GOOGLE_KEY
-    record = new[0]
-    assert (record["format"], record["model"], record["rule"]) == ("gemini", "gemini-2.5-flash", "defaults")
-    assert record["status"] == 200 and record["usage_input_tokens"] == prompt_tokens
-
-
-@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
-def test_google_genai_request_is_pruned(proxy: Proxy, fresh: FakeProvider, genai_client: genai.Client, stream: bool) -> None:
-    images = shots(5, seed=5)
-    with proxy.expect_records(1) as new:
-        _, prompt_tokens = _gemini_call(genai_client, images, stream)
-    assert_record(new[0], "gemini", 5, MAX_IMAGES, prompt_tokens)
-    assert_pruned_upstream(fresh, "gemini", images, MAX_IMAGES)
+# --- raw requests of each format ------------------------------------------------------------------------------
 
 
 def test_gemini_raw_request_with_snake_case_parts_is_pruned(proxy: Proxy, fresh: FakeProvider) -> None:

@@ -79,9 +79,7 @@ class Server:
     def __init__(self, name: str, workdir: Path, command: list[str], pass_fds: tuple[int, ...] = ()) -> None:
         self.log_path = workdir / f"{name}.log"
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=workdir, pass_fds=pass_fds
-            )
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=workdir, pass_fds=pass_fds)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

@@ -51,8 +51,7 @@ class Prune:
             RULES_CHECK_OPTION,
             str,
             f"{CHECK_INTERVAL:g}s",
-            "How often, at most, the rules file is looked at for edits, when a request comes (e.g. 1s, 0.2s, 5m); "
-            "0: on every request.",
+            "How often, at most, the rules file is looked at for edits, when a request comes (e.g. 1s, 0.2s, 5m); 0: on every request.",
         )
         loader.add_option(
             "trimflow_mode",
