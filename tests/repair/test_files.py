@@ -178,8 +178,6 @@ from pathlib import Path
 from trimflow.repair import _files
 from trimflow.repair._lines import SessionError
 
-from ..helpers import wait_for
-
 def no_links(*args, **kwargs):
     raise OSError(errno.EPERM, "Operation not permitted")
 
