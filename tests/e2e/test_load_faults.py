@@ -37,6 +37,7 @@ from trimflow._rules_file import parse_rules
 from trimflow.testing import PATHS, REPLY_TEXT, FakeProvider, Received, image
 
 from ..bombs import GiB, MiB, gzip_bomb
+from ..helpers import wait_for
 from ..hostile.cases import HOSTILE, PRUNED, RULES_TEXT, UNTOUCHED, Hostile, check_pruned, expected_body, marker, params, session_json
 from .helpers import Proxy, session, start_proxy
 
@@ -471,6 +472,8 @@ def test_rules_deleted_and_metrics_on_a_full_disk_while_serving(tmp_path: Path, 
         rules.unlink()
         for _ in range(3):
             assert_still_serving(proxy, raw_upstream, records=0)  # the last good rules still prune
+        # No record to wait for: each request's log line, which comes with its record, is what says it is done.
+        wait_for(lambda: proxy.log().count("images 5->2") == 4, "log line of each request")
         log = proxy.log()
     finally:
         proxy.mitm.stop()
