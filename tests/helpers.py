@@ -90,9 +90,10 @@ def held_by_another_process(path: Path) -> Iterator[None]:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held", "flock could not hold the file"
         yield
     finally:
-        assert holder.stdin is not None
+        assert holder.stdin is not None and holder.stdout is not None
         holder.stdin.close()
         holder.wait(10)
+        holder.stdout.close()
 
 
 def rules_with(**limits: Any) -> Rules:
