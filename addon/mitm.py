@@ -28,6 +28,8 @@ if _missing:
     )
     addons = []
 else:
-    from trimflow.proxy import addons
+    from trimflow.proxy import make_addons
+
+    addons = make_addons()
 
 __all__ = ["addons"]

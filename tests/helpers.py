@@ -127,7 +127,7 @@ class TrimflowAddons:
     list order, through mitmproxy's own invoker, as mitmproxy runs a script's `addons`."""
 
     def __init__(self) -> None:
-        self.chain = proxy.make_addons()  # not `addons`: mitmproxy would run those hooks a second time
+        self.chain = proxy.make_addons()
         self.flows: proxy.SharedState = self.get(proxy.Prune).flows
 
     def get(self, kind: type) -> Any:
@@ -159,6 +159,9 @@ class TrimflowAddons:
 
     def configure(self, updated: set[str]) -> None:
         self._run(hooks.ConfigureHook(updated))
+
+    def running(self) -> None:
+        self._run(hooks.RunningHook())
 
     def done(self) -> None:
         self._run(hooks.DoneHook())

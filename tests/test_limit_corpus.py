@@ -1,5 +1,6 @@
-"""The corpus of real limit answers (tests/data/limit_answers.yaml): every one read with the right kind and
-number, no look-alike read as a limit. Run with -s for the table of answers per provider."""
+"""The corpus of real limit answers (tests/data/limit_answers.yaml, and the held-out set of
+tests/data/limit_answers_held_out.yaml): every one read with the right kind and number, no look-alike read as a
+limit. Run with -s for the table of answers per provider and each set's score."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ import yaml
 
 from trimflow._limit_errors import FIELDS, load_patterns
 
-CORPUS = yaml.safe_load((Path(__file__).parent / "data" / "limit_answers.yaml").read_text(encoding="utf-8"))
-ANSWERS: list[dict[str, Any]] = CORPUS["answers"]
-NOT_LIMITS: list[dict[str, Any]] = CORPUS["not_limits"]
+DATA = Path(__file__).parent / "data"
+CORPUS = yaml.safe_load((DATA / "limit_answers.yaml").read_text(encoding="utf-8"))
+HELD_OUT = yaml.safe_load((DATA / "limit_answers_held_out.yaml").read_text(encoding="utf-8"))
+ANSWERS: list[dict[str, Any]] = CORPUS["answers"] + HELD_OUT["answers"]
+NOT_LIMITS: list[dict[str, Any]] = CORPUS["not_limits"] + HELD_OUT["not_limits"]
 PATTERNS = load_patterns()
 
 
@@ -31,6 +34,7 @@ def body_of(entry: dict[str, Any]) -> bytes:
         "google": {"error": {"code": entry["status"], "message": message, "status": "INVALID_ARGUMENT"}},
         "bedrock": {"message": message},
         "vllm": {"object": "error", "message": message, "type": "BadRequestError", "param": None, "code": 400},
+        "dify": {"code": "invalid_param", "message": message, "status": 400},
     }
     return message.encode() if shape == "plain" else orjson.dumps(envelopes[shape])
 
@@ -60,6 +64,24 @@ def test_every_real_limit_answer_is_read_with_its_kind_and_number(entry: dict[st
 def test_no_look_alike_is_read_as_a_limit(entry: dict[str, Any]) -> None:
     error = PATTERNS.recognise(entry["status"], body_of(entry), entry["host"] or "")
     assert error is None, f"{entry['why']}, read as {error.kind} {error.value} by {error.pattern.name}"
+
+
+def read_right(entry: dict[str, Any]) -> bool:
+    error = PATTERNS.recognise(entry["status"], body_of(entry), entry["host"] or "")
+    return error is not None and (error.kind, error.value) == (entry["kind"], entry["value"])
+
+
+def read_at_all(entry: dict[str, Any]) -> bool:
+    return PATTERNS.recognise(entry["status"], body_of(entry), entry["host"] or "") is not None
+
+
+@pytest.mark.parametrize(("name", "corpus"), [("limit_answers.yaml", CORPUS), ("limit_answers_held_out.yaml", HELD_OUT)])
+def test_each_set_is_scored(name: str, corpus: dict[str, Any]) -> None:
+    """Every real answer of each set read right and no look-alike read, with the score printed per set."""
+    right = sum(read_right(entry) for entry in corpus["answers"])
+    read = sum(read_at_all(entry) for entry in corpus["not_limits"])
+    print(f"\n{name}: {right} of {len(corpus['answers'])} real answers read right, {read} of {len(corpus['not_limits'])} look-alikes read")
+    assert (right, read) == (len(corpus["answers"]), 0)
 
 
 def test_the_corpus_is_real_and_broad() -> None:

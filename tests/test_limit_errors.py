@@ -22,7 +22,6 @@ from trimflow._limit_errors import (
     assess,
     load_patterns,
     parse_patterns,
-    read_limit,
     scope,
     step_down,
     tightened,
@@ -474,86 +473,7 @@ def test_an_echoed_prompt_outside_the_message_is_never_a_verdict() -> None:
     assert PATTERNS.recognise(422, body, "h") is None
 
 
-# --- the general reader's grammar --------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("message", "kind", "value"),
-    [
-        # cues before the number, with the words they may take
-        ("too many URL images in request (max 20)", IMAGE_COUNT, 20),
-        ("Exceeded maximum number of images (50) allowed in the request.", IMAGE_COUNT, 50),
-        ("a request carries at most 20 images.", IMAGE_COUNT, 20),
-        ("Images per request: up to 8", IMAGE_COUNT, 8),
-        ("Please make sure your payload is below 26214400 bytes in size.", BODY_BYTES, 26_214_400),
-        ("Downloaded image content cannot exceed 30MB", IMAGE_BYTES, 30_000_000),
-        ("The maximum request size is 32 MB", BODY_BYTES, 32_000_000),
-        ("Maximum request body size 1048576 exceeded, actual body size 1056562", BODY_BYTES, 1_048_576),
-        ("Max 50KB", BODY_BYTES, 50_000),
-        # a cue after the number
-        ("image is over the 20 MiB limit", IMAGE_BYTES, 20 * 2**20),
-        ("payload exceeds 10 MB maximum", BODY_BYTES, 10_000_000),
-        # a comparison: the right side is the limit, the left what was sent
-        ("response.create is too large for upstream websocket (18915698 bytes > 15728640 bytes)", BODY_BYTES, 15_728_640),
-        ("Too many images in request: 11 > 8", IMAGE_COUNT, 8),
-        # the count's words may be a sentence before the number's
-        ("Too many images in request. Max is 10.", IMAGE_COUNT, 10),
-        # units as written: decimal and binary, separators, a space or none
-        ("image must be at most 5,242,880 bytes", IMAGE_BYTES, 5_242_880),
-        ("image must be at most 5 MB", IMAGE_BYTES, 5_000_000),
-        ("image must be at most 5MB", IMAGE_BYTES, 5_000_000),
-        ("image must be at most 5MiB", IMAGE_BYTES, 5 * 2**20),
-        ("request body limit: 1.5 GB", BODY_BYTES, 1_500_000_000),
-        ("request body limit: 512 KiB", BODY_BYTES, 512 * 1024),
-        # sides, dimensions and areas
-        ("At least one of the image dimensions exceed max allowed size: 8000 pixels", IMAGE_SIDE, 8000),
-        ("image side must be at most 1568px", IMAGE_SIDE, 1568),
-        ("input size exceed limit 2048x2048,current input:(1080,2376)", IMAGE_SIDE, 2048),
-        ("Current dimensions: 4634x12324 = 57109416 pixels. Maximum allowed: 36000000 pixels.", IMAGE_SIDE, 6000),
-        ("image exceeds the limit of 4 megapixels", IMAGE_SIDE, 2000),
-        # the file or image a size belongs to, however it is named
-        ("The file size of `gs://b/image.png` is 47688287, which exceeds max allowed file size of 31457280", IMAGE_BYTES, 31_457_280),
-        ("media exceeds size limit: max 10485760 bytes", IMAGE_BYTES, 10_485_760),
-        ("The image is too large. Maximum size is 20 MB.", IMAGE_BYTES, 20_000_000),  # the kind named a sentence before
-        ("Request rejected. Maximum size is 20 MB.", BODY_BYTES, 20_000_000),
-        ("Payload Too Large: max 50KB", BODY_BYTES, 50_000),
-        ("File size exceeds the 20MB limit", IMAGE_BYTES, 20_000_000),
-        # more wordings of a count and a side
-        ("Maximum number of images per request is 10", IMAGE_COUNT, 10),
-        ("You can upload up to 4 images", IMAGE_COUNT, 4),
-        ("Only 1 image is supported per request", IMAGE_COUNT, 1),
-        ("Number of images (25) exceeds the limit (20)", IMAGE_COUNT, 20),
-        ("too many images (12), max is 10", IMAGE_COUNT, 10),
-        ("image dimensions must not exceed 4096x4096", IMAGE_SIDE, 4096),
-    ],
-)
-def test_the_general_reader_reads_the_number_and_what_it_limits(message: str, kind: str, value: int) -> None:
-    reading = read_limit(message)
-    assert reading is not None and (reading.kind, reading.value) == (kind, value)
-    error = PATTERNS.recognise(422, openai(message), "h")  # 422 is read like 400 and 413
-    assert error is not None and (error.kind, error.value) == (kind, value)
-
-
-@pytest.mark.parametrize(
-    "message",
-    [
-        "Request exceeds the maximum size",  # no number: the general reader does not guess (a catch-all may step down)
-        "Too many images in request. Max is 0.png",  # a file name, not a number
-        "model gpt-4o does not support images",  # a number inside a name
-        "messages.19.content.27.image.source.base64.data: Invalid base64",  # numbers inside a path
-        "request contains 52 images",  # what was sent, no limit
-        "Image count 5 exceeds the model's",  # what was sent, left of "exceeds"
-        "The image length and width do not meet the model restrictions. [height:1 or width:1 must be larger than 10]",  # a minimum
-        "Prompt length of 16601 is longer than the maximum model length 10000.",  # a length with no unit: not bytes, not images
-        "The decoder prompt contains a(n) image item with length 6132, which exceeds the pre-allocated encoder cache size 6084.",
-        "request (4390 tokens) exceeds the available context size (4096 tokens)",  # tokens
-        "max 5 retries allowed",  # a count of something else
-        "The image you provided requires 33174 patches after processing, exceeding the limit of 30000.",  # patches of one image
-        "413 Request Entity Too Large",
-    ],
-)
-def test_the_general_reader_leaves_what_names_no_limit(message: str) -> None:
-    assert read_limit(message) is None
+# --- the general reader, after the named patterns ----------------------------------------------------------
 
 
 def test_the_general_reader_runs_after_the_named_patterns_and_before_the_catch_alls() -> None:
@@ -570,6 +490,53 @@ def test_the_general_reader_runs_after_the_named_patterns_and_before_the_catch_a
     # a body limit it reads holds for the whole host, as the named ones do
     body = PATTERNS.recognise(400, openai("request body limit: 4 MB"), "h")
     assert body is not None and scope(body) == "host"
+
+
+@pytest.mark.parametrize("status", [400, 422])
+def test_a_400_or_422_that_names_what_was_too_large_but_no_number_steps_down_as_a_bare_413_does(status: int) -> None:
+    body = error_for(status, openai("Request payload is too large"))
+    assert (body.pattern.name, body.kind, body.value) == ("general", BODY_BYTES, None)
+    t = tightened(body, Limits(), Refused(body_bytes=2_200_000, images=9))
+    assert t is not None and dict(t.fields) == {"max_body_bytes": 2 * 2**20} and not t.named
+    count = error_for(status, openai("Too many images in this conversation"))
+    t = tightened(count, Limits(), Refused(body_bytes=1000, images=22))
+    assert count.kind == IMAGE_COUNT and t is not None and dict(t.fields) == {"max_images": 20}
+
+
+def test_a_413_that_names_no_number_is_the_catch_alls_which_steps_the_body_down() -> None:
+    # the general reader would read one image's side here, which has no figure to step down from; the body has
+    error = error_for(413, openai("Image exceeds max pixels allowed."))
+    assert error.pattern.name == "bare-413" and error.kind == BODY_BYTES
+    named = error_for(413, openai("Downloaded image content cannot exceed 30MB"))  # a number: the general reader's
+    assert (named.pattern.name, named.kind) == ("general", IMAGE_BYTES)
+
+
+@pytest.mark.parametrize(
+    ("limits", "refused", "fields"),
+    [
+        (Limits(max_image_side=4096), Refused(1000, 1), {"max_image_side": 3840}),  # under the limit that applied
+        (Limits(), Refused(1000, 1, largest_image_side=5000), {"max_image_side": 4096}),  # under the largest image sent
+        (Limits(max_image_side=4096), Refused(1000, 1, largest_image_side=3000), {"max_image_side": 2560}),  # the lower
+    ],
+)
+def test_one_images_side_named_without_a_number_steps_down_from_what_is_known(limits: Limits, refused: Refused, fields: dict[str, int]) -> None:
+    error = error_for(400, b'{"message":"400 Bad Request: Image exceeds max pixels allowed."}')
+    assert (error.kind, error.value) == (IMAGE_SIDE, None)
+    t = tightened(error, limits, refused)
+    assert t is not None and dict(t.fields) == fields and not t.named
+
+
+def test_one_images_bytes_named_without_a_number_step_down_or_say_why_not() -> None:
+    error = error_for(400, openai("The uploaded file is too large."))
+    assert (error.kind, error.value) == (IMAGE_BYTES, None)
+    t = tightened(error, Limits(max_image_bytes=5 * 2**20), Refused(1000, 1))
+    assert t is not None and dict(t.fields) == {"max_image_bytes": 5_000_000}
+    assert why_not(error, Limits(), Refused(1000, 1)) == "image too large: the answer names no number, and no image size is known to step down from"
+
+
+def test_an_answer_about_a_rate_per_minute_is_no_limit() -> None:
+    assert PATTERNS.recognise(400, openai("Too many images per minute: max 50"), "h") is None
+    assert PATTERNS.recognise(400, openai("IPM limit reached: at most 20 images"), "h") is None
 
 
 @pytest.mark.parametrize("status", [401, 403, 404, 407, 408, 429, 500, 502, 503])
@@ -664,12 +631,6 @@ def test_every_reason_is_one_line_without_the_answers_text() -> None:
     error = general_error(f"request body cannot exceed 0 bytes ({secret})")
     reason = why_not(error, Limits(), Refused(200_000, 3))
     assert reason is not None and "\n" not in reason and secret not in reason
-
-
-def test_a_message_is_read_for_its_first_32_numbers_only() -> None:
-    # a hostile answer full of numbers costs a bounded amount of reading: what comes after them is not read
-    assert read_limit("request body: " + ", ".join(str(n) for n in range(31)) + "; max 5 MB") is not None
-    assert read_limit("request body: " + ", ".join(str(n) for n in range(40)) + "; max 5 MB") is None
 
 
 def test_what_read_an_answer_is_named_in_its_error() -> None:

@@ -179,6 +179,27 @@ def test_a_cold_cache_under_the_mark_changes_nothing() -> None:
     assert [r["sent"] for r in rows] == [1, 2, 3, 4] and not any(r["broke"] for r in rows)
 
 
+def test_a_conversation_within_its_cap_is_never_cut_even_when_its_cache_went_cold() -> None:
+    rows = _drive(8, gaps={6: 3600.0}, max_images=8, low_water=0.4, cache_ttl=300, max_images_after_overflow=5)
+    assert [r["sent"] for r in rows] == [1, 2, 3, 4, 5, 6, 7, 8] and not any(r["broke"] for r in rows)
+
+
+def test_after_its_first_overflow_a_conversation_holds_at_most_max_images_after_overflow() -> None:
+    rows = _drive(20, max_images=8, low_water=0.4, max_images_after_overflow=5)
+    assert [r["sent"] for r in rows] == [1, 2, 3, 4, 5, 6, 7, 8] + [3, 4, 5] * 4
+    assert [turn for turn, r in enumerate(rows, 1) if r["broke"]] == [9, 12, 15, 18]
+    # Turn 9: one image for the cap of 8, five more for the cache; turn 12: four for the cap, five for the cache.
+    assert (rows[8]["count"], rows[8]["cache"]) == (1, 5)
+    assert (rows[11]["count"], rows[11]["cache"]) == (4, 5)
+
+
+def test_without_a_memory_a_request_over_the_cap_is_past_the_first_overflow() -> None:
+    rows = _drive(12, memory=False, max_images=8, low_water=0.4, max_images_after_overflow=5)
+    assert [r["sent"] for r in rows] == [1, 2, 3, 4, 5, 6, 7, 8, 3, 3, 3, 3]
+    batches = _drive(14, memory=False, max_images=8, prune_batch=3, max_images_after_overflow=5)
+    assert [r["sent"] for r in batches] == [1, 2, 3, 4, 5, 6, 7, 8, 3, 4, 5, 3, 4, 5]
+
+
 def test_the_held_cut_never_takes_the_newest_images() -> None:
     """A conversation whose next turn sends fewer new images than the held cut covers still keeps keep_recent."""
     rows = _drive(12, max_images=2, keep_recent=2, low_water=0.5)

@@ -102,9 +102,9 @@ PUBLIC = {
         "Prune",
         "Recover",
         "Simulate",
+        "UpstreamAuthPipe",
         "WebSocket",
-        "addons",
-        "make_addons",
+        "make_addons",  # builds the list: importing trimflow.proxy builds nothing (tests/proxy/test_loading.py)
     ],
     "trimflow.repair": [
         "AGENTS",

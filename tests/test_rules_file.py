@@ -313,12 +313,13 @@ def test_shipped_default():
     r = load_rules(DEFAULT_RULES_PATH)
     assert r.source == str(DEFAULT_RULES_PATH)
     gemini = r.limits_for("generativelanguage.googleapis.com", "/v1beta/models/gemini-2.5-pro:generateContent", "gemini-2.5-pro")
-    # A voluntary cap under Copilot's 10, in batches that leave 3 images after a cut (docs/caching.md).
-    assert (gemini.rule, gemini.max_images, gemini.prune_batch, gemini.low_water, gemini.cache_ttl) == ("gemini", 6, 4, 0.5, 300.0)
-    assert r.limits_for("openrouter.ai", "/api/v1/chat/completions", "google/gemini-2.5-pro").max_images == 6
-    assert r.limits_for("api.githubcopilot.com", "/chat/completions", "gemini-3.1-pro-preview").max_images == 6
-    # OpenAI models whose cached input costs a quarter or more of the input price: a voluntary cap of 5 in
-    # batches of 3, on chat and Responses, on any host; GPT-5 and later keep the default.
+    # Copilot's cap of 10, 5 left after a cut, at most 8 held once over it (docs/caching.md).
+    assert (gemini.rule, gemini.max_images, gemini.low_water, gemini.cache_ttl, gemini.max_images_after_overflow) == ("gemini", 10, 0.5, 300.0, 8)
+    assert gemini.at_low_water().max_images == 5
+    assert r.limits_for("openrouter.ai", "/api/v1/chat/completions", "google/gemini-2.5-pro").max_images == 10
+    assert r.limits_for("api.githubcopilot.com", "/chat/completions", "gemini-3.1-pro-preview").max_images == 10
+    # OpenAI models whose cached input costs a quarter or more of the input price: the card's 8, and at most 5 held once
+    # over it, on chat and Responses, on any host; GPT-5 and later keep the default.
     for host, path, model in [
         ("api.openai.com", "/v1/chat/completions", "gpt-4o"),
         ("api.openai.com", "/v1/responses", "gpt-4.1-mini"),
@@ -326,9 +327,11 @@ def test_shipped_default():
         ("openrouter.ai", "/api/v1/chat/completions", "openai/gpt-4o-mini"),
     ]:
         openai = r.limits_for(host, path, model)
-        assert (openai.rule, openai.max_images, openai.prune_batch, openai.low_water) == ("openai-cached-share", 5, 3, 0.6), model
+        assert (openai.rule, openai.max_images, openai.low_water, openai.max_images_after_overflow) == ("openai-cached-share", 8, 0.4, 5), model
+        assert openai.at_low_water().max_images == 3
     for model in ("gpt-5", "gpt-5-codex", "gpt-5.1", "o3"):
-        assert r.limits_for("api.openai.com", "/v1/responses", model).max_images == 8, model
+        limits = r.limits_for("api.openai.com", "/v1/responses", model)
+        assert (limits.max_images, limits.max_images_after_overflow) == (8, None), model
     claude = r.limits_for("api.anthropic.com", "/v1/messages", "claude-sonnet-4")
     assert claude == Limits(
         "claude",

@@ -294,7 +294,13 @@ def _prune(
             if limits.low_water is not None:
                 held = recalled.cut
                 # Idle past the rules' lifetime and past any longer one the request asks for (read only then).
-                cold = limits.cache_ttl is not None and recalled.idle > limits.cache_ttl and recalled.idle > _asked_lifetime(module, parsed)
+                # Only a conversation that has gone over a cap (cut before) is cut for a cold cache.
+                cold = (
+                    recalled.cut > 0
+                    and limits.cache_ttl is not None
+                    and recalled.idle > limits.cache_ttl
+                    and recalled.idle > _asked_lifetime(module, parsed)
+                )
     if guard is not None and not cut_before and not cold and unchanged:
         # The plan of a request nothing changes is empty: only the record's facts are left to work out.
         record_later = guard(lambda: record_of(Plan(_facts(images), limits, fmt, model), body, time.perf_counter()))

@@ -5,9 +5,8 @@ the JSON, not every string of it, so that an echoed prompt or file name is never
 
 1. the named patterns (rules/limit_errors.yaml, and a user's file tried before it): per pattern the statuses
    it applies to, a regular expression, the kind of limit and how to get the number;
-2. the general reader (`read_limit`), a small grammar for wordings no pattern knows: a limit cue ("max",
-   "limit", "at most", "cannot exceed", "N > M"...) next to a number with its unit, and the words around it
-   that say what is limited (images, one image's bytes or sides, the request body);
+2. the general reader (trimflow._limit_reader), for wordings no pattern knows: the kinds of sentence that
+   state a limit, with or without a number;
 3. the catch-alls (a pattern whose `match` is empty: any 413).
 
 `Patterns.recognise` turns an answer into a LimitError; `tightened` turns a LimitError and the limits the
@@ -30,14 +29,14 @@ import orjson
 from yaml.nodes import Node, SequenceNode
 
 from ._learned_limits import FLOORS as LEARNED_FLOORS
+from ._limit_reader import BODY_BYTES, IMAGE_BYTES, IMAGE_COUNT, IMAGE_SIDE, MANY_IMAGE_SIDE, Reading, read_limit
 from ._limits import Limits
 from ._yaml import NodeReader, read_text, shipped_file
 from .errors import RulesError
 
 DEFAULT_PATTERNS_PATH: Path = shipped_file("limit_errors.yaml")
 
-# The kinds of limit an answer can name, and the Limits field each tightens.
-IMAGE_COUNT, BODY_BYTES, IMAGE_BYTES, IMAGE_SIDE, MANY_IMAGE_SIDE = "image_count", "body_bytes", "image_bytes", "image_side", "many_image_side"
+# The Limits field each kind of limit (trimflow._limit_reader) tightens.
 FIELDS = {
     IMAGE_COUNT: "max_images",
     BODY_BYTES: "max_body_bytes",
@@ -70,6 +69,7 @@ BODY_STEPS = tuple(
     )
 )
 COUNT_STEPS = (1, 2, 3, 4, 5, 8, 10, 12, 16, 20, 32, 50, 60, 100, 250, 500, 600, 1000)
+SIDE_STEPS = (256, 384, 512, 768, 1000, 1024, 1092, 1280, 1536, 1568, 1920, 2000, 2048, 2560, 3000, 3072, 3840, 4096, 5000, 6000, 7680, 8000, 8192)
 _STEP_RATIO = 0.75
 
 # Bytes of an error answer held back from the client to be read for a limit error: a larger answer, or one
@@ -98,7 +98,10 @@ _HTML = re.compile(r"<(?:!doctype|html|head|body|title)\b", re.IGNORECASE)
 _BEDROCK_WRAPPER = re.compile(r"^\s*(?:\w+Exception:\s*)?the model returned the following errors?:\s*", re.IGNORECASE)
 # An answer about tokens, rates or quotas is no size limit, whatever its status (Groq answers a 413 for
 # its tokens per minute): neither the general reader nor a catch-all reads it.
-_NOT_SIZE = re.compile(r"\btokens?\b|\b[TR]PM\b|rate[ _-]?limit|\bquota\b|context (?:length|window|size)|prompt is too long", re.IGNORECASE)
+_NOT_SIZE = re.compile(
+    r"\btokens?\b|\b[TRI]P[MD]\b|rate[ _-]?limit|\bquota\b|per (?:second|minute|hour|day)\b|context (?:length|window|size)|prompt is too long",
+    re.IGNORECASE,
+)
 _TOP_KEYS = ("patterns",)
 _PATTERN_KEYS = ("name", "provider", "status", "match", "limit", "per", "value", "threshold", "patch_px", "host", "example", "expect")
 
@@ -229,10 +232,12 @@ class Patterns:
         if any(_NOT_SIZE.search(message) for message in messages):
             return None
         if self.general and status in GENERAL_STATUSES:
-            for message in messages:
-                reading = read_limit(message)
-                if reading is not None:
-                    return LimitError(GENERAL[reading.kind], status, reading.value, _excerpt(message, reading.end))
+            general = _general_reading(messages)
+            # A 413 that names no number is the catch-all's: a bare 413 steps the body down, which a size the
+            # answer names no figure for (an image's bytes or sides) could not do.
+            if general is not None and not (general[0].value is None and status == 413 and any(p.catch_all for p in candidates)):
+                reading, message = general
+                return LimitError(GENERAL[reading.kind], status, reading.value, _excerpt(message, reading.end))
         for pattern in candidates:
             if pattern.catch_all:
                 return LimitError(pattern, status, pattern.value, "")  # a page or a bare sentence: nothing of it is kept
@@ -240,6 +245,19 @@ class Patterns:
 
     def __len__(self) -> int:
         return len(self.patterns)
+
+
+def _general_reading(messages: list[str]) -> tuple[Reading, str] | None:
+    """The general reader's reading of the first message that names a number, else of the first that names
+    what was too large without one; with the message it read."""
+    without_number: tuple[Reading, str] | None = None
+    for message in messages:
+        reading = read_limit(message)
+        if reading is not None and reading.value is not None:
+            return reading, message
+        if reading is not None and without_number is None:
+            without_number = reading, message
+    return without_number
 
 
 def _search(pattern: Pattern, message: str) -> tuple[int | None, int] | None:
@@ -375,205 +393,13 @@ def _add(text: str, out: list[str], depth: int) -> None:
     out.append(" ".join(text.split())[:MESSAGE_MAX])
 
 
-# --- the general reader ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Reading:
-    """What the general reader found in a message: the kind of limit, its number, and where it ends."""
-
-    kind: str
-    value: int
-    end: int
-
-
-@dataclass(frozen=True, slots=True)
-class Quantity:
-    """A number in a message with its unit: "5 MB", "2048x2048", "20 images", "1048576"."""
-
-    value: float
-    unit: str  # "" (none), "bytes", "px", "area", "count", "tokens"
-    start: int
-    end: int
-    second: float | None = None  # the height of "WxH"
-
-
-# A number standing alone (not part of a name such as "gpt-4o", "messages.19" or "0.png"), with its unit.
-_QUANTITY = re.compile(
-    r"(?<![\w.\-/:$])(?P<number>\d{1,3}(?:,\d{3})+(?![\d,])|\d+(?:\.\d+)?)"
-    r"(?:\s*[x\u00d7]\s*(?P<second>\d+))?"  # "2048x2048", also with the multiplication sign
-    r"(?:\s*(?P<unit>[kmgt]i?b|bytes?|px|pixels?|megapixels?|mp|image\(s\)|images?|pictures?|photos?|media|documents?|attachments?|tokens?))?"
-    r"(?![\w]|[.\-/]\w)",
-    re.IGNORECASE,
-)
-_BYTES = {"kb": 1000, "kib": 1 << 10, "mb": 1000**2, "mib": 1 << 20, "gb": 1000**3, "gib": 1 << 30, "tb": 1000**4, "tib": 1 << 40}
-# A cue that the number after it is a limit, and the words it may take before the number ("maximum allowed
-# file size of", "limit:", "(max"): at most 50 characters, with no other number among them.
-_CUE_BEFORE = re.compile(
-    r"\b(?:max(?:imum)?|limit(?:ed)?|at most|up to|no more than|(?:can ?not|can't|must not|may not|should not) exceed|exceed(?:s|ed|ing)?"
-    r"|below|under|allowed|only)\b[^.!?;]{0,50}$",
-    re.IGNORECASE,
-)
-_CUE_AFTER = re.compile(r"\s*(?:max(?:imum)?|limit)\b", re.IGNORECASE)  # "5 MB maximum", "10MB limit"
-# The left side of a comparison is what was sent ("15908784 bytes >", "47688287, which exceeds"); a limit
-# that "was exceeded" is still the limit ("Maximum request body size 1048576 exceeded").
-_ACTUAL_AFTER = re.compile(r"\s*(?:>|,?\s*(?:which\s+)?exceeds?\b)", re.IGNORECASE)
-_ACTUAL = re.compile(r"\b(?:current|actual|got|provided|received|requested|contains?|your|you sent)\b", re.IGNORECASE)
-_SIZE_WORDS = re.compile(r"\b(?:body|request|payload|file|upload|content|image|media|attachment|entity)\s+size\b", re.IGNORECASE)
-_AREA_WORDS = re.compile(r"\btotal pixels\b|\bpixel (?:count|area)\b|\barea\b|\bmegapixels?\b", re.IGNORECASE)
-# Words of a sentence about how many images: plural, or "image count" ("The image you provided requires 33174
-# patches" is about one image).
-_COUNT_WORDS = re.compile(r"\b(?:images|image\(s\)|image count|pictures|photos|media|attachments|image links)\b", re.IGNORECASE)
-_NOT_COUNT = re.compile(r"\b(?:size|bytes?|[kmg]i?b|pixels?|px|dimensions?|width|height|length|resolution)\b", re.IGNORECASE)
-_IMAGE_WORDS = re.compile(r"\b(?:images?|pictures?|photos?|media|multimodal|files?|attachments?|inline data|base64)\b", re.IGNORECASE)
-_BODY_WORDS = re.compile(r"\b(?:request|body|payload|entity|upload|message)\b", re.IGNORECASE)
-_SIDE_WORDS = re.compile(r"\b(?:dimensions?|width|height|side|resolution|size|limit|max(?:imum)?|exceed\w*)\b", re.IGNORECASE)
-# Echoes the reader skips: quoted spans (a file name, a model, the user's text) and dotted or slashed
-# names ("messages.3.content", "image/png", "response.create").
-_QUOTED = re.compile(r"`[^`]*`|\"[^\"]*\"|(?<![\w])'[^']*'(?![\w])")
-_TOKEN = re.compile(r"\S+")
-_NAME_JOINT = re.compile(r"\w[./]\w")
-_SENTENCE_END = re.compile(r"(?<=[.!?;])\s+")
-_QUANTITIES_MAX = 32  # numbers of one message read
-COUNT_MAX = 10_000  # an image count above this is no count a provider names (the largest documented: 3,600)
-_AREA_FROM = 65_536  # a pixel figure above this is an area: no image side is that long
-
-
-def read_limit(message: str) -> Reading | None:
-    """The limit a provider's message names, by the general reader's grammar: a number is a limit when a cue
-    comes before it ("max 20", "cannot exceed 30MB", "limit: 4194304 bytes", "maximum allowed: 50") or
-    right after it ("5 MB maximum"), or when it is the right side of a comparison ("N bytes > M bytes"),
-    and nothing says it is what was sent ("current", "actual", "got"). Its unit and the words of its
-    sentence say what it limits. None when the message names no number it can read as a limit."""
-    text = _QUOTED.sub(lambda m: " " * len(m.group(0)), message)  # same length: positions stay the message's
-    best: tuple[int, int, Reading] | None = None  # (strength, -position, reading)
-    offset, seen = 0, 0
-    message_words: list[str] = []  # the whole message's words, worked out when a sentence has none of its own
-    for sentence in _SENTENCE_END.split(text):
-        start = text.find(sentence, offset)
-        offset = start + len(sentence)
-        quantities = [q for q in _quantities(sentence) if q.unit != "tokens"][: _QUANTITIES_MAX - seen]
-        seen += len(quantities)
-        words = _without_names(sentence) if quantities else ""
-        for index, quantity in enumerate(quantities):
-            strength = _strength(sentence, quantity, quantities[index - 1] if index else None)
-            if not strength:
-                continue
-            reading = _reading(sentence, words, text, message_words, quantity, start)
-            if reading is not None and (best is None or (strength, -reading.end) > best[:2]):
-                best = (strength, -reading.end, reading)
-        if seen >= _QUANTITIES_MAX:
-            break  # no provider's message names this many numbers: the rest is not read
-    return best[2] if best is not None else None
-
-
-def _without_names(text: str) -> str:
-    """`text` with every word that is a dotted or slashed name blanked out (linear: no backtracking over a
-    long word)."""
-    return _TOKEN.sub(lambda m: " " if _NAME_JOINT.search(m.group(0)) else m.group(0), text)
-
-
-def _quantities(sentence: str) -> list[Quantity]:
-    out = []
-    for match in _QUANTITY.finditer(sentence):
-        number = float(match.group("number").replace(",", ""))
-        unit = (match.group("unit") or "").lower()
-        second = float(match.group("second")) if match.group("second") else None
-        if unit in _BYTES:
-            value, unit = number * _BYTES[unit], "bytes"
-        elif unit.startswith("byte"):
-            value, unit = number, "bytes"
-        elif unit in ("px", "pixel", "pixels"):
-            value = number
-            unit = "area" if number > _AREA_FROM else "px"
-        elif unit in ("megapixel", "megapixels", "mp"):
-            value, unit = number * 1_000_000, "area"
-        elif unit.startswith("token"):
-            value, unit = number, "tokens"
-        elif unit:
-            value, unit = number, "count"
-        else:
-            value = number
-        out.append(Quantity(value, unit, match.start(), match.end(), second))
-    return out
-
-
-def _strength(sentence: str, quantity: Quantity, previous: Quantity | None) -> int:
-    """How surely `quantity` is the limit: 3 the right side of a comparison, 2 after a cue, 1 before a cue,
-    0 not a limit."""
-    if _ACTUAL_AFTER.match(sentence, quantity.end):
-        return 0  # "47688287, which exceeds", "15908784 bytes > ...": what was sent
-    before = sentence[previous.end if previous is not None else 0 : quantity.start]
-    if previous is not None and before.strip() == ">":
-        return 3
-    before = _without_names(before)  # "for model gemini-3.1-pro-preview is": a name, not words
-    cue = _CUE_BEFORE.search(before)
-    if cue is not None and not _ACTUAL.search(before, cue.end()):
-        return 2
-    if _CUE_AFTER.match(sentence, quantity.end):
-        return 1
-    return 0
-
-
-def _reading(sentence: str, words: str, text: str, message_words: list[str], quantity: Quantity, offset: int) -> Reading | None:
-    """The kind and number `quantity` limits, from its unit and its sentence's `words`; None when neither says."""
-    end = offset + quantity.end
-    value = quantity.value
-    if quantity.second is not None:
-        if not _SIDE_WORDS.search(words):
-            return None
-        return Reading(IMAGE_SIDE, int(max(value, quantity.second)), end)
-    unit = quantity.unit
-    if unit == "" and _AREA_WORDS.search(words) and value > _AREA_FROM:
-        unit = "area"
-    if unit == "area":
-        # An area limit as a long side: a square of isqrt(area) a side holds any shape whose long side is
-        # no longer, so the side is the one bound that keeps every image within the area.
-        return Reading(IMAGE_SIDE, math.isqrt(int(value)), end)
-    if unit == "px":
-        return Reading(IMAGE_SIDE, int(value), end)
-    if unit == "" and value >= 1024 and _SIZE_WORDS.search(sentence[: quantity.start]):
-        unit = "bytes"  # "Maximum request body size 1048576", "max allowed file size of 31457280"
-    if unit == "bytes":
-        if not message_words:
-            message_words.append(_without_names(text))
-        return Reading(_bytes_kind(words, quantity.start, message_words[0]), int(value), end)
-    if unit == "" and not (_COUNT_WORDS.search(words) or _NOT_COUNT.search(words)):
-        if not message_words:
-            message_words.append(_without_names(text))
-        words = message_words[0]  # "Too many images in request. Max is 10.": the count's words are a sentence before
-    if unit == "count" or (unit == "" and _COUNT_WORDS.search(words) and not _NOT_COUNT.search(words)):
-        if value != int(value) or value > COUNT_MAX:
-            return None
-        return Reading(IMAGE_COUNT, int(value), end)
-    return None
-
-
-def _bytes_kind(words: str, position: int, message_words: str) -> str:
-    """One image's bytes when the nearest word before the figure (or, with none before, after it) names an
-    image or a file; the request body when it names a request or a payload. A sentence that names neither
-    ("Maximum size is 20 MB.") takes the message's first such word ("The image is too large."); with none
-    at all, the request body."""
-    before = [(m.start(), IMAGE_BYTES) for m in _IMAGE_WORDS.finditer(words, 0, position)]
-    before += [(m.start(), BODY_BYTES) for m in _BODY_WORDS.finditer(words, 0, position)]
-    if before:
-        return max(before)[1]
-    if _IMAGE_WORDS.search(words, position):
-        return IMAGE_BYTES
-    if _BODY_WORDS.search(words, position):
-        return BODY_BYTES
-    image, body = _IMAGE_WORDS.search(message_words), _BODY_WORDS.search(message_words)
-    if image is not None and (body is None or image.start() < body.start()):
-        return IMAGE_BYTES
-    return BODY_BYTES
-
-
 # --- what a refusal may teach ---------------------------------------------------------------------
 
 
 def step_down(kind: str, refused: int) -> int | None:
-    """The limit to try after `refused` (a body size or an image count) was refused by a limit the answer did not name."""
-    steps = BODY_STEPS if kind == BODY_BYTES else COUNT_STEPS
+    """The limit to try after `refused` (a body or image size, an image count or side) was refused by a limit
+    the answer did not name."""
+    steps = BODY_STEPS if kind in (BODY_BYTES, IMAGE_BYTES) else SIDE_STEPS if kind in (IMAGE_SIDE, MANY_IMAGE_SIDE) else COUNT_STEPS
     below = [s for s in steps if s < refused]
     nearest = below[-1] if below else None
     fallback = math.floor(refused * _STEP_RATIO)
@@ -593,12 +419,16 @@ def assess(error: LimitError, limits: Limits, refused: Refused) -> Tightening | 
         value, named = step_down(kind, measured), False
         if value is None:
             return Rejected(f"{error.reason}: no lower step under the {_format_value(kind, measured)} refused")
+    sent = refused.largest_image_bytes if kind == IMAGE_BYTES else refused.largest_image_side if kind in (IMAGE_SIDE, MANY_IMAGE_SIDE) else None
     if value is None:
-        return Rejected(f"{error.reason}: the answer names no number, and this limit cannot step down")
+        # One image's size with no figure: a step under the largest image sent, or under the limit that applied.
+        below = min((v for v in (sent, current) if v is not None), default=None)
+        value, named = (step_down(kind, below) if below is not None else None), False
+        if value is None:
+            return Rejected(f"{error.reason}: the answer names no number, and no image size is known to step down from")
     floor = FLOORS[kind]
     if value < floor:
         return Rejected(f"{error.reason}: {_format_value(kind, value)} is under the floor of {_format_value(kind, floor)}")
-    sent = refused.largest_image_bytes if kind == IMAGE_BYTES else refused.largest_image_side if kind in (IMAGE_SIDE, MANY_IMAGE_SIDE) else None
     if sent is not None and value >= sent:
         return Rejected(
             f"{error.reason}: the answer's {_format_value(kind, value)} is no lower than the largest image sent ({_format_value(kind, sent)})"

@@ -62,7 +62,16 @@ class Limits:
         "when a cap or budget would break, cut down to this share of each and hold the cut until one would break again",
     )
     cache_ttl: float | None = _limit(
-        None, DURATION, "a conversation idle longer than this has a cold prompt cache: cut it to the low-water mark at once", needs="low_water"
+        None,
+        DURATION,
+        "a conversation idle longer than this has a cold prompt cache: once it has gone over a cap, cut it to the low-water mark at once",
+        needs="low_water",
+    )
+    max_images_after_overflow: int | None = _limit(
+        None,
+        COUNT,
+        "once a conversation has gone over a cap, send at most this many images (a voluntary cap within max_images, for a cheaper cache)",
+        minimum=1,
     )
 
     def image_side_limit(self, images: int) -> int | None:
@@ -73,8 +82,18 @@ class Limits:
         present = [s for s in sides if s is not None]
         return min(present) if present else None
 
+    def after_overflow(self) -> Limits:
+        """These limits for a conversation that has gone over a cap: `max_images_after_overflow` as its image cap
+        (never above `max_images`). A conversation within every cap is sent as it came."""
+        lean = self.max_images_after_overflow
+        if lean is None or (self.max_images is not None and lean >= self.max_images):
+            return self
+        return dataclasses.replace(self, max_images=lean)
+
     def at_low_water(self) -> Limits:
-        """These limits with each cap and budget at its low-water mark: what a cut that moves cuts down to."""
+        """These limits with each cap and budget at its low-water mark: what a cut that moves cuts down to. The mark
+        is a share of `max_images` (the cap a conversation may reach before its first cut), at most the cap held after
+        an overflow."""
         share = self.low_water
         if share is None:
             return self
@@ -82,9 +101,13 @@ class Limits:
         def lowered(limit: int | None) -> int | None:
             return None if limit is None else int(limit * share)
 
+        images = lowered(self.max_images)
+        lean = self.max_images_after_overflow
+        if images is not None and lean is not None:
+            images = min(images, lean)
         return dataclasses.replace(
             self,
-            max_images=lowered(self.max_images),
+            max_images=images,
             max_body_bytes=lowered(self.max_body_bytes),
             max_est_tokens=lowered(self.max_est_tokens),
             prune_batch=1,

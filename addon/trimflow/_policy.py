@@ -152,38 +152,51 @@ class Plan:
         """Every step in order; returns the body to send. `media_bytes`: the wire bytes of all the
         request's media (documents too), which the token estimate leaves out of the text.
 
-        With `low_water`: the held cut first; when a cap or budget still breaks (the cut must move) or the
-        cache is cold, the steps run again with every cap and budget at its low-water mark, so the next
-        turns only append until one breaks again."""
+        A conversation that has never gone over a cap (nothing held from an earlier cut, nothing cut by this
+        request's caps) is sent as the steps leave it: no voluntary cap, no cold cut. Once it has, the steps
+        run again under `max_images_after_overflow`, and with `low_water`, when a cap or budget still breaks
+        (the cut must move) or the cache is cold, again with every cap and budget at its low-water mark, so
+        the next turns only append until one breaks again."""
         survivors = _Repeats.apply(self, list(range(len(self.images))))
         need = count_pruned(len(survivors), self.limits)  # what the count cap alone asks for
         survivors = self._hold(survivors)
         base = dict(self.dropped)
+        card = self.limits
         out = self._steps(survivors, body, media_bytes)
-        moved = any(cause in _CUT_CAUSES[:-1] for cause, _ in self.dropped.values())
-        if self.limits.low_water is not None and (moved or self.cold):
+        moved = self._moved()
+        overflowed = self.held > 0 or moved
+        lean = card.after_overflow()
+        if overflowed and lean is not card:
+            out = self._again(lean, base, survivors, body, media_bytes)
+            moved = self._moved()
+        if card.low_water is not None and (moved or (self.cold and overflowed)):
             first, first_over, limits = set(self.dropped), self.over_budget, self.limits
-            self.dropped, self.new, self.thinned = base, {}, set()
-            self.limits = limits.at_low_water()
-            try:
-                out = self._steps(survivors, body, media_bytes)
-            finally:
-                self.limits = limits
+            out = self._again(card.at_low_water(), base, survivors, body, media_bytes)
+            self.limits = limits
             for i, (cause, text) in list(self.dropped.items()):
                 if cause in _CUT_CAUSES[:-1] and i not in first:
                     self.dropped[i] = (CACHE, text)
             # Pruning down to the low-water mark meets every budget the first pass met.
             self.over_budget = first_over and self.over_budget
-        # Of the images the cut took, the oldest ones the count cap asked for count as its own.
-        taken = sum(1 for cause, _ in self.dropped.values() if cause == COUNT_CAP)
+        # Of the images the cut took, the oldest ones the count cap asked for count as its own; the rest went ahead
+        # of need (a voluntary cap, the low-water mark).
+        taken = 0
         for i in sorted(self.dropped):
-            if taken >= need:
-                break
             cause, text = self.dropped[i]
-            if cause == CACHE:
-                self.dropped[i] = (COUNT_CAP, text)
+            if cause in (COUNT_CAP, CACHE):
+                self.dropped[i] = (COUNT_CAP if taken < need else CACHE, text)
                 taken += 1
         return out
+
+    def _moved(self) -> bool:
+        """Whether a cap or budget cut images beyond the held cut: the cut moves on this turn."""
+        return any(cause in _CUT_CAUSES[:-1] for cause, _ in self.dropped.values())
+
+    def _again(self, limits: Limits, base: dict[int, tuple[str, str]], survivors: list[int], body: BodyWriter, media_bytes: int) -> bytes | Any:
+        """The steps run again from `base` (the repeats and the held cut) under `limits`, which the plan keeps."""
+        self.dropped, self.new, self.thinned = dict(base), {}, set()
+        self.limits = limits
+        return self._steps(survivors, body, media_bytes)
 
     def _steps(self, survivors: list[int], body: BodyWriter, media_bytes: int) -> bytes | Any:
         for step in STEPS[1:-1]:

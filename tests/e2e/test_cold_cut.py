@@ -1,5 +1,5 @@
-"""The cold cut through real mitmdumps: a conversation idle past its cache's lifetime (`cache_ttl`) is cut to the
-low-water mark at once, and later turns hold that cut. Two mitmdumps sharing one conversations file, each sent
+"""The cold cut through real mitmdumps: a conversation that has gone over its cap and is then idle past its cache's
+lifetime (`cache_ttl`) is cut to the low-water mark at once, and later turns hold that cut. Two mitmdumps sharing one conversations file, each sent
 every other turn (a round-robin balancer), cut the conversation as one mitmdump does; two that each keep their own
 take the other's warm cache for a cold one.
 
@@ -23,7 +23,7 @@ from .helpers import Proxy, image_payloads, post, session, shots, start_all, sto
 
 pytestmark = pytest.mark.e2e
 
-CACHE_TTL = 3.0
+CACHE_TTL = 5.0
 CAP, BATCH, LOW_WATER = 8, 6, 0.4  # a moving cut leaves int(8 * 0.4) = 3 images
 RULES = f"""defaults:
   max_images: {CAP}
@@ -33,7 +33,7 @@ RULES = f"""defaults:
   low_water: {LOW_WATER}
   cache_ttl: {CACHE_TTL}s
 """
-BEFORE_THE_PAUSE, AFTER_THE_PAUSE = range(1, 6), range(6, 8)  # turn k sends k screenshots
+BEFORE_THE_PAUSE, AFTER_THE_PAUSE = range(1, 11), range(11, 13)  # turn k sends k screenshots: over the cap from turn 9
 
 
 def test_a_pause_past_the_cache_lifetime_cuts_to_the_low_water_mark_once_across_instances_sharing_the_file(tmp_path: Path) -> None:
@@ -72,17 +72,20 @@ def test_a_pause_past_the_cache_lifetime_cuts_to_the_low_water_mark_once_across_
 
         sent = {group: [len(image_payloads("anthropic", r.json())) for r in provider.received] for group, provider in providers.items()}
         mark = int(CAP * LOW_WATER)
-        # One instance: everything sent until the pause (under the cap), then the cold cut down to the mark, then held.
-        assert sent["single"] == [*BEFORE_THE_PAUSE, mark, mark + 1]
-        # Cut ahead of any limit, for the cache: on turn 6 the cold cut, on turn 7 the same cut held.
+        # One instance: everything sent while within the cap; turn 9 over it, cut to the mark and held on turn 10; after
+        # the pause the cold cut down to the mark, then held.
+        assert sent["single"] == [*range(1, CAP + 1), mark, mark + 1, mark, mark + 1]
+        # Cut ahead of any limit, for the cache: the cold cut on turn 11 takes two images more than the cap needs (6
+        # of 11, in a batch of 6), and turn 12 holds it.
         (single,) = groups["single"]
-        cached = [r for r in single.records_after(0, max(AFTER_THE_PAUSE)) if r["pruned_for_cache"]]
-        assert [(r["turn"], r["images_after"], r["pruned_for_cache"]) for r in cached] == [(6, mark, 6 - mark), (7, mark + 1, 6 - mark)]
-        # Two sharing the file: the turn after the pause goes to the other instance, which holds the cold cut.
+        cold = [r for r in single.records_after(0, max(AFTER_THE_PAUSE)) if r["turn"] in AFTER_THE_PAUSE]
+        assert [(r["turn"], r["images_after"], r["pruned_for_cache"]) for r in cold] == [(11, mark, 2), (12, mark + 1, 2)]
+        # Two sharing the file: each turn goes to the instance that missed the one before, and cuts as one instance.
         assert sent["pair"] == sent["single"]
         assert [r.body for r in providers["pair"].received] == [r.body for r in providers["single"].received]
-        # Each its own: the instance of turn 7 last saw turn 5, before the pause, and cuts "cold" the cache turn 6 warmed.
-        assert sent["apart"] == [*BEFORE_THE_PAUSE, mark, mark]
+        # Each its own: the instance of turn 10 last saw turn 8, within the cap, and cuts to the mark again; the
+        # instance of turn 12 last saw turn 10, before the pause, and cuts "cold" the cache turn 11 warmed.
+        assert sent["apart"] == [*range(1, CAP + 1), mark, mark, mark, mark]
     finally:
         stop_all(*(p.mitm for proxies in groups.values() for p in proxies))
         for provider in providers.values():

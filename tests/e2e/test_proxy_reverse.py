@@ -19,7 +19,6 @@ import pytest
 from google import genai
 from google.genai import types
 
-from trimflow._policy import count_pruned
 from trimflow._rules_file import DEFAULT_RULES_PATH, load_rules
 from trimflow.formats import FORMATS
 from trimflow.testing import PATHS, REPLY_TEXT, FakeProvider, Received, b64
@@ -334,20 +333,30 @@ def default_rules_proxy(proxies: dict) -> Proxy:
     return proxies["default_rules"]
 
 
-# Ten images: over every model's cap in the shipped rules (8, or a voluntary 5 or 6); the cut moves down to the
-# rule's low-water mark (3 images on every model).
+# Two images over each model's cap in the shipped rules (8, 10 on Gemini): the cut moves down to the rule's low-water
+# mark (3 of 8, 5 of 10); at the cap, the request goes as it came.
 @pytest.mark.parametrize("wire_format", ["gemini", "openai-chat", "anthropic", "openai-responses"])
 def test_default_rules_cut_each_models_cap_down_to_its_low_water_mark(default_rules_proxy: Proxy, fresh: FakeProvider, wire_format: str) -> None:
-    images = shots(10, seed=16)
+    model = FORMATS[wire_format].model(session(wire_format, shots(1, seed=16)), PATHS[wire_format])
+    limits = load_rules(DEFAULT_RULES_PATH).limits_for("127.0.0.1", PATHS[wire_format], model)
+    assert limits.max_images is not None and limits.low_water is not None
+    cap = limits.max_images
+    assert cap == (10 if wire_format == "gemini" else 8)
+    at_cap = orjson.dumps(session(wire_format, shots(cap, seed=160)))
+    with default_rules_proxy.expect_records(1) as new:
+        status, _ = post(default_rules_proxy.port, PATHS[wire_format], at_cap)
+    assert status == 200 and fresh.received[-1].body == at_cap, "a fresh conversation at its cap goes byte for byte"
+    assert (new[0]["images_before"], new[0]["images_after"]) == (cap, cap)
+    fresh.clear()
+    images = shots(cap + 2, seed=16)
     body = session(wire_format, images)
-    limits = load_rules(DEFAULT_RULES_PATH).limits_for("127.0.0.1", PATHS[wire_format], FORMATS[wire_format].model(body, PATHS[wire_format]))
-    kept = 10 - count_pruned(10, limits.at_low_water())
-    assert limits.max_images is not None and limits.low_water is not None and kept == int(limits.max_images * limits.low_water) == 3
+    kept = int(cap * limits.low_water)
+    assert kept == (5 if wire_format == "gemini" else 3)
     with default_rules_proxy.expect_records(1) as new:
         status, _ = post(default_rules_proxy.port, PATHS[wire_format], orjson.dumps(body))
     assert status == 200
     assert_pruned_upstream(fresh, wire_format, images, kept)
-    assert (new[0]["images_before"], new[0]["images_after"], new[0]["rule"]) == (10, kept, limits.rule)
+    assert (new[0]["images_before"], new[0]["images_after"], new[0]["rule"]) == (cap + 2, kept, limits.rule)
     assert f"trimflow: rules from {ROOT / 'rules' / 'default.yaml'}" in default_rules_proxy.log()
 
 

@@ -241,7 +241,8 @@ def fresh(upstream: Upstream) -> Upstream:
 
 def learned(proxy: Proxy) -> list[dict[str, Any]]:
     path = proxy.metrics.parent / "learned.yaml"
-    return yaml.safe_load(path.read_text())["learned"] if path.exists() else []
+    # Empty between the lock that creates it and the first write.
+    return (yaml.safe_load(path.read_text()) or {}).get("learned") or [] if path.exists() else []
 
 
 def request_body(model: str, images: int = 6, seed: int = 0) -> bytes:

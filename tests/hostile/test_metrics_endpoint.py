@@ -19,7 +19,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from trimflow.proxy.prometheus import MAX_CONNECTIONS
+from trimflow.proxy._metrics_server import MAX_CONNECTIONS
 from trimflow.testing import PATHS, FakeProvider, image, session_body
 
 from ..e2e.helpers import Proxy, post, start_all, stop_all

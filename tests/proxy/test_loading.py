@@ -1,9 +1,11 @@
-"""How mitmproxy loads trimflow: addon/mitm.py and trimflow/proxy/mitmdump_script.py export one `addons`
-list, in the order the hooks must run, and only trimflow.proxy imports mitmproxy."""
+"""How mitmproxy loads trimflow: addon/mitm.py and trimflow/proxy/mitmdump_script.py each build one `addons`
+list when mitmdump loads them, in the order the hooks must run; importing trimflow builds nothing and leaves
+mitmproxy's classes as they are; and only trimflow.proxy imports mitmproxy."""
 
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +31,7 @@ ORDER = [
     proxy.Prometheus,
     proxy.ShareConversations,
     proxy.KeepMemory,
+    proxy.UpstreamAuthPipe,
     proxy.Options,
 ]
 OPTIONS = {
@@ -49,14 +52,15 @@ OPTIONS = {
     "trimflow_prometheus",
     "trimflow_clicks",
     "trimflow_conversations",
+    "trimflow_upstream_auth_fd",
 }
 
 
 async def test_mitm_py_exports_the_addons_in_hook_order_sharing_one_state() -> None:
     module = load_addon_module()  # as `mitmdump -s addon/mitm.py` does: a file, not an importable module
-    assert module.addons is proxy.addons
     assert [type(a) for a in module.addons] == ORDER
     assert len({id(a.flows) for a in module.addons if hasattr(a, "flows")}) == 1
+    assert not set(map(id, module.addons)) & set(map(id, load_addon_module().addons))  # each load builds its own
     fresh = proxy.make_addons()
     with taddons.context(*fresh) as tctx:  # each registers under its own name and declares its own options
         assert {name for name in tctx.options.keys() if name.startswith("trimflow_")} == OPTIONS
@@ -65,7 +69,55 @@ async def test_mitm_py_exports_the_addons_in_hook_order_sharing_one_state() -> N
 
 def test_the_installed_script_exports_the_same_list() -> None:
     module = script.load_script(str(PACKAGE / "proxy" / "mitmdump_script.py"))  # mitmproxy's own script loader
-    assert module is not None and module.addons is proxy.addons
+    assert module is not None and [type(a) for a in module.addons] == ORDER
+
+
+# Run in a fresh interpreter, so that what earlier tests imported or ran makes no difference. mitmproxy's modules
+# are imported first, as mitmdump has them, and every attribute of their classes noted; then every module of
+# trimflow is imported (the mitmdump script included: it builds the addons). Anything trimflow assigned onto a
+# mitmproxy class shows as a changed attribute, or as a function of trimflow's in one.
+IMPORT_EVERYTHING = """
+import importlib, inspect, json, pkgutil, sys
+import mitmproxy.addons, mitmproxy.proxy.layers, mitmproxy.proxy.layers.http, mitmproxy.tools.dump
+
+def classes():
+    for name, module in list(sys.modules.items()):
+        if module is not None and (name == "mitmproxy" or name.startswith("mitmproxy.")):
+            yield from (v for v in vars(module).values() if inspect.isclass(v) and v.__module__ == name)
+
+before = {cls: dict(vars(cls)) for cls in classes()}
+import trimflow
+names = ["trimflow"] + [m.name for m in pkgutil.walk_packages(trimflow.__path__, "trimflow.")]
+for name in names:
+    importlib.import_module(name)
+changed = sorted(
+    f"{cls.__module__}.{cls.__qualname__}.{attr}"
+    for cls, attrs in before.items()
+    for attr in set(attrs) | set(vars(cls))
+    if attrs.get(attr, before) is not vars(cls).get(attr, before)
+)
+trimflows = sorted(
+    f"{cls.__module__}.{cls.__qualname__}.{attr}"
+    for cls in classes()
+    for attr, value in vars(cls).items()
+    if inspect.isfunction(value) and (value.__module__ or "").startswith("trimflow")
+)
+print(json.dumps({"imported": names, "changed": changed, "trimflows": trimflows}))
+"""
+
+
+def test_importing_every_module_of_trimflow_leaves_mitmproxys_classes_as_they_are() -> None:
+    done = subprocess.run([sys.executable, "-c", IMPORT_EVERYTHING], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.splitlines()[-1])
+    modules = {module_name(path) for path in PACKAGE.rglob("*.py") if path.name != "__main__.py"} | {"trimflow.__main__"}
+    assert set(found["imported"]) == modules  # every module, the mitmdump script and recover's hold included
+    assert (found["changed"], found["trimflows"]) == ([], [])
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def mitmproxy_imports(path: Path) -> list[int]:

@@ -3,7 +3,6 @@ endpoint on the event loop; bounded labels; the option's checks; and without pro
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import socket
 import sys
@@ -16,23 +15,11 @@ from mitmproxy.test import taddons
 
 from trimflow import proxy
 from trimflow._record import Record
-from trimflow.proxy.prometheus import ENABLE, MAX_CONNECTIONS, model_family, outcome_of, parse_address, status_class
+from trimflow.proxy.prometheus import ENABLE, model_family, outcome_of, parse_address, status_class
 
 from ..helpers import TrimflowAddons, answer_sent, requested, wait_for_async
 from .flows import json_answer, llm_flow
-
-
-async def scrape(port: int, request: bytes | None = None, host: str = "127.0.0.1") -> tuple[int, dict[str, str], bytes]:
-    """One HTTP exchange with the endpoint: (status, headers, body)."""
-    reader, writer = await asyncio.open_connection(host, port)
-    writer.write(request or b"GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: text/plain;version=0.0.4\r\n\r\n")
-    await writer.drain()
-    answer = await asyncio.wait_for(reader.read(), 5)
-    writer.close()
-    head, _, body = answer.partition(b"\r\n\r\n")
-    lines = head.decode().split("\r\n")
-    headers = dict(line.split(": ", 1) for line in lines[1:])
-    return int(lines[0].split()[1]), headers, body
+from .scrape import scrape
 
 
 def samples(text: bytes) -> dict[str, float]:
@@ -340,40 +327,6 @@ def test_binding_every_interface_says_so_in_one_warning(addon, caplog: pytest.Lo
     caplog.clear()
     addon.tctx.configure(addon, trimflow_prometheus="127.0.0.1:0")
     assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
-
-
-async def closed_by_the_server(reader: asyncio.StreamReader) -> bool:
-    """Whether the endpoint closes a connection that sends nothing (read until EOF or a reset; a generous net so a
-    connection left open fails the test rather than hanging it)."""
-    try:
-        return await asyncio.wait_for(reader.read(), 30) == b""
-    except ConnectionError:
-        return True
-
-
-async def test_idle_connections_past_the_bound_leave_room_for_a_scrape(addon, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, "trimflow")
-    addon.tctx.configure(addon, trimflow_prometheus="127.0.0.1:0")
-    port = port_of(addon)
-    idle = [await asyncio.open_connection("127.0.0.1", port) for _ in range(MAX_CONNECTIONS + 20)]
-    # A scraper that sends its request at once is served while every slot is held by a connection that sent nothing.
-    status, _, body = await scrape(port)
-    assert status == 200 and b"trimflow_requests_total" in body
-    assert all(await asyncio.gather(*(closed_by_the_server(reader) for reader, _ in idle)))
-    lines = [r.getMessage() for r in caplog.records if "bound" in r.getMessage()]
-    assert len(lines) == 1 and f"reached its bound of {MAX_CONNECTIONS} open connections" in lines[0], lines
-    for _, writer in idle:
-        writer.close()
-
-
-async def test_a_connection_that_sends_part_of_its_head_is_closed(addon) -> None:
-    addon.tctx.configure(addon, trimflow_prometheus="127.0.0.1:0")
-    reader, writer = await asyncio.open_connection("127.0.0.1", port_of(addon))
-    writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # and never the blank line
-    await writer.drain()
-    assert await closed_by_the_server(reader)
-    writer.close()
-    assert (await scrape(port_of(addon)))[0] == 200
 
 
 async def test_scrapes_with_nothing_new_reuse_the_last_render_and_a_new_record_is_in_the_next(

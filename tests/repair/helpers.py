@@ -11,17 +11,16 @@ from trimflow._rules_file import DEFAULT_RULES_PATH, load_rules
 
 SESSIONS = Path(__file__).resolve().parents[1] / "data" / "sessions"
 # The fixtures, with the images each agent's resume sends (measured with the real CLIs against the fake
-# provider) and the images it sends once repaired under the shipped rules: 8 in batches of 6 (Claude, Codex's
-# GPT-5), 6 in batches of 4 (Gemini).
-# Over the cap, the cut moves down to the shipped low-water mark: 3 images on every model (a resumed session's
+# provider) and the images it sends once repaired under the shipped rules: a cap of 8 (Claude, Codex's GPT-5), 10
+# (Gemini). Over the cap, the cut moves down to the shipped low-water mark: 3 of 8, 5 of 10 (a resumed session's
 # prompt cache is cold, as after any pause past its lifetime).
 FIXTURES = {
     "claude-10.jsonl": ("claude", 10, 3),
     "claude-10-resumed.jsonl": ("claude", 10, 3),
     "claude-compacted.jsonl": ("claude", 12, 3),
     "codex-10.jsonl": ("codex", 11, 3),
-    "gemini-10.jsonl": ("gemini", 20, 3),
-    "gemini-10-resumed.jsonl": ("gemini", 20, 3),
+    "gemini-10.jsonl": ("gemini", 20, 5),
+    "gemini-10-resumed.jsonl": ("gemini", 20, 5),
 }
 # A model of each agent's fixtures, for the rule that applies to them.
 MODELS = {"claude": "claude-sonnet-4-5", "codex": "gpt-5-codex", "gemini": "gemini-2.5-pro"}

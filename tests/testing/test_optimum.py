@@ -143,6 +143,18 @@ def test_the_floor_of_batches_of_six() -> None:
     assert list(feasible_cuts(2, 8, 3)) == [0]
 
 
+def test_the_optimum_cuts_nothing_before_the_first_overflow_unless_set_free() -> None:
+    assert list(feasible_cuts(6, 8, 3, overflowed=False)) == [0]
+    assert list(feasible_cuts(6, 8, 3, overflowed=True)) == [0, 1, 2, 3]
+    assert list(feasible_cuts(12, 8, 3, overflowed=False)) == [4, 5, 6, 7, 8, 9]  # over the cap: overflowed whatever it says
+    session = small_session("openai-chat", 8)
+    bound, free = optimum(session, cap=CAP, floor=FLOOR), optimum(session, cap=CAP, floor=FLOOR, cut_before_overflow=True)
+    first = next(turn for turn, images in enumerate(bound.images) if images > CAP)
+    assert not any(bound.cuts[:first]), bound.cuts
+    assert free.cost <= bound.cost
+    assert any(free.cuts[:first]) or free.cost == pytest.approx(bound.cost, rel=1e-12)
+
+
 def test_batches_of_six_are_within_two_percent_of_the_optimum_on_computer_use() -> None:
     session = next(s for s in REFERENCE_SESSIONS if s.name == "computer-use")
     best = optimum(session)

@@ -17,6 +17,7 @@ from .._human import parse_size
 from .._record import ENFORCE, MODES
 from .._rules_file import DEFAULT_RULES_PATH, load_rules
 from ..errors import RulesError
+from ._status import fail
 
 LIMIT_FLAGS = ("max_images", "max_body_bytes", "keep_recent", "prune_batch")
 
@@ -81,10 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     if not overrides.get("prune_batch", 1):
         return _fail("--prune-batch takes a whole number >= 1")
     if "max_images" in overrides:
-        # A cap given for one request means that many images: the rules' batches and low-water mark are for a
-        # conversation's turns.
+        # A cap given for one request means that many images: the rules' batches, low-water mark and cap after an
+        # overflow are for a conversation's turns.
         overrides.setdefault("prune_batch", 1)
         overrides["low_water"] = None
+        overrides["max_images_after_overflow"] = None
     try:
         rules = load_rules(args.rules or DEFAULT_RULES_PATH)
     except RulesError as exc:
@@ -108,8 +110,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _fail(reason: str) -> int:
-    print(f"trimflow prune: {reason}", file=sys.stderr)
-    return 2
+    return fail("trimflow prune", reason)
 
 
 if __name__ == "__main__":

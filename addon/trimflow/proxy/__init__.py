@@ -1,13 +1,14 @@
 """trimflow's mitmproxy addons, one per job: the only part of trimflow that imports mitmproxy.
 
-`addons` is the list mitmproxy loads (through `addon/mitm.py` or `trimflow/proxy/mitmdump_script.py`).
-mitmproxy runs each hook through them in list order, and they share one `SharedState` (the rules and each
-LLM flow's state):
+`make_addons()` builds the list mitmproxy loads; only the scripts mitmdump loads (`addon/mitm.py`,
+`trimflow/proxy/mitmdump_script.py`) call it, so importing trimflow builds nothing and leaves mitmproxy as it is
+(as mitmproxy's own `default_addons()`). mitmproxy runs each hook through them in list order, and they share one
+`SharedState` (the rules and each LLM flow's state):
 
 - GeminiKeyHeader: a Gemini `?key=` moves to the x-goog-api-key header (requestheaders).
 - Recover: keeps each LLM request's body as the client sent it (before Prune), and answers a limit error with a
   retry within the limit it names, learning that limit (response, before Metrics); its HoldErrorAnswers, after Metrics,
-  keeps such an error answer buffered.
+  keeps such an error answer buffered (extending mitmproxy's size check from `running` to `done`).
 - Prune: applies the rules (and the learned limits) to requests and to Codex's WebSocket `response.create` messages.
 - WebSocket: refuses Codex's WebSocket upgrade on Responses endpoints when asked (trimflow_websocket), else warns
   once per host when a WebSocket leaves images at the provider (after Prune: it reads Prune's record).
@@ -18,6 +19,8 @@ LLM flow's state):
 - Prometheus: counts each record the metrics addon writes, served at /metrics (trimflow_prometheus).
 - ShareConversations: shares each conversation's last turn with the other instances naming the same file.
 - KeepMemory: keeps freed body memory in the process (glibc).
+- UpstreamAuthPipe: mitmproxy's upstream_auth read once, at start, from a pipe the launcher hands over
+  (trimflow_upstream_auth_fd), so that an upstream proxy's password is in no file.
 - Options: last, so every trimflow option is declared: a misspelt trimflow_* name or a value mitmproxy
   cannot parse stops mitmproxy at start with one line (each addon's `configure` checks its own values).
 """
@@ -33,6 +36,7 @@ from .prune import Prune
 from .recover import Recover
 from .simulate import Simulate
 from .state import META, FlowState, SharedState
+from .upstream_auth import UpstreamAuthPipe
 from .websocket import WebSocket
 
 
@@ -54,11 +58,10 @@ def make_addons() -> list[object]:
         Prometheus(metrics, recover),
         ShareConversations(flows),
         KeepMemory(),
+        UpstreamAuthPipe(),
         Options(),
     ]
 
-
-addons = make_addons()
 
 __all__ = [
     "FLUSH_DELAY",
@@ -75,7 +78,7 @@ __all__ = [
     "ShareConversations",
     "SharedState",
     "Simulate",
+    "UpstreamAuthPipe",
     "WebSocket",
-    "addons",
     "make_addons",
 ]

@@ -1,5 +1,8 @@
-"""The script `python -m trimflow run` hands to mitmdump (`-s`) for an installed trimflow."""
+"""The script `python -m trimflow run` hands to mitmdump (`-s`) for an installed trimflow: its `addons`, built
+when mitmdump loads it."""
 
-from trimflow.proxy import addons
+from trimflow.proxy import make_addons
+
+addons = make_addons()
 
 __all__ = ["addons"]

@@ -8,26 +8,16 @@ rules file names them), and for the request count the kind, the outcome and the 
 conversation or anything a request carries.
 
 prometheus_client is imported here only, when the option is set: without it, trimflow runs as ever and says in
-one line how to add it. The endpoint is served from mitmproxy's own event loop (the exposition is rendered in a
-worker thread), so an answer from /metrics also says that the proxy's loop runs: a balancer's health check can use it.
-
-The endpoint shares the proxy's process, its file descriptors and its loop, so anyone who can reach it is held to
-little: at most MAX_CONNECTIONS open connections, each answered once and closed; a connection that has not sent its
-request head within HEAD_TIMEOUT is closed, and so is the oldest such idle one when a new connection would pass the
-bound (a scraper that sends its request at once is served while idle connections crowd the port); one log line
-when the bound is reached, repeated at most once a minute with a count. Connections are taken at ACCEPT_RATE per
-second at most, so a flood of cheap scrapes cannot take the loop from the proxy; a scrape gets the last render
-again while no record has been counted and no limit learned since, and scrapes that arrive during a render share it.
+one line how to add it. The endpoint is proxy/_metrics_server.py, on mitmproxy's own event loop: an answer from
+/metrics also says that the proxy's loop runs, and anyone who can reach the port is held to little there.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import ipaddress
 import logging
 import socket
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +25,7 @@ from mitmproxy import ctx, exceptions
 from mitmproxy.addonmanager import Loader
 
 from .._record import ENFORCE, Record
+from ._metrics_server import MetricsServer, listen
 from .metrics import Metrics
 from .options import exits_at_startup
 from .recover import Recover
@@ -47,22 +38,11 @@ log = logging.getLogger("trimflow")
 
 OPTION = "trimflow_prometheus"
 ENABLE = "pip install 'trimflow[prometheus]' (a pipx mitmproxy: pipx inject mitmproxy prometheus-client)"
-PATH = b"/metrics"
 FAMILIES = ("claude", "gpt", "gemini", "other")
 # Upper bounds: request bodies around the limits providers and gateways set (2 MiB axum, 16 MiB the shipped
 # budget, 32 MiB Anthropic), and trimflow's time per request from a fraction of a millisecond to a slow re-encode.
 BODY_BUCKETS = (64 << 10, 256 << 10, 1 << 20, 2 << 20, 4 << 20, 8 << 20, 16 << 20, 32 << 20, 64 << 20)
 OVERHEAD_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
-_HEAD_LIMIT = 16 << 10  # a scrape's request head is a few hundred bytes
-MAX_CONNECTIONS = 32  # a few scrapers and health checks; an instance is scraped by a handful at most
-HEAD_TIMEOUT = 2.0  # seconds for the request head: a scraper sends it at once
-_WRITE_TIMEOUT = 10.0  # seconds for a client to take the answer
-_ACCEPT_BATCH = 8  # connections accepted per wakeup, so that a flood of them leaves the loop to the proxy in between
-# Connections taken per second at most: a scraper comes every few seconds, while a flood of them, each cheap, would
-# otherwise take the proxy's loop for itself. Past it, the listening socket waits (the kernel keeps the backlog).
-ACCEPT_RATE = 100
-_ACCEPT_RETRY = 1.0  # seconds before accepting again when the process is out of descriptors (as asyncio's servers do)
-_LOG_INTERVAL = 60.0  # seconds between two lines saying the same thing about the endpoint
 # What a render depends on: records counted, learned limits held and learned, the conversations file in use and its
 # writes dropped.
 RenderState = tuple[int, int, int, bool, int]
@@ -247,18 +227,15 @@ class Prometheus:
     def __init__(self, metrics: Metrics, recover: Recover) -> None:
         self.recover, self.flows = recover, metrics.flows
         self.instruments: Instruments | None = None
-        self.address: tuple[str, int] | None = None  # where /metrics is served, once bound
-        self._socket: socket.socket | None = None
-        self._serving: asyncio.AbstractEventLoop | None = None  # the loop watching the socket, once serving
+        self.server: MetricsServer | None = None  # the endpoint, once bound
         self._failed = False
         self._value = ""  # the option's value in effect
-        self._clients: dict[_Client, None] = {}  # the endpoint's open connections, oldest first
-        self._at_bound = _Throttled()
-        self._tokens, self._refilled = float(_ACCEPT_BATCH), time.monotonic()  # the accept rate's bucket
-        self._accept_failed = _Throttled()
-        self._renders: dict[tuple[Instruments, str], asyncio.Future[tuple[bytes, str]]] = {}  # renders in progress
-        self._rendered: dict[tuple[Instruments, str], tuple[RenderState, bytes]] = {}  # the last, by its state
         metrics.listeners.append(self.observe)
+
+    @property
+    def address(self) -> tuple[str, int] | None:
+        """Where /metrics is served, once bound."""
+        return self.server.address if self.server is not None else None
 
     def load(self, loader: Loader) -> None:
         loader.add_option(
@@ -288,28 +265,27 @@ class Prometheus:
         sock = _bind(*address) if address is not None and client is not None else None  # before the old one stops: a refusal leaves it
         self._stop()
         self.instruments, self._value = None, value
-        self._rendered.clear()
         if sock is None:
             return
-        self._socket, self.address = sock, sock.getsockname()[:2]
-        if every_interface(self.address[0]):
+        self.instruments = Instruments(client, self.recover, self.flows)
+        self.server = MetricsServer(sock, self.instruments)
+        if every_interface(self.server.address[0]):
             log.warning(
                 "trimflow: %s=%s serves /metrics on every interface: anyone who can reach this machine can read it "
                 "(127.0.0.1:PORT keeps it on this machine)",
                 OPTION,
                 value,
             )
-        self.instruments = Instruments(client, self.recover, self.flows)
         self._failed = False
         try:
             asyncio.get_running_loop()
         except RuntimeError:  # no loop yet: `running` starts serving
             return
-        self._serve_on_loop()
+        self.server.start()
 
     def running(self) -> None:
-        if self._socket is not None and self._serving is None:
-            self._serve_on_loop()
+        if self.server is not None and not self.server.serving:
+            self.server.start()
 
     def done(self) -> None:
         self._stop()
@@ -325,176 +301,10 @@ class Prometheus:
                 self._failed = True
                 log.warning("trimflow: a record was not counted for Prometheus: internal error %s", type(exc).__name__)
 
-    # -- the endpoint
-
-    def _serve_on_loop(self) -> None:
-        assert self._socket is not None and self.address is not None
-        self._serving = asyncio.get_running_loop()
-        self._serving.add_reader(self._socket.fileno(), self._accept, self._socket)
-        host, port = self.address
-        log.info("trimflow: Prometheus metrics at http://%s:%d/metrics", f"[{host}]" if ":" in host else host, port)
-
     def _stop(self) -> None:
-        if self._serving is not None and self._socket is not None:
-            self._serving.remove_reader(self._socket.fileno())  # before the socket closes: its number may be reused
-        if self._socket is not None:
-            self._socket.close()
-        if self._serving is not None and not self._serving.is_closed():
-            for client in list(self._clients):
-                client.task.cancel()  # each closes its connection
-        self._serving = self._socket = self.address = None
-
-    def _accept(self, listener: socket.socket) -> None:
-        """The listening socket is readable: accept what is waiting, a few at a time, admitting each before the next
-        (asyncio's servers accept a whole backlog first, and hold a burst's descriptors before any can be refused)."""
-        assert self._serving is not None
-        now = time.monotonic()
-        self._tokens, self._refilled = min(float(_ACCEPT_BATCH), self._tokens + (now - self._refilled) * ACCEPT_RATE), now
-        for _ in range(_ACCEPT_BATCH):
-            if self._tokens < 1:  # past the rate: wait until a connection's worth has come back
-                self._serving.remove_reader(listener.fileno())
-                self._serving.call_later((1 - self._tokens) / ACCEPT_RATE, self._resume, listener)
-                return
-            try:
-                conn, _ = listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:  # out of descriptors (the proxy's connections share them): pause, then accept again
-                self._accept_failed.say("trimflow: /metrics cannot accept a connection (%s); pausing a second", exc.strerror or type(exc).__name__)
-                self._serving.remove_reader(listener.fileno())
-                self._serving.call_later(_ACCEPT_RETRY, self._resume, listener)
-                return
-            self._tokens -= 1
-            conn.setblocking(False)
-            if not self._make_room():
-                conn.close()
-                continue
-            client = _Client(conn)
-            client.task = self._serving.create_task(self._answer(client))
-            client.task.add_done_callback(functools.partial(self._closed, client))  # also for a task cancelled before it ran
-            self._clients[client] = None
-
-    def _resume(self, listener: socket.socket) -> None:
-        if self._socket is listener and self._serving is not None:
-            self._serving.add_reader(listener.fileno(), self._accept, listener)
-
-    def _make_room(self) -> bool:
-        """Whether a new connection may be served: within the bound, or once the oldest idle connection is closed;
-        not when every open connection is being answered."""
-        if len(self._clients) < MAX_CONNECTIONS:
-            return True
-        self._at_bound.say(
-            "trimflow: /metrics reached its bound of %d open connections: the oldest idle one is closed for each new one",
-            MAX_CONNECTIONS,
-        )
-        idle = next((client for client in self._clients if not client.answering), None)
-        if idle is None:
-            return False
-        del self._clients[idle]
-        idle.task.cancel()  # its handler closes the connection
-        return True
-
-    def _closed(self, client: _Client, _: asyncio.Task[None]) -> None:
-        self._clients.pop(client, None)
-        if client.writer is None:
-            client.conn.close()  # no transport took it (one cancelled on its way closes the socket itself)
-
-    async def _answer(self, client: _Client) -> None:
-        """One request per connection: GET or HEAD /metrics."""
-        answered = False
-        try:
-            reader, writer = await asyncio.open_connection(sock=client.conn, limit=_HEAD_LIMIT)
-            client.writer = writer
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT)
-            client.answering = True  # no longer the idle one a new connection may displace
-            status, headers, body = await self._respond(head)
-            reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 500: "Internal Server Error"}[status]
-            lines = [f"HTTP/1.1 {status} {reason}", *(f"{k}: {v}" for k, v in headers.items()), f"Content-Length: {len(body)}", "Connection: close"]
-            writer.write("\r\n".join(lines).encode("latin-1") + b"\r\n\r\n")
-            if not head.startswith(b"HEAD "):
-                writer.write(body)
-            await asyncio.wait_for(writer.drain(), _WRITE_TIMEOUT)
-            answered = True
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, OSError):
-            pass  # an idle, slow or vanished client: nothing is owed to it
-        finally:
-            if client.writer is not None and answered:
-                client.writer.close()
-            elif client.writer is not None:
-                client.writer.transport.abort()
-
-    async def _respond(self, head: bytes) -> tuple[int, dict[str, str], bytes]:
-        lines = head.split(b"\r\n")
-        parts = lines[0].split()
-        if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
-            return 400, {"Content-Type": "text/plain"}, b"trimflow: not an HTTP/1 request\n"
-        method, target = parts[0], parts[1]
-        if target.split(b"?", 1)[0] != PATH:
-            return 404, {"Content-Type": "text/plain"}, b"trimflow: the metrics are at /metrics\n"
-        if method not in (b"GET", b"HEAD"):
-            return 405, {"Content-Type": "text/plain", "Allow": "GET, HEAD"}, b"trimflow: GET /metrics\n"
-        accept = ""
-        for line in lines[1:]:
-            name, _, value = line.partition(b":")
-            if name.strip().lower() == b"accept":
-                accept = value.strip().decode("latin-1")
-        instruments = self.instruments
-        if instruments is None:
-            return 404, {"Content-Type": "text/plain"}, b"trimflow: metrics are off\n"
-        try:
-            body, content_type = await self._render(instruments, accept)
-        except Exception as exc:  # noqa: BLE001 - this scrape fails; the proxy goes on
-            log.warning("trimflow: Prometheus metrics not rendered: internal error %s", type(exc).__name__)
-            return 500, {"Content-Type": "text/plain"}, b"trimflow: internal error\n"
-        return 200, {"Content-Type": content_type}, body
-
-    async def _render(self, instruments: Instruments, accept: str) -> tuple[bytes, str]:
-        """The exposition, rendered in a worker thread (with many label sets a render takes milliseconds, which the
-        loop spends proxying); the last render again while nothing it shows has changed, and a scrape that asks for
-        a format being rendered waits for that render: a scrape flood costs the loop little."""
-        content_type = instruments.content_type(accept)
-        key, state = (instruments, content_type), instruments.state()
-        last = self._rendered.get(key)
-        if last is not None and last[0] == state:
-            return last[1], content_type
-        render = self._renders.get(key)
-        if render is None:
-            render = self._renders[key] = asyncio.ensure_future(asyncio.to_thread(instruments.render, accept))
-            render.add_done_callback(lambda _: self._renders.pop(key, None))
-            render.add_done_callback(lambda done: self._keep(key, state, done))
-        return await asyncio.shield(render)  # one scraper gone does not cancel the render the others wait for
-
-    def _keep(self, key: tuple[Instruments, str], state: RenderState, render: asyncio.Future[tuple[bytes, str]]) -> None:
-        if not render.cancelled() and render.exception() is None and key[0] is self.instruments:
-            self._rendered[key] = (state, render.result()[0])
-
-
-class _Client:
-    """One connection to the endpoint: idle until its request head is in, then answering."""
-
-    __slots__ = ("answering", "conn", "task", "writer")
-
-    def __init__(self, conn: socket.socket) -> None:
-        self.conn = conn
-        self.answering = False
-        self.writer: asyncio.StreamWriter | None = None
-        self.task: asyncio.Task[None]
-
-
-class _Throttled:
-    """A log line said at most once per _LOG_INTERVAL, with how often it happened since it was last said."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.said: float | None = None  # time.monotonic() of the last line
-
-    def say(self, message: str, *args: object) -> None:
-        self.count += 1
-        now = time.monotonic()
-        if self.said is not None and now - self.said < _LOG_INTERVAL:
-            return
-        log.warning(message + " (times since the last such line: %d; it comes at most once a minute)", *args, self.count)
-        self.said, self.count = now, 0
+        if self.server is not None:
+            self.server.stop()
+        self.server = None
 
 
 def every_interface(host: str) -> bool:
@@ -506,27 +316,14 @@ def every_interface(host: str) -> bool:
 
 
 def _bind(host: str, port: int) -> socket.socket:
-    """A listening socket, bound now, so that a taken port or a wrong address stops mitmproxy at start."""
+    """The endpoint's listening socket, bound now, so that a taken port or a wrong address stops mitmproxy at start."""
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-        sock = socket.socket(family, kind, proto)
+        return listen(host, port)
     except OSError as exc:
         raise exceptions.OptionsError(f"trimflow: {OPTION}: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-        sock.listen(64)
-        sock.setblocking(False)
-    except OSError as exc:
-        sock.close()
-        raise exceptions.OptionsError(f"trimflow: {OPTION}: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    return sock
 
 
 __all__ = [
-    "ACCEPT_RATE",
-    "HEAD_TIMEOUT",
-    "MAX_CONNECTIONS",
     "OPTION",
     "Instruments",
     "Prometheus",

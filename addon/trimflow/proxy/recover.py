@@ -6,13 +6,15 @@ answer.
   status shows it cannot be a limit error, or the flow ends.
 - `response` (before the metrics addon) reads an error answer against the limit-error patterns
   (trimflow._limit_errors); the original body is pruned again under the tightened limits, and the request goes
-  upstream once more through mitmproxy's own connection machinery, as client replay sends a flow. At most
+  upstream once more through mitmproxy's own connection machinery, as client replay sends a flow
+  (trimflow.proxy._resend: where recovery reaches into mitmproxy's proxy core). At most
   trimflow_retries times, and never when the tightened limits change nothing. Only when the upstream accepts
   a retry are its limits learned (trimflow._learned_limits, option trimflow_learned), for the upstream the request
   went to; a limit played by trimflow_simulate is learned in memory only.
 - `HoldErrorAnswers` (after the metrics addon) holds a candidate error answer back from the client, up to ANSWER_MAX bytes:
   an answer streamed to the client could not be taken back. A larger one goes to the client as it comes and is
-  not retried, so a long answer is never all in memory.
+  not retried, so a long answer is never all in memory (for an answer of unknown length, through mitmproxy's size
+  check, extended while the addon runs: from its `running` hook to its `done`).
 - A retry ends with its client: when the client's connection closes, the retry's upstream connection is closed
   (`client_disconnected`), and nothing is learned from it.
 
@@ -25,21 +27,15 @@ keys, upstream auth), and its record and log line tell the retries.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import time
 import weakref
-from collections.abc import Callable, Coroutine, Generator, Iterable
+from collections.abc import Coroutine
 from dataclasses import dataclass, fields
-from typing import Any
 
 from mitmproxy import connection, ctx, exceptions, http
 from mitmproxy.addonmanager import Loader
-from mitmproxy.addons.clientplayback import ReplayHandler
-from mitmproxy.connection import ConnectionState
 from mitmproxy.net.http.http1 import expected_http_body_size
-from mitmproxy.proxy import commands
-from mitmproxy.proxy.layers import http as http_layers
 
 from .. import ENFORCE, Limits, prune
 from .._decode import DecodeError, decode_body
@@ -52,6 +48,7 @@ from .._limit_profiles import check_request
 from .._record import TURN, Record
 from ..errors import RulesError
 from ..formats import counted_turn_path
+from ._resend import HeldAnswer, cancel_retries, extend_size_check, held_answers, resend, restore_size_check
 from .comment import flow_comment
 from .options import confdir_path, exits_at_startup
 from .prune import plain_headers
@@ -67,13 +64,6 @@ _SENT_FIELDS = tuple(
     f.name
     for f in fields(Record)
     if f.name.endswith("_after") or f.name.startswith(("pruned", "shrunk", "thinned")) or f.name in ("over_budget", "deduplicated")
-)
-_FLOW_HOOKS = (
-    http_layers.HttpRequestHeadersHook,
-    http_layers.HttpRequestHook,
-    http_layers.HttpResponseHeadersHook,
-    http_layers.HttpResponseHook,
-    http_layers.HttpErrorHook,
 )
 
 
@@ -386,12 +376,20 @@ class HoldErrorAnswers:
 
     def __init__(self, recover: Recover) -> None:
         self.recover = recover
-        self.bounded = _bound_held_answers()
+        self.bounded = False  # whether mitmproxy's size check streams a held answer past ANSWER_MAX: while running
+
+    def running(self) -> None:
+        # Here, not at construction: building the addons (or importing trimflow) leaves mitmproxy as it is.
+        if not self.bounded:
+            self.bounded = extend_size_check()
 
     def done(self) -> None:
         summary = self.recover.summary()  # here, after the metrics addon has written its last lines
         if summary is not None:
             log.info("%s", summary)
+        if self.bounded:
+            self.bounded = False
+            restore_size_check()
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         response = flow.response
@@ -405,131 +403,14 @@ class HoldErrorAnswers:
             self.recover._originals.pop(flow, None)  # no retry: the client's body can go
             response.stream = response.stream or True
             return
-        _held[flow] = _Held(response.stream, self.recover._originals)
+        held_answers[flow] = HeldAnswer(response.stream, self.recover._originals)
         response.stream = False
 
     def response(self, flow: http.HTTPFlow) -> None:
-        _held.pop(flow, None)
+        held_answers.pop(flow, None)
 
     def error(self, flow: http.HTTPFlow) -> None:
-        _held.pop(flow, None)
+        held_answers.pop(flow, None)
 
 
-@dataclass(slots=True)
-class _Held:
-    """An answer held back from the client: how to stream it if it passes ANSWER_MAX (the metrics addon's scanner,
-    or True), and the originals to drop its flow from then."""
-
-    stream: bool | Callable[[bytes], Iterable[bytes] | bytes]
-    originals: weakref.WeakKeyDictionary[http.HTTPFlow, bytes]
-
-
-_held: weakref.WeakKeyDictionary[http.HTTPFlow, _Held] = weakref.WeakKeyDictionary()
-_bounding_check: Callable[..., Any] | None = None  # mitmproxy's size check as _bound_held_answers extended it
-
-
-def _bound_held_answers() -> bool:
-    """Make mitmproxy stop buffering a held answer at ANSWER_MAX and stream it from there: its headers and the held
-    part go to the client, then the rest as it comes. mitmproxy does this for every answer over its global
-    stream_large_bodies, and only buffering holds back an answer's headers (a stream callable gets the body after
-    they are sent), so its size check is extended for the flows in `_held`. False when this mitmproxy's HTTP layer
-    is not built as expected: then an answer of unknown length is never held."""
-    global _bounding_check
-    stream_class = http_layers.HttpStream
-    check = getattr(stream_class, "check_body_size", None)
-    if check is not None and check is _bounding_check:
-        return True
-    if not inspect.isgeneratorfunction(check) or not callable(getattr(stream_class, "start_response_stream", None)):
-        log.warning("trimflow: this mitmproxy's HTTP layer is not as expected: error answers of unknown length are not retried")
-        return False
-
-    def check_body_size(self: http_layers.HttpStream, request: bool) -> Generator[commands.Command, Any, bool]:
-        stopped = yield from check(self, request)
-        if stopped or request:
-            return stopped
-        held = _held.get(self.flow)
-        if held is None or self.flow.response is None or self.flow.response.stream or len(self.response_body_buf) <= ANSWER_MAX:
-            return stopped
-        del _held[self.flow]
-        held.originals.pop(self.flow, None)  # no retry: the client's body can go
-        self.flow.response.stream = held.stream or True
-        body = bytes(self.response_body_buf)
-        self.response_body_buf.clear()
-        yield from self.start_response_stream()
-        yield from self.handle_event(http_layers.ResponseData(self.stream_id, body))
-        return False
-
-    stream_class.check_body_size = _bounding_check = check_body_size  # type: ignore[method-assign]  # extended, see above
-    return True
-
-
-CLIENT_GONE = "the client closed its connection; cancelled"
-
-
-class _Resend(ReplayHandler):
-    """Sends one flow upstream through mitmproxy's proxy core, as client replay does, without running the
-    addons' HTTP hooks for it: the request already went through them as the original flow."""
-
-    cancelled = False
-
-    async def handle_hook(self, hook: commands.StartHook) -> None:
-        if isinstance(hook, _FLOW_HOOKS) and hook.args()[0] is self.flow:
-            if isinstance(hook, (http_layers.HttpResponseHook, http_layers.HttpErrorHook)):
-                handlers = [t.handler for t in self.transports.values() if t.handler]
-                for handler in handlers:
-                    handler.cancel()
-                if handlers:
-                    await asyncio.wait(handlers)
-                self.done.set()
-            return
-        await super().handle_hook(hook)
-
-    def cancel(self) -> None:
-        """Ends the retry at once: its upstream connection closes (or stops opening), and `replay` returns."""
-        self.cancelled = True
-        for transport in self.transports.values():
-            if transport.handler:
-                transport.handler.cancel(CLIENT_GONE)
-        self.done.set()
-
-
-_retries: dict[str, set[_Resend]] = {}  # the retries in flight, by the id of the client connection they answer
-
-
-async def resend(request: http.Request, client: connection.Client, sni: str | None = None) -> http.Response | str:
-    """The upstream's answer to `request`, sent for `client` (the original flow's), or why there is none. `sni`: the
-    server name the original request's TLS connection gave and verified (mitmproxy's replay would take the Host
-    header, which the client chose and the upstream's certificate need not name).
-    A retry for a client that has closed its connection is not sent, and one in flight when it closes is cancelled
-    (`cancel_retries`)."""
-    if not client.state & ConnectionState.CAN_READ:
-        return CLIENT_GONE
-    retry = http.HTTPFlow(client, connection.Server(address=(request.host, request.port)))
-    retry.request = request
-    retry.is_replay = "request"
-    handler = _Resend(retry, ctx.options)
-    server = handler.layer.context.server  # the one Server the replay's layers share
-    if sni is not None and server.tls:
-        server.sni = sni
-    running = _retries.setdefault(client.id, set())
-    running.add(handler)
-    try:
-        await handler.replay()
-    finally:
-        running.discard(handler)
-        if not running and _retries.get(client.id) is running:
-            del _retries[client.id]
-    if handler.cancelled:
-        return CLIENT_GONE
-    if retry.response is not None:
-        return retry.response
-    return retry.error.msg if retry.error is not None else "no answer"
-
-
-def cancel_retries(client: connection.Client) -> None:
-    """Cancel the retries in flight for `client`, whose connection has closed: nobody is left to read their answers."""
-    for handler in _retries.pop(client.id, ()):
-        handler.cancel()
-
-
-__all__ = ["DEFAULT_LEARNED", "HoldErrorAnswers", "Recover", "cancel_retries", "resend"]
+__all__ = ["DEFAULT_LEARNED", "HoldErrorAnswers", "Recover"]

@@ -21,7 +21,7 @@ to leave exactly that cut), so the placeholders are the shipped ones, byte for b
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -53,6 +53,7 @@ __all__ = [
     "optimum",
     "policy_floor",
     "price_for",
+    "priced_optima",
     "ratios",
     "schedule_cost",
     "session_cap",
@@ -132,9 +133,24 @@ def session_cap(session: ReferenceSession, rules: Rules) -> int:
     return cap
 
 
-def feasible_cuts(images: int, cap: int, floor: int) -> range:
-    """The cuts a turn sending `images` may have: at most `cap` left, at least `floor` (or all)."""
+def feasible_cuts(images: int, cap: int, floor: int, *, overflowed: bool = True) -> range:
+    """The cuts a turn sending `images` may have: at most `cap` left, at least `floor` (or all); none before the
+    conversation's first overflow (`overflowed`: this turn or an earlier one has more than `cap`)."""
+    if not overflowed and images <= cap:
+        return range(1)
     return range(max(0, images - cap), images - min(images, floor) + 1)
+
+
+def _overflow_tracker(cap: int, free: bool) -> Callable[[int], bool]:
+    """Called with each turn's images in order: whether the conversation has gone over `cap` by then (always, when
+    `free`: the unconstrained schedule may cut before)."""
+    seen = [free]
+
+    def overflowed(images: int) -> bool:
+        seen[0] = seen[0] or images > cap
+        return seen[0]
+
+    return overflowed
 
 
 def cut_requests(session: ReferenceSession, rules: Rules, cuts_of: Callable[[int, int], Iterable[int]]) -> list[CutTurn]:
@@ -152,7 +168,7 @@ def cut_requests(session: ReferenceSession, rules: Rules, cuts_of: Callable[[int
         for cut in cuts_of(number, images):
             keep = images - cut
             if keep not in by_keep:
-                by_keep[keep] = rules.with_limits(max_images=keep, prune_batch=1, low_water=None, cache_ttl=None)
+                by_keep[keep] = rules.with_limits(max_images=keep, prune_batch=1, low_water=None, cache_ttl=None, max_images_after_overflow=None)
             body = prune(target, headers, turn.body, by_keep[keep]).body
             parsed = orjson.loads(body)
             media = module.find_media(parsed)
@@ -188,33 +204,60 @@ def optimum(
     prices: PriceTable | None = None,
     cap: int | None = None,
     floor: int | None = None,
+    cut_before_overflow: bool = False,
 ) -> Optimum:
-    """The cheapest schedule of `session` under the cache model. `cap`: session_cap unless given; `floor`:
-    batch_floor(cap) unless given."""
+    """The cheapest schedule of `session` under the cache model, at its price (price_for). `cap`: session_cap
+    unless given; `floor`: batch_floor(cap) unless given. No cut before the first turn over the cap, as
+    trimflow's rules promise, unless `cut_before_overflow`."""
+    price = price_for(session, prices)
+    return priced_optima(session, {"": price}, base=base, cap=cap, floor=floor, cut_before_overflow=cut_before_overflow)[""]
+
+
+def priced_optima(
+    session: ReferenceSession,
+    prices: Mapping[str, Price],
+    *,
+    base: Rules | None = None,
+    cap: int | None = None,
+    floor: int | None = None,
+    cut_before_overflow: bool = False,
+) -> dict[str, Optimum]:
+    """`optimum` of `session` at each price of `prices` (by name): the requests of every cut are built once."""
     rules = base if base is not None else load_rules(DEFAULT_RULES_PATH)
     most = session_cap(session, rules) if cap is None else cap
     least = batch_floor(most) if floor is None else floor
     if not 1 <= least <= most:
         raise ValueError(f"a floor of {least} images under a cap of {most}")
-    price = price_for(session, prices)
-    turns = cut_requests(session, rules, lambda number, images: feasible_cuts(images, most, least))
-    return cheapest(session.name, turns, price, most, least)
+    overflowed = _overflow_tracker(most, cut_before_overflow)
+    turns = cut_requests(session, rules, lambda number, images: feasible_cuts(images, most, least, overflowed=overflowed(images)))
+    return {name: cheapest(session.name, turns, price, most, least) for name, price in prices.items()}
 
 
-def optima(session: ReferenceSession, floors: Iterable[int], *, base: Rules | None = None, prices: PriceTable | None = None) -> dict[int, Optimum]:
+def optima(
+    session: ReferenceSession,
+    floors: Iterable[int],
+    *,
+    base: Rules | None = None,
+    prices: PriceTable | None = None,
+    cut_before_overflow: bool = False,
+) -> dict[int, Optimum]:
     """The cheapest schedule of `session` under its cap (session_cap) at each of `floors` (each kept within 1
-    and the cap): the requests of every cut are built once, for the lowest floor."""
+    and the cap), with no cut before the first overflow unless `cut_before_overflow`: the requests of every cut
+    are built once, for the lowest floor."""
     rules = base if base is not None else load_rules(DEFAULT_RULES_PATH)
     cap = session_cap(session, rules)
     wanted = sorted({min(max(1, f), cap) for f in floors})
     if not wanted:
         return {}
     price = price_for(session, prices)
-    turns = cut_requests(session, rules, lambda number, images: feasible_cuts(images, cap, wanted[0]))
+    overflowed = _overflow_tracker(cap, cut_before_overflow)
+    turns = cut_requests(session, rules, lambda number, images: feasible_cuts(images, cap, wanted[0], overflowed=overflowed(images)))
     return {floor: cheapest(session.name, [_within(t, cap, floor) for t in turns], price, cap, floor) for floor in wanted}
 
 
 def _within(turn: CutTurn, cap: int, floor: int) -> CutTurn:
+    """`turn` with the prompts of the cuts a floor of `floor` allows (the turn's own may exclude more: before the
+    first overflow, only no cut)."""
     allowed = feasible_cuts(turn.images, cap, floor)
     return CutTurn(turn.images, turn.think, turn.output_tokens, {c: p for c, p in turn.prompts.items() if c in allowed})
 
@@ -289,6 +332,7 @@ class Ratios:
     full: float
     averaged: float
     cap_broken: int
+    floor_broken: int = 0  # turns that cut below the floor (fewer than the floor, or than all the images)
 
 
 def ratios(result: PolicyResult, best: Optimum, price: Price) -> Ratios:
@@ -304,4 +348,5 @@ def ratios(result: PolicyResult, best: Optimum, price: Price) -> Ratios:
         if images > best.floor:
             averaged.append(full)
     broken = sum(1 for t in result.turns if t.images > best.cap)
-    return Ratios(full, sum(averaged) / len(averaged) if averaged else 1.0, broken)
+    below = sum(1 for t, images in zip(result.turns, best.images, strict=True) if t.images < min(images, best.floor))
+    return Ratios(full, sum(averaged) / len(averaged) if averaged else 1.0, broken, below)

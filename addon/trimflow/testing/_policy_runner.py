@@ -35,12 +35,13 @@ __all__ = ["POLICIES", "Policy", "PolicyResult", "TurnResult", "main", "run_poli
 
 # --- policies -------------------------------------------------------------------------------------------------
 
-_OFF = {"low_water": None, "cache_ttl": None}
-# One cap for every model (8; 10 for Gemini, below): the policies compared with each other and with the shipped
-# rules' voluntary caps by model.
-_CAP_8 = {"max_images": 8}
+_OFF = {"low_water": None, "cache_ttl": None, "max_images_after_overflow": None}
+# The card's caps for every model (8; 10 for Gemini, below): the policies compared with each other and with the shipped
+# rules, which hold fewer images by model once a conversation has gone over its cap.
+_CAP_8 = {"max_images": 8, "max_images_after_overflow": None}
 _GEMINI_10 = {"gemini": {"max_images": 10}}
 REQUEST_ONLY_RULES = DEFAULT_RULES_PATH.parent / "examples" / "request-only.yaml"
+LEAN_RULES = DEFAULT_RULES_PATH.parent / "examples" / "lean.yaml"
 
 
 @dataclass(frozen=True)
@@ -73,14 +74,15 @@ POLICIES: tuple[Policy, ...] = (
     # Batches of 6, and a conversation idle past the TTL cut to their floor at once: a low-water mark of 0.45
     # is 3 of 8 (batch 6's floor) and 4 of 10.
     Policy("batch 6 + cold cut", {**_CAP_8, "prune_batch": 6, "low_water": 0.45, "cache_ttl": 300.0}, _GEMINI_10),
-    # The cold cut at each cap's batch-6 floor (3 of 8, 5 of 10), and on OpenAI chat, whose cache reads cost half
-    # the input price on gpt-4o and writes nothing extra, cuts in batches of 3 above a voluntary cap of 5 (the same
-    # floor of 3): holding an image costs more there than moving the cut.
+    # The cold cut at each cap's batch-6 floor (3 of 8, 5 of 10), holding up to the cap after the first overflow on every
+    # model: the shipped rules without their holds by model.
     Policy(
-        "cache-aware candidate",
+        "cold cut, card caps",
         {**_CAP_8, "prune_batch": 6, "low_water": 0.4, "cache_ttl": 300.0},
-        {"gemini": {"max_images": 10, "low_water": 0.5}, "openai-chat": {"max_images": 5, "prune_batch": 3, "low_water": 0.6}},
+        {"gemini": {"max_images": 10, "low_water": 0.5}},
     ),
+    # Voluntary caps from the first request on (rules/examples/lean.yaml): fewer images, below the card's caps.
+    Policy("lean example", None, path=LEAN_RULES),
     # The shipped rules without the cold cut, every cut from the request alone: rules/examples/request-only.yaml.
     Policy("request-only example", None, path=REQUEST_ONLY_RULES),
     Policy("shipped defaults", None),
