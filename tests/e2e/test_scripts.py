@@ -136,16 +136,17 @@ def test_prune_rejects_a_malformed_size(tmp_path: Path) -> None:
     assert "--max-body-bytes" in result.stderr.decode()
 
 
-# Ten images: over every model's cap in the shipped rules (a voluntary 6 for Gemini, 5 for gpt-4o), cut down to the
-# rule's low-water mark.
+# Twelve images: over every model's cap in the shipped rules (10 for Gemini, 8 for the rest), cut down to the rule's
+# low-water mark (5 of 10, 3 of 8).
 @pytest.mark.parametrize(("url", "wire_format"), [(GEMINI_URL, "gemini"), (OPENAI_URL, "openai-chat")])
 def test_prune_without_flags_applies_the_default_rules(tmp_path: Path, url: str, wire_format: str) -> None:
-    images = shots(10, seed=35)
+    images = shots(12, seed=35)
     body = session(wire_format, images)
     path = urlsplit(url).path
     limits = load_rules(DEFAULT_RULES_PATH).limits_for(urlsplit(url).hostname or "", path, FORMATS[wire_format].model(body, path))
-    kept = 10 - count_pruned(10, limits.at_low_water())
-    assert limits.max_images is not None and kept < limits.max_images < 10
+    kept = 12 - count_pruned(12, limits.at_low_water())
+    assert limits.max_images is not None and kept < limits.max_images < 12
+    assert kept == (5 if wire_format == "gemini" else 3)
     result = prune(tmp_path, "--url", url, stdin=orjson.dumps(body))
     assert result.returncode == 0, result.stderr
     assert image_payloads(wire_format, orjson.loads(result.stdout)) == images[-kept:]
