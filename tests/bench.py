@@ -26,8 +26,10 @@ Linux only: peak memory is read from /proc/<pid>/status (VmHWM).
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import dataclasses
+import functools
 import gc
 import http.client
 import importlib
@@ -59,6 +61,7 @@ from PIL import Image
 from tests.mitmdump import Mitmdump, stop_process
 from trimflow._clicks import ClickStream, Screen, map_answer
 from trimflow._engine import prune_request
+from trimflow._imageinfo import ImageInfo, sniff_base64
 from trimflow._last_turns import LastTurn, LastTurns, conversation_key
 from trimflow._malloc import MMAP_THRESHOLD, TRIM_THRESHOLD
 from trimflow._prices import Price
@@ -418,6 +421,28 @@ def clicks_figures(settings: Settings) -> list[Figure]:
             "ms",
             250.0,  # a quarter of the stall an unrelated request may see (docs/security.md, click mapping)
         ),
+    ]
+
+
+def sniff_figures() -> list[Figure]:
+    """Reading an image's type and size from its base64 reads a prefix only: a 10 MB PNG costs what a 3 KB one does,
+    and so does one whose base64 is wrapped in lines (a full decode of the 10 MB one takes over 10 ms)."""
+    bodies = {}
+    for name, size in (("small", (32, 24)), ("big", (2000, 1700))):  # random RGB, stored: the big one ~10 MB of PNG
+        raw = io.BytesIO()
+        Image.frombytes("RGB", size, random.Random(3).randbytes(size[0] * size[1] * 3)).save(raw, "PNG", compress_level=0)
+        bodies[name] = (base64.b64encode(raw.getvalue()).decode(), size)
+    big = bodies["big"][0]
+    bodies["wrapped"] = ("\n".join(big[i : i + 76] for i in range(0, 760_000, 76)) + big[760_000:], bodies["big"][1])
+    for text, size in bodies.values():
+        assert sniff_base64(text) == ImageInfo("image/png", *size), "the sniffed type or size is wrong"
+    small, big_ms, wrapped = interleaved_ms(7, *(functools.partial(sniff_base64, text) for text, _ in bodies.values()), loops=[200] * 3)
+    return [
+        Figure("sniff_small_png_us", "image type and size from a 3 KB PNG's base64", small * 1000, "us"),
+        Figure("sniff_big_png_us", "same, from a 10 MB PNG's base64", big_ms * 1000, "us"),
+        Figure("sniff_big_vs_small", "sniff 10 MB PNG / 3 KB PNG (a prefix is read)", big_ms / small, "x", 3.0),
+        Figure("sniff_wrapped_png_us", "same, its base64 in 76-column lines for the first 760 KB", wrapped * 1000, "us"),
+        Figure("sniff_wrapped_vs_small", "sniff wrapped 10 MB PNG / 3 KB PNG", wrapped / small, "x", 3.0),
     ]
 
 
@@ -1644,6 +1669,8 @@ def run(settings: Settings, say: Callable[[str], None], sections: tuple[str, ...
         figures += scaling_figures(bodies, settings)
         say("clicks of a computer-use answer mapped back")
         figures += clicks_figures(settings)
+        say("image type and size from a prefix of the base64")
+        figures += sniff_figures()
     if "text" in sections:
         figures += text_figures(settings, say)
     with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory(prefix="trimflow-bench-") as tmp:

@@ -36,6 +36,7 @@ ORDER = [
 ]
 OPTIONS = {
     "trimflow_rules",
+    "trimflow_rules_check",
     "trimflow_mode",
     "trimflow_max_decoded_bytes",
     "trimflow_simulate",
