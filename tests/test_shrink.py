@@ -447,11 +447,24 @@ def test_a_frame_over_the_heavy_encoders_size_goes_png_or_jpeg() -> None:
     assert {fmt for fmt, _ in rescue.steps(True, False, MAX_HEAVY_PIXELS + 1)} == {"PNG", "JPEG"}
 
 
+def test_millions_of_colours_skip_the_median_cut(encodes: list[str]) -> None:
+    """A gradient of a million colours that PNG stores in a few KB: the median cut would take seconds a megapixel."""
+    side = 1024
+    red = Image.frombytes("L", (side, side), bytes(range(256)) * (side * side // 256))
+    blue = Image.frombytes("L", (side, side), b"".join(bytes([(x >> 8) | (y >> 8) << 2 for x in range(side)]) for y in range(side)))
+    buf = io.BytesIO()
+    Image.merge("RGB", (red, red.transpose(Image.Transpose.TRANSPOSE), blue)).save(buf, "PNG")
+    data = b64(buf.getvalue())
+    result = shrink(data, max_side=None, max_bytes=len(data) // 2, webp=False, cache=ShrinkCache())
+    assert result.data is not None
+    assert _shrink.PALETTE not in encodes and encodes[0] == "JPEG", encodes
+
+
 # Each case shrunk in a child process, with what it held at its peak against what _peak_bytes reserved for it. The
-# images are what makes each step hold the most it can: noise (nothing compresses), a gradient of 4 million colours
-# that PNG stores in a few KB (the median cut at its slowest), progressive 4:4:4 JPEG (libjpeg's coefficients),
-# WebP (libwebp's canvases), palette transparency, grey with alpha, a turned JPEG, and no byte limit (the whole
-# PNG of a noisy frame, its base64 and its text).
+# images are what makes each step hold the most it can: noise (nothing compresses), 65,536 colours and a gradient of
+# 4 million that PNG stores in a few KB (the median cut at its most, and past it), progressive 4:4:4 JPEG (libjpeg's
+# coefficients), WebP (libwebp's canvases), palette transparency, grey with alpha, a turned JPEG, and no byte limit
+# (the whole PNG of a noisy frame, its base64 and its text).
 _ESTIMATE_PROBE = """
 import base64, ctypes, gc, io, json, random, sys
 sys.path.insert(0, sys.argv[1])
@@ -467,6 +480,14 @@ def gradient(side):  # every pixel its own colour: x and y in red and green, the
     blue = Image.frombytes("L", (side, side), b"".join(bytes([(x >> 8) | (y >> 8) << 3 for x in range(side)]) for y in range(side)))
     return Image.merge("RGB", (red, green, blue))
 
+def tiled(side):  # a tile of 65,536 colours, repeated: as many as the median cut takes, in a few bytes a row of PNG
+    tile = Image.frombytes("RGB", (256, 256), bytes(v for y in range(256) for x in range(256) for v in (x, y, x ^ y)))
+    out = Image.new("RGB", (side, side))
+    for top in range(0, side, 256):
+        for left in range(0, side, 256):
+            out.paste(tile, (left, top))
+    return out
+
 def encoded(im, fmt, **options):
     out = io.BytesIO()
     im.save(out, fmt, **options)
@@ -477,7 +498,8 @@ turned[0x0112] = 6
 cases = [
     ("RGBA noise PNG, side and bytes, WebP", encoded(noise("RGBA", 1600, 1200, 1), "PNG"), 1300, 150_000, True),
     ("RGB noise PNG, bytes, JPEG", encoded(noise("RGB", 1600, 1200, 2), "PNG"), None, 150_000, False),
-    ("gradient PNG, 256 colours", encoded(gradient(2048), "PNG"), None, "half", False),
+    ("65,536 colours PNG, 256 colours", encoded(tiled(2048), "PNG"), None, "half", False),
+    ("gradient PNG, too many colours for 256", encoded(gradient(2048), "PNG"), None, "half", False),
     ("gradient RGBA PNG, lossless WebP", encoded(gradient(1024).convert("RGBA"), "PNG"), None, "half", True),
     ("progressive 4:4:4 JPEG, reduced", encoded(noise("RGB", 2400, 1600, 3), "JPEG", quality=30, progressive=True, subsampling=0), 400, None, False),
     ("RGBA noise WebP", encoded(noise("RGBA", 1200, 1200, 4), "WEBP", quality=30), None, 200_000, True),
@@ -512,7 +534,7 @@ def test_what_an_image_reserves_covers_what_shrinking_it_holds() -> None:
     """The budget is only as good as each image's estimate: measured on the images that make each step hold the most."""
     out = subprocess.run([sys.executable, "-c", _ESTIMATE_PROBE, str(ROOT / "addon")], capture_output=True, text=True, check=True, timeout=600)
     cases = [json.loads(line) for line in out.stdout.splitlines()]
-    assert len(cases) == 10
+    assert len(cases) == 11
     for case in cases:
         assert case["sent"] is not None, case  # each was shrunk
         assert case["held"] <= case["cost"], case

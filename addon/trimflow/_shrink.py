@@ -79,9 +79,9 @@ DECODE_WAIT = 30.0  # seconds an image waits for room before it is refused for t
 DECODE_WAITING = 3  # images that may wait at once: each holds one of the event loop's few worker threads
 GIVE_BACK_AFTER = 64 * 2**20  # decoding this much since the last time gives the freed memory back once idle
 BUDGET = PixelBudget(DECODE_BUDGET, wait=DECODE_WAIT, max_waiting=DECODE_WAITING, give_back_after=GIVE_BACK_AFTER)
-# libwebp's encoders and Pillow's median cut take 40-45 bytes per pixel of the frame they encode (measured on
-# noise and on a gradient of 16 million colours): on a larger frame than this (a 5K screen is 14.7 MP) lossless
-# WebP and 256 colours are not tried, and the lossy format is JPEG, so one image stays well within the budget.
+# libwebp's encoders take 40-45 bytes per pixel of the frame they encode (measured on noise): on a larger frame than
+# this (a 5K screen is 14.7 MP) lossless WebP and 256 colours are not tried, and the lossy format is JPEG, so one
+# image stays well within the budget.
 MAX_HEAVY_PIXELS = 16_000_000
 DEFAULT_CACHE_BYTES = 256 * 2**20
 # zlib level for PNG output. 6 (zlib's default) suits screenshots: text and flat areas shrink well
@@ -95,6 +95,11 @@ _MIME = {"PNG": "image/png", "PNG8": "image/png", "JPEG": "image/jpeg", "WEBP": 
 _PNG_LIKE = ("PNG", "GIF", "BMP")  # decoded to pixels that PNG keeps exactly
 LOSSLESS = -1  # the quality setting that asks WebP for its lossless mode
 PALETTE = "PNG8"  # PNG of 256 colours (median cut, no dithering): UI and text keep their edges, at 2-3x less than PNG
+# The median cut maps each pixel to its nearest palette colour through a cache of the colours it has met: a frame of
+# millions of distinct colours (a gradient, which PNG stores in a few KB) took 10 s of CPU and 45 bytes a pixel for
+# 13 MP. Past this many colours it is not tried (the RGBA one, an octree, takes no such time); a screenshot has a few
+# thousand.
+PALETTE_MAX_COLOURS = 65536
 # Formats every provider takes as they are: an image within its limits in one of them is left alone.
 _ACCEPTED = ("PNG", "JPEG", "WEBP", "GIF")
 _ORIENTATION = 0x0112  # the EXIF tag
@@ -329,9 +334,9 @@ def _too_many_pixels(width: int, height: int) -> str:
 
 
 # Bytes an encoder takes per pixel of an RGB(A) frame it encodes, its output included: measured worst cases with a
-# margin (noise, and for the median cut a gradient of 16 million colours); libwebp also takes a fixed amount at any
-# size. PNG and JPEG take less for a grey frame (GREY_SHARE of it); WebP converts grey to colour first.
-_ENCODER_BYTES_PER_PIXEL = {"PNG": 6, "JPEG": 4, "WEBP": 44, PALETTE: 48}
+# margin (noise; for the median cut, PALETTE_MAX_COLOURS of them); libwebp also takes a fixed amount at any size. PNG
+# and JPEG take less for a grey frame (GREY_SHARE of it); WebP converts grey to colour first.
+_ENCODER_BYTES_PER_PIXEL = {"PNG": 6, "JPEG": 4, "WEBP": 44, PALETTE: 12}
 _WEBP_FIXED = 16 * 2**20
 _MAX_OUTPUT_PER_PIXEL = 4.25  # the largest encoding of a frame: incompressible RGBA as PNG, with its row filters
 _GREY_SHARE = 0.375
@@ -508,6 +513,8 @@ def _ladder(im: Image.Image, width: int, height: int, long_side: int, max_bytes:
         flat: Image.Image | None = None
         smallest: int | None = None
         for fmt, setting in rescue.steps(first, size == (width, height), size[0] * size[1]):
+            if fmt == PALETTE and frame.mode != "RGBA" and frame.getcolors(PALETTE_MAX_COLOURS) is None:
+                continue
             if fmt == "JPEG" and flat is None:
                 flat = _flatten(frame)
             data = _encode(flat if fmt == "JPEG" and flat is not None else frame, fmt, setting)
