@@ -22,6 +22,13 @@ The ladder, for a long side limit `max_side` and a base64 length limit `max_byte
   rungs as the byte count says are needed (bytes ~ pixels), down to a 16 px long side, with the
   same steps but the lossless ones; then give up with a reason.
 
+Memory: before decoding, `_open` works out from the header the most the image can hold at once
+(`_peak_bytes`), and the shrink reserves that in the process-wide BUDGET (trimflow._pixel_budget): an
+image that may need more than DECODE_BUDGET is refused, one that does not fit beside the others waits
+its turn or is refused for this request. On a frame over MAX_HEAVY_PIXELS neither lossless WebP nor
+256 colours is tried and the lossy format is JPEG (WebP's encoder takes ~40 bytes a pixel); 256
+colours only on a frame of at most PALETTE_MAX_COLOURS colours.
+
 Determinism: fixed encoder settings (PNG's zlib level is picked from the input alone, see
 PNG_LEVEL) and no metadata at all (EXIF, ICC, text chunks and timestamps are dropped; EXIF
 orientation is applied to the pixels first), so the same input bytes and limits give the same
@@ -96,9 +103,9 @@ _PNG_LIKE = ("PNG", "GIF", "BMP")  # decoded to pixels that PNG keeps exactly
 LOSSLESS = -1  # the quality setting that asks WebP for its lossless mode
 PALETTE = "PNG8"  # PNG of 256 colours (median cut, no dithering): UI and text keep their edges, at 2-3x less than PNG
 # The median cut maps each pixel to its nearest palette colour through a cache of the colours it has met: a frame of
-# millions of distinct colours (a gradient, which PNG stores in a few KB) took 10 s of CPU and 45 bytes a pixel for
-# 13 MP. Past this many colours it is not tried (the RGBA one, an octree, takes no such time); a screenshot has a few
-# thousand.
+# millions of distinct colours (a gradient, which PNG stores in tens of KB) misses it on every pixel, at many times
+# the CPU of the rest of the ladder and over 40 bytes a pixel (docs/performance.md). Past this many colours it is not
+# tried (the RGBA one, an octree, has no such cost); a screenshot has a few thousand.
 PALETTE_MAX_COLOURS = 65536
 # Formats every provider takes as they are: an image within its limits in one of them is left alone.
 _ACCEPTED = ("PNG", "JPEG", "WEBP", "GIF")
