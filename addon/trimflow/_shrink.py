@@ -221,15 +221,16 @@ def shrink(payload: str, *, max_side: int | None, max_bytes: int | None, webp: b
     else:
         cost = opened.cost
         if not BUDGET.reserve(cost):
+            budget = format_size(BUDGET.limit)
             log.warning(
                 "trimflow: an image of %dx%d was not re-encoded: the %s decoding budget had no room for the %s it may need",
                 opened.width,
                 opened.height,
-                format_size(DECODE_BUDGET),
+                budget,
                 format_size(cost),
             )
             # This moment's reason, not the image's: not cached, so the next request tries again.
-            return Shrunk(reason=f"the {format_size(DECODE_BUDGET)} decoding budget was in use by other images")
+            return Shrunk(reason=f"the {budget} decoding budget was in use by other images")
         try:
             # The same image in another request may have been shrunk while this one waited for room.
             result = cache.peek(key) or _shrink(opened)
@@ -292,15 +293,9 @@ def _open(payload: str, max_side: int | None, max_bytes: int | None, webp: bool)
         im.draft(None, _fit(width, height, long_side))
     opened = _Opened(im, raw, len(payload), width, height, long_side, max_bytes, webp)
     opened.cost = _peak_bytes(opened, im)
-    if opened.cost > DECODE_BUDGET:
-        log.warning(
-            "trimflow: an image of %dx%d was not re-encoded: it may need %s, over the %s decoding budget",
-            width,
-            height,
-            format_size(opened.cost),
-            format_size(DECODE_BUDGET),
-        )
-        need, budget = format_size(opened.cost), format_size(DECODE_BUDGET)
+    if opened.cost > BUDGET.limit:
+        need, budget = format_size(opened.cost), format_size(BUDGET.limit)
+        log.warning("trimflow: an image of %dx%d was not re-encoded: it may need %s, over the %s decoding budget", width, height, need, budget)
         return Shrunk(reason=f"{width}x{height} may need {need} to re-encode, over the {budget} decoding budget")
     return opened
 
@@ -410,7 +405,9 @@ def _peak_bytes(opened: _Opened, im: Image.Image) -> int:
 
 def _encoding_peak(steps: list[tuple[str, int | None]], area: int, depth: int, alpha: bool, max_bytes: int | None) -> int:
     """What encoding a frame of `area` pixels (`depth` bytes each) may hold beside it with these steps (see _ladder)."""
-    formats = {fmt for fmt, _ in (steps if max_bytes is not None else steps[:1])}
+    if max_bytes is None:  # the first encoding is the one sent (256 colours may be passed over for its colours)
+        steps = steps[: next((i for i, (fmt, _) in enumerate(steps) if fmt != PALETTE), len(steps)) + 1]
+    formats = {fmt for fmt, _ in steps}
     share = 1.0 if depth == 4 else _GREY_SHARE
     flat = 4 * area if alpha and "JPEG" in formats else 0  # kept through the JPEG steps
     flattening = 5 * area if flat else 0  # an RGBA copy of LA, and the alpha band
