@@ -58,6 +58,7 @@ from typing import Any, Self
 import orjson
 from PIL import Image
 
+from tests.bombs import blank_png
 from tests.mitmdump import Mitmdump, stop_process
 from trimflow._clicks import ClickStream, Screen, map_answer
 from trimflow._engine import prune_request
@@ -1170,6 +1171,82 @@ def memory_figures(workdir: Path, upstream: Upstream, bodies: Bodies, settings: 
     ]
 
 
+# Blank RGBA PNGs just under the pixel limit (400 KB of PNG, 400 MB of pixels each): three at once, then a mix of eleven
+# with three more of them, three of 22.5 MP that decode one at a time, and two real 2.5 MP images shrunk beside them.
+SHRINK_BURST = ((10_000, 9_999), (9_999, 9_999), (9_998, 9_999))
+SHRINK_MIX_BLANK = ((10_000, 9_998), (9_999, 9_998), (9_998, 9_998), (9_000, 2_500), (9_001, 2_500), (9_002, 2_500))
+SHRINK_MODEL = "claude-sonnet-4-6"  # the shipped `claude` rule: 8000 px a side, 5 MiB an image
+SHRINK_HELD_WAIT = 60.0
+
+
+def _image_turn(png: bytes) -> bytes:
+    content = [{"type": "image_url", "image_url": {"url": data_url(png, "image/png")}}, {"type": "text", "text": "What changed?"}]
+    return orjson.dumps({"model": SHRINK_MODEL, "messages": [{"role": "user", "content": content}]})
+
+
+def _all_at_once(port: int, bodies: list[bytes]) -> None:
+    """Each body from a client of its own, all released together; returns once every one is answered (200)."""
+    start = threading.Barrier(len(bodies))
+    errors: list[str] = []
+
+    def send(body: bytes) -> None:
+        start.wait()
+        client = Client(port, timeout=300)
+        try:
+            status, _, _ = client.post(body)
+            if status != 200:
+                errors.append(f"status {status}")
+        except (OSError, http.client.HTTPException) as exc:
+            errors.append(type(exc).__name__)
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=send, args=(body,), daemon=True) for body in bodies]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise RuntimeError(f"shrink memory: {len(errors)} of {len(bodies)} requests failed: {errors[0]}")
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def shrink_memory_figures(workdir: Path, upstream: Upstream) -> list[Figure]:
+    """A fresh mitmdump with the addon and the shipped rules, sent images whose decoding would take gigabytes: its peak
+    resident size, what it still holds over its quiet figure once idle, and the CPU it spent (docs/security.md)."""
+    proxy = start_proxy(workdir / "shrink-memory", "shrink-memory", upstream, addon=True)
+    try:
+        warm_up = _image_turn(image(8300, 300, "PNG", seed=69, noise=0.2))  # over 8000 px: Pillow loaded, one shrink
+        _post_ok(Client(proxy.mitmdump.port), warm_up)
+        quiet = _status_kb(proxy.pid, "VmRSS") / 1024
+        before = _cpu_seconds(proxy.pid)
+        _all_at_once(proxy.mitmdump.port, [_image_turn(blank_png(*size)) for size in SHRINK_BURST])
+        burst_cpu, burst_peak = _cpu_seconds(proxy.pid) - before, proxy.peak_rss_mb()
+        mix = [_image_turn(blank_png(*size)) for size in SHRINK_MIX_BLANK]
+        mix += [_image_turn(image(8400 + 100 * i, 300, "PNG", seed=70 + i, noise=0.2)) for i in range(2)]
+        before = _cpu_seconds(proxy.pid)
+        _all_at_once(proxy.mitmdump.port, mix)
+        mix_cpu, peak = _cpu_seconds(proxy.pid) - before, proxy.peak_rss_mb()
+        deadline = time.monotonic() + SHRINK_HELD_WAIT
+        while _status_kb(proxy.pid, "VmRSS") / 1024 > quiet + 200 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.0)  # what stays, not what is still on its way back
+        held = _status_kb(proxy.pid, "VmRSS") / 1024 - quiet
+    finally:
+        proxy.mitmdump.stop()
+    what = f"{len(SHRINK_BURST)} requests at once, each one blank ~100 MP PNG, then {len(mix)} mixed"
+    peak_note, cpu_note = f"quiet {quiet:.0f} MB; after the first three {burst_peak:.0f} MB", f"for the {len(mix)} mixed: {mix_cpu:.1f} s"
+    return [
+        Figure("shrink_memory_peak_mb", f"peak RSS, {what}", peak, "MB", 2048, note=peak_note),
+        Figure("shrink_memory_held_mb", "RSS over the quiet figure once idle", held, "MB", 200),
+        Figure("shrink_memory_cpu_s", f"mitmdump CPU for the {len(SHRINK_BURST)} at once", burst_cpu, "s", note=cpu_note),
+    ]
+
+
 def _read_error_answer(port: int, body: bytes) -> int:
     """Send `body` asking the upstream for its large error answer; the answer's length, read and dropped as it comes."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
@@ -1725,6 +1802,8 @@ def proxy_figures(
     figures += memory_figures(workdir, upstream, bodies, settings)
     say(f"a {ERROR_ANSWER_BYTES // MB} MiB error answer (fresh processes)")
     figures += error_answer_figures(workdir, upstream, bodies, settings)
+    say("shrinking images that decode to gigabytes, three at once and a mix (a fresh process)")
+    figures += shrink_memory_figures(workdir, upstream)
     return figures
 
 
