@@ -127,11 +127,40 @@ def _arrivals(remembered: Mapping[bytes, list[Copy]], images: Images) -> list[Co
 
 
 def _copies(last: LastTurn) -> dict[bytes, list[Copy]]:
-    """A shared last turn's images as a line of history remembers them: each copy's rank stands for when it came."""
+    """A shared last turn's images as a line of history remembers them: each copy's rank stands for when it came,
+    counted back from the memory's first request, so that every image the memory sees from now on came after them."""
     table: dict[bytes, list[Copy]] = {}
+    first = -len(last.images)
     for rank, (key, crc) in enumerate(last.images):
-        table.setdefault(key, []).append(Copy(rank, rank < last.cut, crc))
+        table.setdefault(key, []).append(Copy(first + rank, rank < last.cut, crc))
     return table
+
+
+def _goes_on(remembered: Mapping[bytes, list[Copy]], last: LastTurn, images: Images) -> bool:
+    """Whether the shared turn `last` goes on from the turn a line of history remembers (`remembered`), for a request
+    sending `images`: it lists every image of that turn the request sends again, the ones cut still cut, in the order
+    they came (those that came together in any order), and the images new to the line after them. A row that does
+    not is another conversation with the same opening (a second run of one task) or a turn that lost what the line
+    knows: taking it would move the line's cut and reorder its images, and its prompt cache with them."""
+    ranked: list[tuple[tuple[int, int], int]] = []  # (when the line's copy came, cut first; the row's rank)
+    for mine, theirs in zip(_arrivals(remembered, images), _arrivals(_copies(last), images), strict=True):
+        if mine is None:
+            if theirs is not None:
+                ranked.append(((1, _NEW), theirs.came))
+        elif theirs is None or (mine.cut and not theirs.cut):
+            return False
+        else:
+            ranked.append(((0 if mine.cut else 1, mine.came), theirs.came))
+    ranked.sort()
+    before = top = -_NEW  # the row's highest rank among the copies that came before this group, and in this group so far
+    group: tuple[int, int] | None = None
+    for when, rank in ranked:
+        if when != group:
+            group, before = when, top
+        if rank <= before:
+            return False
+        top = max(top, rank)
+    return True
 
 
 def _oldest_first(found: Sequence[Copy | None]) -> list[int]:
@@ -226,8 +255,10 @@ class Conversations:
         else:
             last = self.shared.get(key)
             self._read = (key, history.tip, last)
-        if last is None or (line is not None and line.sent_at is not None and last.sent_at <= line.sent_at):
+        if last is None:
             return None
+        if line is not None and line.sent_at is not None and (last.sent_at <= line.sent_at or not _goes_on(line.images, last, history.images)):
+            return None  # this process knows the conversation better: the row is older, or not its next turn
         sent = set(history.images.keys)
         return last if all(key in sent for key, _ in last.images) else None
 
