@@ -1605,8 +1605,15 @@ def conversations_file_figures(workdir: Path, settings: Settings) -> list[Figure
     keys = [conversation_key("api.anthropic.com", None, i.to_bytes(8, "big")) for i in range(CONVERSATIONS_ROWS)]
     times: list[float] = []
     with LastTurns(str(path)) as this, LastTurns(str(path)) as other:
-        for key in keys:
-            other.put(key, LastTurn(time.time(), 6, images))
+        missing = keys
+        for _ in range(100):  # written as fast as a loop goes, some wait for the checkpoint (or are dropped): again
+            for key in missing:
+                other.put(key, LastTurn(time.time(), 6, images))
+            missing = [key for key in missing if this.get(key) is None]
+            if not missing:
+                break
+        else:
+            raise RuntimeError("the file was not filled")
         for rep in range(LATENCY_WARMUP + 20 * settings.latency_reps):
             key = keys[rep % len(keys)]
             other.put(key, LastTurn(time.time(), 6, images))  # the other instance's turn

@@ -52,9 +52,13 @@ MAX_ROWS = 10_000
 MAX_IMAGES = 1024  # images a row keeps (the oldest go first); a line of history remembers as many (trimflow._conversation)
 MAX_PENDING = 1024  # conversations whose last turn waits for a file another process holds (12 MiB at most)
 RETRY_FIRST, RETRY_MAX = 0.05, 1.0  # seconds before a held file is tried again, doubling
-CLEAN_EVERY = 256  # writes between two removals of old rows and checkpoints of the log
+# Writes between two checkpoints of SQLite's log, by the writing thread (one on the request path would sync the file),
+# and between two removals of old rows. A checkpoint copies the log into the file beside the writers; a log past
+# LOG_LIMIT (turns that never pause) is copied and emptied with the writers held off, which queue their turns meanwhile.
+CHECKPOINT_EVERY = 64
+CLEAN_EVERY = 256
+LOG_LIMIT = 4 << 20
 CLOSE_WAIT = 1.0  # seconds `close` gives the writing thread to write what waits (it never waits for the file itself)
-MAX_LOG_BYTES = 64 << 20  # SQLite's log (-wal) a file may come with: a checkpoint every CLEAN_EVERY writes keeps it far under
 _MAX_VALUE = 1 << 20  # the longest text or blob SQLite reads from the file at all (a row's images: 12 KiB)
 _IMAGE = struct.Struct(">8sI")  # an image's key and CRC-32
 _SCHEMA = 1
@@ -68,11 +72,14 @@ _READ = (
     "SELECT CASE WHEN typeof(sent_at) IN ('real', 'integer') THEN sent_at END, CASE WHEN typeof(cut) = 'integer' THEN cut END, "
     "CASE WHEN typeof(images) = 'blob' AND length(images) <= ? THEN images END FROM last_turn WHERE conversation = ?"
 )
-# A turn never replaces a newer one (a write that waited for the file), unless that one is no time a reader takes.
+# A turn never replaces a newer one (a write that waited for the file goes after the next turn's), nor the same turn
+# cut further (a retry's, trimflow._conversation's recut), unless that one is no row a reader takes: so turns may be
+# written in any order.
 _WRITE = (
     "INSERT INTO last_turn (conversation, sent_at, cut, images) VALUES (?, ?, ?, ?) ON CONFLICT (conversation) DO UPDATE SET "
     "sent_at = excluded.sent_at, cut = excluded.cut, images = excluded.images WHERE NOT "
-    "(typeof(last_turn.sent_at) IN ('real', 'integer') AND last_turn.sent_at > excluded.sent_at AND last_turn.sent_at <= ?)"
+    "(typeof(last_turn.sent_at) IN ('real', 'integer') AND typeof(last_turn.cut) = 'integer' AND last_turn.sent_at <= ? AND "
+    "(last_turn.sent_at > excluded.sent_at OR (last_turn.sent_at = excluded.sent_at AND last_turn.cut > excluded.cut)))"
 )
 
 Row = tuple[bytes, float, int, bytes]  # a turn as written: key, time, cut, packed images
@@ -129,8 +136,8 @@ class LastTurns:
         self._pending: dict[bytes, Row] = {}  # turns waiting for the file, by conversation
         self._retry_at = 0.0  # monotonic seconds before which the writing thread does not try the file again
         self._retry_delay = RETRY_FIRST
-        self._written = 0  # rows written since the last cleaning
-        self._writing = False  # the writing thread holds rows it took from the queue
+        self._written = 0  # rows written since the last checkpoint
+        self._uncleaned = 0  # and since the last removal of old rows
         self._writer: threading.Thread | None = None
         self._failed = False  # the file could not be used: not tried again
         self._closed = False
@@ -159,8 +166,7 @@ class LastTurns:
         return _checked(row, self.clock()) if row is not None else None
 
     def put(self, key: bytes, turn: LastTurn) -> None:
-        """Writes the turn now if the file lets it at once and no earlier turn waits, else queues it for the writing
-        thread (so that turns go in the order they came)."""
+        """Writes the turn now if the file lets it at once, else queues it for the writing thread."""
         if not self.in_use:
             return
         images = turn.images[-MAX_IMAGES:]
@@ -170,9 +176,7 @@ class LastTurns:
         with link.lock:
             if self._closed:
                 return
-            with self._wake:
-                waiting = bool(self._pending) or self._writing
-            db = self._ready(link) if not waiting else None
+            db = self._ready(link)
             if db is not None:
                 try:
                     written = self._write(link, [row])
@@ -285,9 +289,8 @@ class LastTurns:
                 waiting = self._pending.get(key)
                 if waiting is not None and waiting[1] <= sent_at:
                     del self._pending[key]
-            self._written += written
-            self.writes_dropped += len(rows) - written
-            if self._written >= CLEAN_EVERY:
+            self._count(written, len(rows) - written)
+            if self._upkeep_due():
                 self._start()
 
     def _defer(self, rows: Sequence[Row]) -> None:
@@ -318,26 +321,24 @@ class LastTurns:
         while True:
             with self._wake:
                 while not self._stopping() and not self._due():
-                    work = self._pending or self._written >= CLEAN_EVERY
+                    work = self._pending or self._upkeep_due()
                     self._wake.wait(max(0.0, self._retry_at - self.monotonic()) if work else None)
                 closing = self._stopping()
                 rows = list(self._pending.values())
                 self._pending = {}
-                self._writing = bool(rows)
-                clean = self._written >= CLEAN_EVERY and not closing
-                if clean:
+                upkeep = self._upkeep_due() and not closing
+                clean = upkeep and self._uncleaned >= CLEAN_EVERY
+                if upkeep:
                     self._written = 0
-            try:
-                with link.lock:
-                    if rows and not self._failed:
-                        self._write_waiting(link, rows, closing)
                     if clean:
-                        self._clean(link)
-                    if closing:
-                        _close(link)
-            finally:
-                with self._wake:
-                    self._writing = False
+                        self._uncleaned = 0
+            with link.lock:
+                if rows and not self._failed:
+                    self._write_waiting(link, rows, closing)
+                if upkeep:
+                    self._maintain(link, clean)
+                if closing:
+                    _close(link)
             if closing:
                 return
 
@@ -345,7 +346,10 @@ class LastTurns:
         return self._closed or self._failed
 
     def _due(self) -> bool:
-        return (bool(self._pending) or self._written >= CLEAN_EVERY) and self.monotonic() >= self._retry_at
+        return (bool(self._pending) or self._upkeep_due()) and self.monotonic() >= self._retry_at
+
+    def _upkeep_due(self) -> bool:
+        return self._written >= CHECKPOINT_EVERY or self._uncleaned >= CLEAN_EVERY
 
     def _write_waiting(self, link: _Link, rows: list[Row], closing: bool) -> None:
         oldest = self.clock() - MAX_AGE
@@ -360,8 +364,7 @@ class LastTurns:
                     return
             else:
                 with self._wake:
-                    self._written += written
-                    self.writes_dropped += len(rows) - written
+                    self._count(written, len(rows) - written)
                     self._retry_delay = RETRY_FIRST
                 return
         with self._wake:
@@ -376,36 +379,42 @@ class LastTurns:
                     self._pending[row[0]] = row
             self._later(link)
 
-    def _clean(self, link: _Link) -> None:
-        """Old rows out, past MAX_ROWS the least recently sent, and SQLite's log checkpointed (its commits on the request
-        path never do it: a checkpoint syncs the file). A file held now is cleaned after a delay."""
+    def _maintain(self, link: _Link, clean: bool) -> None:
+        """SQLite's log checkpointed and emptied, and with `clean` old rows out (past MAX_AGE, and past MAX_ROWS the least
+        recently sent). A file held now is tried again after a delay."""
         db = self._ready(link)
-        if db is None:
-            with self._wake:
-                self._written += CLEAN_EVERY
-                self._later(link)
-            return
         try:
-            with _transaction(db, "BEGIN IMMEDIATE"):
-                if self._ours(link):
-                    now = self.clock()
-                    # By the index, over times only (a text or blob sorts after every number: never read).
-                    db.execute("DELETE FROM last_turn WHERE sent_at < ?", (now - MAX_AGE,))
-                    # Past MAX_ROWS, down to it: the least recently sent go (the oldest time kept found by the index).
-                    kept_from = db.execute(
-                        "SELECT sent_at FROM last_turn WHERE sent_at <= ? ORDER BY sent_at DESC LIMIT 1 OFFSET ?", (now + 1.0, MAX_ROWS - 1)
-                    ).fetchone()
-                    if kept_from is not None:
-                        db.execute("DELETE FROM last_turn WHERE sent_at < ?", kept_from)
+            if db is None:
+                raise sqlite3.OperationalError("database is locked")  # held at its opening
+            if clean:
+                with _transaction(db, "BEGIN IMMEDIATE"):
+                    if self._ours(link):
+                        now = self.clock()
+                        # By the index, over times only (a text or blob sorts after every number: never read).
+                        db.execute("DELETE FROM last_turn WHERE sent_at < ?", (now - MAX_AGE,))
+                        # Past MAX_ROWS, down to it: the least recently sent go (the oldest time kept found by the index).
+                        kept_from = db.execute(
+                            "SELECT sent_at FROM last_turn WHERE sent_at <= ? ORDER BY sent_at DESC LIMIT 1 OFFSET ?",
+                            (now + 1.0, MAX_ROWS - 1),
+                        ).fetchone()
+                        if kept_from is not None:
+                            db.execute("DELETE FROM last_turn WHERE sent_at < ?", kept_from)
             if self.path != ":memory:":
-                db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                db.execute(f"PRAGMA wal_checkpoint({'TRUNCATE' if _size(self.path + '-wal') > LOG_LIMIT else 'PASSIVE'})").fetchall()
         except (sqlite3.Error, Refused) as exc:
             if _busy(exc):
                 with self._wake:
-                    self._written += CLEAN_EVERY  # due again, after a delay
+                    self._written += CHECKPOINT_EVERY  # due again, after a delay
+                    self._uncleaned += CLEAN_EVERY if clean else 0
                     self._later(link)
             elif not _too_long(exc):
                 self._fail(link, exc)
+
+    def _count(self, written: int, dropped: int) -> None:
+        """Rows written and dropped (under `_wake`)."""
+        self._written += written
+        self._uncleaned += written
+        self.writes_dropped += dropped
 
     def _later(self, link: _Link) -> None:
         """The file was held: the writing thread tries it again after a delay (under `_wake`)."""
@@ -424,8 +433,8 @@ def _connect(path: str) -> sqlite3.Connection:
         if path != ":memory:":
             db.execute("PRAGMA journal_mode = WAL")  # readers never wait for a writer
             db.execute("PRAGMA synchronous = NORMAL")  # a lost last turn costs one cut, never the file
-            db.execute("PRAGMA wal_autocheckpoint = 0")  # the writing thread checkpoints (LastTurns._clean)
-            db.execute(f"PRAGMA journal_size_limit = {MAX_LOG_BYTES // 16}")
+            db.execute("PRAGMA wal_autocheckpoint = 0")  # the writing thread checkpoints (LastTurns._maintain)
+            db.execute(f"PRAGMA journal_size_limit = {LOG_LIMIT}")
     except BaseException:
         db.close()
         raise
@@ -434,9 +443,8 @@ def _connect(path: str) -> sqlite3.Connection:
 
 def _regular(path: str) -> None:
     """Makes the file if it is missing: private, in a private folder if it has none yet (mitmproxy's confdir is made
-    so too), as it tells which images a conversation holds (digests), nobody else's business. Refuses a file or log
-    that is not a regular file (a FIFO, a device), and a log longer than trimflow leaves one (SQLite would read it
-    through at this opening, on the request path).
+    so too), as it tells which images a conversation holds (digests), nobody else's business. Refuses a file, log or
+    shared-memory file that is not a regular file (a FIFO, a device).
 
     An existing file is only looked at, never opened here: closing a descriptor of it would drop every POSIX lock
     this process holds on it, those of the connections open already included."""
@@ -452,8 +460,13 @@ def _regular(path: str) -> None:
             continue
         if not stat.S_ISREG(found.st_mode):
             raise Refused(f"its {suffix[1:]} file is not a regular file" if suffix else "not a regular file")
-        if suffix == "-wal" and found.st_size > MAX_LOG_BYTES:
-            raise Refused(f"its log is over {MAX_LOG_BYTES >> 20} MiB")
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
 
 
 def _authorize(action: int, arg1: str | None, arg2: str | None, database: str | None, source: str | None) -> int:
