@@ -20,8 +20,10 @@ MAX_IMAGES_REMEMBERED in all, past which the least recently seen conversations g
 
 Several processes behind a balancer each see only some turns of a conversation. With `shared` (a LastTurns file,
 trimflow._last_turns) every turn is written there too, and `recall` takes the conversation's last turn from there
-when another process sent it after this one's own last turn and the request sends all its images again: its cut,
-its time and its images' arrivals.
+when another process sent it after this one's own last turn, the request sends all its images again, and the row
+goes on from what this process remembers of the conversation, if anything (`_goes_on`): its cut, its time and its
+images' arrivals. A row is keyed by the conversation's opening, which two runs of one task share: neither takes the
+other's.
 """
 
 from __future__ import annotations
@@ -240,9 +242,9 @@ class Conversations:
 
     def _newer_shared_turn(self, history: History, line: HistoryLine | None, fresh: bool = False) -> LastTurn | None:
         """The conversation's last turn in the shared file when it went after `line`'s (this process's own memory of
-        it, if any) and this request continues it: it sends every image that turn sent again. (Two runs of one
-        conversation share a key: a later turn of the other run sent images this one has not come to, and its cut
-        must not be held here.)
+        it, if any), goes on from it (`_goes_on`), and this request continues it: it sends every image that turn sent
+        again. (Two runs of one conversation share a key: a later turn of the other run sent images this one has not
+        come to, an earlier one lacks images this one remembers, and neither's cut may be held here.)
 
         `recall` reads the file (`fresh`); `assign` takes the row `recall` last read for the same request (`_read`,
         until a turn is written): one read a turn, and the turn remembered in the order it was cut in."""
