@@ -5,7 +5,8 @@ on after a file held at its opening, and a file with a schema object trimflow di
 (the trigger never runs).
 
 The one figure here, an unrelated request's delay, is a bound on a stall of the event loop (40 writes that each
-waited for the lock held it 2 s), taken against the same burst with the file free, so a busy machine slows both.
+waited for the lock held it 2 s), taken against the same burst with the file free, so a busy machine slows both,
+and the least of two rounds.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ pytestmark = pytest.mark.e2e
 
 BURST = 40  # conversations whose turns go through at once
 STALL_BOUND = 1.0  # seconds the file may add to an unrelated request's latency: none in truth, a bound on a stall
+ROUNDS = 2  # of a burst beside a free file, then beside a held one
 SHOTS = shots(1, seed=35)
 NOT_USED = "conversations file"
 
@@ -85,13 +87,21 @@ def test_another_process_holding_the_file_never_holds_up_a_request_and_held_turn
     start_all(proxy.mitm)
     try:
         send(proxy, "warm-up")  # the file made and opened
-        free = burst_beside_an_unrelated_request(proxy, provider, "free")
-        assert rows(path) == 1 + BURST + 1
-        with sqlite_held_by_another_process(path):
-            held = burst_beside_an_unrelated_request(proxy, provider, "held")
-            assert rows(path) == 1 + BURST + 1  # nothing written while the lock is held
-        assert held - free < STALL_BOUND, f"an unrelated request took {held:.2f} s beside a held file, {free:.2f} s beside a free one"
-        wait_for(lambda: rows(path) == 2 * (1 + BURST) + 1, "the held turns, written once the lock was gone")
+        written = 1
+        delays = []
+        for number in range(ROUNDS):
+            free = burst_beside_an_unrelated_request(proxy, provider, f"free-{number}")
+            written += BURST + 1
+            wait_for(lambda count=written: rows(path) == count, "the turns beside a free file")
+            with sqlite_held_by_another_process(path):
+                held = burst_beside_an_unrelated_request(proxy, provider, f"held-{number}")
+                assert rows(path) == written  # nothing written while the lock is held
+            written += BURST + 1
+            wait_for(lambda count=written: rows(path) == count, "the held turns, written once the lock was gone")
+            delays.append((held - free, held, free))
+        # The least of the rounds: a bound on a stall every held write causes, not on the machine's other work.
+        delay, held, free = min(delays)
+        assert delay < STALL_BOUND, f"an unrelated request took {held:.2f} s beside a held file, {free:.2f} s beside a free one"
         assert file_lines(proxy) == []
     finally:
         stop_all(proxy.mitm)
