@@ -156,14 +156,22 @@ class LastTurns:
                 return None
             try:
                 with _transaction(db, "BEGIN"):
-                    row = db.execute(_READ, (MAX_IMAGES * _IMAGE.size, key)).fetchone() if self._ours(link) else None
+                    row = self._read(db, key) if self._ours(link) else None
             except (sqlite3.Error, Refused) as exc:
-                # A read held up (the whole file locked, WAL recovery) reads nothing this once; a row with a value too
-                # long to read (_MAX_VALUE) is not what `put` writes.
-                if not _busy(exc) and not _too_long(exc):
+                if not _busy(exc):  # a read held up (the whole file locked, WAL recovery) reads nothing this once
                     self._fail(link, exc)
                 return None
         return _checked(row, self.clock()) if row is not None else None
+
+    @staticmethod
+    def _read(db: sqlite3.Connection, key: bytes) -> Sequence[object] | None:
+        try:
+            row: Sequence[object] | None = db.execute(_READ, (MAX_IMAGES * _IMAGE.size, key)).fetchone()
+        except sqlite3.DataError as exc:
+            if not _too_long(exc):
+                raise
+            return None  # a value too long to read (_MAX_VALUE): not what `put` writes
+        return row
 
     def put(self, key: bytes, turn: LastTurn) -> None:
         """Writes the turn now if the file lets it at once, else queues it for the writing thread."""
@@ -285,10 +293,10 @@ class LastTurns:
 
     def _wrote(self, rows: Sequence[Row], written: int) -> None:
         with self._wake:
-            for key, sent_at, _, _ in rows:
-                waiting = self._pending.get(key)
-                if waiting is not None and waiting[1] <= sent_at:
-                    del self._pending[key]
+            for row in rows:
+                waiting = self._pending.get(row[0])
+                if waiting is not None and not _newer(waiting, row):
+                    del self._pending[row[0]]
             self._count(written, len(rows) - written)
             if self._upkeep_due():
                 self._start()
@@ -301,7 +309,7 @@ class LastTurns:
             for row in rows:
                 waiting = self._pending.get(row[0])
                 if waiting is not None:
-                    if waiting[1] <= row[1]:
+                    if not _newer(waiting, row):
                         self._pending[row[0]] = row
                 elif len(self._pending) < MAX_PENDING:
                     self._pending[row[0]] = row
@@ -375,7 +383,7 @@ class LastTurns:
             self.writes_dropped += len(rows) - len(fresh)
             for row in fresh:  # back in the queue, unless a newer turn of the conversation came meanwhile
                 waiting = self._pending.get(row[0])
-                if waiting is None or waiting[1] < row[1]:
+                if waiting is None or _newer(row, waiting):
                     self._pending[row[0]] = row
             self._later(link)
 
@@ -420,6 +428,11 @@ class LastTurns:
         """The file was held: the writing thread tries it again after a delay (under `_wake`)."""
         self._retry_at = max(self.monotonic() + self._retry_delay, link.retry_at)
         self._retry_delay = min(2 * self._retry_delay, RETRY_MAX)
+
+
+def _newer(row: Row, other: Row) -> bool:
+    """Whether `row` is a later turn of the conversation than `other`, or the same turn cut further (as _WRITE)."""
+    return (row[1], row[2]) > (other[1], other[2])
 
 
 def _connect(path: str) -> sqlite3.Connection:
