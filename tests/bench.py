@@ -57,7 +57,7 @@ from PIL import Image
 
 from tests.mitmdump import Mitmdump, stop_process
 from trimflow._engine import prune_request
-from trimflow._last_turns import LastTurn, LastTurns, conversation_key
+from trimflow._last_turns import LastTurn, LastTurns, conversation_key, row_keys
 from trimflow._malloc import MMAP_THRESHOLD, TRIM_THRESHOLD
 from trimflow._record import utc_timestamp
 from trimflow._rules_file import DEFAULT_RULES_PATH, load_rules
@@ -1618,7 +1618,7 @@ def conversations_file_figures(workdir: Path, settings: Settings) -> list[Figure
             key = keys[rep % len(keys)]
             other.put(key, LastTurn(time.time(), 6, images))  # the other instance's turn
             started = time.perf_counter()
-            last = this.get(key)
+            last = this.get_many(row_keys(key))[0]  # as a turn reads: every row under the conversation's key
             this.put(key, LastTurn(time.time(), 12, images))
             if rep >= LATENCY_WARMUP:
                 times.append((time.perf_counter() - started) * 1000)

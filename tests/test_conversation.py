@@ -695,42 +695,49 @@ def test_the_shared_file_holds_digests_only(tmp_path: Path, closing: Callable[[L
         assert again.get(conversation_key(HOST, outcome.history.session, outcome.history.origin)) is not None
 
 
-def screens(shots: list[bytes]) -> bytes:
+def screens(shots: list[bytes], answers: str = "") -> bytes:
     """Turn len(shots) of an agent's session to Anthropic: the whole history, shots[i] the screenshot of turn i+1 (the
-    first in the first message, so two runs of one task with the same first screen share a row of the file)."""
+    first in the first message, so two runs of one task with the same first screen share a row of the file), the
+    model's answers starting with `answers` (another run of the task is answered otherwise)."""
     text = orjson.dumps(session_body("anthropic", len(shots), SHOT, "image/png")).decode()
     for shot in shots:
         text = text.replace(b64(SHOT), b64(shot), 1)
-    return text.encode()
+    return text.replace("On turn ", f"{answers}On turn ").encode()
 
 
-def test_two_users_with_the_same_opening_never_change_each_others_cuts(closing: Callable[[LastTurns], LastTurns]) -> None:
-    """A run of one task goes on while another run of it, with the same system prompt and first screen (so the same
-    row of the file), sends its first turn again and again: each is forwarded as it would be alone. A row of the
-    other run once made the first send 3 images a turn instead of 4 to 8, a different first one each turn (a prompt
-    cache broken every turn)."""
+@pytest.mark.parametrize("instances", [1, 3])
+def test_two_users_with_the_same_opening_never_change_each_others_cuts(closing: Callable[[LastTurns], LastTurns], instances: int) -> None:
+    """Runs of one task with the same system prompt and first screen (so one key in the file): one going on, one that
+    sends its first turn again and again, one going on with screens of its own; their requests spread over
+    `instances` processes sharing one file, round robin. Each is forwarded as it would be alone. A row of another run
+    once made the first send 3 images a turn instead of 4 to 8, a different first one each turn (a prompt cache
+    broken every turn); with 3 processes, runs writing over each other's row did the same."""
     now = [1000.0]
     rules = rules_with(max_images=8, prune_batch=6, keep_recent=1, low_water=0.4, cache_ttl=300.0)
     url = f"https://{HOST}{PATHS['anthropic']}"
     first = [image(24, 16, "PNG", seed=100 + i) for i in range(20)]
-    again = [first[0]]
+    again = first[:1]
+    other = first[:1] + [image(24, 16, "PNG", seed=200 + i) for i in range(19)]
+    answers = {id(other): "Run two. "}
 
-    def forwarded(runs: list[list[bytes]], turns: range) -> list[list[bytes]]:
-        memory = Conversations(clock=lambda: now[0], shared=closing(LastTurns(":memory:", clock=lambda: now[0])))
+    def forwarded(runs: list[list[bytes]], processes: int) -> list[list[bytes]]:
+        shared = closing(LastTurns(":memory:", clock=lambda: now[0]))
+        memories = [Conversations(clock=lambda: now[0], shared=shared) for _ in range(processes)]
         bodies: list[list[bytes]] = [[] for _ in runs]
-        for turn in turns:
+        for turn in range(1, len(first) + 1):
             for run, shots in enumerate(runs):
                 now[0] += 5.0
-                outcome = prune_request(url, {}, screens(shots[: min(turn, len(shots))]), rules, memory=memory)
+                memory = memories[(turn + run) % processes]  # each run on the next process each turn
+                body = screens(shots[: min(turn, len(shots))], answers.get(id(shots), ""))
+                outcome = prune_request(url, {}, body, rules, memory=memory)
                 assert outcome.record is not None and outcome.history is not None
                 memory.assign(outcome.history, outcome.record.kind, outcome.cut)
                 bodies[run].append(outcome.body)
         return bodies
 
-    turns = range(1, len(first) + 1)
-    alone = forwarded([first], turns)[0]
-    assert [body.count(b'"type":"image"') for body in alone][7:] == [8, 3, 4, 5, 6, 7, 8, 3, 4, 5, 6, 7, 8]  # held, cut, held
-    assert forwarded([first, again], turns) == [alone, forwarded([again], turns)[0]]
+    alone = [forwarded([run], 1)[0] for run in (first, again, other)]
+    assert [body.count(b'"type":"image"') for body in alone[0]][7:] == [8, 3, 4, 5, 6, 7, 8, 3, 4, 5, 6, 7, 8]  # held, cut, held
+    assert forwarded([first, again, other], instances) == alone
 
 
 def test_a_row_taken_leaves_its_images_older_than_every_image_that_comes_after(closing: Callable[[LastTurns], LastTurns]) -> None:
@@ -783,8 +790,8 @@ def test_a_turn_reads_the_file_once_and_remembers_itself_in_the_order_it_was_cut
     a, b = Conversations(clock=lambda: now[0], shared=shared), Conversations(clock=lambda: now[0], shared=shared)
     a.assign(line(0, 1, [A, B]), TURN, cut=0)
     reads = []
-    get = shared.get
-    monkeypatch.setattr(shared, "get", lambda key: reads.append(key) or get(key))
+    get_many = shared.get_many
+    monkeypatch.setattr(shared, "get_many", lambda keys: reads.append(keys) or get_many(keys))
     request = line(0, 2, [A, B, C])
     now[0] = 20.0
     assert b.recall(request).cut == 0  # a's turn: nothing cut
@@ -792,6 +799,6 @@ def test_a_turn_reads_the_file_once_and_remembers_itself_in_the_order_it_was_cut
     shared.put(key, LastTurn(15.0, 2, ((B, 0), (A, 0))))  # meanwhile, another process's row with another order
     b.assign(request, TURN, cut=1)
     assert len(reads) == 1
-    last = get(key)
+    (last, *_) = get_many([key])
     assert last is not None and last.images[0][0] == A and last.cut == 1  # A first, as recall ordered: A was cut
     assert b.recall(line(0, 3, [A, B, C, D])) is not None and len(reads) == 2  # a new request: read again

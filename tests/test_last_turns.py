@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from trimflow import _last_turns
-from trimflow._last_turns import MAX_AGE, MAX_IMAGES, LastTurn, LastTurns, conversation_key
+from trimflow._last_turns import MAX_AGE, MAX_IMAGES, LastTurn, LastTurns, conversation_key, row_keys
 
 from .helpers import ROOT, SQLITE_LOCKS, sqlite_held_by_another_process, wait_for
 
@@ -283,7 +283,7 @@ def test_a_huge_value_in_a_row_is_never_read_into_memory(path: Path) -> None:
         assert peak < 1 << 20
         turns.put(KEY, TURN)  # written over: it was never read
         turns.put(OTHER, TURN)  # cannot be (its time would have to be read): this turn is not shared
-        assert turns.get(KEY) == TURN and turns.in_use and turns.writes_dropped == 1
+        assert turns.get_many([KEY, OTHER]) == [TURN, None] and turns.in_use and turns.writes_dropped == 1
 
 
 def test_a_fifo_in_place_of_the_file_or_its_log_is_refused_by_name(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -306,4 +306,7 @@ def test_keys_are_the_same_in_every_process_and_tell_conversations_apart() -> No
     assert other.stdout.strip() == conversation_key("h", "s", b"o").hex()
     keys = {conversation_key(h, s, o) for h in ("h", "g") for s in (None, "s") for o in (b"o", b"p")}
     assert len(keys) == 8 and all(len(k) == 16 for k in keys)
+    rows = {row for key in keys for row in row_keys(key)}  # the rows of conversations that open alike
+    assert len(rows) == 8 * _last_turns.SLOTS and all(len(row) == 16 and row_keys(row[:16]) for row in rows)
+    assert all(row_keys(key)[0] == key for key in keys)
     assert not math.isnan(TURN.sent_at)

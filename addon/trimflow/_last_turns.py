@@ -8,8 +8,8 @@ row goes before its own memory): several instances then cut a conversation as on
 A row is keyed by a digest of the conversation (`conversation_key`: the host, the session id if the agent names
 one, and the digest of its system prompt and first message) and holds the turn's time on the wall clock, how
 many of its images were cut, and its images oldest first by arrival, each as its key and CRC-32
-(trimflow._history: digests, never an image's bytes or any text). The provider's prompt cache is keyed by
-content too: two runs of one conversation share a row as they share its cached prefix.
+(trimflow._history: digests, never an image's bytes or any text). Conversations that open alike (two runs of one
+task) have one key, and up to SLOTS rows under it (`row_keys`): trimflow._conversation tells which is whose.
 
 Whoever can write the file is not trusted. The file is used only while its schema is exactly the one this module
 makes (`_OBJECTS`, checked in the snapshot each read and write runs in), SQLite runs nothing of the file's own
@@ -50,6 +50,7 @@ MAX_AGE = 2 * 24 * 3600.0  # seconds a row is kept: past every prompt cache's li
 # (trimflow._conversation.DEFAULT_CAPACITY), at most 12 KiB each (MAX_IMAGES), about 1 KiB for 60 images.
 MAX_ROWS = 10_000
 MAX_IMAGES = 1024  # images a row keeps (the oldest go first); a line of history remembers as many (trimflow._conversation)
+SLOTS = 4  # rows under one conversation key: conversations that open alike, each its own (the least recently sent gives way)
 MAX_PENDING = 1024  # conversations whose last turn waits for a file another process holds (12 MiB at most)
 RETRY_FIRST, RETRY_MAX = 0.05, 1.0  # seconds before a held file is tried again, doubling
 # Writes between two checkpoints of SQLite's log, by the writing thread (one on the request path would sync the file),
@@ -69,8 +70,9 @@ _OBJECTS = frozenset({("table", "last_turn", "last_turn", _TABLE), ("index", "la
 _KINDS = ("table", "index", "view", "trigger")
 # Each value read only when it is of the type `put` writes, and the images only up to what a row may hold.
 _READ = (
-    "SELECT CASE WHEN typeof(sent_at) IN ('real', 'integer') THEN sent_at END, CASE WHEN typeof(cut) = 'integer' THEN cut END, "
-    "CASE WHEN typeof(images) = 'blob' AND length(images) <= ? THEN images END FROM last_turn WHERE conversation = ?"
+    "SELECT conversation, CASE WHEN typeof(sent_at) IN ('real', 'integer') THEN sent_at END, "
+    "CASE WHEN typeof(cut) = 'integer' THEN cut END, CASE WHEN typeof(images) = 'blob' AND length(images) <= ? THEN images END "
+    "FROM last_turn WHERE conversation IN ({})"
 )
 # A turn never replaces a newer one (a write that waited for the file goes after the next turn's), nor the same turn
 # cut further (a retry's, trimflow._conversation's recut), unless that one is no row a reader takes: so turns may be
@@ -97,6 +99,11 @@ class LastTurn(NamedTuple):
 def conversation_key(host: str, session: str | None, origin: bytes) -> bytes:
     """The row of a conversation: the same in every process (unlike the history's prefix chain)."""
     return digest(b"conversation", host.encode("utf-8", "surrogatepass"), (session or "").encode(), origin, size=16)
+
+
+def row_keys(key: bytes) -> tuple[bytes, ...]:
+    """The rows of the conversations with this key (conversation_key), the first the key itself."""
+    return (key, *(digest(b"row", key, bytes([slot]), size=16) for slot in range(1, SLOTS)))
 
 
 class Refused(Exception):
@@ -149,29 +156,39 @@ class LastTurns:
         return not self._failed and not self._closed
 
     def get(self, key: bytes) -> LastTurn | None:
+        return self.get_many((key,))[0]
+
+    def get_many(self, keys: Sequence[bytes]) -> list[LastTurn | None]:
+        """The rows of these keys, read in one snapshot (None: no row, or not one `put` writes)."""
+        rows: list[Sequence[object] | None] = [None] * len(keys)
         link = self._front
         with link.lock:
             db = self._ready(link) if not self._closed else None
             if db is None:
-                return None
+                return [None] * len(keys)
             try:
                 with _transaction(db, "BEGIN"):
-                    row = self._read(db, key) if self._ours(link) else None
+                    if self._ours(link):
+                        rows = self._read(db, keys)
             except (sqlite3.Error, Refused) as exc:
                 if not _busy(exc):  # a read held up (the whole file locked, WAL recovery) reads nothing this once
                     self._fail(link, exc)
-                return None
-        return _checked(row, self.clock()) if row is not None else None
+                return [None] * len(keys)
+        now = self.clock()
+        return [_checked(row, now) if row is not None else None for row in rows]
 
     @staticmethod
-    def _read(db: sqlite3.Connection, key: bytes) -> Sequence[object] | None:
+    def _read(db: sqlite3.Connection, keys: Sequence[bytes]) -> list[Sequence[object] | None]:
+        """The rows of these keys in one statement, or each in its own where one holds a value too long to read
+        (_MAX_VALUE): that row is not what `put` writes, and the others are read."""
+        limit = MAX_IMAGES * _IMAGE.size
         try:
-            row: Sequence[object] | None = db.execute(_READ, (MAX_IMAGES * _IMAGE.size, key)).fetchone()
+            found = {row[0]: row[1:] for row in db.execute(_READ.format(", ".join("?" * len(keys))), (limit, *keys))}
         except sqlite3.DataError as exc:
             if not _too_long(exc):
                 raise
-            return None  # a value too long to read (_MAX_VALUE): not what `put` writes
-        return row
+            return [None] if len(keys) == 1 else [LastTurns._read(db, [key])[0] for key in keys]
+        return [found.get(key) for key in keys]
 
     def put(self, key: bytes, turn: LastTurn) -> None:
         """Writes the turn now if the file lets it at once, else queues it for the writing thread."""
