@@ -63,7 +63,7 @@ from tests.mitmdump import Mitmdump, stop_process
 from trimflow._clicks import ClickStream, Screen, map_answer
 from trimflow._engine import prune_request
 from trimflow._imageinfo import ImageInfo, sniff_base64
-from trimflow._last_turns import LastTurn, LastTurns, conversation_key
+from trimflow._last_turns import LastTurn, LastTurns, conversation_key, row_keys
 from trimflow._malloc import MMAP_THRESHOLD, TRIM_THRESHOLD
 from trimflow._prices import Price
 from trimflow._record import utc_timestamp
@@ -1820,13 +1820,20 @@ def conversations_file_figures(workdir: Path, settings: Settings) -> list[Figure
     keys = [conversation_key("api.anthropic.com", None, i.to_bytes(8, "big")) for i in range(CONVERSATIONS_ROWS)]
     times: list[float] = []
     with LastTurns(str(path)) as this, LastTurns(str(path)) as other:
-        for key in keys:
-            other.put(key, LastTurn(time.time(), 6, images))
+        missing = keys
+        for _ in range(100):  # written as fast as a loop goes, some wait for the checkpoint (or are dropped): again
+            for key in missing:
+                other.put(key, LastTurn(time.time(), 6, images))
+            missing = [key for key in missing if this.get(key) is None]
+            if not missing:
+                break
+        else:
+            raise RuntimeError("the file was not filled")
         for rep in range(LATENCY_WARMUP + 20 * settings.latency_reps):
             key = keys[rep % len(keys)]
             other.put(key, LastTurn(time.time(), 6, images))  # the other instance's turn
             started = time.perf_counter()
-            last = this.get(key)
+            last = this.get_many(row_keys(key))[0]  # as a turn reads: every row under the conversation's key
             this.put(key, LastTurn(time.time(), 12, images))
             if rep >= LATENCY_WARMUP:
                 times.append((time.perf_counter() - started) * 1000)

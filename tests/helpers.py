@@ -124,6 +124,36 @@ def held_by_another_process(path: Path) -> Iterator[None]:
         holder.stdout.close()
 
 
+# A SQLite lock another process takes on a file: a write in progress (the other writers wait, readers go on, in
+# WAL mode), or the whole file (an exclusive locking mode: nobody else reads it either).
+SQLITE_LOCKS = {
+    "a write in progress": "BEGIN IMMEDIATE",
+    "the whole file": "PRAGMA locking_mode = EXCLUSIVE; BEGIN EXCLUSIVE; SELECT count(*) FROM sqlite_master",
+}
+
+
+@contextmanager
+def sqlite_held_by_another_process(path: Path, lock: str = "a write in progress") -> Iterator[None]:
+    """`path` held by another process's SQLite connection (one of SQLITE_LOCKS) until the block ends."""
+    script = (
+        "import sqlite3, sys\n"
+        "db = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+        "for statement in sys.argv[2].split('; '):\n"
+        "    db.execute(statement).fetchall()\n"
+        "print('held', flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", script, str(path), SQLITE_LOCKS[lock]], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held", "the other process could not hold the file"
+        yield
+    finally:
+        assert holder.stdin is not None and holder.stdout is not None
+        holder.stdin.close()
+        holder.stdout.close()
+        holder.wait(10)
+
+
 def rules_with(**limits: Any) -> Rules:
     """The built-in endpoints with these limits as the defaults."""
     return dataclasses.replace(builtin_rules(), defaults=Limits(**limits))
