@@ -39,6 +39,8 @@ from .formats import HistoryParts
 SESSION_HEADERS = ("x-claude-code-session-id", "session_id", "session-id", "x-session-id", "conversation_id", "x-conversation-id")
 # Body fields that name a conversation across turns.
 SESSION_FIELDS = ("prompt_cache_key", "conversation")
+# Body fields that define the tools (Bedrock Converse: toolConfig), part of the prompt a provider caches.
+TOOLS_FIELDS = ("tools", "toolConfig")
 
 _PLACEHOLDER_BYTES = PLACEHOLDER_PREFIX.encode()
 _VOLATILE_KEY = "cache_control"
@@ -141,15 +143,15 @@ class Images:
 
 
 class History:
-    """A request's conversation as digests: its host, session id (hashed), head (system prompt, instructions) and
-    one digest per message, oldest first; `origin`, a stable digest of the head and first message, seeds a new
+    """A request's conversation as digests: its host, session id (hashed), head (system prompt, instructions), tool
+    definitions (`tools`: 0 when none) and one digest per message, oldest first; `origin`, a stable digest of the head and first message, seeds a new
     conversation's id. `previous_response` stands for a Responses `previous_response_id`. `images`: the request's
     images (Images); none when the caller keeps no memory.
 
     The head and message digests are Python's keyed hash of the message's canonical JSON: 64 bits, the same for
     the same message within a process (they are compared, never stored or written)."""
 
-    __slots__ = ("host", "session", "head", "messages", "origin", "previous_response", "images", "_prefixes")
+    __slots__ = ("host", "session", "head", "messages", "origin", "previous_response", "images", "tools", "_prefixes")
 
     def __init__(
         self,
@@ -160,8 +162,9 @@ class History:
         origin: bytes = b"",
         previous_response: bytes | None = None,
         images: Images | None = None,
+        tools: int = 0,
     ) -> None:
-        self.host, self.session, self.head = host, session, head
+        self.host, self.session, self.head, self.tools = host, session, head, tools
         self.messages = tuple(messages)
         self.origin, self.previous_response = origin, previous_response
         self.images = images if images is not None else Images()
@@ -207,6 +210,7 @@ def history_of(
     head = canonical.of(parts.head, None)
     messages = canonical.all(parts.items, media)
     previous = parts.request.get("previous_response_id")
+    tools = next((parts.request[name] for name in TOOLS_FIELDS if parts.request.get(name)), None)
     return History(
         host,
         session_key(headers, parts.request),
@@ -215,6 +219,7 @@ def history_of(
         hashlib.blake2b(head + b"\0" + (messages[0] if messages else b""), digest_size=8).digest(),
         digest(b"r", previous.encode()) if isinstance(previous, str) and previous else None,
         images,
+        hash(canonical.of(tools, None)) if tools is not None else 0,
     )
 
 

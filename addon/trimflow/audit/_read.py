@@ -339,6 +339,8 @@ class Reader:
             )
         record.status = status
         _set_usage(record, usage)
+        if proxy_record is not None and record is not proxy_record:  # why the cache broke, as the proxy saw it
+            record.cache_break, record.cache_break_at = proxy_record.cache_break, proxy_record.cache_break_at
         return [self._row(record, index, failure, after)]
 
     def _body(self, request: http.Request, tally: InputTally) -> bytes | None:

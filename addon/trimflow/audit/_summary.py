@@ -90,6 +90,7 @@ class Totals:
     priced: int = 0  # billed requests with a cost
     priced_usd: float = 0.0
     unpriced: Counter[str] = field(default_factory=Counter)  # billed requests with no cost, by reason
+    cache_breaks: Counter[str] = field(default_factory=Counter)  # turns whose cache read fell, by cause (Record.cache_break)
 
     def add(self, row: Row) -> None:
         r = row.record
@@ -103,6 +104,8 @@ class Totals:
         self.pruned += r.pruned
         if r.kind in NOT_BILLED:
             return
+        if r.cache_break is not None:
+            self.cache_breaks[r.cache_break] += 1
         if r.usage_input_tokens is not None:
             self.usage_requests += 1
             self.input_tokens += r.usage_input_tokens
@@ -152,6 +155,7 @@ class Totals:
             "cost_usd": self.cost_usd,
             "cost_priced_requests": self.priced,
             "cost_unpriced_requests": dict(self.unpriced),  # reason -> requests: the cost leaves them out
+            "cache_breaks": dict(self.cache_breaks),  # cause -> turns whose cache read fell for it
         }
 
 
