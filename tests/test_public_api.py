@@ -97,6 +97,7 @@ PUBLIC = {
         "META",
         "KeepMemory",
         "Metrics",
+        "OpenTelemetry",
         "Options",
         "Prometheus",
         "Prune",
