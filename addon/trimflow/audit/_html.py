@@ -26,6 +26,7 @@ from ._report import (
     growth_lines,
     inputs_text,
     mode_text,
+    money,
     notes,
     percent,
     tokens,
@@ -33,7 +34,7 @@ from ._report import (
     usage_text,
     warnings,
 )
-from ._summary import Conversation, Summary, Totals
+from ._summary import WITHOUT_METHOD, Conversation, Summary, Totals
 
 WIDTH, HEIGHT = 560, 250
 LEFT, RIGHT, TOP, BOTTOM = 62, 18, 44, 34
@@ -121,13 +122,27 @@ def html(summary: Summary, gate: Gate | None) -> str:
         _card("images", f"{t.images_before:,} → {t.images_after:,}", f"{t.pruned:,} pruned"),
         _card("requests", f"{t.requests:,}", f"{len(summary.conversations)} conversations"),
         _card("cost", cost_text(t) if t.cost_usd is not None else "unknown", _cache_note(t)),
+    ]
+    without = t.cost_without_usd
+    if without is not None and t.cost_usd is not None:
+        parts.append(_card("without trimflow (estimated)", money(without), _saved(without, t.cost_usd)))
+    parts += [
         "</div>",
         f'<p class="muted">usage: {escape(usage_text(t))} (prices: {escape(summary.prices_source)})</p>',
     ]
+    if without is not None:
+        parts.append(f'<p class="muted">without trimflow: {escape(WITHOUT_METHOD)}.</p>')
     for conversation in summary.conversations:
         parts.append(_section(conversation))
     parts.append(f"<script>{_JS}</script></main></body></html>")
     return "\n".join(parts) + "\n"
+
+
+def _saved(without: float, cost: float) -> str:
+    """What trimflow saved against the estimate of the same requests without it (or what it cost more)."""
+    if without > cost:
+        return f"{money(without - cost)} more than with trimflow ({percent(round((without - cost) * 1e6), round(without * 1e6))} saved)"
+    return f"{money(cost - without)} less than with trimflow"
 
 
 def _card(label: str, value: str, note: str) -> str:

@@ -83,6 +83,9 @@ class Row:
     # saying why, or for a request that is not billed (a token count): then `unpriced` is None too.
     cost: float | None = None
     unpriced: str | None = None
+    # USD the request would have cost as the agent sent it, without trimflow (an estimate: _summary.WITHOUT_METHOD);
+    # None where `cost` is.
+    cost_without: float | None = None
 
 
 @dataclass
