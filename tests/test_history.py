@@ -11,8 +11,8 @@ import pytest
 
 from trimflow import prune_request
 from trimflow._body import Payload
-from trimflow._history import History, image_crc, image_key, response_id_of, session_key
-from trimflow.formats import Media
+from trimflow._history import History, history_of, image_crc, image_key, response_id_of, session_key
+from trimflow.formats import HistoryParts, Media
 from trimflow.testing import PATHS, b64, image, session_body
 
 from .helpers import rules_with
@@ -97,3 +97,20 @@ def test_an_image_key_reads_the_ends_and_the_crc_the_whole_payload_but_for_a_png
     body = b'{"x":"' + jpeg.encode() + b'"}'  # a payload the skeleton left in the body reads as the same string
     in_place = Media("image", (), Payload(body, 6, 6 + len(jpeg)))
     assert (image_key(in_place), image_crc(in_place)) == (image_key(Media("image", (), jpeg)), image_crc(Media("image", (), jpeg)))
+
+
+def test_the_tools_digest_ignores_moved_cache_breakpoints_and_sees_a_changed_tool() -> None:
+    def tools_of(body: dict) -> int:
+        parts = HistoryParts(body, body.get("system"), body["messages"], ("messages",))
+        return history_of("h", {}, parts, [], lambda s: None, False).tools
+
+    tool = {"name": "click", "description": "Click at x, y.", "input_schema": {"type": "object"}}
+    plain = {"system": "s", "tools": [tool, {**tool, "name": "type"}], "messages": []}
+    marked = {**plain, "tools": [tool, {**tool, "name": "type", "cache_control": {"type": "ephemeral"}}]}
+    bedrock = {**plain, "toolConfig": {"tools": [{"toolSpec": tool}, {"cachePoint": {"type": "default"}}]}}
+    del bedrock["tools"]
+    bedrock_plain = {**bedrock, "toolConfig": {"tools": [{"toolSpec": tool}]}}
+    changed = {**plain, "tools": [tool, {**tool, "name": "type", "description": "Type text."}]}
+    assert tools_of(plain) == tools_of(marked) != tools_of(changed)
+    assert tools_of(bedrock) == tools_of(bedrock_plain) != 0
+    assert tools_of({"system": "s", "messages": []}) == 0

@@ -219,8 +219,23 @@ def history_of(
         hashlib.blake2b(head + b"\0" + (messages[0] if messages else b""), digest_size=8).digest(),
         digest(b"r", previous.encode()) if isinstance(previous, str) and previous else None,
         images,
-        hash(canonical.of(tools, None)) if tools is not None else 0,
+        _tools_digest(tools) if tools is not None else 0,
     )
+
+
+def _tools_digest(tools: Any) -> int:
+    """The tool definitions' digest, without the cache breakpoints an agent moves (`cache_control` among a tool's own
+    keys, Bedrock's `cachePoint` entries), looked for at that level only: where agents put them, and a walk of the whole
+    definitions costs a millisecond on a large tool list."""
+    if isinstance(tools, dict) and isinstance(tools.get("tools"), list):  # Bedrock's toolConfig
+        tools = {**tools, "tools": _without_breakpoints(tools["tools"])}
+    elif isinstance(tools, list):
+        tools = _without_breakpoints(tools)
+    return hash(_dumps(tools))
+
+
+def _without_breakpoints(tools: list[Any]) -> list[Any]:
+    return [{k: v for k, v in tool.items() if k != _VOLATILE_KEY} if isinstance(tool, dict) else tool for tool in tools if not _left_out(tool)]
 
 
 class _Canonical:
