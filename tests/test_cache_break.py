@@ -115,3 +115,16 @@ def test_memory_stays_within_its_bounds() -> None:
     assert len(breaks) <= 20  # 2,000 chain entries / 100 messages a turn
     assert breaks._blocks <= 2000
     assert sum(len(keys) for keys in breaks._by_opening.values()) == len(breaks)
+
+
+def test_a_retry_that_cut_more_is_trimflows_doing_and_the_next_turn_is_compared_with_it() -> None:
+    breaks = CacheBreaks()
+    turn(breaks, 1, hist(["m0"]), 0)
+    turn(breaks, 2, hist(["m0", "m1"]), 5000)
+    retried = Record("ts", "c1", 3, "api.example", "/v1/messages", "anthropic", "m", "r", ENFORCE, segment=1)
+    breaks.sent(retried, hist(["m0", "m1", "m2"]), 0)
+    breaks.recut(retried, 4)  # refused for too many images, sent again with the four oldest cut
+    retried.usage_cache_read_tokens = 100
+    breaks.answered(retried)
+    held = turn(breaks, 4, hist(["m0", "m1", "m2", "m3"]), 50, cut=4)  # holds the retry's cut: no move of trimflow's
+    assert causes([retried, held]) == [(TRIMFLOW_CUT, "image 1"), (UNEXPLAINED, None)]

@@ -50,13 +50,14 @@ class _Turn:
     """A conversation's last turn as sent: its digests, its cut, when it went, and (once answered) its cache read;
     `change`: what changed from the turn before it (a cause and where), and `previous_read` that turn's cache read."""
 
-    __slots__ = ("turn", "head", "tools", "chain", "cut", "sent_at", "cache_read", "previous_read", "change")
+    __slots__ = ("turn", "head", "tools", "chain", "cut", "sent_at", "cache_read", "previous_read", "previous_cut", "change")
 
     def __init__(self, turn: int, history: History, cut: int, sent_at: float) -> None:
         self.turn, self.head, self.tools, self.cut, self.sent_at = turn, history.head, history.tools, cut, sent_at
         self.chain = array("q", history.prefixes)
         self.cache_read: int | None = None
         self.previous_read: int | None = None
+        self.previous_cut = 0
         self.change: tuple[str, str | None] | None = None  # None: no earlier turn (a first turn)
 
 
@@ -100,9 +101,19 @@ class CacheBreaks:
         now = self.clock()
         turn = _Turn(record.turn, history, cut, now)
         if previous is not None:
-            turn.previous_read = previous.cache_read
+            turn.previous_read, turn.previous_cut = previous.cache_read, previous.cut
             turn.change = self._change(previous, history, cut, now)
         self._put(key, turn)
+
+    def recut(self, record: Record, cut: int) -> None:
+        """The turn went again with more cut (a retry within a limit the provider named): that cut is what the provider
+        got, and the next turn is compared with it."""
+        turn = self._turns.get((record.conversation, record.segment)) if record.conversation is not None else None
+        if turn is None or turn.turn != record.turn or record.mode != ENFORCE:
+            return
+        turn.cut = cut
+        if turn.change is not None and turn.change[0] != AGENT_PREFIX and cut != turn.previous_cut:
+            turn.change = TRIMFLOW_CUT, f"image {min(cut, turn.previous_cut) + 1}"
 
     def answered(self, record: Record) -> None:
         """The turn's answer came with its usage: its cause (Record.cache_break) when its cache read fell."""
