@@ -5,6 +5,7 @@ The spans and metrics themselves, decoded by an OTLP receiver through a real mit
 from __future__ import annotations
 
 import logging
+import socket
 import sys
 
 import orjson
@@ -14,7 +15,7 @@ from opentelemetry import trace
 
 from trimflow import proxy
 from trimflow._record import COUNT_TOKENS, ENFORCE, Record
-from trimflow.proxy.otel import ENABLE, provider_name, span_attributes
+from trimflow.proxy.otel import ENABLE, OnceAMinute, Telemetry, _sdk, provider_name, span_attributes
 
 from ..helpers import TrimflowAddons, answer_sent, requested
 from .flows import json_answer, llm_flow
@@ -104,3 +105,34 @@ async def test_without_the_sdk_trimflow_runs_and_says_how_to_enable_it(
     addon.response(flow)
     await answer_sent()
     assert orjson.loads((tmp_path / "m.jsonl").read_bytes())["status"] == 200  # the proxy and its JSONL go on
+
+
+def test_the_exporters_failures_come_once_a_minute() -> None:
+    now = [0.0]
+    quiet = OnceAMinute(60, clock=lambda: now[0])
+
+    def line(n: int) -> logging.LogRecord:
+        return logging.LogRecord("opentelemetry", logging.WARNING, __file__, 1, f"Transient error {n}", None, None)
+
+    kept = []
+    for n in range(10):
+        record = line(n)
+        if quiet.filter(record):
+            kept.append(record.getMessage())
+        now[0] += 15
+    assert kept == ["Transient error 0", "Transient error 4 (and 3 more like it held back)", "Transient error 8 (and 3 more like it held back)"]
+
+
+def test_with_the_collector_down_exit_waits_no_longer_than_its_deadline(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]  # nothing listens there once this closes
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{closed}")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "30")  # the exporter would retry for 30 s
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "10")
+    caplog.set_level(logging.INFO, "trimflow")
+    telemetry = Telemetry(_sdk())
+    telemetry.observe(record(status=200), None)
+    telemetry.shutdown(deadline=0.2)
+    lines = [r.getMessage() for r in caplog.records if r.name == "trimflow"]
+    assert lines == ["trimflow: the OpenTelemetry collector did not take the last spans and metrics within 0.2 s: dropped"]

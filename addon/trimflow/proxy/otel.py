@@ -20,6 +20,7 @@ from __future__ import annotations
 import calendar
 import logging
 import os
+import threading
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -38,6 +39,10 @@ log = logging.getLogger("trimflow")
 OPTION = "trimflow_otel"
 ENABLE = "pip install 'trimflow[otel]' (a pipx mitmproxy: pipx inject mitmproxy opentelemetry-sdk opentelemetry-exporter-otlp-proto-http)"
 SERVICE_NAME = "trimflow"  # unless OTEL_SERVICE_NAME names another
+SHUTDOWN_SECONDS = 3.0  # what mitmproxy's exit waits for the last export
+# The exporters log each failed attempt (several per batch while a collector is down): one line a minute is kept.
+EXPORTER_LOGGERS = ("opentelemetry.exporter.otlp.proto.http.trace_exporter", "opentelemetry.exporter.otlp.proto.http.metric_exporter")
+QUIET_SECONDS = 60.0
 # The GenAI semantic conventions' provider names (gen_ai.provider.name), by the API a request speaks; a Gemini request
 # to Vertex AI's host is gcp.vertex_ai.
 PROVIDERS = {
@@ -135,6 +140,37 @@ def _sdk() -> Any:
     )
 
 
+class OnceAMinute(logging.Filter):
+    """Lets one record through per `seconds` (the rest are counted, and the next line says how many were held back)."""
+
+    def __init__(self, seconds: float = QUIET_SECONDS, clock: Any = time.monotonic) -> None:
+        super().__init__()
+        self.seconds, self.clock = seconds, clock
+        self._next = 0.0
+        self._held = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        now = self.clock()
+        if now < self._next:
+            self._held += 1
+            return False
+        if self._held:
+            record.msg = f"{record.msg} (and {self._held} more like it held back)"
+        self._next, self._held = now + self.seconds, 0
+        return True
+
+
+_QUIET = OnceAMinute()
+
+
+def quiet_exporters() -> None:
+    """The exporters' failures at most once a minute each (idempotent)."""
+    for name in EXPORTER_LOGGERS:
+        logger = logging.getLogger(name)
+        if _QUIET not in logger.filters:
+            logger.addFilter(_QUIET)
+
+
 class Telemetry:
     """A tracer and a meter of their own (the process's global providers stay as they are), exporting over OTLP/HTTP."""
 
@@ -176,10 +212,18 @@ class Telemetry:
         self.body.record(record.body_bytes_before, by)
         self.overhead.record(record.overhead_ms / 1000, by)
 
-    def shutdown(self) -> None:
-        """Flush what is queued and stop the exporters' threads."""
-        self.tracer_provider.shutdown()
-        self.meter_provider.shutdown()
+    def shutdown(self, deadline: float = SHUTDOWN_SECONDS) -> None:
+        """Flush what is queued and stop the exporters' threads, within `deadline` seconds: a collector that is down has
+        the exporter retrying for its whole timeout (OTEL_EXPORTER_OTLP_TIMEOUT, 10 s by default), which mitmproxy's
+        exit does not wait for. What is left then is dropped, with one line."""
+        stopping = [threading.Thread(target=p.shutdown, daemon=True) for p in (self.tracer_provider, self.meter_provider)]
+        for thread in stopping:
+            thread.start()
+        end = time.monotonic() + deadline
+        for thread in stopping:
+            thread.join(max(0.0, end - time.monotonic()))
+        if any(thread.is_alive() for thread in stopping):
+            log.warning("trimflow: the OpenTelemetry collector did not take the last spans and metrics within %g s: dropped", deadline)
 
 
 class OpenTelemetry:
@@ -213,6 +257,7 @@ class OpenTelemetry:
         if sdk is None:
             log.warning("trimflow: %s needs the OpenTelemetry SDK and its OTLP exporter, which this Python lacks: %s", OPTION, ENABLE)
             return
+        quiet_exporters()
         self.telemetry = Telemetry(sdk)
         self._failed = False
 
