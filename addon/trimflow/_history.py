@@ -226,7 +226,7 @@ def history_of(
 def _tools_digest(tools: Any) -> int:
     """The tool definitions' digest, without the cache breakpoints an agent moves (`cache_control` among a tool's own
     keys, Bedrock's `cachePoint` entries), looked for at that level only: where agents put them, and a walk of the whole
-    definitions costs a millisecond on a large tool list."""
+    definitions would cost more than the rest of the history on a large tool list."""
     if isinstance(tools, dict) and isinstance(tools.get("tools"), list):  # Bedrock's toolConfig
         tools = {**tools, "tools": _without_breakpoints(tools["tools"])}
     elif isinstance(tools, list):
