@@ -147,5 +147,6 @@ def test_the_prometheus_counters_arrive_as_otel_metrics(collector: Receiver, ses
     assert total("trimflow_cache_read_tokens") == sum(r["usage_cache_read_tokens"] or 0 for r in records)
     labels = {kv.key for point in collector.metric_points("trimflow_requests") for kv in point.attributes}
     assert labels == {"format", "family", "rule", "kind", "outcome", "status"}
+    assert total("trimflow_cache_breaks") == sum(1 for r in records if r["cache_break"]) > 0
     body = collector.metric_points("trimflow_request_body_bytes")
     assert sum(point.count for point in body) == len(records)

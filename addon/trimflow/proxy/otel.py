@@ -28,11 +28,12 @@ from typing import Any
 from mitmproxy import ctx
 from mitmproxy.addonmanager import Loader
 
+from .._cache_break import CAUSES
 from .._record import COUNT_TOKENS, Record
 from ..formats import anthropic, bedrock, gemini, ollama, openai_chat, openai_responses
 from .metrics import Metrics
 from .options import exits_at_startup
-from .prometheus import BODY_BUCKETS, OVERHEAD_BUCKETS, SUMS, model_family, outcome_of, status_class
+from .prometheus import BODY_BUCKETS, CACHE_BREAKS_DOC, OVERHEAD_BUCKETS, SUMS, model_family, outcome_of, status_class
 
 log = logging.getLogger("trimflow")
 
@@ -189,6 +190,7 @@ class Telemetry:
         meter = self.meter_provider.get_meter("trimflow")
         self.requests = meter.create_counter("trimflow_requests", description="LLM requests finished: by kind, outcome and answer status class.")
         self.sums = [(meter.create_counter(name, description=doc), value) for name, doc, value in SUMS]
+        self.cache_breaks = meter.create_counter("trimflow_cache_breaks", description=CACHE_BREAKS_DOC)
         self.body = meter.create_histogram("trimflow_request_body_bytes", unit="By", description="Request body size as received (decoded).")
         self.overhead = meter.create_histogram("trimflow_overhead_seconds", unit="s", description="Time trimflow spent on a request.")
 
@@ -208,6 +210,8 @@ class Telemetry:
             amount = value(record)
             if amount:
                 counter.add(amount, labels)
+        if record.cache_break in CAUSES:
+            self.cache_breaks.add(1, {**labels, "cause": record.cache_break})
         by = {"format": record.format, "family": family}
         self.body.record(record.body_bytes_before, by)
         self.overhead.record(record.overhead_ms / 1000, by)
