@@ -100,6 +100,7 @@ PUBLIC = {
         "Options",
         "Prometheus",
         "Prune",
+        "Recall",
         "Recover",
         "Simulate",
         "UpstreamAuthPipe",

@@ -400,6 +400,7 @@ class RecallStore:
         lifetime or not what this module writes, and empty folders of other runs; then the bounds."""
         now = self.clock()
         seen: set[tuple[str, str]] = set()
+        found: list[tuple[float, tuple[str, str]]] = []  # files new to the index, by mtime
         whole = True
         with os.scandir(self.folder) as runs:
             for run in runs:
@@ -414,19 +415,25 @@ class RecallStore:
                         if len(seen) >= MAX_ENTRIES:
                             whole = False
                             break
-                        self._scan_file(run.name, file, now, seen)
+                        self._scan_file(run.name, file, now, seen, found)
                 if empty and run.name != self.run:
                     try:
                         os.rmdir(run.path)
                     except OSError:
                         pass
-        if whole:  # what the folder no longer holds (removed by another process) is forgotten
-            with self._lock:
+        with self._lock:
+            # A file this process never used sits by its mtime among the least recently used, before every one it did.
+            for _, key in sorted(found, reverse=True):
+                if key in self._index:
+                    self._index.move_to_end(key, last=False)
+            if whole:  # what the folder no longer holds (removed by another process) is forgotten
                 for key in [key for key in self._index if key not in seen]:
                     self._forget(key)
         self._evict(None, now)
 
-    def _scan_file(self, run: str, file: os.DirEntry[str], now: float, seen: set[tuple[str, str]]) -> None:
+    def _scan_file(
+        self, run: str, file: os.DirEntry[str], now: float, seen: set[tuple[str, str]], found: list[tuple[float, tuple[str, str]]]
+    ) -> None:
         key = (run, file.name)
         if file.name == RECALLS_FILE:
             return
@@ -451,8 +458,7 @@ class RecallStore:
             if entry is None:
                 self._index[key] = entry = _Entry(st.st_size, st.st_mtime, st.st_mtime, None)
                 self._total += st.st_size
-                # A file this process never used sits by its mtime among the least recently used.
-                self._index.move_to_end(key, last=False)
+                found.append((st.st_mtime, key))
             elif st.st_mtime > entry.used:  # recalled since: a use
                 entry.used = entry.touched = st.st_mtime
 
