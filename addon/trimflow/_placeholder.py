@@ -117,7 +117,7 @@ _PLACEHOLDER_SAMPLES: tuple[Mapping[str, Any], ...] = (
         "width": 1024,
         "height": 768,
         "reason": "max_images",
-        "id": "k3x9q2m7ta",
+        "id": "k3x7q2m5ta",
     },
     {
         "kind": "document",

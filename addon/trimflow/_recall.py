@@ -46,6 +46,7 @@ log = logging.getLogger("trimflow")
 
 FOLDER_NAME = "trimflow-recall"  # in mitmproxy's confdir, by default
 TOKEN_VARIABLE = "TRIMFLOW_RECALL_TOKEN"  # the run's token, hex, in mitmdump's environment
+STORE_VARIABLE = "TRIMFLOW_RECALL_STORE"  # the store's folder, in the agent's environment, for a server registered by hand
 TOOL = "recall_image"  # the MCP tool a placeholder names
 ID_CHARS = 10  # base32 characters: 50 bits, against a few thousand images of one run
 DEFAULT_LIFETIME = 24 * 3600.0

@@ -16,22 +16,23 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .._recall import FOLDER_NAME, TOKEN_VARIABLE, TOOL, RecallError, RecallReader, parse_token
+from .._recall import FOLDER_NAME, STORE_VARIABLE, TOKEN_VARIABLE, TOOL, RecallError, RecallReader, parse_token
 from ._status import USAGE_ERROR, fail
 
 COMMAND = "trimflow mcp"
 MAX_TOKEN_FILE = 1024
 DESCRIPTION = (
     "Bring back an image that trimflow cut from this conversation to keep requests within the provider's limits. "
-    'A cut image\'s placeholder reads like [trimflow: image #3 omitted (...); recall_image("k3x9q2m7ta") brings it back]: '
-    "pass that id. The image comes back as this tool's result."
+    'A cut image\'s placeholder names its id: [trimflow: image #3 omitted (...); recall_image("ID") brings it back], '
+    "where ID is 10 letters and digits: pass it. The image comes back as this tool's result."
 )
 
 
 def default_store(environ: dict[str, str] | None = None) -> Path:
-    """The store of a proxy run with mitmproxy's default confdir."""
+    """The store the launcher names in the agent's environment, else a proxy's with mitmproxy's default confdir."""
     environ = dict(os.environ if environ is None else environ)
-    return Path(environ.get("HOME") or Path.home()) / ".mitmproxy" / FOLDER_NAME
+    named = environ.get(STORE_VARIABLE)
+    return Path(named) if named else Path(environ.get("HOME") or Path.home()) / ".mitmproxy" / FOLDER_NAME
 
 
 def read_token(path: str) -> bytes | None:
@@ -51,7 +52,7 @@ def read_token(path: str) -> bytes | None:
 
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m trimflow mcp", description="Serve recall_image over MCP (stdio).")
-    parser.add_argument("--store", help=f"the proxy's trimflow_recall folder (default ~/.mitmproxy/{FOLDER_NAME})")
+    parser.add_argument("--store", help=f"the proxy's trimflow_recall folder (default {STORE_VARIABLE}, else ~/.mitmproxy/{FOLDER_NAME})")
     parser.add_argument("--token-file", help=f"a file holding the run's token (0600); else {TOKEN_VARIABLE}")
     args = parser.parse_args(list(argv))
     if args.token_file:
@@ -79,7 +80,8 @@ def main(argv: Sequence[str]) -> int:
         return Image(data=recalled.data, format=recalled.mime.removeprefix("image/"))
 
     recall_image.__annotations__ = {"id": str, "return": Image}  # the SDK reads them; `Image` is imported here, not at the top
-    server.add_tool(recall_image, name=TOOL, description=DESCRIPTION)
+    # Claude Code defers MCP tools behind its tool search unless a tool asks to be loaded: the placeholders name this one.
+    server.add_tool(recall_image, name=TOOL, description=DESCRIPTION, meta={"anthropic/alwaysLoad": True})
     try:
         server.run("stdio")
     except KeyboardInterrupt:

@@ -13,6 +13,10 @@ screenshot has been looked at, with the text `final`:
 - Hermes Agent (OpenAI chat completions): a `tool_calls` entry of `vision_analyze` with `image_url` (and the
   `question` it requires).
 
+With `recall`, once every screenshot has been looked at, the model calls the recall tool an MCP server offers
+(a tool named `...recall_image`, docs/how-it-works.md#recall) twice before its final text: first with an id no
+placeholder names (UNKNOWN_ID: the tool's error comes back), then with the first id a placeholder in the request names.
+
 `AddedImagesScript` plays the model of an agent with no image tool, whose user adds the screenshots (aider's
 `/add`): it answers each chat completion with a short text, and `final` once the user's last message names the
 last screenshot.
@@ -26,6 +30,7 @@ each API's own event sequence, with the usage the fake provider worked out.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -72,13 +77,20 @@ TOOLS: dict[str, tuple[ImageTool, ...]] = {
 }
 
 
-class AgentScript:
-    """The fake provider's `script` hook (see the module docstring). `calls` counts the tool calls it made."""
+UNKNOWN_ID = "aaaaaaaaaa"  # an id no placeholder names
+_RECALL_ID = re.compile(rb'recall_image\(\\"([a-z2-7]{10})\\"\)')  # as a placeholder's text reads inside JSON
 
-    def __init__(self, shots: Sequence[str], final: str) -> None:
+
+class AgentScript:
+    """The fake provider's `script` hook (see the module docstring). `calls` counts the image tool calls it made,
+    `recalled` the ids it asked the recall tool for."""
+
+    def __init__(self, shots: Sequence[str], final: str, recall: bool = False) -> None:
         self.shots = list(shots)
         self.final = final
         self.calls = 0
+        self.recall = recall
+        self.recalled: list[str] = []
 
     def __call__(self, fmt: str, request: dict[str, Any], usage: FakeUsage, stream: bool, sse: bool) -> Scripted | None:
         tool = image_tool(fmt, request)
@@ -89,6 +101,13 @@ class AgentScript:
         if done < len(self.shots):
             call = tool.arguments(self.shots[done])
             self.calls += 1
+        elif self.recall and done < len(self.shots) + 2:
+            recall = next((name for name in offered_tools(fmt, request) if name.endswith("recall_image")), None)
+            named = _RECALL_ID.findall(orjson.dumps(request))
+            if recall is not None and named:
+                wanted = UNKNOWN_ID if done == len(self.shots) else named[0].decode()
+                self.recalled.append(wanted)
+                tool, call = ImageTool(recall, "id"), {"id": wanted}
         model = request.get("model")
         model = model if isinstance(model, str) else "fake-model"
         if fmt == "anthropic":
