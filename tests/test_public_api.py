@@ -59,6 +59,7 @@ PUBLIC = {
         "evaluate",
         "main",
         "parse_expression",
+        "recalls_text",
         "summarize",
         "usage_text",
     ],
