@@ -57,6 +57,7 @@ class ImageTool:
     path_argument: str
     entry: str | None = None  # the path goes in a list of entries, each {entry: path}, under path_argument
     other_arguments: tuple[tuple[str, str], ...] = ()  # arguments the tool requires besides the path, as given
+    namespace: str | None = None  # a Responses tool declared in a namespace (Codex's MCP tools): its call names it
 
     def arguments(self, path: str) -> dict[str, Any]:
         return {self.path_argument: [{self.entry: path}] if self.entry is not None else path, **dict(self.other_arguments)}
@@ -102,12 +103,12 @@ class AgentScript:
             call = tool.arguments(self.shots[done])
             self.calls += 1
         elif self.recall and done < len(self.shots) + 2:
-            recall = next((name for name in offered_tools(fmt, request) if name.endswith("recall_image")), None)
+            recall = recall_tool(fmt, request)
             named = _RECALL_ID.findall(orjson.dumps(request))
             if recall is not None and named:
                 wanted = UNKNOWN_ID if done == len(self.shots) else named[0].decode()
                 self.recalled.append(wanted)
-                tool, call = ImageTool(recall, "id"), {"id": wanted}
+                tool, call = recall, {"id": wanted}
         model = request.get("model")
         model = model if isinstance(model, str) else "fake-model"
         if fmt == "anthropic":
@@ -146,6 +147,20 @@ def last_user_text(request: dict[str, Any]) -> str:
     if isinstance(content, str):
         return content
     return " ".join(str(part.get("text")) for part in _dicts(content) if part.get("type") == "text")
+
+
+def recall_tool(fmt: str, request: dict[str, Any]) -> ImageTool | None:
+    """The recall tool an MCP server offers (Claude Code: `mcp__trimflow__recall_image`; Codex: `recall_image` in the
+    namespace `mcp__trimflow`), or None."""
+    for name in offered_tools(fmt, request):
+        if name.endswith("recall_image"):
+            return ImageTool(name, "id")
+    for declared in _dicts(request.get("tools")):
+        if declared.get("type") == "namespace":
+            for inner in _dicts(declared.get("tools")):
+                if inner.get("name") == "recall_image":
+                    return ImageTool("recall_image", "id", namespace=str(declared.get("name")))
+    return None
 
 
 def image_tool(fmt: str, request: dict[str, Any]) -> ImageTool | None:
@@ -241,6 +256,8 @@ def _responses(
             "name": tool.name,
             "arguments": orjson.dumps(call).decode(),
         }
+        if tool.namespace is not None:
+            item["namespace"] = tool.namespace
     else:
         item = responses_message(new_id("msg_"), final, "completed")
     if not stream:
