@@ -30,6 +30,10 @@ copied settings file keeps the mode of the user's). mitmdump and the agent get a
 dies, however it dies (PR_SET_PDEATHSIG, Linux), and a run folder whose launcher is gone is removed at the
 next start. What the agent wrote into its private settings folder is kept beside the run and named in one line.
 
+Recall (trimflow.cli._recall): with the `mcp` package, a token per run goes to mitmdump (its environment) and to the
+MCP server registered with the agent (a 0600 file of the run), so that the model can ask for an image trimflow cut
+(`recall_image`, docs/agents.md#recall); the run's images are removed when it ends.
+
 Every request's metrics go to a JSONL file of this run (or the trimflow_metrics file given, from where it
 stood at start), and at exit one summary per conversation is printed from it by the audit.
 """
@@ -43,6 +47,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from .._recall import TOKEN_VARIABLE
 from ._agents import CA_VARIABLES, Setup, agent_of, proxy_environment, setup_for
 from ._exit_summary import summary
 from ._invocation import Invocation, parse
@@ -126,7 +131,9 @@ def _run_with_proxy(
             raise LaunchError("trimflow run: mitmdump not found: pip install mitmproxy")
         for note in setup.notes:
             say(note)
-        proxy = Proxy(mitmdump, log, host, port, {**proxy_environment(environ), **(recall.proxy_env() if recall is not None else {})})
+        # The run's token, or none: a token the user's environment holds is not this run's.
+        proxy_env = {name: value for name, value in proxy_environment(environ).items() if name != TOKEN_VARIABLE}
+        proxy = Proxy(mitmdump, log, host, port, {**proxy_env, **(recall.proxy_env() if recall is not None else {})})
         proxy.start(ca if setup.ca_bundle else None, handed=auth_fd)  # back once mitmdump has read the pipe
     finally:
         if auth_fd is not None:
