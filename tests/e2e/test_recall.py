@@ -1,6 +1,6 @@
-"""Recall end to end: real agent CLIs behind `scripts/run --` (python -m trimflow run --) ask the MCP server the launcher
-registered for an image trimflow cut, and get it back byte for byte; two launcher runs side by side cannot recall
-each other's images.
+"""Recall end to end: real agent CLIs (Claude Code, Codex, Gemini CLI) behind `scripts/run --` (python -m trimflow
+run --) ask the MCP server the launcher registered for an image trimflow cut, and get it back byte for byte; two
+launcher runs side by side cannot recall each other's images.
 
 The agent sessions (tests/e2e/agent_session.py, loopback only) script the fake provider's model to look at every
 screenshot, then call the recall tool with an id no placeholder names (the tool's error comes back and the session
@@ -44,7 +44,7 @@ from .agent_session import (
 
 pytestmark = pytest.mark.e2e
 
-PACKAGES = {"claude": "@anthropic-ai/claude-code", "codex": "@openai/codex"}
+PACKAGES = {"claude": "@anthropic-ai/claude-code", "codex": "@openai/codex", "gemini": "@google/gemini-cli"}
 
 
 def need(cli: str) -> None:
@@ -193,3 +193,12 @@ def test_two_launcher_runs_side_by_side_cannot_recall_each_others_images(tmp_pat
         assert [bytes.fromhex(recalled[i]) if recalled[i] else None for i in ids[name]] == _images_of(bodies[name])[:9]  # its own
         assert [recalled[i] for i in ids[other]] == [None] * 9  # the other run's: unknown to this run's server
     assert not list((confdir / FOLDER_NAME).iterdir())  # each run's images went with it
+
+
+def test_gemini_cli_recalls_an_image_trimflow_cut(tmp_path: Path) -> None:
+    need("gemini")
+    env = {"GEMINI_API_KEY": "AIza-test-recall", "GEMINI_CLI_TRUST_WORKSPACE": "true", "GOOGLE_GEMINI_BASE_URL": "{provider}"}
+    files = {"home/.gemini/settings.json": '{"privacy": {"usageStatisticsEnabled": false}}'}
+    command = ["gemini", "-m", "gemini-2.5-flash", "-p", PROMPT]
+    result = run_session(tmp_path, shots=12, launcher_args=[], command=command, env=env, files=files, recall=True)
+    assert_recalled(result)
