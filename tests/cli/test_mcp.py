@@ -106,3 +106,11 @@ async def test_the_token_may_come_from_the_environment(tmp_path: Path) -> None:
     async with Client(params) as client:
         result = await client.call_tool("recall_image", {"id": image_id(raw)})
     assert base64.b64decode(result.content[0].data) == raw
+
+
+def test_without_the_mcp_package_it_says_how_to_get_it(tmp_path: Path) -> None:
+    token = token_file(tmp_path / "token", TOKEN)
+    script = f"import sys; sys.modules['mcp'] = None; from trimflow.cli._mcp import main; sys.exit(main(['--token-file', {str(token)!r}]))"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr == "trimflow mcp: needs the mcp package (2.3 or newer): pip install 'trimflow[recall]'\n"

@@ -68,7 +68,7 @@ def main(argv: Sequence[str]) -> int:
         from mcp.server.mcpserver import Image, MCPServer
         from mcp.server.mcpserver.exceptions import ToolError
     except ImportError:
-        return fail(COMMAND, "needs the mcp package (2 or newer): pip install 'trimflow[recall]'", USAGE_ERROR)
+        return fail(COMMAND, "needs the mcp package (2.3 or newer): pip install 'trimflow[recall]'", USAGE_ERROR)
     reader = RecallReader(str(store), token)
     server: MCPServer = MCPServer("trimflow", instructions="trimflow's recall of the images it cut from requests to keep them within limits.")
 
