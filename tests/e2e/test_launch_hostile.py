@@ -18,7 +18,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +26,7 @@ import pytest
 from trimflow.testing import FakeProvider
 
 from ..certs import make_server_cert
+from ..helpers import wait_for
 from .helpers import wait_for_file
 
 pytestmark = pytest.mark.e2e
@@ -271,16 +271,15 @@ def test_a_launcher_killed_while_the_proxy_starts_leaves_the_upstream_proxys_pas
     process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     mitmdump = None
     try:
-        deadline = time.monotonic() + 60
-        while (mitmdump := mitmdump_of(process.pid)) is None:
+
+        def started_mitmdump() -> int | None:
             assert process.poll() is None, f"the launcher exited with {process.returncode}"
-            assert time.monotonic() < deadline, "no mitmdump within 60 s"
-            time.sleep(0.01)
+            return mitmdump_of(process.pid)
+
+        mitmdump = wait_for(started_mitmdump, "mitmdump started by the launcher")
         process.kill()
         process.wait()
-        while not gone(mitmdump):  # its death signal ends it: nothing is written after this
-            assert time.monotonic() < deadline + 60, "mitmdump still runs after the launcher's SIGKILL"
-            time.sleep(0.05)
+        wait_for(lambda: gone(mitmdump), "end of mitmdump after the launcher's SIGKILL")  # its death signal: nothing is written after
     finally:
         if process.poll() is None:
             process.kill()
@@ -369,10 +368,7 @@ def test_a_launcher_killed_with_sigkill_takes_the_proxy_and_the_agent_with_it_an
         (run_dir,) = [p for p in runs.iterdir() if p.is_dir()]
         process.kill()
         process.wait()
-        deadline = time.monotonic() + 60
-        while not (gone(agent) and gone(mitmdump)):
-            assert time.monotonic() < deadline, f"still running after the launcher's SIGKILL: agent {not gone(agent)}, mitmdump {not gone(mitmdump)}"
-            time.sleep(0.05)
+        wait_for(lambda: gone(agent) and gone(mitmdump), "end of the agent and mitmdump after the launcher's SIGKILL")
     finally:
         if process.poll() is None:
             process.kill()

@@ -37,6 +37,7 @@ ORDER = [
 ]
 OPTIONS = {
     "trimflow_rules",
+    "trimflow_rules_check",
     "trimflow_mode",
     "trimflow_max_decoded_bytes",
     "trimflow_simulate",
