@@ -156,9 +156,9 @@ def recall_tool(fmt: str, request: dict[str, Any]) -> ImageTool | None:
     for name in offered_tools(fmt, request):
         if name.endswith("recall_image"):
             return ImageTool(name, "id")
-    for declared in _dicts(request.get("tools")):
+    for _, declared in dicts(request.get("tools")):
         if declared.get("type") == "namespace":
-            for inner in _dicts(declared.get("tools")):
+            for _, inner in dicts(declared.get("tools")):
                 if inner.get("name") == "recall_image":
                     return ImageTool("recall_image", "id", namespace=str(declared.get("name")))
     return None
