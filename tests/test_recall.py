@@ -222,11 +222,13 @@ def _entry(folder: Path, raw: bytes) -> Path:
 
 
 def test_a_link_in_place_of_an_image_is_never_followed(tmp_path: Path) -> None:
-    raw, secret = shot(1), tmp_path / "secret.png"
-    secret.write_bytes(raw)  # a real image whose id matches: only the link is wrong
+    raw = shot(1)
+    elsewhere = store_at(tmp_path / "elsewhere", OTHER_TOKEN)  # a real entry of the image, in another run's folder
+    written(elsewhere, "aaaaaaaa", raw)
+    elsewhere.close()
     store = store_at(tmp_path / "store")
     written(store, "aaaaaaaa", shot(2))
-    _entry(tmp_path / "store", raw).symlink_to(secret)
+    _entry(tmp_path / "store", raw).symlink_to(tmp_path / "elsewhere" / run_folder(OTHER_TOKEN) / image_id(raw))
     assert not _readable(RecallReader(str(tmp_path / "store"), TOKEN), raw)
     store.close()
 

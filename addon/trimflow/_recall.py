@@ -402,7 +402,7 @@ class RecallStore:
         now = self.clock()
         seen: set[tuple[str, str]] = set()
         found: list[tuple[float, tuple[str, str]]] = []  # files new to the index, by mtime
-        whole = True
+        whole, visited = True, 0
         with os.scandir(self.folder) as runs:
             for run in runs:
                 if not _RUN.fullmatch(run.name) or not run.is_dir(follow_symlinks=False):
@@ -413,7 +413,8 @@ class RecallStore:
                 with os.scandir(run.path) as files:
                     for file in files:
                         empty = False
-                        if len(seen) >= MAX_ENTRIES:
+                        visited += 1
+                        if len(seen) >= MAX_ENTRIES or visited > 2 * MAX_ENTRIES:  # a folder of junk costs a bounded look
                             whole = False
                             break
                         self._scan_file(run.name, file, now, seen, found)
