@@ -1635,7 +1635,7 @@ def machine() -> dict[str, Any]:
     return info
 
 
-SECTIONS = ("engine", "text", "proxy", "learned", "shaped", "shrink", "cache")
+SECTIONS = ("engine", "text", "proxy", "learned", "recall", "shaped", "shrink", "cache")
 LEARNED_ENTRIES = 10_000
 
 
@@ -1761,6 +1761,9 @@ def run(settings: Settings, say: Callable[[str], None], sections: tuple[str, ...
             figures += learned_figures(workdir, upstream, settings)
             say(f"conversations file: {CONVERSATIONS_ROWS:,} conversations, one turn's read and write")
             figures += conversations_file_figures(workdir, settings)
+        if "recall" in sections:
+            say(f"recall store: {RECALL_CONVERSATIONS:,} conversations soaked through its bounds (a process of its own)")
+            figures += recall_figures(workdir)
         if "text" in sections:
             figures += text_session_figures(workdir, upstream, settings, say)
         if "shaped" in sections:
@@ -1896,6 +1899,83 @@ def learned_figures(workdir: Path, upstream: Upstream, settings: Settings) -> li
     ]
 
 
+RECALL_CONVERSATIONS = 1_000  # conversations of the recall soak, each cutting RECALL_IMAGES images
+RECALL_IMAGES = 8
+RECALL_IMAGE_KB = 48
+RECALL_MAX_MB = 64  # the store's bound in all, below what the soak offers (375 MB)
+RECALL_CONVERSATION_KB = 4 * RECALL_IMAGE_KB + 4  # each conversation's bound: room for 4 of its 8 images
+
+
+def recall_soak(folder: str) -> dict[str, float]:
+    """In a process of its own (`--recall-soak`): RECALL_CONVERSATIONS conversations offer their cut images to a recall
+    store, one request after another (a request's images written before the next, as requests come apart); the bytes
+    the folder holds after each conversation, the process's RSS, and the time `offer` takes on the caller's thread."""
+    from trimflow._recall import Kept, RecallStore, image_id, owner_of, run_folder
+    from trimflow.formats import Media
+
+    token = os.urandom(32)
+    store = RecallStore(folder, token, max_bytes=RECALL_MAX_MB * MB, conversation_bytes=RECALL_CONVERSATION_KB * 1024)
+    store.accepts(owner_of(token, HEADERS))
+    rng = random.Random(7)
+    started_kb, most_on_disk, offers = _status_kb(os.getpid(), "VmRSS"), 0, []
+    run = Path(folder) / run_folder(token)
+    for conversation in range(RECALL_CONVERSATIONS):
+        kept = []
+        for _ in range(RECALL_IMAGES):
+            raw = rng.randbytes(RECALL_IMAGE_KB * 1024)
+            kept.append(Kept(image_id(raw), Media("image", ("messages", 0), base64.b64encode(raw).decode()), "image/png"))
+        began = time.perf_counter()
+        store.offer(f"{conversation:08x}", kept)
+        offers.append((time.perf_counter() - began) * 1000)
+        if not store.flush(60):
+            raise RuntimeError("the recall writer did not keep up within 60 s")
+        if conversation % 50 == 49:
+            most_on_disk = max(most_on_disk, sum(f.stat().st_size for f in run.iterdir()))
+    on_disk = sum(f.stat().st_size for f in run.iterdir())
+    files, _ = store.usage()
+    result = {
+        "offered_mb": RECALL_CONVERSATIONS * RECALL_IMAGES * RECALL_IMAGE_KB / 1024,
+        "most_on_disk_mb": max(most_on_disk, on_disk) / MB,
+        "on_disk_mb": on_disk / MB,
+        "files": files,
+        "stored": store.stored,
+        "evicted": store.evicted,
+        "skipped": store.skipped,
+        "rss_growth_mb": (_status_kb(os.getpid(), "VmHWM") - started_kb) / 1024,
+        "offer_ms": statistics.median(offers),
+    }
+    store.close()
+    return result
+
+
+def recall_figures(workdir: Path) -> list[Figure]:
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.bench", "--recall-soak", str(workdir / "recall")], capture_output=True, text=True, env=_child_env(), timeout=900
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"the recall soak failed: {done.stderr[-2000:]}")
+    soak = json.loads(done.stdout)
+    note = (
+        f"{RECALL_CONVERSATIONS:,} conversations x {RECALL_IMAGES} images of {RECALL_IMAGE_KB} KB offered ({soak['offered_mb']:.0f} MB), "
+        f"{soak['stored']:,} written, {soak['evicted']:,} evicted, {soak['skipped']} skipped, {soak['files']:,} files left"
+    )
+    return [
+        Figure(
+            "recall_disk_vs_bound",
+            f"recall soak: most bytes on disk / the bound ({RECALL_MAX_MB} MB)",
+            soak["most_on_disk_mb"] / RECALL_MAX_MB,
+            "x",
+            1.0,
+            note=note,
+        ),
+        Figure("recall_disk_mb", "recall soak: bytes on disk at the end", soak["on_disk_mb"], "MB"),
+        Figure("recall_rss_growth_mb", "recall soak: peak RSS growth of the writing process", soak["rss_growth_mb"], "MB", 64.0),
+        Figure(
+            "recall_offer_ms", f"recall soak: one request's offer of {RECALL_IMAGES} images on the caller's thread, median", soak["offer_ms"], "ms"
+        ),
+    ]
+
+
 def _raise_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
@@ -1917,12 +1997,17 @@ def main(argv: list[str] | None = None) -> int:
         choices=SECTIONS,
         help="run only this section (repeat for several): engine (in process, scaling), text (coding agents' text bodies "
         "in process, and a 60-turn text session through the proxy), proxy (latency, throughput, streaming, memory), "
+        "learned (the learned-limits and conversations files), recall (the recall store's bounds under a soak), "
         "shaped (the screenshot session over a shaped link), shrink, cache; default: all",
     )
     parser.add_argument("--serve-upstream", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--recall-soak", metavar="FOLDER", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve_upstream:
         serve_upstream()
+        return 0
+    if args.recall_soak:
+        print(json.dumps(recall_soak(args.recall_soak)))
         return 0
 
     began = time.monotonic()

@@ -33,8 +33,9 @@ from ._history import History, Images, history_of, session_key
 from ._human import format_size
 from ._imageinfo import sniff_media
 from ._limits import Limits, changed_fields
-from ._placeholder import MediaFacts
+from ._placeholder import ImageIds, MediaFacts
 from ._policy import BODY, CACHE, COUNT_CAP, IMAGE_LIMIT, REPEAT, TOKENS, NeedsWorker, Plan, nothing_to_change
+from ._recall import Kept
 from ._record import COUNT_TOKENS, ENFORCE, OBSERVE, WARMUP, Record, utc_timestamp
 from ._rules import Rules, Target
 from ._text import escape_controls
@@ -60,9 +61,11 @@ class Outcome:
     `history` (trimflow._history) is worked out on first use too: only the proxy and the audit number turns.
     `screen` (trimflow._clicks): set when the request declares a computer tool and its newest screenshot goes at
     other dimensions than it came; the answer's coordinates map back through it.
+    `kept` (with recall on, trimflow._recall): the images whose placeholder or note names their id, for the store,
+    which the proxy hands them to once the request is on its way.
     """
 
-    __slots__ = ("_body", "_record", "_account", "_history", "cut", "screen")
+    __slots__ = ("_body", "_record", "_account", "_history", "cut", "screen", "kept")
 
     def __init__(
         self,
@@ -78,6 +81,7 @@ class Outcome:
         # for its next turn (Conversations.assign), which holds it while the limits allow.
         self.cut = cut
         self.screen: _clicks.Screen | None = None
+        self.kept: list[Kept] = []
 
     @property
     def record(self) -> Record | None:
@@ -152,6 +156,7 @@ def prune(
     inline: bool = False,
     memory: CutMemory | None = None,
     tighten: Tighten | None = None,
+    recall: ImageIds | None = None,
 ) -> Outcome:
     """Apply the rules to one request whose Target the caller resolved (Rules.target).
 
@@ -163,6 +168,8 @@ def prune(
     on an earlier turn stays cut, and a rule with `low_water` holds the conversation's last cut and knows when
     its cache went cold. The caller then numbers the turn with the outcome's history and `cut`
     (Conversations.assign). Without it, each request is cut on its own, its images aged by position.
+    `recall`: recall is on (trimflow._recall.RecallIds): placeholders and notes name each image's id, and the
+    outcome's `kept` lists the images they name. An inline caller's ids raise NeedsWorker before hashing much.
     """
     started = time.perf_counter()
     host, path, fmt = target.host, target.path, target.format
@@ -201,7 +208,7 @@ def prune(
         return guarded
 
     try:
-        return _prune(doc, host, path, lowered, fmt, rules, mode, started, inline, guard if inline else None, memory, tighten)
+        return _prune(doc, host, path, lowered, fmt, rules, mode, started, inline, guard if inline else None, memory, tighten, recall)
     except NeedsWorker:
         raise
     except Exception as exc:  # noqa: BLE001 - the request must go through whatever the body holds
@@ -234,6 +241,7 @@ def _prune(
     guard: Callable[[Callable[[], Record]], Callable[[], Record | None]] | None = None,
     memory: CutMemory | None = None,
     tighten: Tighten | None = None,
+    recall: ImageIds | None = None,
 ) -> Outcome:
     """`guard`, given when inline: wraps the deferred record's computation so it fails as this would."""
     parsed, body = doc.parsed, doc.body
@@ -305,7 +313,7 @@ def _prune(
         # The plan of a request nothing changes is empty: only the record's facts are left to work out.
         record_later = guard(lambda: record_of(Plan(_facts(images), limits, fmt, model), body, time.perf_counter()))
         return Outcome(body, None, record_later, known or history)
-    facts = _facts(images)
+    facts = _facts(images, recall)
     if order is not None:
         facts = [facts[i] for i in order]  # oldest first by arrival: the plan's "oldest" (ordinals stay positions)
     writer = _DocumentWriter(module, doc)
@@ -321,7 +329,24 @@ def _prune(
     outcome = Outcome(forward, record, history=known or history, cut=plan.cut())
     if record.mode == ENFORCE and record.images_rescaled:
         outcome.screen = _screen(plan, fmt, parsed, model)
+    if recall is not None and record.mode == ENFORCE:
+        outcome.kept = _kept(plan)
     return outcome
+
+
+def _kept(plan: Plan) -> list[Kept]:
+    """The images whose placeholder or rescale note, as sent, names their id (a rule's own template may not)."""
+    texts = {i: text for i, (cause, text) in plan.dropped.items() if cause != REPEAT}
+    notes = plan.notes()
+    for i in plan.rescaled():
+        texts[i] = notes.get(plan.images[i].media.path, "")
+    kept = []
+    for i, text in sorted(texts.items()):
+        facts = plan.images[i]
+        image = facts.recall_id()
+        if image is not None and image in text:
+            kept.append(Kept(image, facts.media, facts.mime))
+    return kept
 
 
 def _screen(plan: Plan, fmt: str, parsed: dict[str, Any], model: str | None) -> _clicks.Screen | None:
@@ -370,8 +395,8 @@ def _payload_ends(doc: _body.ParsedBody) -> Callable[[str], tuple[int, bytes, by
     return ends
 
 
-def _facts(images: list[Media]) -> list[MediaFacts]:
-    return [MediaFacts(m, ordinal, None if m.remote else sniff_media(m)) for ordinal, m in enumerate(images, start=1)]
+def _facts(images: list[Media], recall: ImageIds | None = None) -> list[MediaFacts]:
+    return [MediaFacts(m, ordinal, None if m.remote else sniff_media(m), recall) for ordinal, m in enumerate(images, start=1)]
 
 
 def _fill_record(record: Record, plan: Plan, documents: int, media_bytes: int, body_bytes: int, out: bytes | _body.Written) -> None:

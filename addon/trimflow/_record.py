@@ -82,6 +82,10 @@ class Record:
     retry_limits: str | None = None  # e.g. "max_images=10 keep_recent=10"
     # The learned limits (docs/recovery.md) that applied on top of the rule, e.g. "max_images=10 keep_recent=10".
     learned_limits: str | None = None
+    # The run's recall_image answers since the previous request (docs/how-it-works.md#recall): images brought back,
+    # and ids refused (unknown, expired); the request that follows a recall carries its result.
+    recalls: int = 0
+    recalls_refused: int = 0
 
     @classmethod
     def untouched(cls, host: str, path: str, wire_format: str, mode: str, reason: str, body_bytes: int) -> Record:
@@ -162,6 +166,8 @@ class Record:
             parts.append(f"out={self.usage_output_tokens}")
         if self.clicks_mapped:
             parts.append(f"clicks mapped {self.clicks_mapped}")
+        if self.recalls or self.recalls_refused:
+            parts.append(f"recalled {self.recalls}" + (f" ({self.recalls_refused} refused)" if self.recalls_refused else ""))
         ratio = self.est_to_usage_ratio()
         if ratio is not None:
             parts.append(f"est/in={ratio:.2f}")

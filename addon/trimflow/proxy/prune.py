@@ -20,6 +20,7 @@ from .._decode import DEFAULT_MAX_DECODED_BYTES, DecodeError, decode_body, is_id
 from .._decode import OPTION as DECODE_OPTION
 from .._history import History
 from .._human import format_size, parse_duration, parse_size
+from .._recall import RecallIds, owner_of
 from .._record import Record
 from .._rules_file import CHECK_INTERVAL, DEFAULT_RULES_PATH, RulesFile
 from ..errors import RulesError
@@ -137,6 +138,11 @@ class Prune:
             if outcome is not None:
                 history, cut = outcome.history, outcome.cut
             self.flows.keep(flow, state, record, history, cut)
+            store = self.flows.recall
+            if state.kept and store is not None:
+                # The request goes as this hook returns; its cut images are copied for the store on the next turn of the loop.
+                asyncio.get_running_loop().call_soon(store.offer, record.conversation, state.kept)
+            state.kept = []
 
     def _prune_in_worker(self, flow: http.HTTPFlow, state: FlowState) -> tuple[Record | None, Outcome | None, History | None, int]:
         """As `_prune_flow`, in a worker thread: also the history (digested here, off the loop) and where the cut
@@ -178,14 +184,26 @@ class Prune:
             inline=inline,
             memory=self.flows.conversations,
             tighten=self.flows.tighten_for(flow),
+            recall=self._recall_ids(headers, inline),
         )
         state.screen = outcome.screen
+        state.kept = outcome.kept
         if outcome.record_pending:
             return None, outcome
         if outcome.record is None:
             return None, None
         log_reason(flow, outcome.record)
         return outcome.record, outcome
+
+    def _recall_ids(self, headers: dict[str, str], inline: bool) -> RecallIds | None:
+        """With recall on, the ids of the request's images, for its placeholders: when its credentials are the run's."""
+        store = self.flows.recall
+        if store is None or not store.in_use:
+            return None
+        owner = owner_of(store.token, headers)
+        if not store.accepts(owner):
+            return None
+        return store.ids(owner, _hash_in_worker if inline else None)
 
     @staticmethod
     def _undecodable(flow: http.HTTPFlow, state: FlowState, reason: str) -> Record | None:
@@ -231,6 +249,10 @@ class Prune:
             message.content = outcome.body
         state.thread = self.flows.number(record, outcome.history, outcome.cut)
         state.record = record  # for the metrics addon's websocket_message, next in the chain
+
+
+def _hash_in_worker() -> None:
+    raise NeedsWorker("images to hash for recall")
 
 
 def plain_headers(message: http.Message) -> dict[str, str]:
