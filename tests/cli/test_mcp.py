@@ -6,18 +6,25 @@ with one line. The store: tests/test_recall.py."""
 from __future__ import annotations
 
 import base64
+import importlib
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
-from mcp import Client
-from mcp.client.stdio import StdioServerParameters
 
 from trimflow._recall import TOKEN_VARIABLE, Kept, RecallStore, image_id, owner_of, run_folder
 from trimflow.formats import Media
 from trimflow.testing import image
+
+from ..helpers import MCP_SDK_MISSING
+
+if MCP_SDK_MISSING:
+    pytest.skip(MCP_SDK_MISSING, allow_module_level=True)
+Client = importlib.import_module("mcp").Client
+StdioServerParameters = importlib.import_module("mcp.client.stdio").StdioServerParameters
 
 TOKEN = bytes(range(32))
 OTHER = bytes(range(2, 34))
@@ -37,7 +44,7 @@ def token_file(path: Path, token: bytes, mode: int = 0o600) -> Path:
     return path
 
 
-def server(store: Path, token: Path) -> StdioServerParameters:
+def server(store: Path, token: Path) -> Any:
     return StdioServerParameters(command=sys.executable, args=["-m", "trimflow", "mcp", "--store", str(store), "--token-file", str(token)])
 
 

@@ -25,7 +25,7 @@ from trimflow._recall import FOLDER_NAME, image_id
 from trimflow.testing import FakeProvider, data_url, image
 from trimflow.testing._agent_script import UNKNOWN_ID
 
-from ..helpers import wait_for
+from ..helpers import MCP_SDK_MISSING, wait_for
 from .agent_session import (
     CODEX_CONFIG,
     FINAL,
@@ -42,7 +42,7 @@ from .agent_session import (
     turns,
 )
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(bool(MCP_SDK_MISSING), reason=MCP_SDK_MISSING)]
 
 PACKAGES = {"claude": "@anthropic-ai/claude-code", "codex": "@openai/codex", "gemini": "@google/gemini-cli"}
 
