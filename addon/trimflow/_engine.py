@@ -24,6 +24,7 @@ Only images over a limit (or thinned) are ever decoded; the rest is header sniff
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -33,6 +34,7 @@ from ._history import History, Images, history_of, session_key
 from ._human import format_size
 from ._imageinfo import sniff_media
 from ._limits import Limits, changed_fields
+from ._media import AGENT, TOOL, USER
 from ._placeholder import MediaFacts
 from ._policy import BODY, CACHE, COUNT_CAP, IMAGE_LIMIT, REPEAT, TOKENS, NeedsWorker, Plan, nothing_to_change
 from ._record import COUNT_TOKENS, ENFORCE, OBSERVE, WARMUP, Record, utc_timestamp
@@ -397,6 +399,10 @@ def _fill_record(record: Record, plan: Plan, documents: int, media_bytes: int, b
     record.pruned_for_cache = causes.count(CACHE)
     record.pruned_for_image_limit = causes.count(IMAGE_LIMIT)
     record.deduplicated = causes.count(REPEAT)
+    received = Counter(f.media.origin for f in images)
+    pruned = Counter(images[i].media.origin for i in plan.dropped)
+    record.images_user, record.images_tool, record.images_agent = (received[origin] for origin in (USER, TOOL, AGENT))
+    record.pruned_user, record.pruned_tool, record.pruned_agent = (pruned[origin] for origin in (USER, TOOL, AGENT))
     for i in plan.new:
         if i in plan.dropped:
             continue
