@@ -4,14 +4,15 @@
 A shorter or diverging history starts a new conversation: a rerun of the same test, a /clear, a fork, an edited
 message; a history under a session id that extends none of its earlier ones is a new *segment* of it. The proxy's
 SharedState and the audit's Reader use it alike, so a session is numbered the same live and in a recording. What is
-kept: 8-byte digests, and per line of history the position of its last history, where its last turn's cut ended
+kept: 8-byte digests, and per line of history the position of its last history, which images its last turn cut
 and when that turn went (no text, no id).
 
 An image's age is when it first came, not where it sits: some agents (aider) send every image again in one
 early message, in an order that changes from request to request. Each line of history remembers the images its
 last turn sent (`Copy`: when each first came, whether it was cut); `recall` orders the next request's images
 oldest first by that (position decides only among images that came together, or in a conversation new to this
-memory), and an image once cut comes first, so it stays cut. Copies of one image are matched in the order they
+memory), and an image once cut comes first, so it stays cut (the turn says which it cut: not always the oldest, the
+user's images go last, trimflow._value). Copies of one image are matched in the order they
 sit to the newest remembered ones (by key, and by CRC-32 where a key is not the only one of its kind); a copy
 more is new. An image a turn no longer sends is forgotten (the agent dropped it: sent again, it is new). A
 request that continues no line of history takes the arrivals of the line whose images it sends again
@@ -30,7 +31,7 @@ import itertools
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 from ._history import History, Images, digest, short_id
@@ -76,7 +77,7 @@ class HistoryLine:
         self.tip: int | None = None
         self.response: bytes | None = None  # digest of the id of its last answer (Responses)
         self.used = 0
-        self.cut = 0  # images pruned from the oldest, as a position: what the next turn holds
+        self.cut = 0  # how many of its last turn's images were cut: what the next turn holds
         self.sent_at: float | None = None  # its last turn's time on the memory's clock
         self.images: dict[bytes, list[Copy]] = {}  # image_key -> its copies, oldest first
 
@@ -134,13 +135,14 @@ def _copies(last: LastTurn) -> dict[bytes, list[Copy]]:
     return table
 
 
-def _oldest_first(found: Sequence[Copy | None]) -> list[int]:
-    """Image indices oldest first: the ones cut before, then by arrival (new ones last); position among those that
-    came together."""
+def _oldest_first(found: Sequence[Copy | None], cut: Collection[int] | None = None) -> list[int]:
+    """Image indices oldest first: the ones cut (`cut`, or else as remembered), then by arrival (new ones last); position
+    among those that came together."""
 
     def age(i: int) -> tuple[int, int, int]:
         copy = found[i]
-        return (1, _NEW, i) if copy is None else (0 if copy.cut else 1, copy.came, i)
+        was_cut = i in cut if cut is not None else copy is not None and copy.cut
+        return (0 if was_cut else 1, _NEW if copy is None else copy.came, i)
 
     return sorted(range(len(found)), key=age)
 
@@ -237,10 +239,10 @@ class Conversations:
         index = self._cut_keys
         return bool(index) and any(key in index for key in keys)
 
-    def assign(self, history: History, kind: str = TURN, cut: int | None = None) -> Assignment:
-        """Number a request of `kind`; a turn also leaves `cut` (the engine's Outcome.cut: a position in the order
-        `recall` gave) and its time for the next one, and its images' arrivals (a history the provider keeps,
-        previous_response_id, sends only its new items: the arrivals stay)."""
+    def assign(self, history: History, kind: str = TURN, cut: Collection[int] = ()) -> Assignment:
+        """Number a request of `kind`; a turn also leaves `cut` (the engine's Outcome.cut: which of its images, by index
+        in document order, were cut) and its time for the next one, and its images' arrivals (a history the provider
+        keeps, previous_response_id, sends only its new items: the arrivals stay)."""
         self._clock += 1
         named = None
         if history.session is not None:
@@ -255,7 +257,7 @@ class Conversations:
         if kind == TURN and history.previous_response is None:
             last = self._newer_shared_turn(history, source)
             if last is not None:
-                remembered = _copies(last)  # as `recall` took them: the cut is a position in that order
+                remembered = _copies(last)  # as `recall` took them
         if thread is None:
             if kind == COUNT_TOKENS:  # never a conversation or segment of its own
                 return Assignment(named.id if named else None, None, None, None)
@@ -276,21 +278,21 @@ class Conversations:
             if kind == TURN:
                 conversation.turns += 1
                 turn = conversation.turns
-                thread.cut = cut or 0
+                thread.cut = len(cut)
                 thread.sent_at = self.clock()
                 if history.previous_response is None:
-                    self._share(history, thread, self._remember(thread, remembered, history.images, cut or 0))
+                    self._share(history, thread, self._remember(thread, remembered, history.images, cut))
         return Assignment(conversation.id, turn, thread.segment, thread)
 
-    def recut(self, thread: HistoryLine | None, history: History, cut: int) -> None:
+    def recut(self, thread: HistoryLine | None, history: History, cut: Collection[int]) -> None:
         """The turn `thread` last sent went again with more cut (a retry within a limit the provider named, pruned in
-        the order `recall` gave): its line remembers that cut, so the next turn holds it and never brings back an
-        image the provider was not sent."""
+        the order `recall` gave, `cut` as in `assign`): its line remembers that cut, so the next turn holds it and never
+        brings back an image the provider was not sent."""
         if thread is None or thread.sent_at is None or history.previous_response is not None:
             return
         if thread.conversation.id not in self._conversations:  # forgotten meanwhile: the next turn starts afresh
             return
-        thread.cut = cut
+        thread.cut = len(cut)
         self._share(history, thread, self._remember(thread, thread.images, history.images, cut))
 
     def _share(self, history: History, thread: HistoryLine, kept: tuple[list[tuple[bytes, int]], int]) -> None:
@@ -318,13 +320,16 @@ class Conversations:
                 best, most = thread, n
         return best
 
-    def _remember(self, thread: HistoryLine, remembered: Mapping[bytes, list[Copy]], images: Images, cut: int) -> tuple[list[tuple[bytes, int]], int]:
+    def _remember(
+        self, thread: HistoryLine, remembered: Mapping[bytes, list[Copy]], images: Images, cut: Collection[int]
+    ) -> tuple[list[tuple[bytes, int]], int]:
         """The images of the turn `thread` just sent: when each copy came (as `remembered`; now for a new one, on the
-        memory's clock, which runs on across conversations) and the first `cut` in the order `recall` gave as cut.
-        What the turn no longer sends is forgotten. Returns the images it keeps oldest first by arrival as (key, CRC-32),
-        and how many of those were cut."""
+        memory's clock, which runs on across conversations) and whether it is in `cut` (indices into `images`). What
+        the turn no longer sends is forgotten. Returns the images it keeps, the cut ones first, each part oldest first
+        by arrival, as (key, CRC-32), and how many of those were cut: a shared row (trimflow._last_turns) says which
+        images were cut as a count of its first, whatever the order the cut took them in (trimflow._value)."""
         found = _arrivals(remembered, images)
-        order = _oldest_first(found)
+        order = _oldest_first(found, cut)
         table: dict[bytes, list[Copy]] = {}
         kept: list[tuple[bytes, int]] = []
         first = max(0, len(order) - MAX_IMAGES_PER_LINE)
@@ -332,7 +337,7 @@ class Conversations:
             i = order[rank]
             copy = found[i]
             came, crc = (self._clock, images.crc(i)) if copy is None else (copy.came, copy.crc)
-            table.setdefault(images.keys[i], []).append(Copy(came, rank < cut, crc))
+            table.setdefault(images.keys[i], []).append(Copy(came, i in cut, crc))
             kept.append((images.keys[i], crc))
         for copies in table.values():
             copies.sort(key=lambda copy: (copy.came, not copy.cut))  # as _oldest_first: of copies that came together, the cut first
@@ -348,7 +353,7 @@ class Conversations:
             _, forgotten = self._conversations.popitem(last=False)  # never this one: just made the most recent
             for dropped in forgotten.threads:
                 self._drop_thread(dropped)
-        return kept, max(0, min(cut, len(order)) - first)
+        return kept, sum(1 for rank in range(first, len(order)) if order[rank] in cut)
 
     def _forget_images(self, thread: HistoryLine) -> None:
         for key, copies in thread.images.items():

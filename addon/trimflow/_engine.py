@@ -41,6 +41,7 @@ from ._record import COUNT_TOKENS, ENFORCE, OBSERVE, WARMUP, Record, utc_timesta
 from ._rules import Rules, Target
 from ._text import escape_controls
 from ._tokens import text_tokens
+from ._value import cut_order
 from .formats import FORMATS, IMAGE, JsonPath, Media, WireFormat, counted_turn_path, detect_shape
 
 # Inline limits: the skeleton pass runs at memory speed, a fraction of what mitmproxy spends reading the body; a
@@ -72,12 +73,13 @@ class Outcome:
         record: Record | None,
         account: Callable[[], Record | None] | None = None,
         history: Callable[[], History | None] | History | None = None,
-        cut: int = 0,
+        cut: frozenset[int] = frozenset(),
     ) -> None:
         self._body, self._record, self._account = body, record, account
         self._history: History | Callable[[], History | None] | None = history
-        # Where the cut of the oldest images ended (trimflow._policy: Plan.cut): the conversation keeps it
-        # for its next turn (Conversations.assign), which holds it while the limits allow.
+        # The images the cut took (trimflow._policy: Plan.cut, in the order trimflow._value gave), as indices into the
+        # request's images in document order: the conversation keeps them for its next turn (Conversations.assign),
+        # which holds them cut while the limits allow.
         self.cut = cut
         self.screen: _clicks.Screen | None = None
 
@@ -307,20 +309,22 @@ def _prune(
         # The plan of a request nothing changes is empty: only the record's facts are left to work out.
         record_later = guard(lambda: record_of(Plan(_facts(images), limits, fmt, model), body, time.perf_counter()))
         return Outcome(body, None, record_later, known or history)
-    facts = _facts(images)
-    if order is not None:
-        facts = [facts[i] for i in order]  # oldest first by arrival: the plan's "oldest" (ordinals stay positions)
+    # The order the cut takes the images in: those cut before, then by arrival, the user's protected images last
+    # (trimflow._value). The plan's "oldest" is the first of it; ordinals stay positions.
+    chosen = cut_order(images, order if order is not None else range(len(images)), cut_before, limits)
+    sniffed = _facts(images)
+    facts = [sniffed[i] for i in chosen.order]
     writer = _DocumentWriter(module, doc)
     computer_use = _clicks.computer_tool(fmt, parsed) is not None
-    plan = Plan(facts, limits, fmt, model, inline, held, cold, computer_use, module.ACCEPTS_WEBP)
+    plan = Plan(facts, limits, fmt, model, inline, held, cold, computer_use, module.ACCEPTS_WEBP, chosen.protected)
     out = plan.run(writer, media_bytes)
     if cut_before > held and any(i not in plan.dropped for i in range(cut_before)):
         # An image cut on an earlier turn would go again (the agent sent fewer): it stays cut.
-        plan = Plan(facts, limits, fmt, model, inline, cut_before, cold, computer_use, module.ACCEPTS_WEBP)
+        plan = Plan(facts, limits, fmt, model, inline, cut_before, cold, computer_use, module.ACCEPTS_WEBP, chosen.protected)
         out = plan.run(writer, media_bytes)
     record = record_of(plan, out, started)
     forward = out if record.mode == ENFORCE else body
-    outcome = Outcome(forward, record, history=known or history, cut=plan.cut())
+    outcome = Outcome(forward, record, history=known or history, cut=frozenset(chosen.order[: plan.cut()]))
     if record.mode == ENFORCE and record.images_rescaled:
         outcome.screen = _screen(plan, fmt, parsed, model)
     return outcome

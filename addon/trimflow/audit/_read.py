@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -293,7 +293,7 @@ class Reader:
         # A record with a kind was numbered by the proxy as the history-aware tracker numbers it; an older one is renumbered.
         numbered = proxy_record is not None and isinstance(proxy, dict) and "kind" in proxy
         history: History | None = None
-        cut = 0  # where the engine's cut ended (Outcome.cut), for the conversation's next turn
+        cut = frozenset[int]()  # the images the engine's cut took (Outcome.cut), for the conversation's next turn
         after: str | None  # where the after figures come from (Row.after)
         if proxy_record is not None and not self.what_if:
             record, after = proxy_record, PROXY  # as trimflow recorded it: before, after and all it did
@@ -371,8 +371,8 @@ class Reader:
         body = self._body(request, tally)
         return None if body is None else prune(target, request.headers, body, self.rules, OBSERVE).history
 
-    def _number(self, record: Record, history: History | None, cut: int = 0) -> HistoryLine | None:
-        """The record's conversation, turn and segment, as the proxy's SharedState assigns them (with where its cut ended)."""
+    def _number(self, record: Record, history: History | None, cut: Collection[int] = ()) -> HistoryLine | None:
+        """The record's conversation, turn and segment, as the proxy's SharedState assigns them (with the images its cut took)."""
         if history is None:
             return None
         assignment = self.conversations.assign(history, record.kind, cut)

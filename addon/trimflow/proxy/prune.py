@@ -97,7 +97,7 @@ class Prune:
             if flow.request.raw_content is None:
                 self._warn_streamed(flow, state)
                 return
-            history, cut = None, 0
+            history, cut = None, frozenset[int]()
             try:
                 record, outcome = self._prune_flow(flow, state, inline=True)
             except NeedsWorker:
@@ -119,12 +119,12 @@ class Prune:
                 history, cut = outcome.history, outcome.cut
             self.flows.keep(flow, state, record, history, cut)
 
-    def _prune_in_worker(self, flow: http.HTTPFlow, state: FlowState) -> tuple[Record | None, Outcome | None, History | None, int]:
-        """As `_prune_flow`, in a worker thread: also the history (digested here, off the loop) and where the cut
-        ended, for when the outcome is already forwarded (None: a compressed body re-encoded here)."""
+    def _prune_in_worker(self, flow: http.HTTPFlow, state: FlowState) -> tuple[Record | None, Outcome | None, History | None, frozenset[int]]:
+        """As `_prune_flow`, in a worker thread: also the history (digested here, off the loop) and the images the cut
+        took, for when the outcome is already forwarded (None: a compressed body re-encoded here)."""
         record, outcome = self._prune_flow(flow, state, inline=False)
         if outcome is None:
-            return record, None, None, 0
+            return record, None, None, frozenset()
         history = outcome.history if record is not None else None
         cut = outcome.cut
         if outcome.changed and not is_identity(flow.request.headers.get("content-encoding")):

@@ -323,10 +323,10 @@ class Recover:
 
     def _prepare(
         self, flow: http.HTTPFlow, state: FlowState, original: bytes, last_body: bytes, tighten: Tighten
-    ) -> tuple[http.Request, Record, bytes, tuple[History, int] | None] | None:
+    ) -> tuple[http.Request, Record, bytes, tuple[History, frozenset[int]] | None] | None:
         """In a worker thread: the original body pruned again under `tighten` (the limits learned now and those the
         refusals taught), in the order the conversation's images came (its memory reads only, as the prune's does),
-        as a request to send with the turn's history and where its cut ended (None for a request that is not a
+        as a request to send with the turn's history and the images its cut took (None for a request that is not a
         turn); None when that is the body already refused."""
         assert self.flows.rules is not None
         request = flow.request

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from mitmproxy import http
 
@@ -118,14 +118,14 @@ class SharedState:
             self.keep(flow, state, record, outcome.history, outcome.cut)
         return record
 
-    def keep(self, flow: http.HTTPFlow, state: FlowState, record: Record, history: History | None, cut: int = 0) -> None:
-        """Make `record` the flow's record: numbered in its conversation (with where its cut ended), written to the flow."""
+    def keep(self, flow: http.HTTPFlow, state: FlowState, record: Record, history: History | None, cut: Collection[int] = ()) -> None:
+        """Make `record` the flow's record: numbered in its conversation (with the images its cut took), written to the flow."""
         state.thread = self.number(record, history, cut)
         state.record = record
         write(flow, state)
         flow.comment = flow_comment(record)
 
-    def number(self, record: Record, history: History | None, cut: int = 0) -> HistoryLine | None:
+    def number(self, record: Record, history: History | None, cut: Collection[int] = ()) -> HistoryLine | None:
         """The record's conversation, turn and segment, from its history (trimflow._conversation); returns its
         place in the conversation, for `responded`. A body that could not be read has none."""
         if history is None:
