@@ -4,6 +4,8 @@ mock-up in every format with the shipped rules, through the engine as the proxy 
 
 from __future__ import annotations
 
+import itertools
+
 import orjson
 import pytest
 
@@ -11,13 +13,15 @@ from trimflow import prune_request
 from trimflow._conversation import Conversations
 from trimflow._last_turns import LastTurns
 from trimflow._limits import Limits
+from trimflow._lookalike import THUMBNAILS
 from trimflow._media import AGENT, IMAGE, TOOL, USER, Media
 from trimflow._rules_file import DEFAULT_RULES_PATH, load_rules
 from trimflow._value import cut_order
 from trimflow.formats import FORMATS
 from trimflow.testing import PATHS, b64
-from trimflow.testing._screens import agent_session, app_screen, mockup
+from trimflow.testing._screens import agent_session, app_screen, mockup, repeating_screens
 
+from .bench import best_distinct
 from .helpers import encode
 
 
@@ -147,3 +151,113 @@ def test_the_users_mock_up_reaches_the_provider_on_every_turn_with_the_newest_sc
 
 def test_two_instances_sharing_the_conversations_file_keep_the_mock_up_as_one_does() -> None:
     assert run_session("anthropic", None, instances=2) == run_session("anthropic", None)
+
+
+# --- repeated screens before distinct ones --------------------------------------------------------------------------
+
+
+def run_repeating(fmt: str, lookalikes: bool = True, instances: int = 1) -> tuple[list[dict], list[int]]:
+    """36 screenshots, every third the screen before it with the cursor moved or the clock on, through the engine under
+    the shipped rules as the proxy runs it. Per turn: what went (screens by number), what the cut took, the bodies."""
+    rules = load_rules(DEFAULT_RULES_PATH).with_limits(cut_lookalikes=lookalikes)
+    model = MODELS[fmt]
+    path = PATHS[fmt] if fmt != "openai-responses" else "/v1/responses"
+    url = f"https://api.example.test{path}"
+    shots, screens = repeating_screens(36, (320, 200))
+    screen_of = {b64(shot): screen for shot, screen in zip(shots, screens, strict=True)}
+    shared = LastTurns(":memory:")
+    memories = [Conversations(shared=shared) for _ in range(instances)]
+    rows = []
+    for turn, body in enumerate(agent_session(fmt, None, shots, model), start=1):
+        conversations = memories[turn % instances]
+        made = THUMBNAILS.made
+        outcome = prune_request(url, {}, encode(body), rules, memory=conversations)
+        assert outcome.record is not None and outcome.history is not None
+        conversations.assign(outcome.history, outcome.record.kind, *outcome.taken)
+        sent = _sent(fmt, outcome.body)
+        rows.append(
+            {
+                "sent": [screen_of[s] for s in sent],
+                "kept": [i for i in range(turn - 1) if i not in outcome.cut],
+                "cut": set(outcome.cut),
+                "like": set(outcome.like),
+                "made": THUMBNAILS.made - made,
+                "body": outcome.body,
+            }
+        )
+    shared.close()
+    return rows, screens
+
+
+@pytest.mark.parametrize("fmt", sorted(MODELS))
+def test_a_repeated_screen_is_cut_before_any_distinct_one_on_the_turns_the_cut_moves(fmt: str) -> None:
+    rows, screens = run_repeating(fmt)
+    today, _ = run_repeating(fmt, lookalikes=False)
+    assert [len(r["sent"]) for r in rows] == [len(r["sent"]) for r in today]  # as many images on every turn
+    moved = [turn for turn in range(1, len(rows)) if rows[turn]["cut"] - rows[turn - 1]["cut"]]
+    assert moved == [turn for turn in range(1, len(today)) if today[turn]["cut"] - today[turn - 1]["cut"]]  # the same turns
+    for turn, row in enumerate(rows):
+        previous = rows[turn - 1] if turn else {"cut": set()}
+        assert previous["cut"] <= row["cut"]  # a cut image stays cut
+        if turn not in moved:
+            assert row["made"] == 0 and row["cut"] == previous["cut"]  # no thumbnail made, nothing moves
+        newly = row["cut"] - previous["cut"]
+        kept = row["kept"]
+        repeats_kept = [i for i in kept if i + 1 in kept and screens[i] == screens[i + 1]]
+        distinct_newly_cut = [i for i in newly if not (i + 1 < len(screens) and screens[i] == screens[i + 1])]
+        assert not (distinct_newly_cut and repeats_kept), (turn, distinct_newly_cut, repeats_kept)
+        assert row["like"] == {i for i in row["cut"] if screens[i] == screens[i + 1]}
+    distinct = [len(set(r["sent"])) for r in rows]
+    before = [len(set(r["sent"])) for r in today]
+    assert all(a >= b for a, b in zip(distinct, before, strict=True)) and sum(distinct) > sum(before)
+
+
+def test_a_look_alikes_placeholder_names_the_image_after_it_and_keeps_its_text_on_later_turns() -> None:
+    rows, _ = run_repeating("anthropic")
+    last = orjson.loads(rows[-1]["body"])
+    texts = [
+        block["text"]
+        for message in last["messages"]
+        for part in message["content"]
+        if part.get("type") == "tool_result"
+        for block in part["content"]
+        if block.get("type") == "text"
+    ]
+    like = sorted(rows[-1]["like"])
+    assert like and all(f"[trimflow: image #{i + 1} omitted: the same screen as image #{i + 2}]" in texts for i in like)
+    for turn in range(1, len(rows)):  # once written, a placeholder is the same on every later turn
+        earlier, later = orjson.loads(rows[turn - 1]["body"])["messages"], orjson.loads(rows[turn]["body"])["messages"]
+        assert [orjson.dumps(m) for m in later[: len(earlier) - 1]] == [orjson.dumps(m) for m in earlier[:-1]] or turn in {
+            t for t in range(1, len(rows)) if rows[t]["cut"] - rows[t - 1]["cut"]
+        }
+
+
+def test_two_instances_sharing_the_conversations_file_cut_the_same_look_alikes_as_one() -> None:
+    """The other instance has no memory of which cut image was a look-alike: its thumbnails say, and the same text goes."""
+    one, _ = run_repeating("openai-chat")
+    two, _ = run_repeating("openai-chat", instances=2)
+    assert [r["body"] for r in two] == [r["body"] for r in one]
+
+
+def test_the_benchs_bound_on_distinct_screens_is_what_every_schedule_reaches_at_best() -> None:
+    """tests/bench.py's `best_distinct` (a search over the screens kept) against every schedule, image by image, on a
+    small session: a cap of 4 cut to 2, every third screenshot the one before it again."""
+    screens = [0, 1, 1, 2, 3, 3, 4, 5, 5, 6, 7, 7, 8]
+    sizes, moved, kept = [0], set(), 0
+    for turn in range(1, len(screens) + 1):
+        kept += 1
+        if kept > 4:
+            kept, _ = 2, moved.add(turn)
+        sizes.append(kept)
+
+    def every(turn: int, sent: tuple[int, ...]) -> int:
+        if turn == len(sizes):
+            return 0
+        new = turn - 1
+        if turn not in moved:
+            options = [(*sent, new)]
+        else:
+            options = [(*chosen, new) for chosen in itertools.combinations(sent, sizes[turn] - 1)]
+        return max(len({screens[i] for i in option}) + every(turn + 1, option) for option in options)
+
+    assert best_distinct(screens, sizes, moved) == pytest.approx(every(1, ()) / len(sizes))

@@ -84,22 +84,26 @@ class HistoryLine:
 
 class Copy(NamedTuple):
     """One copy of an image a line of history sent: when it first came (the memory's request count then), whether
-    it was cut, and its CRC-32 (image_crc)."""
+    it was cut, its CRC-32 (image_crc), and whether it was cut as a look-alike of the image after it
+    (trimflow._lookalike; None: not known, a copy read from the shared file)."""
 
     came: int
     cut: bool
     crc: int
+    like: bool | None = False
 
 
 class Recall(NamedTuple):
     """What a conversation's last turn left for the next one: where its cut ended and how long ago it went.
 
     Given the request's images (History.images), `order` is its images oldest first by arrival (indices in the
-    order they sit; the ones cut before first) and `cut` how many of them at its front were cut before."""
+    order they sit; the ones cut before first) and `cut` how many of them at its front were cut before; `like`, per
+    image (in the order they sit), whether it was cut as a look-alike (None: not known)."""
 
     cut: int
     idle: float
     order: tuple[int, ...] | None = None
+    like: tuple[bool | None, ...] | None = None
 
 
 def _arrivals(remembered: Mapping[bytes, list[Copy]], images: Images) -> list[Copy | None]:
@@ -131,7 +135,7 @@ def _copies(last: LastTurn) -> dict[bytes, list[Copy]]:
     """A shared last turn's images as a line of history remembers them: each copy's rank stands for when it came."""
     table: dict[bytes, list[Copy]] = {}
     for rank, (key, crc) in enumerate(last.images):
-        table.setdefault(key, []).append(Copy(rank, rank < last.cut, crc))
+        table.setdefault(key, []).append(Copy(rank, rank < last.cut, crc, None if rank < last.cut else False))
     return table
 
 
@@ -209,7 +213,9 @@ class Conversations:
         if not history.images:
             return Recall(cut, idle)
         found = _arrivals(remembered, history.images)
-        return Recall(sum(1 for copy in found if copy is not None and copy.cut), idle, tuple(_oldest_first(found)))
+        cut = sum(1 for copy in found if copy is not None and copy.cut)
+        like = tuple(copy.like if copy is not None and copy.cut else False for copy in found)
+        return Recall(cut, idle, tuple(_oldest_first(found)), like)
 
     def _newer_shared_turn(self, history: History, line: HistoryLine | None, fresh: bool = False) -> LastTurn | None:
         """The conversation's last turn in the shared file when it went after `line`'s (this process's own memory of
@@ -239,10 +245,10 @@ class Conversations:
         index = self._cut_keys
         return bool(index) and any(key in index for key in keys)
 
-    def assign(self, history: History, kind: str = TURN, cut: Collection[int] = ()) -> Assignment:
+    def assign(self, history: History, kind: str = TURN, cut: Collection[int] = (), like: Collection[int] = ()) -> Assignment:
         """Number a request of `kind`; a turn also leaves `cut` (the engine's Outcome.cut: which of its images, by index
-        in document order, were cut) and its time for the next one, and its images' arrivals (a history the provider
-        keeps, previous_response_id, sends only its new items: the arrivals stay)."""
+        in document order, were cut; `like`: of those, the look-alikes) and its time for the next one, and its images'
+        arrivals (a history the provider keeps, previous_response_id, sends only its new items: the arrivals stay)."""
         self._clock += 1
         named = None
         if history.session is not None:
@@ -281,10 +287,10 @@ class Conversations:
                 thread.cut = len(cut)
                 thread.sent_at = self.clock()
                 if history.previous_response is None:
-                    self._share(history, thread, self._remember(thread, remembered, history.images, cut))
+                    self._share(history, thread, self._remember(thread, remembered, history.images, cut, like))
         return Assignment(conversation.id, turn, thread.segment, thread)
 
-    def recut(self, thread: HistoryLine | None, history: History, cut: Collection[int]) -> None:
+    def recut(self, thread: HistoryLine | None, history: History, cut: Collection[int], like: Collection[int] = ()) -> None:
         """The turn `thread` last sent went again with more cut (a retry within a limit the provider named, pruned in
         the order `recall` gave, `cut` as in `assign`): its line remembers that cut, so the next turn holds it and never
         brings back an image the provider was not sent."""
@@ -293,7 +299,7 @@ class Conversations:
         if thread.conversation.id not in self._conversations:  # forgotten meanwhile: the next turn starts afresh
             return
         thread.cut = len(cut)
-        self._share(history, thread, self._remember(thread, thread.images, history.images, cut))
+        self._share(history, thread, self._remember(thread, thread.images, history.images, cut, like))
 
     def _share(self, history: History, thread: HistoryLine, kept: tuple[list[tuple[bytes, int]], int]) -> None:
         """The turn `thread` just sent, into the shared file: its images oldest first by arrival and how many of them
@@ -321,10 +327,11 @@ class Conversations:
         return best
 
     def _remember(
-        self, thread: HistoryLine, remembered: Mapping[bytes, list[Copy]], images: Images, cut: Collection[int]
+        self, thread: HistoryLine, remembered: Mapping[bytes, list[Copy]], images: Images, cut: Collection[int], like: Collection[int] = ()
     ) -> tuple[list[tuple[bytes, int]], int]:
         """The images of the turn `thread` just sent: when each copy came (as `remembered`; now for a new one, on the
-        memory's clock, which runs on across conversations) and whether it is in `cut` (indices into `images`). What
+        memory's clock, which runs on across conversations), whether it is in `cut` (indices into `images`) and in
+        `like` (cut as a look-alike). What
         the turn no longer sends is forgotten. Returns the images it keeps, the cut ones first, each part oldest first
         by arrival, as (key, CRC-32), and how many of those were cut: a shared row (trimflow._last_turns) says which
         images were cut as a count of its first, whatever the order the cut took them in (trimflow._value)."""
@@ -337,7 +344,7 @@ class Conversations:
             i = order[rank]
             copy = found[i]
             came, crc = (self._clock, images.crc(i)) if copy is None else (copy.came, copy.crc)
-            table.setdefault(images.keys[i], []).append(Copy(came, i in cut, crc))
+            table.setdefault(images.keys[i], []).append(Copy(came, i in cut, crc, i in cut and i in like))
             kept.append((images.keys[i], crc))
         for copies in table.values():
             copies.sort(key=lambda copy: (copy.came, not copy.cut))  # as _oldest_first: of copies that came together, the cut first

@@ -8,7 +8,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from ._placeholder import DEFAULT_PLACEHOLDER, DEFAULT_REPEAT_PLACEHOLDER
+from ._placeholder import DEFAULT_LOOKALIKE_PLACEHOLDER, DEFAULT_PLACEHOLDER, DEFAULT_REPEAT_PLACEHOLDER
 
 # Kinds of limit, for the rules parser: what a value may be.
 COUNT, SIZE, SIDE, BOOL, TEMPLATE = "count", "size", "side", "bool", "template"
@@ -79,6 +79,15 @@ class Limits:
         "the newest N images the user attached (older than the newest tool or agent image) are cut last, after every other "
         "image above the floor; null: as many as fit under the cap with the floor kept; 0: none, every image by age",
         minimum=0,
+    )
+    cut_lookalikes: bool = _limit(
+        True,
+        BOOL,
+        "a screenshot that shows the same screen as the image after it (a moved cursor, a later clock) is cut before any other",
+        nullable=False,
+    )
+    lookalike_placeholder: str = _limit(
+        DEFAULT_LOOKALIKE_PLACEHOLDER, TEMPLATE, "the text that stands where a look-alike screenshot was", nullable=False
     )
 
     def image_side_limit(self, images: int) -> int | None:

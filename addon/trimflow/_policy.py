@@ -142,11 +142,15 @@ class Plan:
         computer_use: bool = False,
         accepts_webp: bool = False,
         protected: frozenset[int] = frozenset(),
+        later: Mapping[int, int] | None = None,
     ) -> None:
         self.images, self.limits, self.fmt, self.model, self.inline = images, limits, fmt, model, inline
         self.held, self.cold = held, cold
         # The user's protected images (trimflow._value): the cut takes them after every other image above the floor.
         self.protected = protected
+        # Look-alikes (trimflow._lookalike): image -> the ordinal of the image after it, which shows the same screen;
+        # the cut takes them first, and their placeholder names it.
+        self.later = later or {}
         self.computer_use = computer_use  # the request declares a computer tool: the rescale note asks for its pixels
         self.accepts_webp = accepts_webp  # every provider behind the format decodes WebP (WireFormat.ACCEPTS_WEBP)
         self.dropped: dict[int, tuple[str, str]] = {}  # image index -> (cause, placeholder text)
@@ -238,7 +242,12 @@ class Plan:
     # -- helpers for the steps
 
     def drop(self, i: int, cause: str, reason: str | None = None) -> None:
-        self.dropped[i] = (cause, render(self.limits.placeholder, self.images[i], reason or _REASONS[cause]))
+        later = self.later.get(i) if cause in _CUT_CAUSES else None
+        if later is not None:
+            text = render(self.limits.lookalike_placeholder, self.images[i], reason or _REASONS[cause], later=later)
+        else:
+            text = render(self.limits.placeholder, self.images[i], reason or _REASONS[cause])
+        self.dropped[i] = (cause, text)
 
     def fit(self, i: int, side: int | None, thumb: int | None) -> None:
         """Shrink image i under the per-image limits and, when `thumb` is set, to a thumbnail."""

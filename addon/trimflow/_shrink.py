@@ -46,7 +46,7 @@ from ._human import format_size
 from ._imageinfo import ImageInfo, sniff_bytes
 from ._limits import MIN_SIDE
 
-__all__ = ["CACHE", "MAX_PIXELS", "ShrinkCache", "Shrunk", "shrink"]
+__all__ = ["CACHE", "MAX_PIXELS", "ShrinkCache", "Shrunk", "open_image", "shrink"]
 
 # Refuse to decode anything bigger: 100 MP of RGBA is 400 MB of memory. Pillow's own bomb check
 # (a warning above MAX_IMAGE_PIXELS, an error above twice that) is aligned with it as a backstop for
@@ -181,23 +181,34 @@ def shrink(payload: str, *, max_side: int | None, max_bytes: int | None, webp: b
     return result
 
 
-def _shrink(payload: str, max_side: int | None, max_bytes: int | None, webp: bool) -> Shrunk:
+def open_image(payload: str) -> tuple[Image.Image, bytes] | str:
+    """The image base64 `payload` holds, opened (its pixels not read yet) with the decoders allowed and within
+    MAX_PIXELS, and its bytes; else why not."""
     raw = _b64decode(payload)
     if raw is None:
-        return Shrunk(reason="not valid base64")
+        return "not valid base64"
     head = sniff_bytes(raw)
     if head is not None and head.width and head.height and head.width * head.height > MAX_PIXELS:
-        return Shrunk(reason=_too_many_pixels(head.width, head.height))
+        return _too_many_pixels(head.width, head.height)
     try:
         im = Image.open(io.BytesIO(raw), formats=_DECODERS)
     except Image.DecompressionBombError:
-        return Shrunk(reason=f"over the {MAX_PIXELS // 1_000_000}-megapixel decoding limit")
+        return f"over the {MAX_PIXELS // 1_000_000}-megapixel decoding limit"
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
-        return Shrunk(reason="could not be decoded")
+        return "could not be decoded"
     # No `with`: closing would also free the pixels; the BytesIO holds no OS resource.
     width, height = im.size
     if width * height > MAX_PIXELS:
-        return Shrunk(reason=_too_many_pixels(width, height))
+        return _too_many_pixels(width, height)
+    return im, raw
+
+
+def _shrink(payload: str, max_side: int | None, max_bytes: int | None, webp: bool) -> Shrunk:
+    opened = open_image(payload)
+    if isinstance(opened, str):
+        return Shrunk(reason=opened)
+    im, raw = opened
+    width, height = im.size
     source = im.format or "PNG"
     fits_side = max_side is None or max(width, height) <= max_side
     fits_bytes = max_bytes is None or len(payload) <= max_bytes

@@ -6,12 +6,14 @@ lets an agent work through twenty screenshots would lose the mock-up at the firs
 first by arrival (trimflow._conversation's `order`, or their places for a request of no known conversation):
 
 1. the images cut on earlier turns come first: they stay cut (the held cut);
-2. then the others by arrival, a tool's output and the agent's screens (trimflow._media origins) and the user's
+2. then the look-alikes the caller found (trimflow._lookalike: screenshots that show the same screen as the image
+   after them), by arrival: a repeated screen goes before any distinct one;
+3. then the others by arrival, a tool's output and the agent's screens (trimflow._media origins) and the user's
    older attachments alike;
-3. then the user's protected images (`Limits.user_images_protected`: the newest so many the user attached that are
+4. then the user's protected images (`Limits.user_images_protected`: the newest so many the user attached that are
    older than the newest tool or agent image), by arrival: the cut reaches them only when nothing else is left above
    the floor;
-4. the newest `keep_recent` by arrival last: never cut.
+5. the newest `keep_recent` by arrival last: never cut.
 
 A user's image newer than every screen needs no protection: age already keeps it. A conversation of the user's
 images only (a chat pasting screenshots) is cut by age, as before. The order depends only on the images, their
@@ -20,7 +22,7 @@ arrivals and the limits, so the held cut (step 1) and the turns that hold it see
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from ._limits import Limits
@@ -36,11 +38,16 @@ class CutOrder:
     protected: frozenset[int]
 
 
-def cut_order(images: Sequence[Media], arrival: Sequence[int], held: int, limits: Limits) -> CutOrder:
-    """`arrival`: the images' indices oldest first, the first `held` of them cut on an earlier turn."""
+def cut_order(images: Sequence[Media], arrival: Sequence[int], held: int, limits: Limits, lookalikes: Collection[int] = ()) -> CutOrder:
+    """`arrival`: the images' indices oldest first, the first `held` of them cut on an earlier turn; `lookalikes`: the
+    images that show the same screen as the image after them."""
     fixed, rest = list(arrival[:held]), list(arrival[held:])
     keep = min(limits.keep_recent, len(rest))
     candidates, newest = rest[: len(rest) - keep], rest[len(rest) - keep :]
+    alike = [i for i in candidates if i in lookalikes]
+    if alike:
+        fixed += alike
+        candidates = [i for i in candidates if i not in lookalikes]
     bound = limits.user_images_protected()
     protected: list[int] = []
     if bound != 0:
@@ -48,7 +55,7 @@ def cut_order(images: Sequence[Media], arrival: Sequence[int], held: int, limits
         last_screen = max((rank[i] for i in arrival if images[i].origin != USER), default=-1)
         older = [i for i in candidates if images[i].origin == USER and rank[i] < last_screen]
         protected = older if bound is None else older[max(0, len(older) - bound) :]
-    if not protected:
+    if not protected and not alike:
         return CutOrder(tuple(arrival), frozenset())
     chosen = set(protected)
     order = [*fixed, *(i for i in candidates if i not in chosen), *protected, *newest]

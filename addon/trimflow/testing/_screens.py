@@ -21,7 +21,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from ._synthetic import b64, data_url
 
-__all__ = ["CHANGES", "agent_session", "app_screen", "distinct_screens", "mockup"]
+__all__ = ["CHANGES", "agent_session", "app_screen", "distinct_screens", "mockup", "repeating_screens"]
 
 _WORDS = (
     "account billing invoices export settings profile team members search results orders shipping returns "
@@ -115,21 +115,39 @@ def app_screen(
     return out.getvalue()
 
 
+def _distinct(count: int) -> list[dict[str, Any]]:
+    """The app_screen arguments of `distinct_screens`."""
+    out: list[dict[str, Any]] = []
+    app = 0
+    while len(out) < count:
+        out += [{"seed": app}, {"seed": app, "page": 1}, {"seed": app, "scroll": 8}, {"seed": app, "dialog": True}]
+        app += 1
+    return out[:count]
+
+
 def distinct_screens(count: int, size: tuple[int, int] = (1280, 800), fmt: str = "PNG") -> list[bytes]:
     """`count` screens that each show something the others do not, the hard cases first: one app's pages, the same
     page scrolled, with a dialog open; then other apps. (A few characters typed into a field, `app_screen`'s `typed`,
     is not among them: a small edit, which a later screen shows too.)"""
-    out: list[bytes] = []
-    app = 0
-    while len(out) < count:
-        out += [
-            app_screen(app, size, fmt=fmt),
-            app_screen(app, size, page=1, fmt=fmt),
-            app_screen(app, size, scroll=8, fmt=fmt),
-            app_screen(app, size, dialog=True, fmt=fmt),
-        ]
-        app += 1
-    return out[:count]
+    return [app_screen(size=size, fmt=fmt, **kwargs) for kwargs in _distinct(count)]
+
+
+def repeating_screens(count: int, size: tuple[int, int] = (1280, 800), every: int = 3) -> tuple[list[bytes], list[int]]:
+    """`count` screenshots of which every `every`-th shows the screen before it again, with the cursor moved or the
+    clock a minute on (by turns), the others distinct; and the screen each shows (equal numbers: the same screen)."""
+    shots: list[bytes] = []
+    screens: list[int] = []
+    params = _distinct(count)
+    for k in range(count):
+        if k % every == every - 1:
+            change = (CURSOR, CLOCK)[(k // every) % 2]
+            shots.append(app_screen(size=size, variant=1, change=change, **params[screens[-1]]))
+            screens.append(screens[-1])
+        else:
+            screen = len(set(screens))
+            shots.append(app_screen(size=size, **params[screen]))
+            screens.append(screen)
+    return shots, screens
 
 
 @functools.lru_cache(maxsize=8)
@@ -155,8 +173,9 @@ def mockup(seed: int = 0, size: tuple[int, int] = (800, 600)) -> bytes:
 _TASK = "Build the invoices page like the picture, then check it in the browser after each change."
 
 
-def agent_session(fmt: str, first: bytes, shots: Sequence[bytes], model: str) -> Iterator[dict[str, Any]]:
-    """The bodies an agent sends, whole history each: the user's task with `first` attached (a mock-up), then one
+def agent_session(fmt: str, first: bytes | None, shots: Sequence[bytes], model: str) -> Iterator[dict[str, Any]]:
+    """The bodies an agent sends, whole history each: the user's task with `first` attached (a mock-up; None: the
+    task alone), then one
     request a turn after each screenshot of `shots` (PNG) came back where `fmt` puts a tool's output: an Anthropic
     `tool_result`, an OpenAI chat tool message and a user message of the screenshot alone, a Responses
     `computer_call_output`, a Gemini `functionResponse` with the screen beside it. Turn k's body holds k - 1 shots."""
@@ -164,11 +183,12 @@ def agent_session(fmt: str, first: bytes, shots: Sequence[bytes], model: str) ->
     return build(first, shots, model)
 
 
-def _anthropic(first: bytes, shots: Sequence[bytes], model: str) -> Iterator[dict[str, Any]]:
+def _anthropic(first: bytes | None, shots: Sequence[bytes], model: str) -> Iterator[dict[str, Any]]:
     def block(data: bytes) -> dict[str, Any]:
         return {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(data)}}
 
-    messages: list[dict[str, Any]] = [{"role": "user", "content": [{"type": "text", "text": _TASK}, block(first)]}]
+    task = [{"type": "text", "text": _TASK}, *([block(first)] if first is not None else [])]
+    messages: list[dict[str, Any]] = [{"role": "user", "content": task}]
     for turn, shot in enumerate([*shots, None], start=1):
         yield {"model": model, "max_tokens": 1024, "messages": messages}
         if shot is None:
@@ -178,11 +198,12 @@ def _anthropic(first: bytes, shots: Sequence[bytes], model: str) -> Iterator[dic
         messages = [*messages, {"role": "assistant", "content": [call]}, {"role": "user", "content": [result]}]
 
 
-def _openai_chat(first: bytes, shots: Sequence[bytes], model: str) -> Iterator[dict[str, Any]]:
+def _openai_chat(first: bytes | None, shots: Sequence[bytes], model: str) -> Iterator[dict[str, Any]]:
     def part(data: bytes) -> dict[str, Any]:
         return {"type": "image_url", "image_url": {"url": data_url(data, "image/png")}}
 
-    messages: list[dict[str, Any]] = [{"role": "user", "content": [{"type": "text", "text": _TASK}, part(first)]}]
+    task = [{"type": "text", "text": _TASK}, *([part(first)] if first is not None else [])]
+    messages: list[dict[str, Any]] = [{"role": "user", "content": task}]
     for turn, shot in enumerate([*shots, None], start=1):
         yield {"model": model, "messages": messages}
         if shot is None:
@@ -196,8 +217,10 @@ def _openai_chat(first: bytes, shots: Sequence[bytes], model: str) -> Iterator[d
         ]
 
 
-def _responses(first: bytes, shots: Sequence[bytes], model: str) -> Iterator[dict[str, Any]]:
-    task = [{"type": "input_text", "text": _TASK}, {"type": "input_image", "image_url": data_url(first, "image/png")}]
+def _responses(first: bytes | None, shots: Sequence[bytes], model: str) -> Iterator[dict[str, Any]]:
+    task: list[dict[str, Any]] = [{"type": "input_text", "text": _TASK}]
+    if first is not None:
+        task.append({"type": "input_image", "image_url": data_url(first, "image/png")})
     items: list[dict[str, Any]] = [{"role": "user", "content": task}]
     for turn, shot in enumerate([*shots, None], start=1):
         yield {"model": model, "input": items, "store": False}
@@ -212,11 +235,11 @@ def _responses(first: bytes, shots: Sequence[bytes], model: str) -> Iterator[dic
         items = [*items, call, output]
 
 
-def _gemini(first: bytes, shots: Sequence[bytes], model: str) -> Iterator[dict[str, Any]]:
+def _gemini(first: bytes | None, shots: Sequence[bytes], model: str) -> Iterator[dict[str, Any]]:
     def part(data: bytes) -> dict[str, Any]:
         return {"inline_data": {"mime_type": "image/png", "data": b64(data)}}
 
-    contents: list[dict[str, Any]] = [{"role": "user", "parts": [{"text": _TASK}, part(first)]}]
+    contents: list[dict[str, Any]] = [{"role": "user", "parts": [{"text": _TASK}, *([part(first)] if first is not None else [])]}]
     for turn, shot in enumerate([*shots, None], start=1):
         yield {"contents": contents}
         if shot is None:
