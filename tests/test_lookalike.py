@@ -80,3 +80,11 @@ def test_thumbnails_are_made_when_asked_kept_by_key_and_bounded() -> None:
     assert lookalikes(facts, [1], keys, make=False, cache=cache) == set()  # kept: none made, none needed
     lookalikes(facts, [2], keys, make=True, cache=cache)
     assert cache.made == 4 and len(cache) == 3  # the least recently used forgotten
+
+
+def test_an_image_past_the_pixel_bound_is_never_decoded_for_a_thumbnail(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("trimflow._lookalike.MAX_PIXELS", 320 * 200 - 1)
+    shot = app_screen(1, (320, 200))
+    facts, keys = screenshots((shot, TOOL), (shot, TOOL), (app_screen(2, (320, 200)), TOOL))
+    cache = Thumbnails()
+    assert lookalikes(facts, [0, 1], keys, make=True, cache=cache) == set() and cache.made == 0

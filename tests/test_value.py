@@ -4,12 +4,13 @@ mock-up in every format with the shipped rules, through the engine as the proxy 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import orjson
 import pytest
 
-from trimflow import prune_request
+from trimflow import prune, prune_request
 from trimflow._conversation import Conversations
 from trimflow._last_turns import LastTurns
 from trimflow._limits import Limits
@@ -151,6 +152,19 @@ def test_the_users_mock_up_reaches_the_provider_on_every_turn_with_the_newest_sc
 
 def test_two_instances_sharing_the_conversations_file_keep_the_mock_up_as_one_does() -> None:
     assert run_session("anthropic", None, instances=2) == run_session("anthropic", None)
+
+
+def test_a_retry_within_a_limit_the_provider_named_keeps_the_mock_up_too() -> None:
+    """Recovery prunes the refused request again under the limit the answer named (`tighten`), in the same order: a
+    gateway's cap of 4 still sends the mock-up and the newest screen."""
+    rules = load_rules(DEFAULT_RULES_PATH)
+    first, shots = mockup(), [app_screen(k, (320, 200)) for k in range(1, 7)]
+    body = encode(list(agent_session("anthropic", first, shots, "claude-sonnet-4-6"))[-1])
+    target = rules.target("api.example.test", "/v1/messages")
+    assert target is not None
+    outcome = prune(target, {}, body, rules, tighten=lambda model, limits: dataclasses.replace(limits, max_images=4))
+    sent = _sent("anthropic", outcome.body)
+    assert len(sent) <= 4 and sent[0] == b64(first) and sent[-1] == b64(shots[-1])
 
 
 # --- repeated screens before distinct ones --------------------------------------------------------------------------

@@ -17,7 +17,8 @@ and a miss (two screens kept) costs a slot where a false match would cost a scre
 The relation is a pure function of the two images, so the same request gives the same look-alikes on every turn and
 in every process: a look-alike cut on one turn keeps its placeholder on the next (the prompt cache). Thumbnails are
 made only when asked (the engine asks on the turns where the cut moves, and for a cut image no memory says about),
-never of an image over the shrinker's pixel limit, and kept by image key in a bounded cache (`Thumbnails`).
+never of an image over MAX_PIXELS, and kept by image key in a bounded cache (`Thumbnails`): a screenshot is decoded
+about once in a process.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ THUMBNAIL = (32, 20)
 MAX_MEAN_DIFFERENCE = 0.5  # grey levels, over the thumbnail
 CELL_DIFFERENCE, MAX_CELLS = 8, 8
 CAPACITY = 4096  # thumbnails kept (640 bytes each)
+# A larger image is never compared (decoding one costs its pixels in memory): past a 6K display's 20 megapixels.
+MAX_PIXELS = 25_000_000
 
 
 class NeedsThumbnails(Exception):
@@ -122,4 +125,6 @@ def _comparable(a: MediaFacts, b: MediaFacts) -> bool:
     if a.media.origin == USER or b.media.origin == USER or a.media.data is None or b.media.data is None:
         return False
     x, y = a.info, b.info
-    return x is not None and y is not None and bool(x.width and x.height) and (x.width, x.height) == (y.width, y.height)
+    if x is None or y is None or not x.width or not x.height:
+        return False
+    return (x.width, x.height) == (y.width, y.height) and x.width * x.height <= MAX_PIXELS
