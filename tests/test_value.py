@@ -148,6 +148,8 @@ def test_the_users_mock_up_reaches_the_provider_on_every_turn_with_the_newest_sc
     off = run_session(fmt, 0)  # protection off: every image by age, the mock-up first to go
     assert not all(mock for mock, _, _, _ in off)
     assert all(newest for _, newest, _, _ in off) and all(sent <= cap for _, _, sent, cap in off)
+    # As many images on every turn as by age alone: the cut moves on the same turns (the prompt cache breaks as often).
+    assert [sent for _, _, sent, _ in rows] == [sent for _, _, sent, _ in off]
 
 
 def test_two_instances_sharing_the_conversations_file_keep_the_mock_up_as_one_does() -> None:
