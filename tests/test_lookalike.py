@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import itertools
 
+import orjson
 import pytest
 
+from trimflow import NeedsWorker, prune
 from trimflow._history import image_key
 from trimflow._imageinfo import sniff_media
-from trimflow._lookalike import THUMBNAIL, NeedsThumbnails, Thumbnails, lookalikes, same_screen, thumbnail
+from trimflow._lookalike import THUMBNAIL, THUMBNAILS, NeedsThumbnails, Thumbnails, lookalikes, same_screen, thumbnail
 from trimflow._media import IMAGE, TOOL, USER, Media
 from trimflow._placeholder import MediaFacts
+from trimflow._rules_file import DEFAULT_RULES_PATH, load_rules
 from trimflow.testing import b64, image
 from trimflow.testing._cache_sessions import desktop_screenshot
-from trimflow.testing._screens import CHANGES, app_screen, distinct_screens
+from trimflow.testing._screens import CHANGES, agent_session, app_screen, distinct_screens
 
 SIZES = [(640, 400), (1280, 800)]
 
@@ -88,3 +91,19 @@ def test_an_image_past_the_pixel_bound_is_never_decoded_for_a_thumbnail(monkeypa
     facts, keys = screenshots((shot, TOOL), (shot, TOOL), (app_screen(2, (320, 200)), TOOL))
     cache = Thumbnails()
     assert lookalikes(facts, [0, 1], keys, make=True, cache=cache) == set() and cache.made == 0
+
+
+def test_on_the_event_loop_a_thumbnail_to_make_sends_the_request_to_a_worker() -> None:
+    """The engine inline (the proxy's loop) never decodes: a turn whose cut moves over screenshots with no thumbnail
+    kept raises NeedsWorker; in the worker they are made, and kept for the next time."""
+    shots = [app_screen(500 + k, (320, 200)) for k in range(9)]
+    body = orjson.dumps(list(agent_session("anthropic", None, shots, "claude-sonnet-4-6"))[-1])
+    rules = load_rules(DEFAULT_RULES_PATH)
+    target = rules.target("api.example.test", "/v1/messages")
+    assert target is not None
+    with pytest.raises(NeedsWorker, match="thumbnail"):
+        prune(target, {}, body, rules, inline=True)
+    made = THUMBNAILS.made
+    assert prune(target, {}, body, rules).record.pruned == 6
+    assert THUMBNAILS.made > made
+    assert prune(target, {}, body, rules, inline=True).record.pruned == 6  # kept: inline now
