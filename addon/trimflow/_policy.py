@@ -6,8 +6,9 @@ that apply. The policy never sees the format module or the parsed document: the 
 
 The steps, in order over the request's images (each sees what the ones before it left, and every image ends as
 sent, re-encoded and sent, or a placeholder). "Oldest" is first in the order the engine gives the images in
-(trimflow._value: cut before, then by arrival, the user's protected images last, the newest last of all); a cut
-stops short of the protected images (`Plan.protected`) unless a cap or budget needs them:
+(trimflow._value: cut before, then look-alike screens, then by arrival, the user's protected images last, the newest
+last of all); a cut stops short of the protected images (`Plan.protected`) unless a cap or budget needs them, and a
+look-alike's placeholder names the image after it (`Plan.later`, `lookalike_placeholder`):
 1. Repeats (`dedupe`): an image whose base64 payload equals a later image's becomes
    `repeat_placeholder`, pointing at the next later copy (so its text never changes on later turns).
 2. Count cap (`max_images`, `prune_batch`): the oldest survivors become placeholders; never the
