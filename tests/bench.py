@@ -36,6 +36,7 @@ import importlib
 import importlib.metadata
 import importlib.util
 import io
+import itertools
 import json
 import os
 import platform
@@ -61,16 +62,20 @@ from PIL import Image
 from tests.bombs import blank_png
 from tests.mitmdump import Mitmdump, stop_process
 from trimflow._clicks import ClickStream, Screen, map_answer
+from trimflow._conversation import Conversations
 from trimflow._engine import prune_request
 from trimflow._imageinfo import ImageInfo, sniff_base64
 from trimflow._last_turns import LastTurn, LastTurns, conversation_key, row_keys
+from trimflow._lookalike import THUMBNAILS, same_screen, thumbnail
 from trimflow._malloc import MMAP_THRESHOLD, TRIM_THRESHOLD
 from trimflow._prices import Price
 from trimflow._record import utc_timestamp
 from trimflow._rules_file import DEFAULT_RULES_PATH, load_rules
-from trimflow.testing import MIME, PATHS, POLICIES, REFERENCE_SESSIONS, data_url, image, run_policy, screenshot, session_body
+from trimflow.formats import FORMATS
+from trimflow.testing import MIME, PATHS, POLICIES, REFERENCE_SESSIONS, b64, data_url, image, run_policy, screenshot, session_body
 from trimflow.testing._cache_sessions import ReferenceSession
 from trimflow.testing._optimum import batch_floor, price_for, priced_optima, ratios, session_cap
+from trimflow.testing._screens import CHANGES, agent_session, app_screen, distinct_screens, repeating_screens
 
 FORMAT = "openai-chat"
 MODEL = "gpt-5"  # under the shipped default cap of 8 (gpt-4o holds at most 5 once over it)
@@ -1735,6 +1740,103 @@ def cache_figures() -> list[Figure]:
     return figures
 
 
+LOOKALIKE_SHOTS = 60  # screenshots of the repeated-screens session, every third the screen before it again
+LOOKALIKE_DISTINCT = 48  # distinct screens whose every pair the look-alike test must tell apart
+
+
+def lookalike_figures() -> list[Figure]:
+    """Screens that look alike (trimflow._lookalike) on screens drawn for it (trimflow.testing._screens, 1280x800):
+    the false matches among LOOKALIKE_DISTINCT distinct screens (PNG and JPEG), the share of the same screen a moment
+    later (cursor moved, clock on, spinner frame) found; then an Anthropic computer-use session of LOOKALIKE_SHOTS
+    screenshots, every third the screen before it again, under the shipped rules: the distinct screens the model sees
+    per turn, against today's order (by age alone) and against the best any cut schedule reaches that moves its cut on
+    today's turns (and only those: the prompt cache breaks no more often), sends as many images each turn, never cuts
+    the newest and never brings back a cut image, found by search (`best_distinct`). Deterministic."""
+    figures: list[Figure] = []
+    false_matches = pairs = 0
+    for fmt in ("PNG", "JPEG"):
+        thumbs = [thumbnail(b64(s)) for s in distinct_screens(LOOKALIKE_DISTINCT, fmt=fmt)]
+        for i, a in enumerate(thumbs):
+            for b in thumbs[i + 1 :]:
+                pairs += 1
+                false_matches += a is not None and b is not None and same_screen(a, b)
+    found = tried = 0
+    for seed in range(8):
+        base = thumbnail(b64(app_screen(seed)))
+        for change in CHANGES:
+            for variant in (1, 2, 5):
+                again = thumbnail(b64(app_screen(seed, variant=variant, change=change)))
+                tried += 1
+                found += base is not None and again is not None and same_screen(base, again)
+    figures += [
+        Figure("lookalike_false_matches", f"look-alikes among {pairs:,} pairs of distinct screens (PNG, JPEG)", false_matches, "pairs", 0),
+        Figure("lookalike_found", f"the same screen a moment later found a look-alike ({tried} pairs)", found / tried, "x", 1.0, at_most=False),
+    ]
+    shots, screens = repeating_screens(LOOKALIKE_SHOTS)
+    on, made = _distinct_seen(shots, screens, lookalikes=True)
+    today, _ = _distinct_seen(shots, screens, lookalikes=False)
+    sizes = [len(sent) for sent in today]
+    if sizes != [len(sent) for sent in on]:
+        raise RuntimeError("look-alikes changed how many images a turn sends")
+    moved = {turn for turn in range(1, len(today)) if _cut_moved(today, turn)}
+    best = best_distinct(screens, sizes, moved)
+    seen = statistics.fmean(len(set(sent)) for sent in on)
+    before = statistics.fmean(len(set(sent)) for sent in today)
+    where = f"{LOOKALIKE_SHOTS} screenshots, every third the screen before it again, shipped rules"
+    figures += [
+        Figure("lookalike_distinct_seen", f"{where}: distinct screens the model sees per turn", seen, "screens"),
+        Figure("lookalike_distinct_vs_age", "same, over cutting by age alone", seen / before, "x", 1.1, at_most=False),
+        Figure("lookalike_distinct_gap", "same, short of the best cut schedule on the same cache-breaking turns", best - seen, "screens", 0.01),
+        Figure("lookalike_thumbnails_per_move", "thumbnails made per turn the cut moves", made / max(1, len(moved)), "images"),
+    ]
+    return figures
+
+
+def _distinct_seen(shots: list[bytes], screens: list[int], lookalikes: bool) -> tuple[list[list[int]], int]:
+    """Each turn of the session through the engine as the proxy runs it: the screens it sent; and the thumbnails made."""
+    rules = load_rules(DEFAULT_RULES_PATH).with_limits(cut_lookalikes=lookalikes)
+    screen_of = {b64(shot): screen for shot, screen in zip(shots, screens, strict=True)}
+    conversations = Conversations()
+    made = THUMBNAILS.made
+    out = []
+    for body in agent_session("anthropic", None, shots, "claude-sonnet-4-6"):
+        outcome = prune_request("https://api.anthropic.com/v1/messages", {}, orjson.dumps(body), rules, memory=conversations)
+        assert outcome.record is not None and outcome.history is not None
+        conversations.assign(outcome.history, outcome.record.kind, *outcome.taken)
+        media = FORMATS["anthropic"].find_media(orjson.loads(outcome.body))
+        out.append([screen_of[m.data] for m in media if m.kind == "image" and isinstance(m.data, str)])
+    return out, THUMBNAILS.made - made
+
+
+def _cut_moved(sent: list[list[int]], turn: int) -> bool:
+    """Whether the turn sent fewer images than the one before plus its new one: its cut moved."""
+    return len(sent[turn]) < len(sent[turn - 1]) + 1
+
+
+def best_distinct(screens: list[int], sizes: list[int], moved: set[int]) -> float:
+    """The most distinct screens per turn, on average, of any cut schedule of the session (turn t holds the first t - 1
+    screenshots) that sends sizes[t] images on turn t, moves its cut only on the turns `moved` (between them every
+    image kept stays kept and each new one is sent), never cuts the newest and never brings a cut one back. A search
+    over what each move keeps: the future depends only on the screens kept, so the states are their multisets."""
+    states: dict[tuple[int, ...], int] = {(): 0}
+    for turn in range(1, len(sizes)):
+        new = screens[turn - 1]
+        after: dict[tuple[int, ...], int] = {}
+        for kept, total in states.items():
+            if turn not in moved:
+                options = [(*kept, new)]
+            else:
+                rest = sizes[turn] - 1  # the newest stays
+                options = [(*chosen, new) for chosen in set(itertools.combinations(kept, rest))] if rest <= len(kept) else []
+            for option in options:
+                state = tuple(sorted(option))
+                value = total + len(set(state))
+                if value > after.get(state, -1):
+                    after[state] = value
+        states = after
+    return max(states.values()) / len(sizes)
+
+
 def run(settings: Settings, say: Callable[[str], None], sections: tuple[str, ...] = SECTIONS) -> tuple[list[Figure], dict[str, Any]]:
     info = machine()
     figures: list[Figure] = []
@@ -1774,6 +1876,8 @@ def run(settings: Settings, say: Callable[[str], None], sections: tuple[str, ...
     if "cache" in sections:
         say("prompt cache cost (reference computer-use session, cache model)")
         figures += cache_figures()
+        say("look-alike screens: the threshold's matches, and the distinct screens a session sees")
+        figures += lookalike_figures()
     with contextlib.suppress(OSError):
         info["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     return figures, info

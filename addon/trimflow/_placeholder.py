@@ -29,6 +29,8 @@ DEFAULT_PLACEHOLDER = "[trimflow: {kind} #{ordinal} omitted ({mime}, {dims}, {si
 DEFAULT_RECALL_PLACEHOLDER = '[trimflow: {kind} #{ordinal} omitted ({mime}, {dims}, {size}); recall_image("{id}") brings it back]'
 # Stands where an image was that the same request sends again later; {later} is that image's ordinal.
 DEFAULT_REPEAT_PLACEHOLDER = "[trimflow: image #{ordinal} repeated as image #{later}]"
+# Stands where a screenshot was that shows the same screen as the image after it (trimflow._lookalike), {later}.
+DEFAULT_LOOKALIKE_PLACEHOLDER = "[trimflow: image #{ordinal} omitted: the same screen as image #{later}]"
 
 
 class ImageIds(Protocol):
@@ -137,9 +139,9 @@ _PLACEHOLDER_SAMPLES: tuple[Mapping[str, Any], ...] = (
 def check_placeholder(template: str, field: str = "placeholder") -> None:
     """Raise ValueError unless `template` formats with the known placeholder fields.
 
-    `field` is the rules field it is for: "repeat_placeholder" also knows {later}.
+    `field` is the rules field it is for: "repeat_placeholder" and "lookalike_placeholder" also know {later}.
     """
-    known = REPEAT_FIELDS if field == "repeat_placeholder" else PLACEHOLDER_FIELDS
+    known = REPEAT_FIELDS if field in ("repeat_placeholder", "lookalike_placeholder") else PLACEHOLDER_FIELDS
     fields = ", ".join("{" + f + "}" for f in known)
     for i, sample in enumerate(_PLACEHOLDER_SAMPLES):
         unknown_dims = "; {width} and {height} are '?' when an image's size is unknown" if i else ""

@@ -40,6 +40,11 @@ class Record:
     images_before: int = 0
     images_after: int = 0
     documents: int = 0  # documents, audio and video: counted, never pruned by an image limit
+    # Of images_before, by where each came from (trimflow._media): attached by the user, a tool's output, attached by
+    # the agent. The pruned_* below count the pruned of each (all causes).
+    images_user: int = 0
+    images_tool: int = 0
+    images_agent: int = 0
     media_bytes_before: int = 0
     media_bytes_after: int = 0
     body_bytes_before: int = 0
@@ -57,6 +62,9 @@ class Record:
     pruned_for_cache: int = 0  # ahead of need, so later turns keep the cached prefix (low_water, cache_ttl)
     pruned_for_image_limit: int = 0  # over a per-image limit and could not be shrunk under it
     deduplicated: int = 0  # repeats of a later image of the same request (also in pruned)
+    pruned_user: int = 0  # of pruned, images the user attached (cut last)
+    pruned_tool: int = 0
+    pruned_agent: int = 0
     shrunk: int = 0  # re-encoded to meet max_image_bytes / max_image_side / the many-image rule
     shrunk_bytes_saved: int = 0
     thinned: int = 0  # older images sent as thumbnails (thumbnail_side)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from mitmproxy import http
 
@@ -120,25 +120,28 @@ class SharedState:
             return None
         if record is not None:
             log_reason(flow, record)
-            self.keep(flow, state, record, outcome.history, outcome.cut)
+            self.keep(flow, state, record, outcome.history, *outcome.taken)
         return record
 
-    def keep(self, flow: http.HTTPFlow, state: FlowState, record: Record, history: History | None, cut: int = 0) -> None:
-        """Make `record` the flow's record: numbered in its conversation (with where its cut ended), with the recalls
-        answered since the previous request, written to the flow."""
-        state.thread = self.number(record, history, cut)
+    def keep(
+        self, flow: http.HTTPFlow, state: FlowState, record: Record, history: History | None, cut: Collection[int] = (), like: Collection[int] = ()
+    ) -> None:
+        """Make `record` the flow's record: numbered in its conversation (with the images its cut took, and of those the
+        look-alikes: the engine's Outcome.taken), with the recalls answered since the previous request, written to the
+        flow."""
+        state.thread = self.number(record, history, cut, like)
         if self.recall is not None:
             record.recalls, record.recalls_refused = self.recall.take_recalls()
         state.record = record
         write(flow, state)
         flow.comment = flow_comment(record)
 
-    def number(self, record: Record, history: History | None, cut: int = 0) -> HistoryLine | None:
+    def number(self, record: Record, history: History | None, cut: Collection[int] = (), like: Collection[int] = ()) -> HistoryLine | None:
         """The record's conversation, turn and segment, from its history (trimflow._conversation); returns its
         place in the conversation, for `responded`. A body that could not be read has none."""
         if history is None:
             return None
-        assignment = self.conversations.assign(history, record.kind, cut)
+        assignment = self.conversations.assign(history, record.kind, cut, like)
         record.conversation, record.turn, record.segment = assignment.conversation, assignment.turn, assignment.segment
         return assignment.thread
 
