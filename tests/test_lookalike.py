@@ -8,7 +8,7 @@ import itertools
 import orjson
 import pytest
 
-from trimflow import NeedsWorker, prune
+from trimflow import NeedsWorker, _shrink, prune
 from trimflow._history import image_key
 from trimflow._imageinfo import sniff_media
 from trimflow._lookalike import THUMBNAIL, THUMBNAILS, NeedsThumbnails, Thumbnails, lookalikes, same_screen, thumbnail
@@ -58,6 +58,20 @@ def test_an_image_that_cannot_be_decoded_has_no_thumbnail() -> None:
 def screenshots(*shots: tuple[bytes, str]) -> tuple[list[MediaFacts], list[bytes]]:
     media = [Media(IMAGE, ("messages", i), b64(data), origin=origin) for i, (data, origin) in enumerate(shots)]
     return [MediaFacts(m, i + 1, sniff_media(m)) for i, m in enumerate(media)], [image_key(m) for m in media]
+
+
+def test_a_thumbnail_is_decoded_within_the_shrinks_budget_or_not_at_all() -> None:
+    """Thumbnails share the process-wide decoding budget with shrinking: with no room, the image is not compared."""
+    payload = b64(app_screen(0, size=(1280, 800)))
+    assert thumbnail(payload) is not None and _shrink.BUDGET.reserved == 0  # given back
+    held = _shrink.BUDGET.limit
+    assert _shrink.BUDGET.reserve(held)
+    try:
+        waits, _shrink.BUDGET.wait = _shrink.BUDGET.wait, 0.0
+        assert thumbnail(payload) is None
+    finally:
+        _shrink.BUDGET.wait = waits
+        _shrink.BUDGET.release(held)
 
 
 def test_a_look_alike_is_a_screenshot_showing_the_same_screen_as_the_image_right_after_it() -> None:

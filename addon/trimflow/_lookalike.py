@@ -31,7 +31,7 @@ from PIL import Image, ImageChops
 
 from ._media import USER, Media
 from ._placeholder import MediaFacts
-from ._shrink import open_image
+from ._shrink import BUDGET, open_image
 
 THUMBNAIL = (32, 20)
 MAX_MEAN_DIFFERENCE = 0.5  # grey levels, over the thumbnail
@@ -86,11 +86,19 @@ def thumbnail(payload: str) -> bytes | None:
     if isinstance(opened, str):
         return None
     im, _ = opened
+    # Decoded within the shrinks' process-wide budget (trimflow._pixel_budget): at most its pixels in 4 bands and their
+    # grey copy, a quarter more for the heap. An image that finds no room is not compared: it stays a distinct screen.
+    cost = im.size[0] * im.size[1] * 5 * 5 // 4
+    if cost > BUDGET.limit or not BUDGET.reserve(cost):
+        return None
     try:
         im.draft("L", (THUMBNAIL[0] * 2, THUMBNAIL[1] * 2))
         small = im.convert("L").resize(THUMBNAIL, Image.Resampling.BOX)
     except (OSError, ValueError, SyntaxError):
         return None
+    finally:
+        del im
+        BUDGET.release(cost)
     return small.tobytes()
 
 
