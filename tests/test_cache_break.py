@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from trimflow._cache_break import AGENT_PREFIX, CACHE_EXPIRED, FIRST_TURN, TRIMFLOW_CUT, UNEXPLAINED, CacheBreaks
-from trimflow._history import History
+from trimflow._history import History, Images
 from trimflow._record import COUNT_TOKENS, ENFORCE, OBSERVE, Record
 
 
@@ -19,10 +19,14 @@ class Clock:
 
 
 def hist(messages: list[str], system: str = "sys", tools: str = "tools") -> History:
-    return History("api.example", None, hash(system), [hash(m) for m in messages], tools=hash(tools))
+    """A history of these messages, each with one image."""
+    images = Images([m.encode() for m in messages])
+    return History("api.example", None, hash(system), [hash(m) for m in messages], images=images, tools=hash(tools))
 
 
-def turn(breaks: CacheBreaks, number: int, history: History, read: int, cut: int = 0, conversation: str = "c1", mode: str = ENFORCE) -> Record:
+def turn(
+    breaks: CacheBreaks, number: int, history: History, read: int, cut: frozenset[int] = frozenset(), conversation: str = "c1", mode: str = ENFORCE
+) -> Record:
     """One turn through `breaks`: sent, then answered with `read` cache tokens; returns its record."""
     record = Record("ts", conversation, number, "api.example", "/v1/messages", "anthropic", "m", "r", mode, segment=1)
     breaks.sent(record, history, cut)
@@ -56,18 +60,22 @@ def test_the_agents_first_changed_block_is_named(changed: History, where: str) -
     assert causes([turn(breaks, 3, changed, 200)]) == [(AGENT_PREFIX, where)]
 
 
-def test_a_moved_cut_names_the_oldest_image_sent_otherwise() -> None:
+def test_a_moved_cut_names_the_first_image_sent_otherwise() -> None:
+    """The cut takes images by value, not only the oldest: the first image the previous turn also sent whose state
+    changed is named; an image new this turn, cut as it comes, moves nothing."""
     breaks = CacheBreaks()
-    turn(breaks, 1, hist(["m0"]), 0, cut=2)
-    turn(breaks, 2, hist(["m0", "m1"]), 5000, cut=2)
-    assert causes([turn(breaks, 3, hist(["m0", "m1", "m2"]), 300, cut=5)]) == [(TRIMFLOW_CUT, "image 3")]
+    messages = [f"m{i}" for i in range(6)]
+    turn(breaks, 1, hist(messages[:4]), 0, cut=frozenset({1}))
+    turn(breaks, 2, hist(messages[:5]), 5000, cut=frozenset({1, 4}))  # the new image cut on arrival: no move
+    moved = turn(breaks, 3, hist(messages), 300, cut=frozenset({1, 3, 4}))
+    assert causes([moved]) == [(TRIMFLOW_CUT, "image 4")]
 
 
 def test_in_observe_mode_no_cut_reached_the_provider() -> None:
     breaks = CacheBreaks()
-    turn(breaks, 1, hist(["m0"]), 0, cut=0, mode=OBSERVE)
-    turn(breaks, 2, hist(["m0", "m1"]), 5000, cut=2, mode=OBSERVE)
-    assert causes([turn(breaks, 3, hist(["m0", "m1", "m2"]), 300, cut=5, mode=OBSERVE)]) == [(UNEXPLAINED, None)]
+    turn(breaks, 1, hist(["m0"]), 0, mode=OBSERVE)
+    turn(breaks, 2, hist(["m0", "m1"]), 5000, cut=frozenset({0}), mode=OBSERVE)
+    assert causes([turn(breaks, 3, hist(["m0", "m1", "m2"]), 300, cut=frozenset({0, 1}), mode=OBSERVE)]) == [(UNEXPLAINED, None)]
 
 
 def test_idle_past_the_lifetime_is_the_cache_expiring_and_within_it_unexplained() -> None:
@@ -98,10 +106,10 @@ def test_a_new_conversation_that_goes_on_from_a_rewritten_one_is_the_agents_chan
 def test_an_answer_without_a_cache_read_or_a_request_that_is_no_turn_names_nothing() -> None:
     breaks = CacheBreaks()
     record = Record("ts", "c1", 1, "h", "/p", "openai", None, None, ENFORCE)
-    breaks.sent(record, hist(["m0"]), 0)
+    breaks.sent(record, hist(["m0"]), ())
     breaks.answered(record)  # no usage: the provider said nothing of its cache
     count = Record("ts", "c1", None, "h", "/p", "anthropic", None, None, ENFORCE, kind=COUNT_TOKENS)
-    breaks.sent(count, hist(["m0"]), 0)
+    breaks.sent(count, hist(["m0"]), ())
     count.usage_cache_read_tokens = 0
     breaks.answered(count)
     assert causes([record, count]) == [(None, None), (None, None)]
@@ -122,9 +130,9 @@ def test_a_retry_that_cut_more_is_trimflows_doing_and_the_next_turn_is_compared_
     turn(breaks, 1, hist(["m0"]), 0)
     turn(breaks, 2, hist(["m0", "m1"]), 5000)
     retried = Record("ts", "c1", 3, "api.example", "/v1/messages", "anthropic", "m", "r", ENFORCE, segment=1)
-    breaks.sent(retried, hist(["m0", "m1", "m2"]), 0)
-    breaks.recut(retried, 4)  # refused for too many images, sent again with the four oldest cut
+    breaks.sent(retried, hist(["m0", "m1", "m2"]), ())
+    breaks.recut(retried, frozenset({0, 1}))  # refused for too many images, sent again with the two oldest cut
     retried.usage_cache_read_tokens = 100
     breaks.answered(retried)
-    held = turn(breaks, 4, hist(["m0", "m1", "m2", "m3"]), 50, cut=4)  # holds the retry's cut: no move of trimflow's
+    held = turn(breaks, 4, hist(["m0", "m1", "m2", "m3"]), 50, cut=frozenset({0, 1}))  # holds the retry's cut: no move of trimflow's
     assert causes([retried, held]) == [(TRIMFLOW_CUT, "image 1"), (UNEXPLAINED, None)]

@@ -6,8 +6,9 @@ turn's, whose doing it was (Record.cache_break, and where: Record.cache_break_at
     agent_prefix    "tools", "system",            the agent sent its prefix changed: the first block that differs from
                     "message N"                  the previous turn's (tools, then system prompt, then messages: the
                                                  order providers cache them in; N counts from 1)
-    trimflow_cut    "image N"                    trimflow's cut of the oldest images moved: N is the oldest image
-                                                 (1 = the oldest, in arrival order) sent otherwise than last turn
+    trimflow_cut    "image N"                    trimflow's cut moved: N is the first image (in the order they sit in
+                                                 the request, 1 = the first) the previous turn also sent that is cut
+                                                 now and was not then, or the other way round
     cache_expired   -                            the conversation was idle past the cache's lifetime (LIFETIME)
     unexplained     -                            none of these: the provider dropped it on its own
 
@@ -18,7 +19,8 @@ search. The previous turn is the conversation's (and segment's) last; a request 
 because the agent rewrote an early block (a system prompt edited mid-session, without a session id) is matched to
 the remembered turn it shares the longest opening with and goes on from.
 
-Memory: per remembered turn, three digests, a count, a time and its prefix chain (8 bytes a message); at most
+Memory: per remembered turn, three digests, counts, a time, its prefix chain (8 bytes a message) and the indices of
+the images its cut took; at most
 MAX_TURNS turns and MAX_BLOCKS chain entries in all (8 MiB), the least recently sent forgotten first. No text, no id.
 """
 
@@ -28,7 +30,7 @@ import itertools
 import time
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from ._history import History
 from ._record import ENFORCE, TURN, Record
@@ -42,7 +44,7 @@ CAUSES = (FIRST_TURN, AGENT_PREFIX, TRIMFLOW_CUT, CACHE_EXPIRED, UNEXPLAINED)
 
 LIFETIME = 300.0  # seconds: the shortest lifetime providers give a prompt cache (Anthropic's default, OpenAI's least)
 MAX_TURNS = 10_000
-MAX_BLOCKS = 1 << 20  # prefix-chain entries (8 bytes each) in all remembered turns
+MAX_BLOCKS = 1 << 20  # prefix-chain entries (8 bytes each) and cut image indices in all remembered turns
 _REWRITTEN_CANDIDATES = 16
 
 
@@ -50,15 +52,28 @@ class _Turn:
     """A conversation's last turn as sent: its digests, its cut, when it went, and (once answered) its cache read;
     `change`: what changed from the turn before it (a cause and where), and `previous_read` that turn's cache read."""
 
-    __slots__ = ("turn", "head", "tools", "chain", "cut", "sent_at", "cache_read", "previous_read", "previous_cut", "change")
+    __slots__ = ("turn", "head", "tools", "chain", "cut", "images", "sent_at", "cache_read", "previous_read", "previous", "change")
 
-    def __init__(self, turn: int, history: History, cut: int, sent_at: float) -> None:
+    def __init__(self, turn: int, history: History, cut: frozenset[int], sent_at: float) -> None:
         self.turn, self.head, self.tools, self.cut, self.sent_at = turn, history.head, history.tools, cut, sent_at
+        self.images = len(history.images)
         self.chain = array("q", history.prefixes)
         self.cache_read: int | None = None
         self.previous_read: int | None = None
-        self.previous_cut = 0
+        self.previous: tuple[frozenset[int], int] | None = None  # the turn before's cut and image count
         self.change: tuple[str, str | None] | None = None  # None: no earlier turn (a first turn)
+
+    @property
+    def size(self) -> int:
+        """What it holds, in chain entries and image indices."""
+        return len(self.chain) + len(self.cut)
+
+
+def _moved(cut: frozenset[int], before: frozenset[int], images: int) -> str | None:
+    """Where a cut moved from the one before, over the `images` the turn before sent (an image new this turn is new to
+    the cache anyway): "image N" for the first that changed; None when none did."""
+    changed = [i for i in cut ^ before if i < images]
+    return f"image {min(changed) + 1}" if changed else None
 
 
 def _common(a: array[int] | list[int], b: array[int] | list[int]) -> int:
@@ -89,31 +104,36 @@ class CacheBreaks:
     def __len__(self) -> int:
         return len(self._turns)
 
-    def sent(self, record: Record, history: History | None, cut: int) -> None:
-        """A turn went: what changed from its conversation's last turn, kept until its answer (`answered`)."""
+    def sent(self, record: Record, history: History | None, cut: Collection[int]) -> None:
+        """A turn went: what changed from its conversation's last turn, kept until its answer (`answered`). `cut`: the
+        images its cut took, as indices into its images in the order they sit (the engine's Outcome.cut)."""
         if history is None or record.kind != TURN or record.turn is None or record.conversation is None or history.previous_response is not None:
             return
         key = (record.conversation, record.segment)
-        cut = cut if record.mode == ENFORCE else 0  # observe forwards the body as it came: no cut reached the provider
+        taken = frozenset(cut) if record.mode == ENFORCE else frozenset()  # observe forwards the body as it came
         previous = self._turns.get(key) if record.turn > 1 else None
         if previous is None:
             previous = self._rewritten(history)
         now = self.clock()
-        turn = _Turn(record.turn, history, cut, now)
+        turn = _Turn(record.turn, history, taken, now)
         if previous is not None:
-            turn.previous_read, turn.previous_cut = previous.cache_read, previous.cut
-            turn.change = self._change(previous, history, cut, now)
+            turn.previous_read, turn.previous = previous.cache_read, (previous.cut, previous.images)
+            turn.change = self._change(previous, history, taken, now)
         self._put(key, turn)
 
-    def recut(self, record: Record, cut: int) -> None:
+    def recut(self, record: Record, cut: Collection[int]) -> None:
         """The turn went again with more cut (a retry within a limit the provider named): that cut is what the provider
         got, and the next turn is compared with it."""
         turn = self._turns.get((record.conversation, record.segment)) if record.conversation is not None else None
         if turn is None or turn.turn != record.turn or record.mode != ENFORCE:
             return
-        turn.cut = cut
-        if turn.change is not None and turn.change[0] != AGENT_PREFIX and cut != turn.previous_cut:
-            turn.change = TRIMFLOW_CUT, f"image {min(cut, turn.previous_cut) + 1}"
+        self._blocks -= len(turn.cut)
+        turn.cut = frozenset(cut)
+        self._blocks += len(turn.cut)
+        if turn.change is not None and turn.change[0] != AGENT_PREFIX and turn.previous is not None:
+            where = _moved(turn.cut, *turn.previous)
+            if where is not None:
+                turn.change = TRIMFLOW_CUT, where
 
     def answered(self, record: Record) -> None:
         """The turn's answer came with its usage: its cause (Record.cache_break) when its cache read fell."""
@@ -129,7 +149,7 @@ class CacheBreaks:
         elif turn.previous_read is not None and read < turn.previous_read:
             record.cache_break, record.cache_break_at = turn.change
 
-    def _change(self, previous: _Turn, history: History, cut: int, now: float) -> tuple[str, str | None]:
+    def _change(self, previous: _Turn, history: History, cut: frozenset[int], now: float) -> tuple[str, str | None]:
         if history.tools != previous.tools:
             return AGENT_PREFIX, "tools"
         if history.head != previous.head:
@@ -137,8 +157,9 @@ class CacheBreaks:
         same = _common(previous.chain, history.prefixes)
         if same < len(previous.chain):
             return AGENT_PREFIX, f"message {same + 1}"
-        if cut != previous.cut:
-            return TRIMFLOW_CUT, f"image {min(cut, previous.cut) + 1}"
+        where = _moved(cut, previous.cut, previous.images)
+        if where is not None:
+            return TRIMFLOW_CUT, where
         if now - previous.sent_at > self.lifetime:
             return CACHE_EXPIRED, None
         return UNEXPLAINED, None
@@ -161,7 +182,7 @@ class CacheBreaks:
     def _put(self, key: tuple[str, int | None], turn: _Turn) -> None:
         self._drop(key)
         self._turns[key] = turn
-        self._blocks += len(turn.chain)
+        self._blocks += turn.size
         if turn.chain:
             self._by_opening.setdefault(turn.chain[0], {})[key] = None
         while len(self._turns) > self.max_turns or (self._blocks > self.max_blocks and len(self._turns) > 1):
@@ -171,7 +192,7 @@ class CacheBreaks:
         turn = self._turns.pop(key, None)
         if turn is None:
             return
-        self._blocks -= len(turn.chain)
+        self._blocks -= turn.size
         if turn.chain:
             keys = self._by_opening[turn.chain[0]]
             del keys[key]

@@ -31,6 +31,7 @@ ORDER = [
     proxy.Prometheus,
     proxy.OpenTelemetry,
     proxy.ShareConversations,
+    proxy.Recall,
     proxy.KeepMemory,
     proxy.UpstreamAuthPipe,
     proxy.Options,
@@ -54,6 +55,10 @@ OPTIONS = {
     "trimflow_otel",
     "trimflow_clicks",
     "trimflow_conversations",
+    "trimflow_recall",
+    "trimflow_recall_size",
+    "trimflow_recall_conversation_size",
+    "trimflow_recall_lifetime",
     "trimflow_upstream_auth_fd",
 }
 

@@ -92,10 +92,14 @@ class Totals:
     without_usd: float = 0.0  # the priced requests as the agent sent them, without trimflow (estimated: WITHOUT_METHOD)
     unpriced: Counter[str] = field(default_factory=Counter)  # billed requests with no cost, by reason
     cache_breaks: Counter[str] = field(default_factory=Counter)  # turns whose cache read fell, by cause (Record.cache_break)
+    recalls: int = 0  # images the run's recall_image brought back (docs/how-it-works.md#recall)
+    recalls_refused: int = 0
 
     def add(self, row: Row) -> None:
         r = row.record
         self.requests += 1
+        self.recalls += getattr(r, "recalls", 0) or 0  # getattr: older records lack it
+        self.recalls_refused += getattr(r, "recalls_refused", 0) or 0
         self.body_bytes_before += r.body_bytes_before
         self.body_bytes_after += r.body_bytes_after
         self.est_tokens_before += r.est_tokens_before
@@ -164,6 +168,8 @@ class Totals:
             "cost_unpriced_requests": dict(self.unpriced),  # reason -> requests: the cost leaves them out
             "cost_without_trimflow_usd": self.cost_without_usd,  # the same requests as sent by the agent: WITHOUT_METHOD
             "cache_breaks": dict(self.cache_breaks),  # cause -> turns whose cache read fell for it
+            "recalls": self.recalls,
+            "recalls_refused": self.recalls_refused,
         }
 
 

@@ -20,6 +20,7 @@
 - OpenTelemetry: a span per record the metrics addon writes, and the same counts as OTel metrics, over OTLP
   (trimflow_otel).
 - ShareConversations: shares each conversation's last turn with the other instances naming the same file.
+- Recall: keeps the images Prune cut, for the run's recall_image tool (trimflow_recall; on with a run's token).
 - KeepMemory: keeps freed body memory in the process (glibc).
 - UpstreamAuthPipe: mitmproxy's upstream_auth read once, at start, from a pipe the launcher hands over
   (trimflow_upstream_auth_fd), so that an upstream proxy's password is in no file.
@@ -36,6 +37,7 @@ from .options import Options
 from .otel import OpenTelemetry
 from .prometheus import Prometheus
 from .prune import Prune
+from .recall import Recall
 from .recover import Recover
 from .simulate import Simulate
 from .state import META, FlowState, SharedState
@@ -61,6 +63,7 @@ def make_addons() -> list[object]:
         Prometheus(metrics, recover),
         OpenTelemetry(metrics),
         ShareConversations(flows),
+        Recall(flows),
         KeepMemory(),
         UpstreamAuthPipe(),
         Options(),
@@ -79,6 +82,7 @@ __all__ = [
     "Options",
     "Prometheus",
     "Prune",
+    "Recall",
     "Recover",
     "ShareConversations",
     "SharedState",
