@@ -151,15 +151,17 @@ def _goes_on(remembered: Mapping[bytes, list[Copy]], last: LastTurn, images: Ima
     they came (those that came together in any order), and the images new to the line after them. A row that does
     not is another conversation with the same opening (a second run of one task) or a turn that lost what the line
     knows: taking it would move the line's cut and reorder its images, and its prompt cache with them."""
-    ranked: list[tuple[tuple[int, int], int]] = []  # (when the line's copy came, cut first; the row's rank)
+    # A row lists the images its turn cut first, then the rest, each part by arrival (trimflow._value may cut other than
+    # the oldest): within each part its ranks must follow when the line's copies came.
+    ranked: list[tuple[tuple[int, int], int]] = []  # ((the row's part, when the line's copy came); the row's rank)
     for mine, theirs in zip(_arrivals(remembered, images), _arrivals(_copies(last), images), strict=True):
         if mine is None:
             if theirs is not None:
-                ranked.append(((1, _NEW), theirs.came))
+                ranked.append(((0 if theirs.cut else 1, _NEW), theirs.came))
         elif theirs is None or (mine.cut and not theirs.cut):
             return False
         else:
-            ranked.append(((0 if mine.cut else 1, mine.came), theirs.came))
+            ranked.append(((0 if theirs.cut else 1, mine.came), theirs.came))
     ranked.sort()
     before = top = -_NEW  # the row's highest rank among the copies that came before this group, and in this group so far
     group: tuple[int, int] | None = None
