@@ -188,6 +188,11 @@ def _extent(row: tuple[bytes, LastTurn]) -> tuple[int, float]:
     return len(row[1].images), row[1].sent_at
 
 
+def _holders(held: HistoryLine | dict[HistoryLine, None] | None) -> Sequence[HistoryLine] | dict[HistoryLine, None] | None:
+    """The lines of history that remember an image (Conversations._by_image), the most recent last."""
+    return (held,) if isinstance(held, HistoryLine) else held
+
+
 def _oldest_first(found: Sequence[Copy | None], cut: Collection[int] | None = None) -> list[int]:
     """Image indices oldest first: the ones cut (`cut`, or else as remembered), then by arrival (new ones last); position
     among those that came together."""
@@ -233,8 +238,9 @@ class Conversations:
         self._clock = 0
         self._images = 0  # image copies remembered in all lines of history
         self._cut_keys: dict[bytes, int] = {}  # image_key -> copies remembered as cut
-        # image_key -> the lines of history that remember it, the most recent last (a dict: removal in constant time)
-        self._by_image: dict[bytes, dict[HistoryLine, None]] = {}
+        # image_key -> the lines of history that remember it, the most recent last (a dict: removal in constant time);
+        # the line itself while it is the only one, as most images are (a dict of one costs four times a line's entry)
+        self._by_image: dict[bytes, HistoryLine | dict[HistoryLine, None]] = {}
 
     def __len__(self) -> int:
         return len(self._conversations)
@@ -388,7 +394,7 @@ class Conversations:
         most of them, the most recently used of equals."""
         shared: dict[HistoryLine, int] = {}
         for key in set(keys):
-            holders = self._by_image.get(key)
+            holders = _holders(self._by_image.get(key))
             # The most recent few: one image many conversations sent costs a request that sends it no more than that.
             for thread in itertools.islice(reversed(holders), _SENT_AGAIN_HOLDERS) if holders else ():
                 shared[thread] = shared.get(thread, 0) + 1
@@ -423,7 +429,7 @@ class Conversations:
         self._forget_images(thread)
         thread.images = table
         for key, copies in table.items():
-            self._by_image.setdefault(key, {})[thread] = None
+            self._hold(key, thread)
             self._images += len(copies)
             cuts = sum(1 for copy in copies if copy.cut)
             if cuts:
@@ -434,12 +440,27 @@ class Conversations:
                 self._drop_thread(dropped)
         return kept, sum(1 for rank in range(first, len(order)) if order[rank] in cut)
 
+    def _hold(self, key: bytes, thread: HistoryLine) -> None:
+        held = self._by_image.get(key)
+        if held is None or held is thread:
+            self._by_image[key] = thread
+        elif isinstance(held, HistoryLine):
+            self._by_image[key] = {held: None, thread: None}
+        else:
+            held[thread] = None
+
+    def _release(self, key: bytes, thread: HistoryLine) -> None:
+        held = self._by_image[key]
+        if isinstance(held, HistoryLine):
+            del self._by_image[key]
+            return
+        del held[thread]
+        if len(held) == 1:
+            self._by_image[key] = next(iter(held))
+
     def _forget_images(self, thread: HistoryLine) -> None:
         for key, copies in thread.images.items():
-            holders = self._by_image[key]
-            del holders[thread]
-            if not holders:
-                del self._by_image[key]
+            self._release(key, thread)
             self._images -= len(copies)
             cuts = sum(1 for copy in copies if copy.cut)
             if cuts:
