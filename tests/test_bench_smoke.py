@@ -220,7 +220,7 @@ def test_the_text_figures_compare_the_engine_with_both_parsers_of_the_same_body(
 
 def test_report_names_the_machine_and_the_mode(report: dict) -> None:
     assert report["mode"] == "quick"
-    assert report["sections"] == ["engine", "text", "proxy", "learned", "shaped", "shrink", "cache"]
+    assert report["sections"] == ["engine", "text", "proxy", "learned", "recall", "shaped", "shrink", "cache"]
     machine = report["machine"]
     assert machine["nproc"] >= 1 and machine["python"] and machine["mitmproxy"]
     assert _number(report["seconds"])
