@@ -281,7 +281,7 @@ def _prune(
             return None
 
     held, cold, known, order, cut_before = 0, False, None, None, 0
-    unchanged = nothing_to_change(images, limits, len(body))
+    unchanged = nothing_to_change(images, limits, len(body), fmt, model)
     if memory is not None and arrivals and (not unchanged or _over_low_water(images, limits, len(body)) or _was_cut(memory, arrivals.keys)):
         # The cut needs the images' arrivals (and the cache-aware cut the last cut) now: the history is digested first.
         known = history()
@@ -404,6 +404,9 @@ def _fill_record(record: Record, plan: Plan, documents: int, media_bytes: int, b
         if i in plan.thinned:
             record.thinned += 1
             record.thinned_bytes_saved += saved
+        elif i in plan.native:
+            record.native_sized += 1
+            record.native_bytes_saved += saved
         else:
             record.shrunk += 1
             record.shrunk_bytes_saved += saved

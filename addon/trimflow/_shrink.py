@@ -22,6 +22,12 @@ The ladder, for a long side limit `max_side` and a base64 length limit `max_byte
   rungs as the byte count says are needed (bytes ~ pixels), down to a 16 px long side, with the
   same steps but the lossless ones; then give up with a reason.
 
+The size the model sees (`size`, from trimflow._tokens.native_size): an image larger than it goes at exactly that
+size (unless a side limit asks for less), losslessly: as lossless WebP where the target takes WebP, else PNG. The
+original goes as it came when it is within the limits and that encoding is no smaller; an original over a limit
+whose lossless encoding at that size is still over the byte limit goes down the ladder above from that size, with
+the lossy steps the limit already allowed.
+
 Determinism: fixed encoder settings (PNG's zlib level is picked from the input alone, see
 PNG_LEVEL) and no metadata at all (EXIF, ICC, text chunks and timestamps are dropped; EXIF
 orientation is applied to the pixels first), so the same input bytes and limits give the same
@@ -156,32 +162,42 @@ def _cost(value: Shrunk) -> int:
 CACHE = ShrinkCache()
 
 
-def cache_key(payload: str, max_side: int | None, max_bytes: int | None, webp: bool = False) -> bytes:
-    digest = hashlib.blake2b(f"{max_side}:{max_bytes}:{webp}:".encode(), digest_size=32)
+def cache_key(payload: str, max_side: int | None, max_bytes: int | None, webp: bool = False, size: tuple[int, int] | None = None) -> bytes:
+    digest = hashlib.blake2b(f"{max_side}:{max_bytes}:{webp}:{size}:".encode(), digest_size=32)
     digest.update(payload.encode("utf-8", "surrogatepass"))
     return digest.digest()
 
 
-def shrink(payload: str, *, max_side: int | None, max_bytes: int | None, webp: bool = False, cache: ShrinkCache | None = None) -> Shrunk:
+def shrink(
+    payload: str,
+    *,
+    max_side: int | None,
+    max_bytes: int | None,
+    webp: bool = False,
+    cache: ShrinkCache | None = None,
+    size: tuple[int, int] | None = None,
+) -> Shrunk:
     """The image in base64 `payload` with its long side <= `max_side` and base64 length <= `max_bytes`.
 
     None means no limit. `webp`: the target decodes WebP (a WebP source stays WebP either way).
+    `size`: the size the model sees the image at (its header's width and height scaled by the provider's rule): an
+    image larger goes at that size, losslessly, unless it is smaller as it came (see the module docstring).
     Never raises: anything that goes wrong is a Shrunk with a reason.
     """
     cache = CACHE if cache is None else cache
-    key = cache_key(payload, max_side, max_bytes, webp)
+    key = cache_key(payload, max_side, max_bytes, webp, size)
     hit = cache.get(key)
     if hit is not None:
         return hit
     try:
-        result = _shrink(payload, max_side, max_bytes, webp)
+        result = _shrink(payload, max_side, max_bytes, webp, size)
     except Exception as exc:  # noqa: BLE001 - a broken image is dropped, never a broken request
         result = Shrunk(reason=f"could not be re-encoded ({type(exc).__name__})")
     cache.put(key, result)
     return result
 
 
-def _shrink(payload: str, max_side: int | None, max_bytes: int | None, webp: bool) -> Shrunk:
+def _shrink(payload: str, max_side: int | None, max_bytes: int | None, webp: bool, size: tuple[int, int] | None = None) -> Shrunk:
     raw = _b64decode(payload)
     if raw is None:
         return Shrunk(reason="not valid base64")
@@ -201,11 +217,15 @@ def _shrink(payload: str, max_side: int | None, max_bytes: int | None, webp: boo
     source = im.format or "PNG"
     fits_side = max_side is None or max(width, height) <= max_side
     fits_bytes = max_bytes is None or len(payload) <= max_bytes
-    if fits_side and fits_bytes and source in _ACCEPTED:
+    native = _native_target(size, width, height, max_side)
+    as_it_came = fits_side and fits_bytes and source in _ACCEPTED
+    if as_it_came and native is None:
         return Shrunk()
     long_side = max(width, height)
     if max_side is not None:
         long_side = min(long_side, max_side)
+    if native is not None:
+        long_side = max(native)
     if source == "JPEG" and long_side < max(width, height):
         # Decode at 1/2, 1/4 or 1/8 scale when that still covers the target: 4-60x less work.
         im.draft(None, _fit(width, height, long_side))
@@ -215,6 +235,7 @@ def _shrink(payload: str, max_side: int | None, max_bytes: int | None, webp: boo
         return Shrunk(reason="could not be decoded")
     if im.getexif().get(_ORIENTATION, 1) in _QUARTER_TURNS:
         width, height = height, width  # the pixels are turned upright below
+        native = None if native is None else (native[1], native[0])
     pixels = _normalize(im)
     dense = source == "PNG" and len(raw) > DENSE_BYTES_PER_PIXEL * width * height  # (BMP is never compressed)
     png_level = PNG_LEVEL_DENSE if dense else PNG_LEVEL
@@ -225,7 +246,34 @@ def _shrink(payload: str, max_side: int | None, max_bytes: int | None, webp: boo
     lossy = "WEBP" if source == "WEBP" or (webp and source != "JPEG") else "JPEG"
     palette = screen_like and lossy == "JPEG" and pixels.mode in ("RGB", "RGBA")
     rescue = _Rescue(source, lossy, png_level, recompress, lossless_webp, palette)
+    if native is not None:
+        seen = _at_native(pixels, native, webp, png_level, max_bytes, len(payload) + len(_MIME.get(source, "")) if as_it_came else None)
+        if seen is not None:
+            return seen
     return _ladder(pixels, width, height, long_side, max_bytes, rescue)
+
+
+def _native_target(size: tuple[int, int] | None, width: int, height: int, max_side: int | None) -> tuple[int, int] | None:
+    """`size` when the image goes at it: smaller than the image and within the side limit (a smaller limit wins)."""
+    if size is None or size == (width, height) or size[0] > width or size[1] > height or min(size) < 1:
+        return None
+    return size if max_side is None or max(size) <= max_side else None
+
+
+def _at_native(pixels: Image.Image, size: tuple[int, int], webp: bool, png_level: int, max_bytes: int | None, original: int | None) -> Shrunk | None:
+    """The image at `size` in its lossless encoding (WebP where taken, else PNG); Shrunk() when the original, within
+    the limits, is no larger (`original`: its base64 length and type name, None when it is over a limit); None when
+    that encoding is over `max_bytes` (the ladder goes on from this size)."""
+    frame = pixels.resize(size, Image.Resampling.LANCZOS, reducing_gap=3.0)
+    frame.info = {}
+    fmt, setting = ("WEBP", LOSSLESS) if webp else ("PNG", png_level)
+    data = _encode(frame, fmt, setting)
+    length = 4 * -(-len(data) // 3)
+    if original is not None and length + len(_MIME[fmt]) >= original:
+        return Shrunk()  # as it came: never more bytes than that
+    if max_bytes is not None and length > max_bytes:
+        return None
+    return Shrunk(base64.b64encode(data).decode("ascii"), _MIME[fmt], size[0], size[1])
 
 
 def _too_many_pixels(width: int, height: int) -> str:
