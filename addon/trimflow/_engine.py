@@ -109,7 +109,11 @@ class Outcome:
         if self._account is not None:
             return False  # only a run that changes nothing leaves its record for later
         record = self._record
-        return record is not None and record.mode == ENFORCE and (record.pruned > 0 or record.shrunk > 0 or record.thinned > 0)
+        return (
+            record is not None
+            and record.mode == ENFORCE
+            and (record.pruned > 0 or record.shrunk > 0 or record.thinned > 0 or record.native_sized > 0)
+        )
 
 
 def is_sigv4(headers: Mapping[str, str]) -> bool:
