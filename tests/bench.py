@@ -30,8 +30,10 @@ Linux only: peak memory is read from /proc/<pid>/status (VmHWM).
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import dataclasses
+import functools
 import gc
 import http.client
 import importlib
@@ -60,9 +62,12 @@ from typing import Any, Self
 import orjson
 from PIL import Image
 
+from tests.bombs import blank_png
 from tests.mitmdump import Mitmdump, stop_process
+from trimflow._clicks import ClickStream, Screen, map_answer
 from trimflow._engine import prune_request
-from trimflow._last_turns import LastTurn, LastTurns, conversation_key
+from trimflow._imageinfo import ImageInfo, sniff_base64
+from trimflow._last_turns import LastTurn, LastTurns, conversation_key, row_keys
 from trimflow._malloc import MMAP_THRESHOLD, TRIM_THRESHOLD
 from trimflow._prices import Price
 from trimflow._record import utc_timestamp
@@ -73,7 +78,7 @@ from trimflow.testing._cache_sessions import SCREEN, ReferenceSession, desktop_s
 from trimflow.testing._optimum import batch_floor, price_for, priced_optima, ratios, session_cap
 
 FORMAT = "openai-chat"
-MODEL = "gpt-5"  # under the shipped default cap of 8 in batches of 6 (gpt-4o has a voluntary cap of 5)
+MODEL = "gpt-5"  # under the shipped default cap of 8 (gpt-4o holds at most 5 once over it)
 PATH = PATHS[FORMAT]
 URL = f"https://api.openai.com{PATH}"
 HEADERS = {"content-type": "application/json", "authorization": "Bearer sk-bench"}
@@ -363,6 +368,90 @@ def engine_figures(bodies: Bodies, settings: Settings) -> list[Figure]:
         Figure("engine_nochange_ms", f"engine, {size4:.1f} MB body needing no change", engine4, "ms"),
         Figure("loads_nochange_ms", f"json.loads alone, same {size4:.1f} MB body", loads4, "ms"),
         Figure("engine_nochange_vs_loads", "engine / json.loads (body needing no change)", engine4 / loads4, "x", 1.0),
+    ]
+
+
+CLICKS = 3000  # computer-tool calls in the JSON answer whose clicks are mapped
+DRAG_POINTS = 600  # points of the streamed drag
+
+
+def clicks_answer(clicks: int) -> bytes:
+    """A Messages answer of `clicks` computer-tool calls, a text block before each."""
+    blocks: list[dict[str, Any]] = []
+    for i in range(clicks):
+        blocks.append({"type": "text", "text": f"Step {i}: clicking the next field."})
+        blocks.append(
+            {"type": "tool_use", "id": f"toolu_{i:05d}", "name": "computer", "input": {"action": "left_click", "coordinate": [i % 2000, i % 1125]}}
+        )
+    return orjson.dumps({"id": "msg_1", "type": "message", "role": "assistant", "content": blocks, "usage": {"input_tokens": 1, "output_tokens": 1}})
+
+
+def drag_stream(points: int) -> bytes:
+    """A streamed Responses answer with one drag through `points` points, in its three events."""
+    path = [{"x": i % 2000, "y": i % 1125} for i in range(points)]
+    call = {"type": "computer_call", "id": "cu_1", "call_id": "call_1", "action": {"type": "drag", "path": path}, "status": "completed"}
+    events = [
+        {"type": "response.output_item.added", "item": {**call, "status": "in_progress"}},
+        {"type": "response.output_item.done", "item": call},
+        {"type": "response.completed", "response": {"output": [call]}},
+    ]
+    return b"".join(b"event: " + e["type"].encode() + b"\ndata: " + orjson.dumps(e) + b"\n\n" for e in events)
+
+
+def clicks_figures(settings: Settings) -> list[Figure]:
+    """Mapping a computer-use answer's clicks back (trimflow._clicks), in process: JSON answers of CLICKS calls and of half
+    as many (the work must grow with the answer alone), against json.loads; and a streamed DRAG_POINTS-point drag, which
+    the proxy maps on its event loop."""
+    claude = Screen("anthropic", "computer", (2000, 1125), (2560, 1440))
+    openai = Screen("openai-responses", None, (2000, 1125), (5120, 2880))
+    answer, half, drag = clicks_answer(CLICKS), clicks_answer(CLICKS // 2), drag_stream(DRAG_POINTS)
+    if map_answer(claude, answer)[1] != CLICKS:
+        raise RuntimeError("the answer's clicks were not all mapped")
+
+    def stream() -> None:
+        clicks = ClickStream(openai)
+        clicks(drag)
+        clicks(b"")
+        if clicks.mapped != 1:
+            raise RuntimeError("the drag was not mapped")
+
+    mapped, mapped_half, loads, streamed = interleaved_ms(
+        settings.engine_reps, lambda: map_answer(claude, answer), lambda: map_answer(claude, half), _loads(answer), stream
+    )
+    size = len(answer) / MB
+    return [
+        Figure("clicks_json_ms", f"clicks mapped, JSON answer of {CLICKS:,} computer calls ({size:.2f} MB)", mapped, "ms"),
+        Figure("clicks_json_doubling", f"clicks mapped, {CLICKS // 2:,} -> {CLICKS:,} calls", mapped / mapped_half, "x", 2.2),
+        Figure("clicks_json_vs_loads", "clicks mapped / json.loads of the same answer", mapped / loads, "x"),
+        Figure(
+            "clicks_drag_ms",
+            f"clicks mapped, streamed {DRAG_POINTS}-point drag ({len(drag) / 2**10:.0f} KB, on the event loop)",
+            streamed,
+            "ms",
+            250.0,  # a quarter of the stall an unrelated request may see (docs/security.md, click mapping)
+        ),
+    ]
+
+
+def sniff_figures() -> list[Figure]:
+    """Reading an image's type and size from its base64 reads a prefix only: a 10 MB PNG costs what a 3 KB one does,
+    and so does one whose base64 is wrapped in lines (a full decode of the 10 MB one takes over 10 ms)."""
+    bodies = {}
+    for name, size in (("small", (32, 24)), ("big", (2000, 1700))):  # random RGB, stored: the big one ~10 MB of PNG
+        raw = io.BytesIO()
+        Image.frombytes("RGB", size, random.Random(3).randbytes(size[0] * size[1] * 3)).save(raw, "PNG", compress_level=0)
+        bodies[name] = (base64.b64encode(raw.getvalue()).decode(), size)
+    big = bodies["big"][0]
+    bodies["wrapped"] = ("\n".join(big[i : i + 76] for i in range(0, 760_000, 76)) + big[760_000:], bodies["big"][1])
+    for text, size in bodies.values():
+        assert sniff_base64(text) == ImageInfo("image/png", *size), "the sniffed type or size is wrong"
+    small, big_ms, wrapped = interleaved_ms(7, *(functools.partial(sniff_base64, text) for text, _ in bodies.values()), loops=[200] * 3)
+    return [
+        Figure("sniff_small_png_us", "image type and size from a 3 KB PNG's base64", small * 1000, "us"),
+        Figure("sniff_big_png_us", "same, from a 10 MB PNG's base64", big_ms * 1000, "us"),
+        Figure("sniff_big_vs_small", "sniff 10 MB PNG / 3 KB PNG (a prefix is read)", big_ms / small, "x", 3.0),
+        Figure("sniff_wrapped_png_us", "same, its base64 in 76-column lines for the first 760 KB", wrapped * 1000, "us"),
+        Figure("sniff_wrapped_vs_small", "sniff wrapped 10 MB PNG / 3 KB PNG", wrapped / small, "x", 3.0),
     ]
 
 
@@ -1090,6 +1179,82 @@ def memory_figures(workdir: Path, upstream: Upstream, bodies: Bodies, settings: 
     ]
 
 
+# Blank RGBA PNGs just under the pixel limit (400 KB of PNG, 400 MB of pixels each): three at once, then a mix of eleven
+# with three more of them, three of 22.5 MP that decode one at a time, and two real 2.5 MP images shrunk beside them.
+SHRINK_BURST = ((10_000, 9_999), (9_999, 9_999), (9_998, 9_999))
+SHRINK_MIX_BLANK = ((10_000, 9_998), (9_999, 9_998), (9_998, 9_998), (9_000, 2_500), (9_001, 2_500), (9_002, 2_500))
+SHRINK_MODEL = "claude-sonnet-4-6"  # the shipped `claude` rule: 8000 px a side, 5 MiB an image
+SHRINK_HELD_WAIT = 60.0
+
+
+def _image_turn(png: bytes) -> bytes:
+    content = [{"type": "image_url", "image_url": {"url": data_url(png, "image/png")}}, {"type": "text", "text": "What changed?"}]
+    return orjson.dumps({"model": SHRINK_MODEL, "messages": [{"role": "user", "content": content}]})
+
+
+def _all_at_once(port: int, bodies: list[bytes]) -> None:
+    """Each body from a client of its own, all released together; returns once every one is answered (200)."""
+    start = threading.Barrier(len(bodies))
+    errors: list[str] = []
+
+    def send(body: bytes) -> None:
+        start.wait()
+        client = Client(port, timeout=300)
+        try:
+            status, _, _ = client.post(body)
+            if status != 200:
+                errors.append(f"status {status}")
+        except (OSError, http.client.HTTPException) as exc:
+            errors.append(type(exc).__name__)
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=send, args=(body,), daemon=True) for body in bodies]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise RuntimeError(f"shrink memory: {len(errors)} of {len(bodies)} requests failed: {errors[0]}")
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def shrink_memory_figures(workdir: Path, upstream: Upstream) -> list[Figure]:
+    """A fresh mitmdump with the addon and the shipped rules, sent images whose decoding would take gigabytes: its peak
+    resident size, what it still holds over its quiet figure once idle, and the CPU it spent (docs/security.md)."""
+    proxy = start_proxy(workdir / "shrink-memory", "shrink-memory", upstream, addon=True)
+    try:
+        warm_up = _image_turn(image(8300, 300, "PNG", seed=69, noise=0.2))  # over 8000 px: Pillow loaded, one shrink
+        _post_ok(Client(proxy.mitmdump.port), warm_up)
+        quiet = _status_kb(proxy.pid, "VmRSS") / 1024
+        before = _cpu_seconds(proxy.pid)
+        _all_at_once(proxy.mitmdump.port, [_image_turn(blank_png(*size)) for size in SHRINK_BURST])
+        burst_cpu, burst_peak = _cpu_seconds(proxy.pid) - before, proxy.peak_rss_mb()
+        mix = [_image_turn(blank_png(*size)) for size in SHRINK_MIX_BLANK]
+        mix += [_image_turn(image(8400 + 100 * i, 300, "PNG", seed=70 + i, noise=0.2)) for i in range(2)]
+        before = _cpu_seconds(proxy.pid)
+        _all_at_once(proxy.mitmdump.port, mix)
+        mix_cpu, peak = _cpu_seconds(proxy.pid) - before, proxy.peak_rss_mb()
+        deadline = time.monotonic() + SHRINK_HELD_WAIT
+        while _status_kb(proxy.pid, "VmRSS") / 1024 > quiet + 200 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.0)  # what stays, not what is still on its way back
+        held = _status_kb(proxy.pid, "VmRSS") / 1024 - quiet
+    finally:
+        proxy.mitmdump.stop()
+    what = f"{len(SHRINK_BURST)} requests at once, each one blank ~100 MP PNG, then {len(mix)} mixed"
+    peak_note, cpu_note = f"quiet {quiet:.0f} MB; after the first three {burst_peak:.0f} MB", f"for the {len(mix)} mixed: {mix_cpu:.1f} s"
+    return [
+        Figure("shrink_memory_peak_mb", f"peak RSS, {what}", peak, "MB", 2048, note=peak_note),
+        Figure("shrink_memory_held_mb", "RSS over the quiet figure once idle", held, "MB", 200),
+        Figure("shrink_memory_cpu_s", f"mitmdump CPU for the {len(SHRINK_BURST)} at once", burst_cpu, "s", note=cpu_note),
+    ]
+
+
 def _read_error_answer(port: int, body: bytes) -> int:
     """Send `body` asking the upstream for its large error answer; the answer's length, read and dropped as it comes."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
@@ -1719,6 +1884,10 @@ def run(settings: Settings, say: Callable[[str], None], sections: tuple[str, ...
         figures += engine_figures(bodies, settings)
         say("engine scaling")
         figures += scaling_figures(bodies, settings)
+        say("clicks of a computer-use answer mapped back")
+        figures += clicks_figures(settings)
+        say("image type and size from a prefix of the base64")
+        figures += sniff_figures()
     if "text" in sections:
         figures += text_figures(settings, say)
     with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory(prefix="trimflow-bench-") as tmp:
@@ -1775,6 +1944,8 @@ def proxy_figures(
     figures += memory_figures(workdir, upstream, bodies, settings)
     say(f"a {ERROR_ANSWER_BYTES // MB} MiB error answer (fresh processes)")
     figures += error_answer_figures(workdir, upstream, bodies, settings)
+    say("shrinking images that decode to gigabytes, three at once and a mix (a fresh process)")
+    figures += shrink_memory_figures(workdir, upstream)
     return figures
 
 
@@ -1791,13 +1962,20 @@ def conversations_file_figures(workdir: Path, settings: Settings) -> list[Figure
     keys = [conversation_key("api.anthropic.com", None, i.to_bytes(8, "big")) for i in range(CONVERSATIONS_ROWS)]
     times: list[float] = []
     with LastTurns(str(path)) as this, LastTurns(str(path)) as other:
-        for key in keys:
-            other.put(key, LastTurn(time.time(), 6, images))
+        missing = keys
+        for _ in range(100):  # written as fast as a loop goes, some wait for the checkpoint (or are dropped): again
+            for key in missing:
+                other.put(key, LastTurn(time.time(), 6, images))
+            missing = [key for key in missing if this.get(key) is None]
+            if not missing:
+                break
+        else:
+            raise RuntimeError("the file was not filled")
         for rep in range(LATENCY_WARMUP + 20 * settings.latency_reps):
             key = keys[rep % len(keys)]
             other.put(key, LastTurn(time.time(), 6, images))  # the other instance's turn
             started = time.perf_counter()
-            last = this.get(key)
+            last = this.get_many(row_keys(key))[0]  # as a turn reads: every row under the conversation's key
             this.put(key, LastTurn(time.time(), 12, images))
             if rep >= LATENCY_WARMUP:
                 times.append((time.perf_counter() - started) * 1000)

@@ -1,4 +1,5 @@
-"""Hostile payloads for tests: compression bombs of gigabytes, built without inflating them, and a pixel bomb's PNG header."""
+"""Hostile payloads for tests: compression bombs of gigabytes, built without inflating them, a pixel bomb's PNG header,
+and blank PNGs of up to 100 megapixels whose pixels decode to gigabytes."""
 
 from __future__ import annotations
 
@@ -68,9 +69,29 @@ def zstd_bomb(inflated: int) -> bytes:
     return b"".join(c.compress(chunk) for _ in range(inflated // len(chunk))) + c.flush()
 
 
-def png_header(width: int, height: int) -> bytes:
-    """A PNG that claims a size in IHDR and holds one tiny row: a decompression bomb's header."""
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+_BANDS = {0: 1, 2: 3, 4: 2, 6: 4}  # PNG colour type -> samples per pixel (grey, RGB, grey+alpha, RGBA)
+
+
+def _png_chunk(kind: bytes, payload: bytes) -> bytes:
+    return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
+
+
+def blank_png(width: int, height: int, color_type: int = 6) -> bytes:
+    """A valid PNG of `width` x `height` all-zero pixels (RGBA by default: transparent black), about a thousandth of
+    its decoded size: the image stream is all zeros (filter 0 on zero pixels), written as copies of one deflate block,
+    so 100 megapixels (400 MB of RGBA) take a fraction of a second and 400 KB."""
+    zeros = height * (1 + width * _BANDS[color_type])
+    block = 16 * MiB
+    stream = _zero_block(block) * (zeros // block) + (_zero_block(zeros % block) if zeros % block else b"") + b"\x03\x00"
+    adler = (zeros % 65521) << 16 | 1  # Adler-32 of zeros: a stays 1, b counts them
+    idat = b"\x78\xda" + stream + struct.pack(">I", adler)
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, color_type, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", ihdr) + _png_chunk(b"IDAT", idat) + _png_chunk(b"IEND", b"")
+
+
+def png_header(width: int, height: int, color_type: int = 2) -> bytes:
+    """A PNG that claims a size in IHDR and holds one tiny row: a decompression bomb's header (RGB, or 0: grey)."""
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, color_type, 0, 0, 0)
 
     def chunk(kind: bytes, payload: bytes) -> bytes:
         return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))

@@ -5,12 +5,16 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import importlib.util
+import inspect
+import os
 import subprocess
+import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from types import FrameType
+from typing import Any, TypeVar, cast
 
 import orjson
 from mitmproxy import addonmanager, ctx, hooks
@@ -25,15 +29,83 @@ from trimflow.testing import PATHS
 T = TypeVar("T")
 
 
+POLL = 0.02  # seconds between two looks at a condition
+
+
 def wait_for(condition: Callable[[], T], what: str, timeout: float = 60.0) -> T:
-    """`condition()`'s first true value, polled; fails naming `what` after `timeout` seconds."""
+    """`condition()`'s first true value, polled; fails naming `what` after `timeout` seconds. The one wait of the
+    tests: long enough for a busy machine, and it ends as soon as the condition holds."""
     deadline = time.monotonic() + timeout
     while True:
         value = condition()
         if value:
             return value
         assert time.monotonic() < deadline, f"no {what} within {timeout} s"
-        time.sleep(0.05)
+        time.sleep(POLL)
+
+
+async def wait_for_async(condition: Callable[[], T | Awaitable[T]], what: str, timeout: float = 60.0) -> T:
+    """wait_for on the event loop, for a test that runs on it: the loop goes on between two looks, and
+    `condition` may be a coroutine function."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return cast(T, value)
+        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
+        await asyncio.sleep(POLL)
+
+
+def tcp_sockets(pid: int) -> list[tuple[int, str]]:
+    """(local port, state) of each TCP socket that process `pid` holds, read from /proc (Linux); LISTEN is 0A."""
+    inodes = set()
+    for name in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{name}")
+        except FileNotFoundError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    held = []
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[9] in inodes:
+                held.append((int(fields[1].rsplit(":", 1)[1], 16), fields[3]))
+    return held
+
+
+def listening_ports(pid: int) -> set[int]:
+    """The TCP ports process `pid` listens on: where a server bound to port 0 tells no one which port it got."""
+    return {port for port, state in tcp_sockets(pid) if state == "0A"}
+
+
+_PACKAGE = str(Path(__file__).resolve().parents[1] / "addon" / "trimflow")
+
+
+def lines_run(call: Callable[[], object]) -> int:
+    """How many lines of trimflow's own Python code `call()` runs: a measure of its work that a busy machine does
+    not change, for checking how work grows with the input (a timing would fail under load)."""
+    count = 0
+
+    def tracer(frame: FrameType, event: str, arg: object) -> Callable[..., object] | None:
+        nonlocal count
+        if event == "line":
+            count += 1
+        return tracer
+
+    def calls(frame: FrameType, event: str, arg: object) -> Callable[..., object] | None:
+        return tracer if frame.f_code.co_filename.startswith(_PACKAGE) else None
+
+    previous = sys.gettrace()
+    sys.settrace(calls)
+    try:
+        call()
+    finally:
+        sys.settrace(previous)
+    return count
 
 
 @contextmanager
@@ -46,8 +118,39 @@ def held_by_another_process(path: Path) -> Iterator[None]:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held", "flock could not hold the file"
         yield
     finally:
-        assert holder.stdin is not None
+        assert holder.stdin is not None and holder.stdout is not None
         holder.stdin.close()
+        holder.wait(10)
+        holder.stdout.close()
+
+
+# A SQLite lock another process takes on a file: a write in progress (the other writers wait, readers go on, in
+# WAL mode), or the whole file (an exclusive locking mode: nobody else reads it either).
+SQLITE_LOCKS = {
+    "a write in progress": "BEGIN IMMEDIATE",
+    "the whole file": "PRAGMA locking_mode = EXCLUSIVE; BEGIN EXCLUSIVE; SELECT count(*) FROM sqlite_master",
+}
+
+
+@contextmanager
+def sqlite_held_by_another_process(path: Path, lock: str = "a write in progress") -> Iterator[None]:
+    """`path` held by another process's SQLite connection (one of SQLITE_LOCKS) until the block ends."""
+    script = (
+        "import sqlite3, sys\n"
+        "db = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+        "for statement in sys.argv[2].split('; '):\n"
+        "    db.execute(statement).fetchall()\n"
+        "print('held', flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", script, str(path), SQLITE_LOCKS[lock]], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held", "the other process could not hold the file"
+        yield
+    finally:
+        assert holder.stdin is not None and holder.stdout is not None
+        holder.stdin.close()
+        holder.stdout.close()
         holder.wait(10)
 
 
@@ -132,6 +235,11 @@ class TrimflowAddons:
 
     def response(self, flow) -> None:
         self._run(http_layer.HttpResponseHook(flow))
+
+    async def response_async(self, flow) -> None:
+        """The response hook awaiting what an addon returns, as mitmproxy does (the clicks addon maps a large or
+        compressed JSON answer in a worker thread)."""
+        await self._run_async(http_layer.HttpResponseHook(flow))
 
     def error(self, flow) -> None:
         self._run(http_layer.HttpErrorHook(flow))

@@ -7,20 +7,27 @@ way a user does.
 from __future__ import annotations
 
 import os
-import socket
+import re
 import subprocess
-import time
+import tempfile
 from pathlib import Path
 
 from trimflow.cli import _mitmdump
 
+from .helpers import wait_for
+
 ADDON = Path(__file__).resolve().parents[1] / "addon" / "mitm.py"
+# mitmproxy's line once a proxy server is bound, on 11 and 12 alike ("HTTP(S) proxy listening at 127.0.0.1:41234.",
+# "Reverse proxy to http://... listening at ..."): told port 0, it gives the port the kernel chose.
+_LISTENING = re.compile(r" listening at 127\.0\.0\.1:(\d+)\.$", re.M)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def listening_port(log: str) -> int | None:
+    """The loopback port a mitmdump (or `trimflow run`) started with --listen-port 0 says it listens on: the port
+    stays bound from the kernel's choice on, where a port picked by binding and closing a socket could be taken by
+    another process before mitmdump binds it."""
+    found = _LISTENING.search(log)
+    return int(found.group(1)) if found else None
 
 
 def mitmdump_binary() -> str:
@@ -41,22 +48,30 @@ class Mitmdump:
         *args: str,
         addon: bool = True,
         options: dict[str, str] | None = None,
-        port: int | None = None,
         env: dict[str, str] | None = None,
     ) -> None:
         self.workdir = Path(workdir)
         self.env = {**os.environ, **env} if env else None
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.port = port or free_port()
+        self._port: int | None = None
         self.confdir = self.workdir / "confdir"
-        self.log_path = self.workdir / f"mitmdump-{self.port}.log"
-        command = [mitmdump_binary(), "--listen-host", "127.0.0.1", "--listen-port", str(self.port), "--set", f"confdir={self.confdir}"]
+        fd, log_path = tempfile.mkstemp(prefix="mitmdump-", suffix=".log", dir=self.workdir)  # one of its own, however many share the folder
+        os.close(fd)
+        self.log_path = Path(log_path)
+        command = [mitmdump_binary(), "--listen-host", "127.0.0.1", "--listen-port", "0", "--set", f"confdir={self.confdir}"]
         if addon:
             command += ["-s", str(ADDON)]
         for name, value in (options or {}).items():
             command += ["--set", f"{name}={value}"]
         self.command = command + list(args)
         self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def port(self) -> int:
+        """The port it listens on, known once it started."""
+        if self._port is None:
+            raise RuntimeError("mitmdump has no port until it started")
+        return self._port
 
     @property
     def url(self) -> str:
@@ -68,20 +83,24 @@ class Mitmdump:
         return self.confdir / "mitmproxy-ca-cert.pem"
 
     def start(self, timeout: float = 30.0) -> Mitmdump:
+        """Start it and return once it listens (its port then known); RuntimeError if it exits first."""
+        start = self.log_path.stat().st_size  # a restart appends to the log: its port is on a line after this
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child process
         self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env)
         log.close()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"mitmdump exited with {self.process.returncode}:\n{self.log()[-2000:]}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    return self
-            except OSError:
-                time.sleep(0.05)
-        self.stop()
-        raise TimeoutError(f"mitmdump did not listen on {self.port} within {timeout}s:\n{self.log()[-2000:]}")
+        process, self._port = self.process, None
+
+        def listening() -> int | None:
+            if process.poll() is not None:
+                raise RuntimeError(f"mitmdump exited with {process.returncode}:\n{self.log()[-2000:]}")
+            return listening_port(self.log_path.read_bytes()[start:].decode(errors="replace"))
+
+        try:
+            self._port = wait_for(listening, "mitmdump listening", timeout)
+        except AssertionError:
+            self.stop()
+            raise TimeoutError(f"mitmdump did not listen within {timeout} s:\n{self.log()[-2000:]}") from None
+        return self
 
     def log(self) -> str:
         try:

@@ -3,6 +3,7 @@ and the mapping of JSON answers and of event streams cut anywhere: only the numb
 
 from __future__ import annotations
 
+import gc
 import random
 import re
 
@@ -10,10 +11,10 @@ import orjson
 import pytest
 
 from trimflow import _clicks, prune_request
-from trimflow._clicks import ClickStream, Malformed, Screen, map_answer, screen_for, view_of
+from trimflow._clicks import ClickStream, HeldBytes, Malformed, Screen, map_answer, screen_for, view_of
 from trimflow.testing import b64, image
 
-from .helpers import rules_with, url_for
+from .helpers import lines_run, rules_with, url_for
 
 ANTHROPIC_TOOLS = {"tools": [{"type": "computer_20250124", "name": "computer", "display_width_px": 2560, "display_height_px": 1440}]}
 OPENAI_TOOLS = {"tools": [{"type": "computer_use_preview", "display_width": 5120, "display_height": 2880, "environment": "mac"}]}
@@ -275,7 +276,7 @@ def test_a_stream_that_ends_inside_a_held_block_gets_what_was_held() -> None:
 
 
 def test_an_event_larger_than_the_bound_stops_the_mapping_and_passes_everything(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_clicks, "MAX_EVENT", 64)
+    monkeypatch.setattr(_clicks, "MAX_HELD", 64)
     events = claude_events()
     stream = ClickStream(CLAUDE)
     data = b"data: " + b"x" * 100 + b"".join(events)
@@ -300,6 +301,130 @@ def test_openai_stream_maps_each_event_that_carries_a_computer_call_and_counts_e
         assert stream.mapped == 1
         assert out.count(b'"x":2560,"y":1280') == 3 and out.count(b'{\\"x\\":1000,\\"y\\":500}') == 2
         assert re.sub(rb"\d+", b"N", out) == re.sub(rb"\d+", b"N", data)
+
+
+# --- bounds: work that grows with the answer, one bound on what an answer holds and one across answers -------
+
+
+def clicks_answer(clicks: int) -> bytes:
+    """A JSON Messages answer of `clicks` computer-tool calls, with text between them."""
+    blocks: list[dict] = []
+    for i in range(clicks):
+        blocks.append({"type": "text", "text": f"step {i}"})
+        blocks.append(
+            {"type": "tool_use", "id": f"toolu_{i}", "name": "computer", "input": {"action": "left_click", "coordinate": [i % 2000, i % 1125]}}
+        )
+    return orjson.dumps({"id": "msg_1", "type": "message", "content": blocks, "usage": {"input_tokens": 1, "output_tokens": 2}})
+
+
+def drag_events(points: int) -> bytes:
+    """A streamed Responses answer with one drag through `points` points: the call comes in three events."""
+    path = [{"x": i % 2000, "y": i % 1125} for i in range(points)]
+    call = {"type": "computer_call", "id": "cu_1", "call_id": "call_1", "action": {"type": "drag", "path": path}, "status": "completed"}
+    return b"".join(
+        [
+            sse("response.output_item.added", {"type": "response.output_item.added", "item": {**call, "status": "in_progress"}}),
+            sse("response.output_item.done", {"type": "response.output_item.done", "item": call}),
+            sse("response.completed", {"type": "response.completed", "response": {"output": [call]}}),
+        ]
+    )
+
+
+def test_a_json_answer_is_mapped_in_work_that_grows_with_its_size_alone() -> None:
+    """Twice the clicks, twice the work: a splice that walked from the answer's root for every number made it four
+    times (3,000 clicks took a minute)."""
+    answers = {n: clicks_answer(n) for n in (100, 200)}
+    for n, answer in answers.items():
+        assert map_answer(CLAUDE, answer)[1] == n
+    work = [lines_run(lambda answer=answer: map_answer(CLAUDE, answer)) for answer in answers.values()]
+    assert work[1] < 2.3 * work[0], work
+
+
+def test_a_streamed_drag_is_mapped_in_work_that_grows_with_its_size_alone() -> None:
+    streams = {n: drag_events(n) for n in (300, 600)}
+    work = []
+    for data in streams.values():
+        stream = ClickStream(OPENAI)
+        work.append(lines_run(lambda stream=stream, data=data: run(stream, [data])))
+        assert stream.mapped == 1 and stream.problem is None
+    assert work[1] < 2.3 * work[0], work
+    out = run(ClickStream(OPENAI), [streams[300]])
+    assert out.count(b'"x":2560,"y":1280') == 3 * sum(1 for i in range(300) if (i % 2000, i % 1125) == (1000, 500))
+    assert re.sub(rb"\d+", b"N", out) == re.sub(rb"\d+", b"N", streams[300])
+
+
+def open_blocks(count: int, size: int) -> list[bytes]:
+    """An answer's start, then `count` computer tool_use blocks whose input streams `size` bytes each and never ends."""
+    events = [sse("message_start", {"type": "message_start", "message": {"usage": {"input_tokens": 5}}})]
+    piece = '{"action": "type", "text": "' + "a" * (size - 30)
+    for index in range(count):
+        events.append(start(index, {"type": "tool_use", "name": "computer", "input": {}}))
+        events += [json_delta(index, piece[i : i + 4096]) for i in range(0, len(piece), 4096)]
+    return events
+
+
+def test_the_open_blocks_of_one_answer_share_one_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each block is small; forty of them are not. Past the answer's bound everything held goes on as it came, in
+    order, and the rest of the answer passes."""
+    monkeypatch.setattr(_clicks, "MAX_HELD", 64 * 2**10)
+    budget = HeldBytes()
+    problems: list[str] = []
+    stream = ClickStream(CLAUDE, problems.append, budget)
+    events = open_blocks(40, 8 * 2**10)
+    out = b""
+    for event in events:
+        out += b"".join(stream(event))
+        assert budget.held <= _clicks.MAX_HELD
+    out += b"".join(stream(b""))
+    assert out == b"".join(events)
+    assert problems == [_clicks.OVER_ANSWER] and stream.mapped == 0 and budget.held == 0
+
+
+def test_answers_together_share_one_budget() -> None:
+    """The answer that would take the budget past its limit passes unmapped; the others map on, and give their
+    share back when they end."""
+    budget = HeldBytes(limit=160 * 2**10)  # a block holds its events and its input: about twice its size
+    first, second = ClickStream(CLAUDE, budget=budget), ClickStream(CLAUDE, budget=budget)
+    held_first = run_open(first, open_blocks(1, 60 * 2**10))
+    assert held_first == open_blocks(1, 60 * 2**10)[0] and budget.held > 60 * 2**10
+    second_events = open_blocks(1, 60 * 2**10)
+    assert run_open(second, second_events) == b"".join(second_events)  # over the budget: as it came
+    assert second.problem == _clicks.OVER_BUDGET and budget.held == first._lease.size
+    rest = json_delta(0, '", "coordinate": [1000, 500]}') + sse("content_block_stop", {"type": "content_block_stop", "index": 0})
+    out = run(first, [rest])
+    assert first.mapped == 1 and first.problem is None and b"[1280, 640]" in out
+    assert budget.held == 0
+
+
+def test_an_answer_dropped_midway_gives_its_share_back() -> None:
+    budget = HeldBytes()
+    stream = ClickStream(CLAUDE, budget=budget)
+    run_open(stream, open_blocks(3, 10 * 2**10))
+    assert budget.held > 30 * 2**10
+    stream.close()  # the flow failed: the addon lets go at once
+    assert budget.held == 0
+    forgotten = ClickStream(CLAUDE, budget=budget)
+    run_open(forgotten, open_blocks(3, 10 * 2**10))
+    assert budget.held > 30 * 2**10
+    del forgotten
+    gc.collect()  # a stream no one closed: its share comes back when it is collected
+    assert budget.held == 0
+
+
+def test_an_event_with_too_many_members_to_map_on_the_event_loop_passes_unmapped() -> None:
+    data = drag_events(8000)  # over MAX_STRUCTURE quotes, brackets and commas
+    stream = ClickStream(OPENAI)
+    assert run(stream, [data]) == data
+    assert stream.mapped == 0 and stream.problem == _clicks.OVER_STRUCTURE
+
+
+def test_an_event_cut_into_many_small_chunks_is_mapped_whole() -> None:
+    """Each chunk is looked through for an event's end from where the last one stopped (less the three bytes an end
+    may be cut across), so a large event that comes in small chunks is found whole, once."""
+    data = drag_events(2000)
+    chunks = [data[i : i + 512] for i in range(0, len(data), 512)]
+    stream = ClickStream(OPENAI)
+    assert re.sub(rb"\d+", b"N", run(stream, chunks)) == re.sub(rb"\d+", b"N", data) and stream.mapped == 1
 
 
 # --- the engine: the newest screenshot decides ----------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import random
 import re
+import sqlite3
 import tracemalloc
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,7 +25,7 @@ from trimflow._history import SESSION_HEADERS, History, Images, image_key, sessi
 from trimflow._last_turns import LastTurn, LastTurns, conversation_key
 from trimflow._record import COUNT_TOKENS, TURN, WARMUP
 from trimflow.formats import FORMATS, Media, counted_turn_path, openai_responses
-from trimflow.testing import PATHS, image, session_body
+from trimflow.testing import PATHS, b64, image, session_body
 
 from .helpers import rules_with
 
@@ -480,7 +481,7 @@ def line(n: int, turn: int, keys: list[bytes], crcs: list[int] | None = None, se
     return History(HOST, session, 0, [hash((n, i)) for i in range(turn)], n.to_bytes(8, "big"), images=images)
 
 
-A, B, C, D, E = (image_key(Media("image", (), c * 3000)) for c in "ABCDE")
+A, B, C, D, E, F = (image_key(Media("image", (), c * 3000)) for c in "ABCDEF")
 
 
 def test_images_are_ordered_by_when_they_came_and_position_decides_among_those_that_came_together() -> None:
@@ -651,9 +652,12 @@ def test_a_retry_cut_on_one_process_is_what_the_other_holds(closing: Callable[[L
     assert found is not None and found.cut == 2 and found.order == (0, 3, 2, 1)
 
 
-def test_a_shared_turn_is_taken_only_when_newer_and_by_a_request_that_sends_all_its_images_again(closing: Callable[[LastTurns], LastTurns]) -> None:
+def test_a_shared_turn_is_taken_only_when_newer_and_by_a_request_that_sends_all_its_images_again(
+    tmp_path: Path, closing: Callable[[LastTurns], LastTurns]
+) -> None:
     now = [50.0]
-    shared = closing(LastTurns(":memory:", clock=lambda: now[0]))
+    path = tmp_path / "conversations.sqlite3"
+    shared = closing(LastTurns(str(path), clock=lambda: now[0]))
     a, b = Conversations(clock=lambda: now[0], shared=shared), Conversations(clock=lambda: now[0], shared=shared)
     a.assign(line(0, 1, [A, B, C]), TURN, cut=2)
     # Another run of the same conversation (same system prompt and first message) that has not come to all of a's
@@ -664,8 +668,11 @@ def test_a_shared_turn_is_taken_only_when_newer_and_by_a_request_that_sends_all_
     now[0] = 70.0
     found = b.recall(line(0, 3, [A, B, C, D, E]))
     assert found is not None and (found.cut, found.idle) == (1, 10.0)
-    # The file lost b's turn (another process's write held the lock too long): b's own memory is newer, and a,
-    # which has only its own older turn and the file's, takes the file's.
+    # The file lost b's turn (the queue of writes waiting for it was full): b's own memory is newer, and a, which
+    # has only its own older turn and the file's, takes the file's.
+    with sqlite3.connect(path) as db:
+        db.execute("DELETE FROM last_turn")
+    db.close()
     shared.put(conversation_key(HOST, None, (0).to_bytes(8, "big")), LastTurn(55.0, 3, ((A, 0), (B, 0), (C, 0))))
     assert b.recall(line(0, 3, [A, B, C, D, E])).cut == 1
     assert a.recall(line(0, 3, [A, B, C, D, E])).cut == 3
@@ -686,6 +693,65 @@ def test_the_shared_file_holds_digests_only(tmp_path: Path, closing: Callable[[L
         assert secret not in stored
     with LastTurns(str(path)) as again:
         assert again.get(conversation_key(HOST, outcome.history.session, outcome.history.origin)) is not None
+
+
+def screens(shots: list[bytes], answers: str = "") -> bytes:
+    """Turn len(shots) of an agent's session to Anthropic: the whole history, shots[i] the screenshot of turn i+1 (the
+    first in the first message, so two runs of one task with the same first screen share a row of the file), the
+    model's answers starting with `answers` (another run of the task is answered otherwise)."""
+    text = orjson.dumps(session_body("anthropic", len(shots), SHOT, "image/png")).decode()
+    for shot in shots:
+        text = text.replace(b64(SHOT), b64(shot), 1)
+    return text.replace("On turn ", f"{answers}On turn ").encode()
+
+
+@pytest.mark.parametrize("instances", [1, 3])
+def test_two_users_with_the_same_opening_never_change_each_others_cuts(closing: Callable[[LastTurns], LastTurns], instances: int) -> None:
+    """Runs of one task with the same system prompt and first screen (so one key in the file): one going on, one that
+    sends its first turn again and again, one going on with screens of its own; their requests spread over
+    `instances` processes sharing one file, round robin. Each is forwarded as it would be alone. A row of another run
+    once made the first send 3 images a turn instead of 4 to 8, a different first one each turn (a prompt cache
+    broken every turn); with 3 processes, runs writing over each other's row did the same."""
+    now = [1000.0]
+    rules = rules_with(max_images=8, prune_batch=6, keep_recent=1, low_water=0.4, cache_ttl=300.0)
+    url = f"https://{HOST}{PATHS['anthropic']}"
+    first = [image(24, 16, "PNG", seed=100 + i) for i in range(20)]
+    again = first[:1]
+    other = first[:1] + [image(24, 16, "PNG", seed=200 + i) for i in range(19)]
+    answers = {id(other): "Run two. "}
+
+    def forwarded(runs: list[list[bytes]], processes: int) -> list[list[bytes]]:
+        shared = closing(LastTurns(":memory:", clock=lambda: now[0]))
+        memories = [Conversations(clock=lambda: now[0], shared=shared) for _ in range(processes)]
+        bodies: list[list[bytes]] = [[] for _ in runs]
+        for turn in range(1, len(first) + 1):
+            for run, shots in enumerate(runs):
+                now[0] += 5.0
+                memory = memories[(turn + run) % processes]  # each run on the next process each turn
+                body = screens(shots[: min(turn, len(shots))], answers.get(id(shots), ""))
+                outcome = prune_request(url, {}, body, rules, memory=memory)
+                assert outcome.record is not None and outcome.history is not None
+                memory.assign(outcome.history, outcome.record.kind, outcome.cut)
+                bodies[run].append(outcome.body)
+        return bodies
+
+    alone = [forwarded([run], 1)[0] for run in (first, again, other)]
+    assert [body.count(b'"type":"image"') for body in alone[0]][7:] == [8, 3, 4, 5, 6, 7, 8, 3, 4, 5, 6, 7, 8]  # held, cut, held
+    assert forwarded([first, again, other], instances) == alone
+
+
+def test_a_row_taken_leaves_its_images_older_than_every_image_that_comes_after(closing: Callable[[LastTurns], LastTurns]) -> None:
+    """The row's ranks stand for arrivals before anything this memory sees next: an image new on a later turn of the
+    process's own is the newest, however few requests the memory counted before (its clock for arrivals)."""
+    now = [10.0]
+    shared = closing(LastTurns(":memory:", clock=lambda: now[0]))
+    a = Conversations(clock=lambda: now[0], shared=shared)
+    a.assign(line(0, 1, [A]))
+    key = conversation_key(HOST, None, (0).to_bytes(8, "big"))
+    shared.put(key, LastTurn(15.0, 0, ((A, 0), (B, 0), (C, 0), (D, 0))))  # another process sent turns 2 to 4
+    now[0] = 20.0
+    a.assign(line(0, 5, [A, B, C, D, E]))  # takes the row; E is new
+    assert a.recall(line(0, 6, [A, B, C, D, E, F])).order == (0, 1, 2, 3, 4, 5)
 
 
 def test_a_planted_row_cutting_every_image_still_leaves_the_newest(closing: Callable[[LastTurns], LastTurns]) -> None:
@@ -724,8 +790,8 @@ def test_a_turn_reads_the_file_once_and_remembers_itself_in_the_order_it_was_cut
     a, b = Conversations(clock=lambda: now[0], shared=shared), Conversations(clock=lambda: now[0], shared=shared)
     a.assign(line(0, 1, [A, B]), TURN, cut=0)
     reads = []
-    get = shared.get
-    monkeypatch.setattr(shared, "get", lambda key: reads.append(key) or get(key))
+    get_many = shared.get_many
+    monkeypatch.setattr(shared, "get_many", lambda keys: reads.append(keys) or get_many(keys))
     request = line(0, 2, [A, B, C])
     now[0] = 20.0
     assert b.recall(request).cut == 0  # a's turn: nothing cut
@@ -733,6 +799,6 @@ def test_a_turn_reads_the_file_once_and_remembers_itself_in_the_order_it_was_cut
     shared.put(key, LastTurn(15.0, 2, ((B, 0), (A, 0))))  # meanwhile, another process's row with another order
     b.assign(request, TURN, cut=1)
     assert len(reads) == 1
-    last = get(key)
+    (last, *_) = get_many([key])
     assert last is not None and last.images[0][0] == A and last.cut == 1  # A first, as recall ordered: A was cut
     assert b.recall(line(0, 3, [A, B, C, D])) is not None and len(reads) == 2  # a new request: read again

@@ -6,7 +6,6 @@ import base64
 import io
 import os
 import struct
-import time
 
 import pytest
 from hypothesis import given, settings
@@ -349,24 +348,11 @@ def test_big_png_only_prefix_is_read(big_png_b64):
     assert sniff_base64(garbled) == ImageInfo("image/png", *size)
 
 
-def test_big_png_is_fast(big_png_b64):
+def test_line_wrapped_big_png_only_prefix_is_read(big_png_b64):
+    # How long the sniff takes is the bench's (scripts/bench: sniff_big_png_us, sniff_wrapped_png_ms).
     text, size = big_png_b64
-    assert sniff_base64(text) == ImageInfo("image/png", *size)
-    n = 200
-    t0 = time.perf_counter()
-    for _ in range(n):
-        sniff_base64(text)
-    per_call = (time.perf_counter() - t0) / n
-    # Target is well under 50 us; the bound is loose for slow CI, yet a full decode (~10+ ms) fails.
-    assert per_call < 500e-6, per_call
-
-
-def test_line_wrapped_big_png_is_fast(big_png_b64):
-    text, size = big_png_b64
-    wrapped = "\n".join(text[i : i + 76] for i in range(0, 760_000, 76)) + text[760_000:]
-    t0 = time.perf_counter()
-    assert sniff_base64(wrapped) == ImageInfo("image/png", *size)
-    assert time.perf_counter() - t0 < 5e-3
+    wrapped = "\n".join(text[i : i + 76] for i in range(0, 760_000, 76))
+    assert sniff_base64(wrapped + "!!!!" * ((len(text) - 760_000) // 4)) == ImageInfo("image/png", *size)
 
 
 # --- never raises -------------------------------------------------------------------------------

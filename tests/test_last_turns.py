@@ -4,6 +4,7 @@ ever reaches a request (one log line, then each process keeps its own memory).""
 
 from __future__ import annotations
 
+import ast
 import logging
 import math
 import os
@@ -11,17 +12,19 @@ import sqlite3
 import stat
 import subprocess
 import sys
+import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from trimflow import _last_turns
-from trimflow._last_turns import MAX_AGE, MAX_IMAGES, LastTurn, LastTurns, conversation_key
+from trimflow._last_turns import MAX_AGE, MAX_IMAGES, LastTurn, LastTurns, conversation_key, row_keys
 
-from .helpers import ROOT
+from .helpers import ROOT, SQLITE_LOCKS, sqlite_held_by_another_process, wait_for
 
 KEY = conversation_key("api.example.test", None, b"origin01")
+OTHER = conversation_key("api.example.test", None, b"origin02")
 TURN = LastTurn(1000.0, 2, ((b"key-0001", 1), (b"key-0002", 0), (b"key-0003", 0xFFFFFFFF)))
 
 
@@ -32,6 +35,21 @@ def path(tmp_path: Path) -> Iterator[Path]:
 
 def opened(path: Path, now: float = 1000.0) -> LastTurns:
     return LastTurns(str(path), clock=lambda: now)
+
+
+def cuts_seen_elsewhere(path: Path) -> dict[bytes, int]:
+    """Each conversation's cut, as a process of its own reads the file (one of this process's could share its view)."""
+    script = "import sqlite3, sys; print(dict(sqlite3.connect(sys.argv[1]).execute('SELECT conversation, cut FROM last_turn')))"
+    found = subprocess.run([sys.executable, "-c", script, str(path)], check=True, capture_output=True, text=True, timeout=60)
+    return ast.literal_eval(found.stdout)
+
+
+def rows(path: Path) -> int:
+    db = sqlite3.connect(path)
+    try:
+        return db.execute("SELECT count(*) FROM last_turn").fetchone()[0]
+    finally:
+        db.close()
 
 
 def test_what_one_process_writes_another_reads(path: Path) -> None:
@@ -107,10 +125,8 @@ def test_old_rows_go_and_past_max_rows_the_least_recently_sent(path: Path, monke
         for i in range(1, 5):  # the fifth write cleans
             turns.put(keys[i], TURN._replace(sent_at=now[0] + i))
         now[0] += 5
-        db = sqlite3.connect(path)
-        left = db.execute("SELECT count(*) FROM last_turn").fetchone()[0]
-        db.close()
-        assert left == 3 and [turns.get(k) is not None for k in keys] == [False, False, True, True, True]
+        wait_for(lambda: rows(path) == 3, "old rows removed by the writing thread")
+        assert [turns.get(k) is not None for k in keys] == [False, False, True, True, True]
 
 
 def test_a_file_that_is_not_a_database_costs_the_sharing_only(path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -140,22 +156,147 @@ def test_a_folder_it_cannot_make_or_a_newer_schema_is_one_line(tmp_path: Path, c
     assert [r.getMessage().split(" not used: ")[1].split(";")[0] for r in caplog.records] == ["File exists", "schema version 2, not 1"]
 
 
-def test_a_write_another_process_holds_up_is_dropped_not_waited_for_without_end(path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_write_another_process_holds_up_goes_once_the_lock_is_gone(path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Never waited for where the turn is numbered (the proxy's event loop): queued, and written by the writing thread
+    once the other process lets go; meanwhile reads go on (WAL) and find the turn before."""
     with opened(path) as turns:
         turns.put(KEY, TURN)
-        holder = sqlite3.connect(path, isolation_level=None)
-        holder.execute("BEGIN IMMEDIATE")  # another process's write, in progress
-        try:
-            with caplog.at_level(logging.WARNING, "trimflow"):
-                turns.put(KEY, TURN._replace(cut=3))
-            assert turns.get(KEY) == TURN  # readers never wait (WAL): the turn before
-        finally:
-            holder.execute("ROLLBACK")
-            holder.close()
-        assert turns.writes_dropped == 1
-        turns.put(KEY, TURN._replace(cut=3))
-        assert turns.get(KEY).cut == 3 and turns.in_use  # the file is still used
+        with caplog.at_level(logging.WARNING, "trimflow"):
+            with sqlite_held_by_another_process(path):
+                turns.put(KEY, TURN._replace(cut=1))
+                turns.put(KEY, TURN._replace(cut=3))  # the conversation's newer turn takes its place in the queue
+                assert turns.get(KEY) == TURN
+            wait_for(lambda: turns.get(KEY) == TURN._replace(cut=3), "the held write, once the lock was gone")
+        assert turns.writes_dropped == 0 and turns.in_use and cuts_seen_elsewhere(path) == {KEY: 3}
     assert caplog.records == []
+
+
+def test_past_max_pending_conversations_a_held_write_is_dropped_and_counted(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_last_turns, "MAX_PENDING", 2)
+    keys = [conversation_key("h", None, bytes([i])) for i in range(3)]
+    with opened(path) as turns:
+        turns.put(keys[0], TURN)
+        with sqlite_held_by_another_process(path):
+            for key in keys:
+                turns.put(key, TURN._replace(cut=1))
+            turns.put(keys[0], TURN._replace(cut=2))  # a newer turn of a waiting conversation: no room needed
+            assert turns.writes_dropped == 1
+        wait_for(lambda: turns.get(keys[1]) is not None and turns.get(keys[0]) == TURN._replace(cut=2), "the waiting writes")
+        assert turns.get(keys[2]) is None
+
+
+def test_an_older_turn_never_replaces_a_newer_one_nor_the_same_turn_cut_further(path: Path) -> None:
+    """A write that waited for the file may go after another process wrote the conversation's next turn, or after the
+    same turn again with more cut (a retry's): turns may be written in any order."""
+    with opened(path, now=1000.5) as turns, opened(path, now=1000.5) as other:
+        other.put(KEY, TURN._replace(sent_at=1000.5, cut=3))
+        turns.put(KEY, TURN)
+        turns.put(KEY, TURN._replace(sent_at=1000.5, cut=1))
+        assert turns.get(KEY) == TURN._replace(sent_at=1000.5, cut=3)
+        other.put(KEY, TURN._replace(sent_at=1000.5, cut=3))  # the same row again: written
+        assert turns.writes_dropped == other.writes_dropped == 0
+
+
+@pytest.mark.parametrize("lock", SQLITE_LOCKS)
+def test_a_file_held_when_first_used_is_a_moment_and_sharing_resumes_once_it_is_free(path: Path, lock: str, caplog: pytest.LogCaptureFixture) -> None:
+    with opened(path) as first:
+        first.put(KEY, TURN)
+    other = conversation_key("h", None, b"other")
+    with caplog.at_level(logging.WARNING, "trimflow"), opened(path) as turns:
+        with sqlite_held_by_another_process(path, lock):
+            found = turns.get(KEY)  # the whole file held: nothing read this once
+            assert found == (TURN if lock == "a write in progress" else None)
+            turns.put(other, TURN)
+            assert turns.in_use
+        wait_for(lambda: turns.get(KEY) == TURN and turns.get(other) == TURN, "the file read and written once it was free")
+        assert turns.in_use and turns.writes_dropped == 0 and cuts_seen_elsewhere(path) == {KEY: 2, other: 2}
+    assert caplog.records == []
+
+
+PLANTED = {
+    "trigger": "CREATE TABLE seen (x); CREATE TRIGGER spy AFTER INSERT ON last_turn BEGIN INSERT INTO seen VALUES (zeroblob(1000)); END",
+    "update trigger": "CREATE TABLE seen (x); CREATE TRIGGER spy BEFORE UPDATE ON last_turn BEGIN INSERT INTO seen VALUES (1); END",
+    "view": "CREATE VIEW last_turn_view AS SELECT * FROM last_turn",
+    "extra index": "CREATE INDEX slow ON last_turn (length(zeroblob(1000000)))",
+    "extra table": "CREATE TABLE notes (x)",
+    "changed table": "DROP TABLE last_turn; "
+    "CREATE TABLE last_turn (conversation BLOB PRIMARY KEY, sent_at REAL NOT NULL, cut INTEGER NOT NULL, images BLOB NOT NULL, "
+    "x BLOB AS (zeroblob(1000000)) STORED) WITHOUT ROWID",
+}
+
+
+def plant(path: Path, sql: str) -> None:
+    db = sqlite3.connect(path, isolation_level=None)
+    db.executescript(sql)
+    db.close()
+
+
+def planted_ran(path: Path) -> int:
+    db = sqlite3.connect(path)
+    try:
+        return db.execute("SELECT count(*) FROM seen").fetchone()[0]
+    except sqlite3.OperationalError:  # no such table
+        return 0
+    finally:
+        db.close()
+
+
+@pytest.mark.parametrize("what", PLANTED)
+def test_a_file_with_a_schema_object_trimflow_did_not_make_is_refused_with_one_line(path: Path, what: str, caplog: pytest.LogCaptureFixture) -> None:
+    with opened(path) as first:
+        first.put(KEY, TURN)
+    plant(path, PLANTED[what])
+    with caplog.at_level(logging.WARNING, "trimflow"), opened(path) as turns:
+        assert turns.get(KEY) is None
+        for cut in (1, 2, 3):
+            turns.put(KEY, TURN._replace(cut=cut))
+        assert not turns.in_use
+    assert planted_ran(path) == 0
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "not used: schema objects trimflow did not make (" in line, line
+
+
+def test_a_trigger_planted_while_the_file_is_in_use_never_runs(path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, "trimflow"), opened(path) as turns:
+        turns.put(KEY, TURN)
+        assert turns.get(KEY) == TURN
+        plant(path, PLANTED["update trigger"])
+        turns.put(KEY, TURN._replace(cut=3))
+        assert turns.get(KEY) is None and not turns.in_use
+    assert planted_ran(path) == 0 and len(caplog.records) == 1
+
+
+def test_a_huge_value_in_a_row_is_never_read_into_memory(path: Path) -> None:
+    with opened(path) as turns:
+        turns.put(KEY, TURN)
+        db = sqlite3.connect(path)
+        with db:
+            db.execute("UPDATE last_turn SET images = zeroblob(8 << 20), cut = 'x' || zeroblob(4 << 20)")
+            db.execute("INSERT INTO last_turn VALUES (?, zeroblob(8 << 20), 0, x'')", (OTHER,))
+        db.close()
+        tracemalloc.start()
+        try:
+            assert turns.get(KEY) is None and turns.get(OTHER) is None
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 1 << 20
+        turns.put(KEY, TURN)  # written over: it was never read
+        turns.put(OTHER, TURN)  # cannot be (its time would have to be read): this turn is not shared
+        assert turns.get_many([KEY, OTHER]) == [TURN, None] and turns.in_use and turns.writes_dropped == 1
+
+
+def test_a_fifo_in_place_of_the_file_or_its_log_is_refused_by_name(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    fifo = tmp_path / "fifo.sqlite3"
+    os.mkfifo(fifo)
+    logged = tmp_path / "logged.sqlite3"
+    os.mkfifo(f"{logged}-wal")
+    with caplog.at_level(logging.WARNING, "trimflow"):
+        for where in (fifo, logged):
+            with opened(where) as turns:
+                assert turns.get(KEY) is None and not turns.in_use
+    reasons = [r.getMessage().split(" not used: ")[1].split(";")[0] for r in caplog.records]
+    assert reasons == ["not a regular file", "its wal file is not a regular file"]
 
 
 def test_keys_are_the_same_in_every_process_and_tell_conversations_apart() -> None:
@@ -165,4 +306,7 @@ def test_keys_are_the_same_in_every_process_and_tell_conversations_apart() -> No
     assert other.stdout.strip() == conversation_key("h", "s", b"o").hex()
     keys = {conversation_key(h, s, o) for h in ("h", "g") for s in (None, "s") for o in (b"o", b"p")}
     assert len(keys) == 8 and all(len(k) == 16 for k in keys)
+    rows = {row for key in keys for row in row_keys(key)}  # the rows of conversations that open alike
+    assert len(rows) == 8 * _last_turns.SLOTS and all(len(row) == 16 and row_keys(row[:16]) for row in rows)
+    assert all(row_keys(key)[0] == key for key in keys)
     assert not math.isnan(TURN.sent_at)

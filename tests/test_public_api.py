@@ -102,6 +102,7 @@ PUBLIC = {
         "Prune",
         "Recover",
         "Simulate",
+        "UpstreamAuthPipe",
         "WebSocket",
         "make_addons",  # builds the list: importing trimflow.proxy builds nothing (tests/proxy/test_loading.py)
     ],

@@ -16,7 +16,6 @@ import socket
 import struct
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -24,6 +23,8 @@ from pathlib import Path
 import pytest
 
 from tests.shaped_link import CHUNK, ShapedLink
+
+from .helpers import wait_for_async
 
 ROOT = Path(__file__).resolve().parents[1]
 # Fast enough that the bulk tests take well under a second, slow enough that every chunk waits for the bucket.
@@ -61,14 +62,6 @@ async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> No
             await writer.drain()
     finally:
         writer.close()
-
-
-async def eventually(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        await asyncio.sleep(0.01)
 
 
 async def test_a_large_body_comes_back_intact() -> None:
@@ -122,7 +115,7 @@ async def test_the_upstream_closing_reaches_the_client_and_frees_the_connection(
         assert link.open_connections == 1  # the client has not closed its side: it may still send
         writer.close()
         await writer.wait_closed()
-        await eventually(lambda: link.open_connections == 0, "the relay closes the connection once both sides have")
+        await wait_for_async(lambda: link.open_connections == 0, "the relay closes the connection once both sides have")
 
 
 async def test_an_upstream_reset_closes_the_client_side() -> None:
@@ -140,7 +133,7 @@ async def test_an_upstream_reset_closes_the_client_side() -> None:
             assert await reader.read() == b""
         except ConnectionResetError:
             pass  # the relay aborts its side too: a reset is as good an end as an end-of-stream
-        await eventually(lambda: link.open_connections == 0, "the relay drops the connection after the reset")
+        await wait_for_async(lambda: link.open_connections == 0, "the relay drops the connection after the reset")
         writer.close()
 
 
@@ -158,7 +151,7 @@ async def test_the_client_closing_reaches_the_upstream_after_its_bytes() -> None
         writer.close()  # a full close right after the write: the bytes in flight still arrive
         await writer.wait_closed()
         assert await asyncio.wait_for(received, 10) == body
-        await eventually(lambda: link.open_connections == 0, "the relay closes the connection after both ends closed")
+        await wait_for_async(lambda: link.open_connections == 0, "the relay closes the connection after both ends closed")
 
 
 async def test_a_half_closed_client_still_gets_its_answer() -> None:
@@ -174,7 +167,7 @@ async def test_a_half_closed_client_still_gets_its_answer() -> None:
         writer.write_eof()
         assert await reader.read() == b"100000"
         writer.close()
-        await eventually(lambda: link.open_connections == 0, "the relay closes the connection")
+        await wait_for_async(lambda: link.open_connections == 0, "the relay closes the connection")
 
 
 async def test_a_refused_upstream_closes_the_client() -> None:
@@ -184,7 +177,7 @@ async def test_a_refused_upstream_closes_the_client() -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", link.port)
         assert await reader.read() == b""
         writer.close()
-        await eventually(lambda: link.open_connections == 0, "the relay forgets the connection")
+        await wait_for_async(lambda: link.open_connections == 0, "the relay forgets the connection")
 
 
 async def test_stop_closes_every_connection() -> None:
@@ -193,7 +186,7 @@ async def test_stop_closes_every_connection() -> None:
         clients = [await asyncio.open_connection("127.0.0.1", link.port) for _ in range(4)]
         for _, writer in clients:
             writer.write(b"z" * 200_000)
-        await eventually(lambda: link.open_connections == 4, "four connections open")
+        await wait_for_async(lambda: link.open_connections == 4, "four connections open")
         await link.stop()
         assert link.open_connections == 0
         for reader, writer in clients:
@@ -239,10 +232,10 @@ async def test_the_relay_process_frees_its_sockets() -> None:
                     payload = (b"%d" % round_) * 50_000
                     writer.write(payload)
                     assert await reader.readexactly(len(payload)) == payload
-                await eventually(lambda: _fds(process.pid) >= idle + 10, "two sockets per connection")
+                await wait_for_async(lambda: _fds(process.pid) >= idle + 10, "two sockets per connection")
                 for _, writer in clients:
                     writer.close()  # the echo upstream closes in turn: both ends close the relay's pair
-                await eventually(lambda: _fds(process.pid) == idle, f"the relay back to {idle} descriptors after round {round_}")
+                await wait_for_async(lambda: _fds(process.pid) == idle, f"the relay back to {idle} descriptors after round {round_}")
             process.send_signal(signal.SIGTERM)
             assert await asyncio.to_thread(process.wait, 10) == 0
         finally:

@@ -6,20 +6,25 @@ import base64
 import dataclasses
 import hashlib
 import io
+import json
+import logging
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import orjson
 import pytest
-from PIL import Image
+from PIL import Image, ImageFile
 
 from trimflow import DEFAULT_RULES_PATH, _shrink, load_rules, prune_request
-from trimflow._shrink import MAX_PIXELS, ShrinkCache, Shrunk, shrink
+from trimflow._pixel_budget import PixelBudget
+from trimflow._shrink import DECODE_BUDGET, MAX_HEAVY_PIXELS, MAX_PIXELS, ShrinkCache, Shrunk, shrink
 from trimflow.testing import b64, image
 
 from . import shrink_bench
-from .bombs import png_header
+from .bombs import blank_png, png_header
+from .helpers import ROOT
 
 MiB = 2**20
 FIVE_MB = 5 * MiB
@@ -213,9 +218,9 @@ def test_a_header_over_100_megapixels_is_refused_before_anything_decodes(monkeyp
 
 
 def test_just_under_the_pixel_limit_is_not_refused_for_size() -> None:
-    # 10,000 x 10,000 = exactly 100 MP: allowed by the header check (the data is truncated, so it
-    # then fails to decode - which proves it got past the size check).
-    result = shrink(b64(png_header(10_000, 10_000)), max_side=8000, max_bytes=None, cache=ShrinkCache())
+    # 10,000 x 10,000 = exactly 100 MP: allowed by the header check, and grey fits the decoding budget (the data
+    # is truncated, so it then fails to decode - which proves it got past both).
+    result = shrink(b64(png_header(10_000, 10_000, color_type=0)), max_side=8000, max_bytes=None, cache=ShrinkCache())
     assert result.reason == "could not be decoded"
 
 
@@ -468,3 +473,165 @@ def test_the_size_the_model_sees_is_the_same_bytes_in_another_process(retina_des
     )
     other = subprocess.run([sys.executable, "-c", code], input=payload, capture_output=True, text=True, check=True, timeout=600)
     assert other.stdout.split() == digests
+
+
+# --- memory: the decoding budget (trimflow._pixel_budget) -------------------------------------------------------
+
+
+def test_an_image_that_may_need_more_than_the_budget_is_refused_before_it_decodes(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Just under the pixel limit, all zeros: 400 KB of PNG that decodes to 400 MB of RGBA (and took 1.7 GB and 6 s of
+    CPU to shrink to Claude's 8000 px side)."""
+
+    def no_decoding(self: ImageFile.ImageFile) -> None:
+        raise AssertionError("Pillow must not decode an image over the budget")
+
+    monkeypatch.setattr(ImageFile.ImageFile, "load", no_decoding)
+    data, cache = b64(blank_png(10_000, 9_999)), ShrinkCache()
+    with caplog.at_level(logging.WARNING, "trimflow"):
+        result = shrink(data, max_side=8000, max_bytes=FIVE_MB, webp=True, cache=cache)
+        assert shrink(data, max_side=8000, max_bytes=FIVE_MB, webp=True, cache=cache) is result  # its own verdict: cached
+    assert result.data is None and result.reason is not None
+    assert result.reason.startswith("10000x9999 may need ") and result.reason.endswith("over the 1.0GB decoding budget")
+    [line] = [r.getMessage() for r in caplog.records if r.name == "trimflow"]
+    assert "10000x9999" in line and "decoding budget" in line
+
+
+def test_a_budget_in_use_refuses_for_this_request_only(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    budget = PixelBudget(DECODE_BUDGET, wait=0.01, max_waiting=1, give_back_after=DECODE_BUDGET)
+    monkeypatch.setattr(_shrink, "BUDGET", budget)
+    data, cache = b64(image(900, 600, "PNG", seed=21)), ShrinkCache()
+    assert budget.reserve(DECODE_BUDGET)  # other requests' images hold all of it
+    with caplog.at_level(logging.WARNING, "trimflow"):
+        busy = shrink(data, max_side=300, max_bytes=None, cache=cache)
+    assert busy.data is None and busy.reason == "the 1.0GB decoding budget was in use by other images"
+    assert len(cache) == 0 and budget.refused == 1  # a moment's verdict is not the image's
+    assert any("had no room" in r.getMessage() and "900x600" in r.getMessage() for r in caplog.records)
+    budget.release(DECODE_BUDGET)
+    done = shrink(data, max_side=300, max_bytes=None, cache=cache)
+    assert done.data is not None and (done.width, done.height) == (300, 200) and budget.reserved == 0
+
+
+def test_images_that_do_not_fit_together_wait_their_turn_and_give_the_same_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four threads, a budget that holds one of their images at a time: each waits for the one before, none is
+    refused, and each gets the bytes it gets alone."""
+    sources = [b64(image(1200 + 40 * i, 900, "PNG", seed=30 + i, noise=0.3)) for i in range(4)]
+    alone = [shrink(data, max_side=700, max_bytes=None, cache=ShrinkCache()) for data in sources]
+    costs = [_shrink._open(data, 700, None, False) for data in sources]
+    largest = max(c.cost for c in costs if isinstance(c, _shrink._Opened))
+    budget = PixelBudget(largest + largest // 2, wait=120.0, max_waiting=4, give_back_after=DECODE_BUDGET)
+    monkeypatch.setattr(_shrink, "BUDGET", budget)
+    results: dict[int, Shrunk] = {}
+    threads = [threading.Thread(target=lambda i=i: results.update({i: shrink(sources[i], max_side=700, max_bytes=None)})) for i in range(4)]
+    with monkeypatch.context() as m:
+        m.setattr(_shrink, "CACHE", ShrinkCache())
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert [results[i] for i in range(4)] == alone and all(r.data is not None for r in alone)
+    assert budget.refused == 0 and budget.reserved == 0 and budget.peak <= budget.limit
+
+
+def test_a_frame_over_the_heavy_encoders_size_goes_png_or_jpeg() -> None:
+    """libwebp and the median cut take 40-45 bytes per pixel: past MAX_HEAVY_PIXELS the ladder tries neither."""
+    rescue = _shrink._Rescue("PNG", "WEBP", 6, recompress=False, lossless_webp=True, palette=True)
+    assert {fmt for fmt, _ in rescue.steps(True, False, MAX_HEAVY_PIXELS)} == {"PNG", "WEBP", _shrink.PALETTE}
+    assert {fmt for fmt, _ in rescue.steps(True, False, MAX_HEAVY_PIXELS + 1)} == {"PNG", "JPEG"}
+
+
+def test_millions_of_colours_skip_the_median_cut(encodes: list[str]) -> None:
+    """A gradient of a million colours that PNG stores in a few KB: the median cut would take seconds a megapixel."""
+    side = 1024
+    red = Image.frombytes("L", (side, side), bytes(range(256)) * (side * side // 256))
+    blue = Image.frombytes("L", (side, side), b"".join(bytes([(x >> 8) | (y >> 8) << 2 for x in range(side)]) for y in range(side)))
+    buf = io.BytesIO()
+    Image.merge("RGB", (red, red.transpose(Image.Transpose.TRANSPOSE), blue)).save(buf, "PNG")
+    data = b64(buf.getvalue())
+    result = shrink(data, max_side=None, max_bytes=len(data) // 2, webp=False, cache=ShrinkCache())
+    assert result.data is not None
+    assert _shrink.PALETTE not in encodes and encodes[0] == "JPEG", encodes
+
+
+# Each case shrunk in a child process, with what it held at its peak against what _peak_bytes reserved for it. The
+# images are what makes each step hold the most it can: noise (nothing compresses), 65,536 colours and a gradient of
+# 4 million that PNG stores in a few KB (the median cut at its most, and past it), progressive 4:4:4 JPEG (libjpeg's
+# coefficients), WebP (libwebp's canvases), palette transparency, grey with alpha, a turned JPEG, and no byte limit
+# (the whole PNG of a noisy frame, its base64 and its text).
+_ESTIMATE_PROBE = """
+import base64, ctypes, gc, io, json, random, sys
+sys.path.insert(0, sys.argv[1])
+from PIL import Image
+from trimflow import _shrink
+
+def noise(mode, w, h, seed):
+    return Image.frombytes(mode, (w, h), random.Random(seed).randbytes(w * h * len(mode)))
+
+def gradient(side):  # every pixel its own colour: x and y in red and green, their high bits in blue
+    red = Image.frombytes("L", (side, side), bytes(range(256)) * (side * side // 256))
+    green = red.transpose(Image.Transpose.TRANSPOSE)
+    blue = Image.frombytes("L", (side, side), b"".join(bytes([(x >> 8) | (y >> 8) << 3 for x in range(side)]) for y in range(side)))
+    return Image.merge("RGB", (red, green, blue))
+
+def tiled(side):  # a tile of 65,536 colours, repeated: as many as the median cut takes, in a few bytes a row of PNG
+    tile = Image.frombytes("RGB", (256, 256), bytes(v for y in range(256) for x in range(256) for v in (x, y, x ^ y)))
+    out = Image.new("RGB", (side, side))
+    for top in range(0, side, 256):
+        for left in range(0, side, 256):
+            out.paste(tile, (left, top))
+    return out
+
+def encoded(im, fmt, **options):
+    out = io.BytesIO()
+    im.save(out, fmt, **options)
+    return base64.b64encode(out.getvalue()).decode()
+
+turned = Image.Exif()
+turned[0x0112] = 6
+cases = [
+    ("RGBA noise PNG, side and bytes, WebP", encoded(noise("RGBA", 1600, 1200, 1), "PNG"), 1300, 150_000, True),
+    ("RGB noise PNG, bytes, JPEG", encoded(noise("RGB", 1600, 1200, 2), "PNG"), None, 150_000, False),
+    ("65,536 colours PNG, 256 colours", encoded(tiled(2048), "PNG"), None, "half", False),
+    ("gradient PNG, too many colours for 256", encoded(gradient(2048), "PNG"), None, "half", False),
+    ("gradient RGBA PNG, lossless WebP", encoded(gradient(1024).convert("RGBA"), "PNG"), None, "half", True),
+    ("progressive 4:4:4 JPEG, reduced", encoded(noise("RGB", 2400, 1600, 3), "JPEG", quality=30, progressive=True, subsampling=0), 400, None, False),
+    ("RGBA noise WebP", encoded(noise("RGBA", 1200, 1200, 4), "WEBP", quality=30), None, 200_000, True),
+    ("palette PNG with transparency", encoded(noise("L", 1600, 1600, 5).convert("P"), "PNG", transparency=7), None, 200_000, False),
+    ("grey and alpha noise PNG, JPEG", encoded(noise("LA", 1600, 1600, 6), "PNG"), None, 200_000, False),
+    ("turned JPEG", encoded(noise("RGB", 2400, 1600, 8), "JPEG", quality=60, exif=turned.tobytes()), None, 200_000, False),
+    ("RGBA noise PNG, side only", encoded(noise("RGBA", 2400, 1800, 9), "PNG"), 2300, None, False),
+    ("RGBA noise PNG at the size the model sees, lossless WebP", encoded(noise("RGBA", 2880, 1800, 10), "PNG"), None, None, True, (1389, 868)),
+    ("RGB noise PNG at the size the model sees, PNG", encoded(noise("RGB", 2880, 1800, 11), "PNG"), None, None, False, (1229, 768)),
+]
+libc = ctypes.CDLL(None)
+
+def resident(key):
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith(key + ":"))
+
+for name, data, side, limit, webp, *native in cases:
+    limit = len(data) // 2 if limit == "half" else limit  # over it, and near enough for lossless WebP
+    size = native[0] if native else None
+    opened = _shrink._open(data, side, limit, webp, size)
+    cost = opened.cost
+    del opened
+    gc.collect()
+    libc.malloc_trim(0)  # what earlier cases freed must not hide what this one takes
+    with open("/proc/self/clear_refs", "w") as refs:
+        refs.write("5")  # the peak (VmHWM) starts again from here
+    before = resident("VmRSS")
+    result = _shrink.shrink(data, max_side=side, max_bytes=limit, webp=webp, cache=_shrink.ShrinkCache(), size=size)
+    print(json.dumps({"case": name, "cost": cost, "held": resident("VmHWM") - before, "sent": result.mime, "reason": result.reason}))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="reads its peak from /proc (Linux)")
+def test_what_an_image_reserves_covers_what_shrinking_it_holds() -> None:
+    """The budget is only as good as each image's estimate: measured on the images that make each step hold the most."""
+    out = subprocess.run([sys.executable, "-c", _ESTIMATE_PROBE, str(ROOT / "addon")], capture_output=True, text=True, check=True, timeout=600)
+    cases = [json.loads(line) for line in out.stdout.splitlines()]
+    assert len(cases) == 13
+    for case in cases:
+        assert case["sent"] is not None, case  # each was shrunk
+        assert case["held"] <= case["cost"], case

@@ -8,6 +8,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+from .cli._status import fail
+
 # command -> (module with main(argv) -> int, one line of help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("trimflow.cli._run", "start the proxy (mitmdump with trimflow's addons); run [OPTIONS] -- COMMAND runs COMMAND behind it"),
@@ -33,8 +35,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     command, rest = args[0], args[1:]
     if command not in COMMANDS:
-        sys.stderr.write(f"trimflow: unknown command {command!r}\n{usage()}")
-        return 2
+        status = fail("trimflow", f"unknown command {command!r}")
+        sys.stderr.write(usage())
+        return status
     module = importlib.import_module(COMMANDS[command][0])
     return int(module.main(rest))
 

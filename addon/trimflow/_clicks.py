@@ -16,15 +16,17 @@ those of the screenshot as sent. Pure Python: the proxy's clicks addon (trimflow
 
 from __future__ import annotations
 
-import json
 import math
 import re
-from collections.abc import Callable, Iterator
+import threading
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
+from ._jsonsplice import splice
 from ._tokens import anthropic_native_size, claude_tier
 from .formats import anthropic, openai_responses
 
@@ -171,76 +173,20 @@ def answer_edits(screen: Screen, answer: Any) -> tuple[list[Edit], int]:
     return edits, calls
 
 
-# --- splicing the edits into the JSON text ---------------------------------------------------------------------
-
-_DECODER = json.JSONDecoder()
-_SPACE = re.compile(r"[ \t\n\r]*")
+# --- applying the edits to the JSON text ---------------------------------------------------------------------
 
 
 class Malformed(ValueError):
     """The answer is not the JSON its format promises: it passes as it came."""
 
 
-def splice(text: str, edits: list[Edit]) -> str:
-    """`text` (one JSON value) with the number at each edit's path replaced; every other character as it was."""
-    spans = sorted(((*_span(text, path), str(value)) for path, value in edits), reverse=True)
-    for start, end, number in spans:
-        text = text[:start] + number + text[end:]
-    return text
-
-
-def _span(text: str, path: Path) -> tuple[int, int]:
-    """Where the value at `path` stands in `text` (the last of repeated keys, as a JSON reader takes it)."""
-    start = _skip(text, 0)
-    for key in path:
-        found = None
-        for member, value_start, value_end in _children(text, start):
-            if member == key:
-                found = (value_start, value_end)
-        if found is None:
-            raise Malformed(f"no value at {path}")
-        start = found[0]
+def apply(raw: bytes, edits: list[Edit]) -> bytes:
+    """`raw` (one JSON value) with the number at each edit's path replaced; every other byte as it was. One pass over
+    the text whatever the number of edits (trimflow._jsonsplice)."""
     try:
-        _, end = _DECODER.raw_decode(text, start)
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise Malformed(f"not JSON: {type(exc).__name__}") from None
-    return start, end
-
-
-def _skip(text: str, i: int) -> int:
-    match = _SPACE.match(text, i)
-    assert match is not None  # the pattern matches the empty string
-    return match.end()
-
-
-def _children(text: str, i: int) -> Iterator[tuple[str | int, int, int]]:
-    """(key or index, start, end) of each member of the object or array starting at `i`."""
-    try:
-        opening = text[i]
-        closing = {"{": "}", "[": "]"}[opening]
-        i = _skip(text, i + 1)
-        if text[i] == closing:
-            return
-        index = 0
-        while True:
-            key: str | int = index
-            if opening == "{":
-                key, i = _DECODER.raw_decode(text, i)
-                i = _skip(text, i)
-                if not isinstance(key, str) or text[i] != ":":
-                    raise Malformed("not an object member")
-                i = _skip(text, i + 1)
-            _, end = _DECODER.raw_decode(text, i)
-            yield key, i, end
-            index += 1
-            i = _skip(text, end)
-            if text[i] == closing:
-                return
-            if text[i] != ",":
-                raise Malformed("no comma between members")
-            i = _skip(text, i + 1)
-    except (IndexError, KeyError, json.JSONDecodeError, RecursionError) as exc:
-        raise Malformed(f"not JSON: {type(exc).__name__}") from None
+        return splice(raw, [(path, b"%d" % value) for path, value in edits])
+    except (KeyError, ValueError) as exc:  # NoValue (a KeyError), overlapping edits
+        raise Malformed(f"no value where a coordinate was read ({type(exc).__name__})") from None
 
 
 def _loads(data: bytes | str) -> Any:
@@ -256,18 +202,97 @@ def map_answer(screen: Screen, body: bytes) -> tuple[bytes, int]:
     edits, calls = answer_edits(screen, _loads(body))
     if not edits:
         return body, 0
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise Malformed("not UTF-8") from exc
-    return splice(text, edits).encode("utf-8"), calls
+    return apply(body, edits), calls
+
+
+# --- what is held: one bound per answer, one budget across answers -------------------------------------------
+
+MAX_HELD = 8 * 2**20  # bytes one answer may hold while its computer calls are read (events, held blocks)
+HELD_BUDGET = 64 * 2**20  # bytes all answers of the process may hold together
+
+
+class HeldBytes:
+    """The bytes click mapping holds across every answer of the process, against one `limit`. Each answer holds
+    its share through a `Lease`; a lease dropped without being closed (a flow that ends mid-stream) gives its
+    share back when it is collected, so no answer can leak budget."""
+
+    def __init__(self, limit: int = HELD_BUDGET) -> None:
+        self.limit = limit
+        self.held = 0
+        self._lock = threading.Lock()  # JSON answers are mapped in worker threads
+
+    def lease(self) -> Lease:
+        return Lease(self)
+
+    def _resize(self, share: list[int], size: int) -> bool:
+        with self._lock:
+            if size > share[0] and self.held + size - share[0] > self.limit:
+                return False
+            self.held += size - share[0]
+            share[0] = size
+            return True
+
+
+class Lease:
+    """One answer's share of a HeldBytes budget."""
+
+    __slots__ = ("__weakref__", "_budget", "_share")
+
+    def __init__(self, budget: HeldBytes) -> None:
+        self._budget = budget
+        self._share = [0]
+        weakref.finalize(self, budget._resize, self._share, 0)
+
+    @property
+    def size(self) -> int:
+        return self._share[0]
+
+    def resize(self, size: int) -> bool:
+        """Hold `size` bytes in all; False (and the share unchanged) when the budget cannot give that much."""
+        return self._budget._resize(self._share, size)
+
+    def close(self) -> None:
+        self._budget._resize(self._share, 0)
+
+
+# The Python work of mapping a JSON text grows with its quotes, brackets, braces and commas (the members the
+# splice steps through, the points mapped); its strings are stepped over at C speed. A streamed event (or a held
+# block's input) is mapped on mitmproxy's event loop, so one with more of them than this is not mapped.
+MAX_STRUCTURE = 50_000
+
+
+def structure(text: bytes | str) -> int:
+    """How many quotes, brackets, braces and commas `text` holds (a count at C speed, strings included)."""
+    if isinstance(text, str):
+        return text.count('"') + text.count("[") + text.count("{") + text.count(",")
+    return text.count(b'"') + text.count(b"[") + text.count(b"{") + text.count(b",")
+
+
+OVER_ANSWER = f"over the {MAX_HELD // 2**20} MiB one answer may hold while its clicks are read"
+OVER_BUDGET = "over the memory all answers may hold while their clicks are read"
+OVER_STRUCTURE = f"a computer call in an event of over {MAX_STRUCTURE:,} quotes, brackets and commas, too many to map on the event loop"
+
+
+class _GiveUp(Exception):
+    """The rest of the answer passes as it came, for the reason given."""
 
 
 # --- server-sent events ----------------------------------------------------------------------------------------
 
-_EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
+_EVENT_ENDS = (b"\n\n", b"\r\n\r\n", b"\r\r")
 _DATA = re.compile(rb"^data: ?(.*?)\r?$", re.MULTILINE)
-MAX_EVENT = 8 * 2**20  # an event (or a computer call's held input) larger than this is passed on as it comes
+
+
+def _event_end(buffer: bytearray, start: int) -> int:
+    """One past the end of the first whole event in `buffer` (its blank line) looked for from `start`; -1 when there
+    is none. Finds at memchr speed, where one regex of the three would step byte by byte; each after the first looks
+    only before what was found, so finding every event of a buffer stays linear in its size."""
+    first, length = len(buffer), 0
+    for end in _EVENT_ENDS:
+        at = buffer.find(end, start, first + len(end) - 1)
+        if at >= 0:
+            first, length = at, len(end)
+    return first + length if length else -1
 
 
 @dataclass(slots=True)
@@ -275,35 +300,32 @@ class _Event:
     """One server-sent event as it came: the bytes before its data, its data (one `data:` line), the bytes after."""
 
     before: bytes
-    data: str
+    data: bytes
     after: bytes
 
     @classmethod
     def read(cls, raw: bytes) -> _Event | None:
-        """None when the event has no data line, more than one, or data that is not UTF-8."""
+        """None when the event has no data line, or more than one."""
         lines = list(_DATA.finditer(raw))
         if len(lines) != 1:
             return None
         match = lines[0]
-        try:
-            data = match.group(1).decode("utf-8")
-        except UnicodeDecodeError:
-            return None
-        return cls(raw[: match.start(1)], data, raw[match.end(1) :])
+        return cls(raw[: match.start(1)], match.group(1), raw[match.end(1) :])
 
-    def with_data(self, data: str) -> bytes:
-        return self.before + data.encode("utf-8") + self.after
+    def with_data(self, data: bytes) -> bytes:
+        return self.before + data + self.after
 
 
 @dataclass(slots=True)
 class _Held:
     """An Anthropic computer tool_use block while its input streams: the raw events held back, its first delta
-    (the framing the mapped one is written in), its JSON so far."""
+    (the framing the mapped one is written in), its JSON so far, the bytes all of it takes and its structure."""
 
     events: list[bytes]
     first_delta: _Event | None = None
     fragments: list[str] = field(default_factory=list)
     size: int = 0
+    structure: int = 0
 
 
 class ClickStream:
@@ -313,16 +335,23 @@ class ClickStream:
     Anthropic: a computer tool_use block's `input_json_delta` fragments are held until its content_block_stop, then
     sent as one delta of the mapped input. OpenAI Responses: each event that carries a `computer_call` item
     (output_item.added/done, response.completed, ...) is mapped. Other events pass byte for byte. What cannot be
-    read passes as it came, and `problem` names why (the first time; `on_problem` is told)."""
+    read passes as it came, and `problem` names why (the first time; `on_problem` is told).
 
-    def __init__(self, screen: Screen, on_problem: Callable[[str], None] | None = None) -> None:
+    What it holds (the part of an event not yet whole, the held blocks) is bounded: MAX_HELD for this answer, and
+    the `budget` shared by every answer. Past either, everything held goes on as it came and the rest of the answer
+    passes unmapped. Each event is mapped in one pass over it, on the caller's thread (mitmproxy's event loop)."""
+
+    def __init__(self, screen: Screen, on_problem: Callable[[str], None] | None = None, budget: HeldBytes | None = None) -> None:
         self.screen = screen
         self.mapped = 0  # computer calls whose coordinates were mapped
         self.problem: str | None = None
         self._on_problem = on_problem
         self._anthropic = screen.fmt == anthropic.NAME
-        self._buffer = b""
+        self._lease = (budget or HeldBytes()).lease()
+        self._buffer = bytearray()  # the events not yet whole
+        self._searched = 0  # how far the buffer holds no event's end
         self._held: dict[int, _Held] = {}  # by content block index (Anthropic)
+        self._held_size = 0  # the bytes of every held block
         self._counted: set[str] = set()  # computer_call ids counted (OpenAI repeats an item in several events)
         self._passing = False  # given up: everything passes as it comes
 
@@ -337,28 +366,40 @@ class ClickStream:
             return chunk + self._flush()
         self._buffer += chunk
         out: list[bytes] = []
-        while (match := _EVENT_END.search(self._buffer)) is not None:
-            raw, self._buffer = self._buffer[: match.end()], self._buffer[match.end() :]
+        while (end := _event_end(self._buffer, self._searched)) >= 0:
+            raw = bytes(self._buffer[:end])
+            del self._buffer[:end]
+            self._searched = 0
             try:
                 out.append(self._event(raw))
+            except _GiveUp as exc:
+                self._give_up(str(exc))
+                return b"".join(out) + self._flush(raw)
             except Exception as exc:  # noqa: BLE001 - the answer must reach the client whatever it holds
-                held, self._held = b"".join(b"".join(h.events) for h in self._held.values()), {}
                 self._give_up(f"internal error {type(exc).__name__}")
-                return b"".join(out) + held + raw + self._flush()
-        if len(self._buffer) > MAX_EVENT:
-            self._give_up("an event over the size a computer call is read at")
+                return b"".join(out) + self._flush(raw)
+        self._searched = max(0, len(self._buffer) - 3)  # an event's end may be cut between two chunks
+        held = self._held_size + len(self._buffer)
+        if held > MAX_HELD or not self._lease.resize(held):
+            self._give_up(OVER_ANSWER if held > MAX_HELD else OVER_BUDGET)
             out.append(self._flush())
         return b"".join(out)
+
+    def close(self) -> None:
+        """The answer ended without its last chunk (an error): what was held is let go."""
+        self._held, self._held_size, self._buffer = {}, 0, bytearray()
+        self._lease.close()
 
     def _give_up(self, why: str) -> None:
         """From here on everything passes as it comes."""
         self._passing = True
         self._report(why)
 
-    def _flush(self) -> bytes:
-        """Everything still held or buffered, as it came."""
-        held = b"".join(b"".join(h.events) for h in self._held.values())
-        out, self._buffer, self._held = held + self._buffer, b"", {}
+    def _flush(self, raw: bytes = b"") -> bytes:
+        """Everything still held, then `raw`, then what is buffered: as it came."""
+        held = [event for block in self._held.values() for event in block.events]
+        out = b"".join([*held, raw, self._buffer])
+        self.close()
         return out
 
     def _report(self, why: str) -> None:
@@ -374,10 +415,12 @@ class ClickStream:
             relevant = _CALL.encode() in raw
         if not relevant:
             return raw
+        if structure(raw) > MAX_STRUCTURE:
+            raise _GiveUp(OVER_STRUCTURE)
         event = _Event.read(raw)
         try:
             if event is None:
-                raise Malformed("an event without one data line of UTF-8")
+                raise Malformed("an event without one data line")
             return self._anthropic_event(raw, event) if self._anthropic else self._responses_event(raw, event)
         except Malformed as exc:
             self._report(str(exc))
@@ -392,8 +435,9 @@ class ClickStream:
             return raw
         if kind == "content_block_start":
             block = data.get("content_block")
-            if isinstance(block, dict) and block.get("type") == "tool_use" and block.get("name") == self.screen.tool:
+            if isinstance(block, dict) and block.get("type") == "tool_use" and block.get("name") == self.screen.tool and index not in self._held:
                 self._held[index] = _Held([raw], size=len(raw))
+                self._held_size += len(raw)
                 return b""
             return raw
         held = self._held.get(index)
@@ -403,12 +447,15 @@ class ClickStream:
             delta = data.get("delta")
             if not isinstance(delta, dict) or delta.get("type") != "input_json_delta" or not isinstance(delta.get("partial_json"), str):
                 return self._release(index, raw, "a computer call delta that is not input_json_delta")
+            held.structure += structure(delta["partial_json"])
+            if held.structure > MAX_STRUCTURE:
+                raise _GiveUp(OVER_STRUCTURE)
             held.events.append(raw)
             held.first_delta = held.first_delta or event
             held.fragments.append(delta["partial_json"])
-            held.size += len(raw)
-            if held.size > MAX_EVENT:
-                return self._release(index, b"", "a computer call's input over the size it is read at")
+            grown = len(raw) + len(delta["partial_json"])
+            held.size += grown
+            self._held_size += grown
             return b""
         if kind == "content_block_stop":
             return self._close(index, raw)
@@ -416,44 +463,52 @@ class ClickStream:
 
     def _release(self, index: int, raw: bytes, why: str) -> bytes:
         """The held block's events as they came, then `raw`: this block is not mapped."""
-        held = self._held.pop(index)
+        held = self._pop(index)
         self._report(why)
         return b"".join(held.events) + raw
 
+    def _pop(self, index: int) -> _Held:
+        held = self._held.pop(index)
+        self._held_size -= held.size
+        return held
+
     def _close(self, index: int, stop: bytes) -> bytes:
         held = self._held[index]
-        text = "".join(held.fragments)
+        try:
+            text = "".join(held.fragments).encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: no JSON writer would write it back
+            return self._release(index, stop, "a computer call's input that cannot be read (not UTF-8)")
         try:
             edits = input_edits(self.screen, _loads(text)) if text else []
-            mapped = splice(text, edits)
+            mapped = apply(text, edits)
         except Malformed as exc:
             return self._release(index, stop, f"a computer call's input that cannot be read ({exc})")
-        del self._held[index]
+        self._pop(index)
         if not edits or held.first_delta is None:
             return b"".join(held.events) + stop
         self.mapped += 1
-        delta = {"type": "content_block_delta", "index": index, "delta": {"type": "input_json_delta", "partial_json": mapped}}
-        return held.events[0] + held.first_delta.with_data(orjson.dumps(delta).decode("utf-8")) + stop
+        delta = {"type": "content_block_delta", "index": index, "delta": {"type": "input_json_delta", "partial_json": mapped.decode("utf-8")}}
+        return held.events[0] + held.first_delta.with_data(orjson.dumps(delta)) + stop
 
     def _responses_event(self, raw: bytes, event: _Event) -> bytes:
         data = _loads(event.data)
         if not isinstance(data, dict):
             return raw
-        edits: list[Edit] = []
-        items: list[Any] = []
+        items: list[tuple[Path, Any]] = []
         if isinstance(data.get("item"), dict):
-            items.append(data["item"])
-            edits += call_edits(self.screen, data["item"], ("item",))
+            items.append((("item",), data["item"]))
         response = data.get("response")
         if isinstance(response, dict) and isinstance(response.get("output"), list):
-            items += response["output"]
-            edits += [(("response", *path), value) for path, value in answer_edits(self.screen, response)[0]]
-        if not edits:
-            return raw
-        for item in items:
-            if isinstance(item, dict) and call_edits(self.screen, item):
+            items += [(("response", "output", i), item) for i, item in enumerate(response["output"])]
+        edits: list[Edit] = []
+        for path, item in items:
+            found = call_edits(self.screen, item, path)
+            if found:
+                edits += found
                 key = str(item.get("call_id") or item.get("id"))
                 if key not in self._counted:
                     self._counted.add(key)
                     self.mapped += 1
-        return event.with_data(splice(event.data, edits))
+        if not edits:
+            return raw
+        return event.with_data(apply(event.data, edits))

@@ -20,8 +20,10 @@ MAX_IMAGES_REMEMBERED in all, past which the least recently seen conversations g
 
 Several processes behind a balancer each see only some turns of a conversation. With `shared` (a LastTurns file,
 trimflow._last_turns) every turn is written there too, and `recall` takes the conversation's last turn from there
-when another process sent it after this one's own last turn and the request sends all its images again: its cut,
-its time and its images' arrivals.
+when another process sent it after this one's own last turn, the request sends all its images again, and the row
+goes on from what this process remembers of the conversation, if anything (`_goes_on`): its cut, its time and its
+images' arrivals. A row is keyed by the conversation's opening, which two runs of one task share: each writes a row
+of its own under that key (`_row_for`), and neither takes the other's.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 from ._history import History, Images, digest, short_id
-from ._last_turns import MAX_IMAGES, LastTurn, LastTurns, conversation_key
+from ._last_turns import MAX_IMAGES, LastTurn, LastTurns, conversation_key, row_keys
 from ._record import COUNT_TOKENS, TURN
 
 DEFAULT_CAPACITY = 10_000  # conversations the proxy remembers (least recently seen forgotten first)
@@ -44,6 +46,7 @@ MAX_IMAGES_PER_LINE = MAX_IMAGES
 MAX_IMAGES_REMEMBERED = 1 << 18  # in all conversations (past it, the least recently seen are forgotten)
 _SENT_AGAIN_HOLDERS = 16  # lines of history that remember an image looked at for a request that continues none
 _NEW = 1 << 62  # when an image its line of history has not seen came: now, after every remembered one
+Rows = tuple[tuple[bytes, LastTurn | None], ...]  # the shared file's rows under a conversation's key: (row key, row)
 
 
 class Assignment:
@@ -69,7 +72,7 @@ class HistoryLine:
     the cache-aware cut (trimflow._policy: low_water) where its last turn's cut ended and when that turn went;
     the images its last turn sent: by key, when each copy first came, whether it was cut, and its CRC-32."""
 
-    __slots__ = ("conversation", "segment", "head", "tip", "response", "used", "cut", "sent_at", "images")
+    __slots__ = ("conversation", "segment", "head", "tip", "response", "used", "cut", "sent_at", "images", "row")
 
     def __init__(self, conversation: _Conversation, segment: int, head: int) -> None:
         self.conversation, self.segment, self.head = conversation, segment, head
@@ -79,6 +82,7 @@ class HistoryLine:
         self.cut = 0  # images pruned from the oldest, as a position: what the next turn holds
         self.sent_at: float | None = None  # its last turn's time on the memory's clock
         self.images: dict[bytes, list[Copy]] = {}  # image_key -> its copies, oldest first
+        self.row: bytes | None = None  # the shared file's row its last turn went to (trimflow._last_turns.row_keys)
 
 
 class Copy(NamedTuple):
@@ -127,11 +131,54 @@ def _arrivals(remembered: Mapping[bytes, list[Copy]], images: Images) -> list[Co
 
 
 def _copies(last: LastTurn) -> dict[bytes, list[Copy]]:
-    """A shared last turn's images as a line of history remembers them: each copy's rank stands for when it came."""
+    """A shared last turn's images as a line of history remembers them: each copy's rank stands for when it came,
+    counted back from the memory's first request, so that every image the memory sees from now on came after them."""
     table: dict[bytes, list[Copy]] = {}
+    first = -len(last.images)
     for rank, (key, crc) in enumerate(last.images):
-        table.setdefault(key, []).append(Copy(rank, rank < last.cut, crc))
+        table.setdefault(key, []).append(Copy(first + rank, rank < last.cut, crc))
     return table
+
+
+def _goes_on(remembered: Mapping[bytes, list[Copy]], last: LastTurn, images: Images) -> bool:
+    """Whether the shared turn `last` goes on from the turn a line of history remembers (`remembered`), for a request
+    sending `images`: it lists every image of that turn the request sends again, the ones cut still cut, in the order
+    they came (those that came together in any order), and the images new to the line after them. A row that does
+    not is another conversation with the same opening (a second run of one task) or a turn that lost what the line
+    knows: taking it would move the line's cut and reorder its images, and its prompt cache with them."""
+    ranked: list[tuple[tuple[int, int], int]] = []  # (when the line's copy came, cut first; the row's rank)
+    for mine, theirs in zip(_arrivals(remembered, images), _arrivals(_copies(last), images), strict=True):
+        if mine is None:
+            if theirs is not None:
+                ranked.append(((1, _NEW), theirs.came))
+        elif theirs is None or (mine.cut and not theirs.cut):
+            return False
+        else:
+            ranked.append(((0 if mine.cut else 1, mine.came), theirs.came))
+    ranked.sort()
+    before = top = -_NEW  # the row's highest rank among the copies that came before this group, and in this group so far
+    group: tuple[int, int] | None = None
+    for when, rank in ranked:
+        if when != group:
+            group, before = when, top
+        if rank <= before:
+            return False
+        top = max(top, rank)
+    return True
+
+
+def _continues(line: HistoryLine | None, last: LastTurn, images: Images) -> bool:
+    """Whether a request sending `images` continues the shared turn `last`: it sends every image of it again, and the
+    row goes on from the turn `line` (this process's memory of the conversation, if any) remembers."""
+    sent = set(images.keys)
+    if not all(key in sent for key, _ in last.images):
+        return False
+    return line is None or line.sent_at is None or _goes_on(line.images, last, images)
+
+
+def _extent(row: tuple[bytes, LastTurn]) -> tuple[int, float]:
+    """Of rows a request continues, the one that knows the most of it, then the newest."""
+    return len(row[1].images), row[1].sent_at
 
 
 def _oldest_first(found: Sequence[Copy | None]) -> list[int]:
@@ -169,7 +216,7 @@ class Conversations:
         # sessions gives its own.
         self.clock = clock
         self.shared = shared
-        self._read: tuple[bytes, int, LastTurn | None] | None = None  # (key, tip, row) of the last read of `shared`
+        self._read: tuple[bytes, int, Rows] | None = None  # (key, tip, rows) of the last read of `shared`
         self._salt = os.urandom(8) if salt is None else salt
         self._conversations: OrderedDict[str, _Conversation] = OrderedDict()
         self._by_tip: dict[int, list[HistoryLine]] = {}
@@ -196,8 +243,9 @@ class Conversations:
             thread = self._sent_again(history.images.keys)
             if thread is not None and thread.sent_at is None:
                 thread = None
-        last = self._newer_shared_turn(history, thread, fresh=True)
-        if last is not None:  # another process sent the conversation's last turn
+        taken = self._newer_shared_turn(history, thread, fresh=True)
+        if taken is not None:  # another process sent the conversation's last turn
+            last = taken[1]
             sent_at, cut, remembered = last.sent_at, last.cut, _copies(last)
         elif thread is not None and thread.sent_at is not None:
             sent_at, cut, remembered = thread.sent_at, thread.cut, thread.images
@@ -209,27 +257,46 @@ class Conversations:
         found = _arrivals(remembered, history.images)
         return Recall(sum(1 for copy in found if copy is not None and copy.cut), idle, tuple(_oldest_first(found)))
 
-    def _newer_shared_turn(self, history: History, line: HistoryLine | None, fresh: bool = False) -> LastTurn | None:
-        """The conversation's last turn in the shared file when it went after `line`'s (this process's own memory of
-        it, if any) and this request continues it: it sends every image that turn sent again. (Two runs of one
-        conversation share a key: a later turn of the other run sent images this one has not come to, and its cut
-        must not be held here.)
+    def _newer_shared_turn(self, history: History, line: HistoryLine | None, fresh: bool = False) -> tuple[bytes, LastTurn] | None:
+        """The conversation's last turn in the shared file, with its row's key, when it went after `line`'s (this
+        process's own memory of it, if any) and this request continues it (`_continues`). Two runs of one task share a
+        key: a later turn of the other run sent images this one has not come to, an earlier one lacks images this one
+        remembers, and neither's cut may be held here. Of several rows, the one that holds the most images, then the
+        newest.
 
-        `recall` reads the file (`fresh`); `assign` takes the row `recall` last read for the same request (`_read`,
+        `recall` reads the file (`fresh`); `assign` takes the rows `recall` last read for the same request (`_read`,
         until a turn is written): one read a turn, and the turn remembered in the order it was cut in."""
         if self.shared is None:
             return None
+        newer = [
+            (key, last)
+            for key, last in self._rows(history, fresh)
+            if last is not None and (line is None or line.sent_at is None or last.sent_at > line.sent_at) and _continues(line, last, history.images)
+        ]
+        return max(newer, key=_extent, default=None)
+
+    def _rows(self, history: History, fresh: bool) -> Rows:
         key = conversation_key(history.host, history.session, history.origin)
         read = self._read
         if not fresh and read is not None and read[0] == key and read[1] == history.tip:
-            last = read[2]
-        else:
-            last = self.shared.get(key)
-            self._read = (key, history.tip, last)
-        if last is None or (line is not None and line.sent_at is not None and last.sent_at <= line.sent_at):
-            return None
-        sent = set(history.images.keys)
-        return last if all(key in sent for key, _ in last.images) else None
+            return read[2]
+        assert self.shared is not None
+        keys = row_keys(key)
+        rows = tuple(zip(keys, self.shared.get_many(keys), strict=True))
+        self._read = (key, history.tip, rows)
+        return rows
+
+    def _row_for(self, history: History, line: HistoryLine | None, taken: tuple[bytes, LastTurn] | None) -> bytes:
+        """The row a turn goes to: the one it took; else the one it continues, though older than `line`; else a free
+        one; else the least recently sent (another conversation that opened alike gives way)."""
+        if taken is not None:
+            return taken[0]
+        rows = self._rows(history, fresh=False)
+        continued = [(key, last) for key, last in rows if last is not None and _continues(line, last, history.images)]
+        if continued:
+            return max(continued, key=_extent)[0]
+        free = [key for key, last in rows if last is None]
+        return free[0] if free else min(rows, key=lambda row: row[1].sent_at if row[1] is not None else 0.0)[0]
 
     def was_cut(self, keys: Iterable[bytes]) -> bool:
         """Whether an image with one of these keys (image_key) was cut in a line of history remembered: a request
@@ -252,10 +319,11 @@ class Conversations:
         # _sent_again). Taken before a new line may make room by forgetting that one.
         source = thread if thread is not None and thread.sent_at is not None else self._sent_again(history.images.keys)
         remembered = source.images if source is not None else {}
+        taken = None
         if kind == TURN and history.previous_response is None:
-            last = self._newer_shared_turn(history, source)
-            if last is not None:
-                remembered = _copies(last)  # as `recall` took them: the cut is a position in that order
+            taken = self._newer_shared_turn(history, source)
+            if taken is not None:
+                remembered = _copies(taken[1])  # as `recall` took them: the cut is a position in that order
         if thread is None:
             if kind == COUNT_TOKENS:  # never a conversation or segment of its own
                 return Assignment(named.id if named else None, None, None, None)
@@ -279,7 +347,9 @@ class Conversations:
                 thread.cut = cut or 0
                 thread.sent_at = self.clock()
                 if history.previous_response is None:
-                    self._share(history, thread, self._remember(thread, remembered, history.images, cut or 0))
+                    if self.shared is not None:
+                        thread.row = self._row_for(history, source, taken)
+                    self._share(thread, self._remember(thread, remembered, history.images, cut or 0))
         return Assignment(conversation.id, turn, thread.segment, thread)
 
     def recut(self, thread: HistoryLine | None, history: History, cut: int) -> None:
@@ -291,14 +361,14 @@ class Conversations:
         if thread.conversation.id not in self._conversations:  # forgotten meanwhile: the next turn starts afresh
             return
         thread.cut = cut
-        self._share(history, thread, self._remember(thread, thread.images, history.images, cut))
+        self._share(thread, self._remember(thread, thread.images, history.images, cut))
 
-    def _share(self, history: History, thread: HistoryLine, kept: tuple[list[tuple[bytes, int]], int]) -> None:
-        """The turn `thread` just sent, into the shared file: its images oldest first by arrival and how many of them
-        were cut, as `_remember` kept them."""
-        if self.shared is not None and thread.sent_at is not None:
+    def _share(self, thread: HistoryLine, kept: tuple[list[tuple[bytes, int]], int]) -> None:
+        """The turn `thread` just sent, into its row of the shared file: its images oldest first by arrival and how many
+        of them were cut, as `_remember` kept them."""
+        if self.shared is not None and thread.sent_at is not None and thread.row is not None:
             images, cut = kept
-            self.shared.put(conversation_key(history.host, history.session, history.origin), LastTurn(thread.sent_at, cut, tuple(images)))
+            self.shared.put(thread.row, LastTurn(thread.sent_at, cut, tuple(images)))
             self._read = None  # the next request reads the file again
 
     def _sent_again(self, keys: Sequence[bytes]) -> HistoryLine | None:

@@ -65,6 +65,7 @@ class Record:
     native_bytes_saved: int = 0
     images_rescaled: int = 0  # of the shrunk and native-sized, sent at other dimensions than they came (see Plan.notes)
     clicks_mapped: int = 0  # computer-tool calls in the answer whose coordinates were mapped back to the original screenshot
+    clicks_unmapped: str | None = None  # why (some of) the answer's clicks reached the agent unmapped: the first reason
     mime_mismatches: int = 0  # declared type differs from the bytes' real type (reported, left alone)
     server_side_history: bool = False  # earlier turns live at the provider (previous_response_id)
     reason: str | None = None  # why the body was forwarded as it came, when it could not be handled

@@ -46,6 +46,7 @@ _SIZE_EXAMPLE = "16MiB or 2000000"
 _SIZE_EXAMPLES = {"max_image_bytes": "5MiB or 5242880"}
 _UNDER_MIN_REASONS = {"max_image_bytes": "no image fits in less"}
 _TOP_KEYS = ("defaults", "rules", "endpoints", "detect_by_shape")
+CHECK_INTERVAL = 1.0  # seconds between two looks at a rules file for edits, at most (option trimflow_rules_check)
 _MATCH_KEYS = ("host", "path", "model")
 _ENDPOINT_KEYS = ("path", "format", "host")
 
@@ -83,7 +84,7 @@ class RulesFile:
     The file is checked at most every `check_interval` seconds; safe to call from any thread.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, check_interval: float = 1.0) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, check_interval: float = CHECK_INTERVAL) -> None:
         self.path = Path(path)
         self.check_interval = check_interval
         self.error: RulesError | None = None  # why the last reload failed; None once a good one loads

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from trimflow.cli._agents import agent_of, codex_overrides, setup_for
+from trimflow.cli._agents import agent_of, codex_overrides, proxy_environment, setup_for
 from trimflow.cli._launch_error import LaunchError
 
 LISTEN = "http://127.0.0.1:41234"
@@ -203,6 +203,28 @@ def test_the_credentials_of_the_users_proxy_leave_the_mode_for_upstream_auth(tmp
     setup = setup_for("proxy", ["python", "agent.py"], {"HTTPS_PROXY": theirs}, LISTEN, tmp_path)
     assert (setup.mode, setup.upstream_auth) == (mode, auth)
     assert setup.env["HTTPS_PROXY"] == LISTEN and "s3cr" not in repr(dataclasses.replace(setup, upstream_auth=None))
+
+
+def test_mitmdump_gets_no_proxy_variable_that_holds_credentials() -> None:
+    """Its environment is in /proc for the user's every process; its way out is its mode, its credentials a pipe's."""
+    theirs = {
+        "HTTPS_PROXY": f"http://corp-user:{SECRET}@corp-proxy:3128",
+        "https_proxy": f"corp-user:{SECRET}@corp-proxy:3128",
+        "HTTP_PROXY": f"http://corp-user:{SECRET}@corp-proxy:3128",
+        "http_proxy": "http://corp-proxy:3128",
+        "ALL_PROXY": f"socks5h://corp-user:{SECRET}@corp-proxy:1080",
+        "all_proxy": "socks5h://corp-proxy:1080",
+        "NO_PROXY": "localhost,127.0.0.1",
+        "PATH": "/usr/bin",
+        "GIT_AUTHOR_EMAIL": "me@example.com",  # not a proxy variable
+    }
+    assert proxy_environment(theirs) == {
+        "http_proxy": "http://corp-proxy:3128",
+        "all_proxy": "socks5h://corp-proxy:1080",
+        "NO_PROXY": "localhost,127.0.0.1",
+        "PATH": "/usr/bin",
+        "GIT_AUTHOR_EMAIL": "me@example.com",
+    }
 
 
 def test_a_proxy_password_without_a_user_is_refused_without_showing_it(tmp_path: Path) -> None:

@@ -1,21 +1,23 @@
 """trimflow.cli._mitmdump: mitmdump's command line for `python -m trimflow run`: 127.0.0.1:8080 unless the arguments
 say otherwise, trimflow's script, the user's arguments after them, and mitmdump's own reading of it; an option
-dropped from the arguments, and the confdir of a run that carries an upstream's credentials."""
+dropped from the arguments, and the pipe that carries an upstream's credentials."""
 
 from __future__ import annotations
 
+import os
 import stat
 import sys
 from pathlib import Path
 
 import pytest
-import yaml
 from mitmproxy import options
 from mitmproxy.tools import cmdline
 from mitmproxy.tools.dump import DumpMaster
 from mitmproxy.tools.main import process_options
 
-from trimflow.cli._mitmdump import SCRIPT, mitmdump_argv, mitmdump_binary, mitmdump_confdir, without_option
+from trimflow.cli._launch_error import LaunchError
+from trimflow.cli._mitmdump import AUTH_FD_OPTION, SCRIPT, auth_pipe, mitmdump_argv, mitmdump_binary, without_option
+from trimflow.proxy import upstream_auth
 
 DEFAULTS = ["--set", "listen_host=127.0.0.1", "--set", "listen_port=8080"]
 
@@ -74,24 +76,30 @@ async def test_mitmdump_listens_where_the_user_said(args: list[str], where: tupl
     assert as_mitmdump_reads(args) == where
 
 
-def test_mitmdumps_confdir_of_the_run_holds_the_users_config_and_the_credentials_readable_by_them_alone(tmp_path: Path) -> None:
-    user, run_dir = tmp_path / "user-confdir", tmp_path / "run"
-    user.mkdir()
-    run_dir.mkdir()
-    (user / "config.yaml").write_text("ssl_insecure: false\nscripts: [mine.py]\nupstream_cert: false\n")
-    confdir = mitmdump_confdir(run_dir, user, "corp-user:s3cr@t: x")
-    assert stat.S_IMODE(confdir.stat().st_mode) == 0o700
-    config = confdir / "config.yaml"
-    assert stat.S_IMODE(config.stat().st_mode) == 0o600
-    assert yaml.safe_load(config.read_text()) == {
-        "ssl_insecure": False,
-        "scripts": [str(user / "mine.py")],  # mitmproxy reads them relative to the file that names them
-        "upstream_cert": False,
-        "confdir": str(user),  # the CA stays the user's
-        "upstream_auth": "corp-user:s3cr@t: x",
-    }
+def open_descriptors() -> set[int]:
+    return {int(name) for name in os.listdir("/proc/self/fd")}
 
 
-def test_a_users_confdir_option_makes_way_for_the_runs(tmp_path: Path) -> None:
-    args = ["--set", "confdir=/c", "-q", "--set=confdir=/d", "--set", "confdirx=1", "--set=trimflow_mode=observe"]
-    assert without_option(args, "confdir") == ["-q", "--set", "confdirx=1", "--set=trimflow_mode=observe"]
+def test_the_credentials_pipe_holds_them_whole_and_no_writer_so_a_reader_never_waits() -> None:
+    read = auth_pipe("corp-user:s3cr@t: x")
+    try:
+        assert stat.S_ISFIFO(os.fstat(read).st_mode)
+        os.set_blocking(read, False)  # with a writer left, reading past the bytes would raise BlockingIOError
+        assert os.read(read, 100) == b"corp-user:s3cr@t: x"
+        assert os.read(read, 100) == b""  # the end: no writer is left
+    finally:
+        os.close(read)
+
+
+def test_credentials_longer_than_a_pipe_takes_at_once_are_refused_without_showing_them() -> None:
+    before = open_descriptors()
+    with pytest.raises(LaunchError) as caught:
+        auth_pipe("corp-user:" + "s3cr3t" * 200_000)
+    assert str(caught.value) == "trimflow run: the credentials of the proxy in HTTPS_PROXY are too long (1200010 bytes)"
+    assert open_descriptors() == before
+
+
+def test_the_credentials_pipe_option_is_the_launchers_alone_to_give() -> None:
+    assert AUTH_FD_OPTION == upstream_auth.OPTION  # the name the addon declares (cli may not import mitmproxy)
+    args = ["--set", f"{AUTH_FD_OPTION}=7", "-q", f"--set={AUTH_FD_OPTION}=8", "--set", f"{AUTH_FD_OPTION}x=1", "--set=trimflow_mode=observe"]
+    assert without_option(args, AUTH_FD_OPTION) == ["-q", "--set", f"{AUTH_FD_OPTION}x=1", "--set=trimflow_mode=observe"]

@@ -1,8 +1,10 @@
-"""trimflow.cli._processes without processes: the CA bundle the agent trusts in forward mode, the port. mitmdump and the agent
-running (signals, the terminal, a launcher killed) are in tests/e2e/test_launcher.py and test_launch_hostile.py."""
+"""trimflow.cli._processes without processes: the CA bundle the agent trusts in forward mode, the port, when mitmdump counts
+as started. mitmdump and the agent running (signals, the terminal, a launcher killed) are in tests/e2e/test_launcher.py and
+test_launch_hostile.py."""
 
 from __future__ import annotations
 
+import os
 import socket
 import stat
 from pathlib import Path
@@ -11,7 +13,7 @@ import pytest
 
 from trimflow.cli._agents import CA_VARIABLES
 from trimflow.cli._launch_error import LaunchError
-from trimflow.cli._processes import ca_bundle, check_port, free_port
+from trimflow.cli._processes import Proxy, ca_bundle, check_port, free_port, unread
 
 
 def test_the_ca_bundle_holds_the_users_cas_and_mitmproxys(tmp_path: Path) -> None:
@@ -39,3 +41,22 @@ def test_a_free_port_is_free_and_a_taken_one_is_refused_in_one_line() -> None:
         with pytest.raises(LaunchError, match=rf"^trimflow run: 127\.0\.0\.1:{port} is taken \(.+\); leave -p out") as caught:
             check_port("127.0.0.1", port)
     assert "\n" not in str(caught.value)
+
+
+def test_mitmdump_is_ready_once_it_listens_has_its_ca_and_has_read_the_pipe_it_was_handed(tmp_path: Path) -> None:
+    """mitmproxy listens before it loads trimflow's script, whose addon reads the pipe: listening is not enough."""
+    ca = tmp_path / "mitmproxy-ca-cert.pem"
+    read, write = os.pipe()
+    os.write(write, b"corp-user:s3cr3t")
+    os.close(write)
+    try:
+        with socket.create_server(("127.0.0.1", 0)) as listening:
+            proxy = Proxy(["mitmdump"], tmp_path / "log", "127.0.0.1", listening.getsockname()[1])
+            assert not proxy.ready(ca, read) and proxy.listening
+            ca.write_text("-----BEGIN CERTIFICATE-----\nMITM\n-----END CERTIFICATE-----\n")
+            assert proxy.ready(ca) and not proxy.ready(ca, read)
+            assert unread(read) == len(b"corp-user:s3cr3t")
+            assert os.read(read, 100) == b"corp-user:s3cr3t"  # as mitmdump reads it
+            assert proxy.ready(ca, read)
+    finally:
+        os.close(read)

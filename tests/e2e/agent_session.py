@@ -24,7 +24,6 @@ import hashlib
 import os
 import re
 import shlex
-import socket
 import subprocess
 import sys
 import time
@@ -40,6 +39,8 @@ from trimflow.testing import FakeProvider, Received, estimate_usage, image
 from trimflow.testing._agent_script import AddedImagesScript, AgentScript, tool_results
 
 from ..certs import make_server_cert
+from ..helpers import wait_for
+from ..mitmdump import listening_port
 from .helpers import decode_b64
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,23 +93,15 @@ def request_facts(received: Received) -> dict[str, Any]:
     return facts
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def proxy_port(process: subprocess.Popen[bytes], log: Path) -> int:
+    """The port of the by-hand proxy, given port 0: the one it says it listens on."""
 
-
-def wait_listening(port: int, process: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def listening() -> int | None:
         if process.poll() is not None:
             raise RuntimeError(f"the proxy exited with {process.returncode}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"the proxy did not listen on {port} within {timeout} s")
+        return listening_port(log.read_text(errors="replace"))
+
+    return wait_for(listening, "the proxy listening")
 
 
 # --- for the tests: run a session in a network namespace and read what happened -------------------------------
@@ -259,15 +252,11 @@ def main(argv: list[str]) -> int:
             (work / name).write_text(fill(text, values))  # JSON's own braces stay: only the placeholders are replaced
         proxy = None
         if "proxy_args" in session:  # a by-hand recipe: the proxy on its own, the command pointed at it
-            port = free_port()
-            values["proxy"] = f"http://127.0.0.1:{port}"
             args = [arg.format(**values) for arg in session["proxy_args"]]
             log = open(work / "proxy.log", "wb")  # noqa: SIM115 - handed to the child process
-            proxy = subprocess.Popen(
-                [sys.executable, "-m", "trimflow", "run", "-p", str(port), *args], stdout=log, stderr=subprocess.STDOUT, cwd=work
-            )
+            proxy = subprocess.Popen([sys.executable, "-m", "trimflow", "run", "-p", "0", *args], stdout=log, stderr=subprocess.STDOUT, cwd=work)
             log.close()
-            wait_listening(port, proxy)
+            values["proxy"] = f"http://127.0.0.1:{proxy_port(proxy, work / 'proxy.log')}"
         command = [arg.format(**values) for arg in session["command"]]
         if "launcher_args" in session:
             launcher = [arg.format(**values) for arg in session["launcher_args"]]

@@ -10,10 +10,11 @@ from __future__ import annotations
 import base64
 import binascii
 import http.client
+import re
 import ssl
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,7 +31,8 @@ except ImportError:
 from trimflow import FORMATS
 from trimflow.testing import FakeProvider, Received, b64, image, session_body
 
-from ..mitmdump import ADDON, Mitmdump, free_port, mitmdump_binary
+from ..helpers import wait_for
+from ..mitmdump import ADDON, Mitmdump, mitmdump_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,6 +47,7 @@ SECRETS = (OPENAI_KEY, ANTHROPIC_KEY, GOOGLE_KEY)
 PROMPT_TEXTS = ("What should I click next?", "I see the settings page", "You are a desktop assistant.")
 
 PLACEHOLDER_MARK = b"[trimflow: image #"  # the start of the default placeholder text
+METRICS_AT = re.compile(r"trimflow: Prometheus metrics at http://127\.0\.0\.1:(\d+)/metrics")
 
 
 # --- sessions of distinct images ----------------------------------------------------------------------------
@@ -165,6 +168,31 @@ def anthropic_turn(client: Any, body: dict[str, Any], stream: bool) -> tuple[str
     return reply.content[0].text, reply.usage.input_tokens
 
 
+def genai_contents(images: list[bytes]) -> list[Any]:
+    """The session of trimflow._synthetic built with google-genai's own types, as a google-genai app does."""
+    from google.genai import types  # only the tests that drive google-genai import it
+
+    contents = []
+    for turn, shot in enumerate(images, 1):
+        parts = [
+            types.Part.from_text(text=f"Turn {turn}: here is my screen. What should I click next?"),
+            types.Part.from_bytes(data=shot, mime_type="image/png"),
+        ]
+        contents.append(types.Content(role="user", parts=parts))
+        if turn < len(images):
+            contents.append(types.Content(role="model", parts=[types.Part.from_text(text=f"On turn {turn} I see the settings page; click Save.")]))
+    return contents
+
+
+def google_genai_turn(client: Any, images: list[bytes], stream: bool) -> tuple[str, int]:
+    contents = genai_contents(images)
+    if stream:
+        chunks = list(client.models.generate_content_stream(model="gemini-2.5-flash", contents=contents))
+        return "".join(c.text or "" for c in chunks), chunks[-1].usage_metadata.prompt_token_count
+    reply = client.models.generate_content(model="gemini-2.5-flash", contents=contents)
+    return reply.text, reply.usage_metadata.prompt_token_count
+
+
 # --- rules --------------------------------------------------------------------------------------------------
 
 
@@ -209,6 +237,16 @@ class Proxy:
     def log(self) -> str:
         return self.mitm.log()
 
+    def metrics_port(self) -> int:
+        """The port of its Prometheus endpoint, started with trimflow_prometheus=127.0.0.1:0: trimflow says which
+        port it got once it serves."""
+
+        def logged() -> int | None:
+            found = METRICS_AT.search(self.log())
+            return int(found.group(1)) if found else None
+
+        return wait_for(logged, "line saying where the Prometheus endpoint serves")
+
     def records(self) -> list[dict[str, Any]]:
         try:
             lines = self.metrics.read_bytes().splitlines()
@@ -235,20 +273,18 @@ class Proxy:
         A streamed flow's record is written when the stream ends, just after the client saw its last
         byte, hence the wait (long: a busy machine may not run mitmdump for seconds; it ends as the records come).
         """
-        deadline = time.monotonic() + timeout
-        while len(self.records()) < before + count and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_for(lambda: len(self.records()) >= before + count, f"{count} new metrics records", timeout)
         new = self.records()[before:]
         assert len(new) == count, f"expected {count} new metrics records, got {len(new)}: {new}"
         return new
 
     @contextmanager
-    def expect_records(self, count: int = 1) -> Iterator[list[dict[str, Any]]]:
+    def expect_records(self, count: int = 1, timeout: float = 30.0) -> Iterator[list[dict[str, Any]]]:
         """The records written by the requests made inside the block: exactly `count` of them."""
         before = len(self.settled_records())
         new: list[dict[str, Any]] = []
         yield new
-        new.extend(self.records_after(before, count))
+        new.extend(self.records_after(before, count, timeout))
 
 
 def start_all(*mitmdumps: Mitmdump, may_exit: tuple[Mitmdump, ...] = ()) -> None:
@@ -283,6 +319,26 @@ def stop_all(*mitmdumps: Mitmdump) -> None:
             m.process.terminate()
     for m in mitmdumps:
         m.stop()
+
+
+# --- a process's memory --------------------------------------------------------------------------------------
+
+
+def peak_growth_during(pid: int, action: Callable[[], object]) -> int:
+    """How far the process's peak resident memory rose above its resident memory before `action` (bytes)."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")  # resets the peak (VmHWM) to the current resident size
+    before = _status(pid)["VmRSS"]
+    action()
+    return _status(pid)["VmHWM"] - before
+
+
+def _status(pid: int) -> dict[str, int]:
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if value.strip().endswith("kB"):
+            fields[name] = int(value.split()[0]) * 1024
+    return fields
 
 
 # --- raw HTTP -----------------------------------------------------------------------------------------------
@@ -326,7 +382,7 @@ def start_wrong(workdir: Path, *args: str) -> tuple[int, list[str]]:
             "--listen-host",
             "127.0.0.1",
             "--listen-port",
-            str(free_port()),
+            "0",
             "--set",
             f"confdir={workdir / 'confdir'}",
             "-s",
@@ -345,9 +401,10 @@ def start_wrong(workdir: Path, *args: str) -> tuple[int, list[str]]:
 
 def wait_for_file(path: Path, process: subprocess.Popen[bytes], timeout: float = 90.0) -> str:
     """The text of `path` once `process` (a launcher run) has written it; fails if the process exits first."""
-    deadline = time.monotonic() + timeout
-    while not path.exists():
+
+    def written() -> bool:
         assert process.poll() is None, f"the launcher exited with {process.returncode}"
-        assert time.monotonic() < deadline, f"no {path.name} within {timeout} s"
-        time.sleep(0.05)
+        return path.exists()
+
+    wait_for(written, path.name, timeout)
     return path.read_text()

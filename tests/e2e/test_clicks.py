@@ -3,24 +3,44 @@ screenshot it received and clicks its centre in that image's pixels; trimflow sh
 every click of the answer back, and the real SDKs' agent clicks on the button on its original screen. What the
 model answered (what the control, the mapping off, hands the agent) misses it. Text and the other tool's call come through unchanged.
 JSON and SSE; Anthropic Messages and OpenAI Responses. Shrunk for a side limit (`native_size` off), and at the size
-the model sees (the shipped `native_size`): OpenAI's answer mapped back, Claude's needing nothing, nor a note."""
+the model sees (the shipped `native_size`): OpenAI's answer mapped back, Claude's needing nothing, nor a note. Then
+what a hostile answer costs: a long drag mapped while another request goes through, and an answer of many computer
+blocks that never end."""
 
 from __future__ import annotations
 
+import hashlib
 import io
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import anthropic
 import openai
+import orjson
 import pytest
 from PIL import Image, ImageDraw
 
-from trimflow.testing import FakeProvider, b64
-from trimflow.testing._clicking import OTHER_TOOL, SAYS, ClickingModel, find
+from trimflow._clicks import OVER_ANSWER
+from trimflow.testing import FakeProvider, b64, image
+from trimflow.testing._clicking import OTHER_TOOL, SAYS, SSE, ClickingModel, find
+from trimflow.testing._fake_usage import FakeUsage
+from trimflow.testing._replies import ResponsesEvents, new_id, sse
 
 from .. import shrink_bench
-from .helpers import ANTHROPIC_KEY, OPENAI_KEY, Proxy, direct_http_client, replace_text, start_all, stop_all
+from .helpers import (
+    ANTHROPIC_KEY,
+    OPENAI_KEY,
+    Proxy,
+    direct_http_client,
+    open_connection,
+    peak_growth_during,
+    post,
+    replace_text,
+    start_all,
+    stop_all,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -254,3 +274,209 @@ def test_claude_over_its_native_size_sees_its_own_resize_with_no_note(
     assert (record["native_sized"], record["images_rescaled"], record["clicks_mapped"]) == (1, 1, 0)
     assert record["media_bytes_after"] * 4 < record["media_bytes_before"]
     assert b"[trimflow:" not in clicking.received[-1].body
+
+
+# --- what a hostile answer costs: no other request waits, what is held stays bounded --------------------------
+
+SMALL = image(400, 300, "PNG", seed=21)  # shrunk to 200x150 by the rule below: the model's coordinates double
+DRAG_MODEL = "computer-use-drag"
+OPEN_BLOCKS_MODEL = "claude-opus-4-7-open-blocks"
+WAIT = 60.0
+
+
+class HostileModels:
+    """The fake provider's script for the tests below, chosen by the request's model:
+
+    - DRAG_MODEL (Responses, streamed): a drag through `points` points, `calls` times (each call in its
+      output_item.added and .done events, and all of them again in response.completed), sent at once;
+    - OPEN_BLOCKS_MODEL (Messages, streamed): `blocks` computer tool_use blocks whose input streams `block_bytes`
+      each and never ends; `sent` hashes what went out."""
+
+    def __init__(self, points: int, calls: int, blocks: int, block_bytes: int) -> None:
+        self.points, self.calls, self.blocks, self.block_bytes = points, calls, blocks, block_bytes
+        self.sent = hashlib.sha256()
+        self.sent_bytes = 0
+
+    def __call__(self, fmt: str, request: dict[str, Any], usage: FakeUsage, stream: bool, sse_wanted: bool) -> tuple[str, Iterator[bytes]] | None:
+        if stream and fmt == "openai-responses" and request.get("model") == DRAG_MODEL:
+            return SSE, self._drag(request, usage)
+        if stream and fmt == "anthropic" and request.get("model") == OPEN_BLOCKS_MODEL:
+            return SSE, self._counted(self._open_blocks())
+        return None
+
+    def drag_path(self) -> list[dict[str, int]]:
+        return [{"x": 20 + i % 150, "y": 10 + i % 130} for i in range(self.points)]
+
+    def _drag(self, request: dict[str, Any], usage: FakeUsage) -> Iterator[bytes]:
+        events = ResponsesEvents(new_id("resp_"), request, DRAG_MODEL)
+        yield from events.started()
+        calls = []
+        for index in range(self.calls):
+            call = {"type": "computer_call", "id": new_id("cu_"), "call_id": new_id("call_"), "action": {"type": "drag", "path": self.drag_path()}}
+            yield events.event("response.output_item.added", output_index=index, item={**call, "status": "in_progress"})
+            calls.append({**call, "pending_safety_checks": [], "status": "completed"})
+            yield events.event("response.output_item.done", output_index=index, item=calls[-1])
+        yield events.completed(calls, usage)
+
+    def _open_blocks(self) -> Iterator[bytes]:
+        yield sse(
+            {"type": "message_start", "message": {"id": new_id("msg_"), "type": "message", "role": "assistant", "content": [], "usage": {}}},
+            "message_start",
+        )
+        piece = "a" * 16384
+        for index in range(self.blocks):
+            block = {"type": "tool_use", "id": new_id("toolu_"), "name": "computer", "input": {}}
+            yield sse({"type": "content_block_start", "index": index, "content_block": block}, "content_block_start")
+            yield sse(
+                {
+                    "type": "content_block_delta",
+                    "index": index,
+                    "delta": {"type": "input_json_delta", "partial_json": '{"action": "type", "text": "'},
+                },
+                "content_block_delta",
+            )
+            for _ in range(self.block_bytes // len(piece)):
+                yield sse(
+                    {"type": "content_block_delta", "index": index, "delta": {"type": "input_json_delta", "partial_json": piece}},
+                    "content_block_delta",
+                )
+        yield sse({"type": "message_delta", "delta": {"stop_reason": "max_tokens"}, "usage": {"output_tokens": 1}}, "message_delta")
+        yield sse({"type": "message_stop"}, "message_stop")
+
+    def _counted(self, frames: Iterator[bytes]) -> Iterator[bytes]:
+        for frame in frames:
+            self.sent.update(frame)
+            self.sent_bytes += len(frame)
+            yield frame
+
+
+@pytest.fixture(scope="module")
+def hostile() -> HostileModels:
+    # One 600-point drag is 11 KB an event, 33 KB an answer; two of them. Forty open blocks of 2 MiB each: every
+    # block under what one held block may be, their sum ten times what one answer may hold.
+    return HostileModels(points=600, calls=2, blocks=40, block_bytes=2 * 2**20)
+
+
+@pytest.fixture(scope="module")
+def hostile_proxy(tmp_path_factory: pytest.TempPathFactory, hostile: HostileModels) -> Iterator[Proxy]:
+    with FakeProvider(script=hostile) as provider:
+        workdir = tmp_path_factory.mktemp("hostile")
+        rules = replace_text(workdir / "rules.yaml", "defaults:\n  max_image_side: 200\n")
+        proxy = Proxy(workdir, "--mode", f"reverse:{provider.url}", rules=rules)
+        start_all(proxy.mitm)
+        yield proxy
+        stop_all(proxy.mitm)
+
+
+def small_screenshot_request(fmt: str, model: str) -> bytes:
+    data = b64(SMALL)
+    if fmt == "anthropic":
+        shot_block = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}}
+        tool = {"type": "computer_20250124", "name": "computer", "display_width_px": 400, "display_height_px": 300}
+        messages = [
+            {"role": "user", "content": [{"type": "text", "text": "Type something."}]},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_shot", "name": "computer", "input": {"action": "screenshot"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_shot", "content": [shot_block]}]},
+        ]
+        return orjson.dumps({"model": model, "max_tokens": 1024, "stream": True, "tools": [tool], "messages": messages})
+    shot = {"type": "computer_call", "id": "cu_shot", "call_id": "call_shot", "action": {"type": "screenshot"}, "status": "completed"}
+    output = {"type": "computer_screenshot", "image_url": "data:image/png;base64," + data}
+    items = [
+        {"role": "user", "content": [{"type": "input_text", "text": "Drag the slider."}]},
+        shot,
+        {"type": "computer_call_output", "call_id": "call_shot", "output": output},
+    ]
+    tool = {"type": "computer_use_preview", "display_width": 400, "display_height": 300, "environment": "mac"}
+    return orjson.dumps({"model": model, "stream": True, "tools": [tool], "input": items, "truncation": "auto"})
+
+
+def unrelated_request(proxy: Proxy) -> float:
+    """The seconds a small chat request through the proxy takes, answered in full."""
+    body = orjson.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]})
+    started = time.monotonic()
+    status, _ = post(proxy.port, "/v1/chat/completions", body, {"Authorization": f"Bearer {OPENAI_KEY}"})
+    assert status == 200
+    return time.monotonic() - started
+
+
+def test_a_long_drag_being_mapped_holds_up_no_other_request(hostile_proxy: Proxy, hostile: HostileModels) -> None:
+    """The unrelated request goes once the agent has the drag's first event, while the proxy maps the rest. A mapping
+    that took a second an event on the event loop (each number spliced from the answer's root) held every other flow
+    for as long; the request's delay stays under a second (beside its own latency on this machine just before)."""
+    proxy = hostile_proxy
+    baseline = sorted(unrelated_request(proxy) for _ in range(3))[1]
+    begun = threading.Event()
+    got: dict[str, Any] = {}
+
+    def drag() -> None:
+        conn = open_connection(proxy.port)
+        try:
+            conn.request(
+                "POST",
+                "/v1/responses",
+                small_screenshot_request("openai-responses", DRAG_MODEL),
+                {"Content-Type": "application/json", "Authorization": f"Bearer {OPENAI_KEY}"},
+            )
+            response = conn.getresponse()
+            lines = []
+            while line := response.readline():
+                lines.append(line)
+                if line.startswith(b"data: ") and b'"computer_call"' in line:
+                    begun.set()
+            got["lines"] = lines
+        finally:
+            begun.set()
+            conn.close()
+
+    with proxy.expect_records(2) as records:
+        client = threading.Thread(target=drag)
+        client.start()
+        assert begun.wait(WAIT), "the drag never began"
+        delay = unrelated_request(proxy) - baseline
+        print(f"\nthe unrelated request took {delay:+.3f} s beside its {baseline:.3f} s while the drag was mapped")
+        client.join(WAIT)
+    assert not client.is_alive()
+    completed = [orjson.loads(line[6:]) for line in got["lines"] if line.startswith(b"data: ") and b'"response.completed"' in line]
+    assert len(completed) == 1
+    mapped = [{"x": 2 * p["x"], "y": 2 * p["y"]} for p in hostile.drag_path()]
+    calls = [item for item in completed[0]["response"]["output"] if item["type"] == "computer_call"]
+    assert [call["action"]["path"] for call in calls] == [mapped] * hostile.calls  # the mapping did run
+    assert delay < 1.0, f"the unrelated request waited {delay:.2f} s longer than its {baseline:.2f} s"
+    [record] = [r for r in records if r["model"] == DRAG_MODEL]
+    assert (record["clicks_mapped"], record["clicks_unmapped"]) == (hostile.calls, None)
+
+
+def test_the_open_blocks_of_one_answer_are_held_within_one_bound(hostile_proxy: Proxy, hostile: HostileModels) -> None:
+    """Forty computer blocks that never end, 80 MiB in all: each under what one held block may be, so a bound per
+    block held them all (twice: the events and their input). One bound over the answer lets the rest pass as it
+    came: the proxy's peak memory grows by a fraction of the answer, and the agent gets every byte."""
+    proxy = hostile_proxy
+    assert proxy.mitm.process is not None
+    got: dict[str, Any] = {}
+
+    def fetch() -> None:
+        conn = open_connection(proxy.port)
+        try:
+            conn.request(
+                "POST",
+                "/v1/messages",
+                small_screenshot_request("anthropic", OPEN_BLOCKS_MODEL),
+                {"Content-Type": "application/json", "x-api-key": ANTHROPIC_KEY, "anthropic-version": "2023-06-01"},
+            )
+            response = conn.getresponse()
+            digest, size = hashlib.sha256(), 0
+            while block := response.read(2**16):
+                digest.update(block)
+                size += len(block)
+            got.update(status=response.status, size=size, digest=digest.hexdigest())
+        finally:
+            conn.close()
+
+    with proxy.expect_records(1) as records:
+        growth = peak_growth_during(proxy.mitm.process.pid, fetch)
+    answer = hostile.blocks * hostile.block_bytes
+    print(f"\npeak RSS growth {growth / 2**20:.0f} MiB for a {answer / 2**20:.0f} MiB answer of {hostile.blocks} open blocks")
+    assert got == {"status": 200, "size": hostile.sent_bytes, "digest": hostile.sent.hexdigest()}  # as it came
+    assert growth < answer / 2, f"peak RSS grew {growth / 2**20:.0f} MiB"  # what was held alone: over twice the answer
+    assert records[0]["clicks_unmapped"] == OVER_ANSWER and records[0]["clicks_mapped"] == 0
+    assert proxy.log().count("computer-use answer passed unmapped: " + OVER_ANSWER) == 1

@@ -1,7 +1,8 @@
 """`python -m trimflow run -- COMMAND` as an attacker and an unlucky user meet it: an upstream proxy that wants
-credentials works, and the credentials are in no process's command line, no log and no file the run leaves;
-the run's files are the user's alone; a launcher killed with SIGKILL takes the proxy and the agent with it, and
-the next start removes its folder; what the agent wrote into its private settings folder is kept and named."""
+credentials works, and the credentials are in no process's command line, no environment but the launcher's, no
+log and no file, not even while the proxy starts or after the launcher is killed then; the run's files are the
+user's alone; a launcher killed with SIGKILL takes the proxy and the agent with it, and the next start removes
+its folder; what the agent wrote into its private settings folder is kept and named."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import base64
 import json
 import os
 import re
+import resource
 import signal
 import socket
 import stat
@@ -16,7 +18,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +26,7 @@ import pytest
 from trimflow.testing import FakeProvider
 
 from ..certs import make_server_cert
+from ..helpers import wait_for
 from .helpers import wait_for_file
 
 pytestmark = pytest.mark.e2e
@@ -138,6 +140,29 @@ def cmdline(pid: int) -> bytes:
         return b""
 
 
+def environment(pid: int) -> bytes:
+    """What the process was started with, as /proc shows it to the user's other processes."""
+    return Path(f"/proc/{pid}/environ").read_bytes()
+
+
+def core_files_on() -> None:
+    """As for a user whose shell allows core files (systemd-coredump keeps them under /var/lib)."""
+    hard = resource.getrlimit(resource.RLIMIT_CORE)[1]
+    resource.setrlimit(resource.RLIMIT_CORE, (hard, hard))
+
+
+def core_file_limit(pid: int) -> str:
+    """The soft limit, which the kernel and systemd-coredump go by."""
+    (line,) = [line for line in Path(f"/proc/{pid}/limits").read_text().splitlines() if line.startswith("Max core file size")]
+    return line.split()[4]
+
+
+def mitmdump_of(launcher_pid: int) -> int | None:
+    """The launcher's mitmdump once it runs as mitmdump (started, the launcher's death signal set), else None."""
+    found = [pid for pid in descendants(launcher_pid) if b"mitmdump" in cmdline(pid)]
+    return found[0] if found else None
+
+
 def gone(pid: int) -> bool:
     """Ended: no such process, or a zombie nobody has reaped yet."""
     try:
@@ -183,26 +208,36 @@ def test_an_upstream_proxy_that_wants_credentials_works_and_they_leak_nowhere(tm
     (confdir / "config.yaml").write_text(f"ssl_verify_upstream_trusted_ca: {json.dumps(str(cert))}\n")
     (work / "client.py").write_text(CLIENT)
     with FakeProvider(certfile=str(cert), keyfile=str(key)) as provider, AuthenticatingProxy(PROXY_USER, PROXY_PASSWORD) as corp:
-        env = {**os.environ, "HOME": str(home), "HTTPS_PROXY": f"http://{PROXY_URL_USERINFO}@127.0.0.1:{corp.port}"}
+        corp_url = f"http://{PROXY_URL_USERINFO}@127.0.0.1:{corp.port}"
+        env = {**os.environ, "HOME": str(home), "HTTPS_PROXY": corp_url, "HTTP_PROXY": corp_url}
         command = launcher(
             "--set", f"confdir={confdir}", "--", sys.executable, str(work / "client.py"), str(work), f"https://localhost:{provider.port}"
         )
-        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, preexec_fn=core_files_on)
         try:
-            wait_for_file(work / "ready", process)
+            agent = int(wait_for_file(work / "ready", process))
             running = [process.pid, *descendants(process.pid)]
             lines = {pid: cmdline(pid) for pid in running}
-            assert any(b"mitmdump" in line for line in lines.values()), lines
+            mitmdump = mitmdump_of(process.pid)
+            assert mitmdump is not None, lines
+            # The user gave the launcher the URL in its environment; the proxy and the agent get none of it.
+            environments = {"mitmdump": environment(mitmdump), "agent": environment(agent)}
+            assert b"\0HTTPS_PROXY=http://127.0.0.1:" in environments["agent"]
+            if resource.getrlimit(resource.RLIMIT_CORE)[1] != 0:  # a machine may forbid core files altogether
+                assert core_file_limit(process.pid) != "0"
+            assert core_file_limit(mitmdump) == "0"  # a core file would hold its memory, the credentials with it
             for form in secret_forms():
                 assert not any(form in line for line in lines.values()), (form, lines)
+                assert [name for name, text in environments.items() if form in text] == [], form
             runs = home / ".local" / "state" / "trimflow" / "runs"
             assert stat.S_IMODE(runs.stat().st_mode) == 0o700
             (run_dir,) = [p for p in runs.iterdir() if p.is_dir()]
             assert stat.S_IMODE(run_dir.stat().st_mode) == 0o700
-            assert not (run_dir / "mitmproxy").exists()  # the credentials' file, read at start, is gone once it listens
             for path in runs.iterdir():
                 if path.is_file():
                     assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+            for form in secret_forms():
+                assert [path for path in files_under(home, confdir) if form in path.read_bytes()] == [], form
             (work / "go").touch()
             stdout, stderr = process.communicate(timeout=120)
         finally:
@@ -220,6 +255,44 @@ def test_an_upstream_proxy_that_wants_credentials_works_and_they_leak_nowhere(tm
         for path in files_under(home, confdir):
             assert form not in path.read_bytes(), path
     assert [p.name for p in runs.iterdir() if p.is_dir()] == []  # the run's folder went at exit
+
+
+def test_a_launcher_killed_while_the_proxy_starts_leaves_the_upstream_proxys_password_in_no_file(tmp_path: Path) -> None:
+    """SIGKILL to the launcher once mitmdump runs and before the agent starts: nothing removes the run's folder, and no
+    file under the home, the temporary folder or anywhere else the run could write holds the password."""
+    home, work, tmp = tmp_path / "home", tmp_path / "work", tmp_path / "tmp"
+    for folder in (home, work, tmp):
+        folder.mkdir()
+    corp_url = f"http://{PROXY_URL_USERINFO}@127.0.0.1:9"  # never reached: the run ends before any request
+    env = {k: v for k, v in os.environ.items() if k != "XDG_STATE_HOME"}
+    env.update(HOME=str(home), TMPDIR=str(tmp), HTTPS_PROXY=corp_url, HTTP_PROXY=corp_url)
+    started = work / "agent-started"
+    command = launcher("--", sys.executable, "-c", f"open({str(started)!r}, 'w')")
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    mitmdump = None
+    try:
+
+        def started_mitmdump() -> int | None:
+            assert process.poll() is None, f"the launcher exited with {process.returncode}"
+            return mitmdump_of(process.pid)
+
+        mitmdump = wait_for(started_mitmdump, "mitmdump started by the launcher")
+        process.kill()
+        process.wait()
+        wait_for(lambda: gone(mitmdump), "end of mitmdump after the launcher's SIGKILL")  # its death signal: nothing is written after
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        if mitmdump is not None and not gone(mitmdump):
+            os.kill(mitmdump, signal.SIGKILL)
+    assert not started.exists()  # killed while the proxy started: the agent never ran
+    runs = home / ".local" / "state" / "trimflow" / "runs"
+    assert [p.name for p in runs.iterdir() if p.is_dir()] != []  # the run's folder stays, for the next start to remove
+    files = list(files_under(tmp_path))
+    assert any(path.suffix == ".log" for path in files)  # the run's own files are among those read
+    for form in secret_forms():
+        assert [path for path in files if form in path.read_bytes()] == [], form
 
 
 GEMINI_AGENT = textwrap.dedent(
@@ -295,10 +368,7 @@ def test_a_launcher_killed_with_sigkill_takes_the_proxy_and_the_agent_with_it_an
         (run_dir,) = [p for p in runs.iterdir() if p.is_dir()]
         process.kill()
         process.wait()
-        deadline = time.monotonic() + 60
-        while not (gone(agent) and gone(mitmdump)):
-            assert time.monotonic() < deadline, f"still running after the launcher's SIGKILL: agent {not gone(agent)}, mitmdump {not gone(mitmdump)}"
-            time.sleep(0.05)
+        wait_for(lambda: gone(agent) and gone(mitmdump), "end of the agent and mitmdump after the launcher's SIGKILL")
     finally:
         if process.poll() is None:
             process.kill()

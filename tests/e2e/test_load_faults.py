@@ -25,7 +25,6 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +37,7 @@ from trimflow._rules_file import parse_rules
 from trimflow.testing import PATHS, REPLY_TEXT, FakeProvider, Received, image
 
 from ..bombs import GiB, MiB, gzip_bomb
+from ..helpers import wait_for
 from ..hostile.cases import HOSTILE, PRUNED, RULES_TEXT, UNTOUCHED, Hostile, check_pruned, expected_body, marker, params, session_json
 from .helpers import Proxy, session, start_proxy
 
@@ -162,7 +162,7 @@ def test_load_from_16_clients_loses_duplicates_and_mixes_up_nothing(tmp_path: Pa
             conn.close()
 
     try:
-        with new_records(proxy, LOAD_REQUESTS, timeout=120) as records:
+        with proxy.expect_records(LOAD_REQUESTS, timeout=120) as records:
             with ThreadPoolExecutor(CLIENTS) as pool:
                 answers = [a for share in pool.map(client, [plan[i::CLIENTS] for i in range(CLIENTS)]) for a in share]
     finally:
@@ -309,21 +309,6 @@ def raw_proxy(tmp_path_factory: pytest.TempPathFactory, raw_upstream: RawUpstrea
     proxy.mitm.stop()
 
 
-@contextmanager
-def new_records(proxy: Proxy, count: int, timeout: float = 20.0) -> Iterator[list[dict]]:
-    """The metrics records written by the requests made inside the block: exactly `count` of them.
-    (A flow's record comes just after the client is done, hence the waits.)"""
-    before = len(proxy.settled_records())
-    new: list[dict] = []
-    yield new
-    deadline = time.monotonic() + timeout
-    while len(proxy.records()) < before + count and time.monotonic() < deadline:
-        time.sleep(0.02)
-    time.sleep(0.1)  # and no more than that
-    new.extend(proxy.records()[before:])
-    assert len(new) == count, f"expected {count} new metrics records, got {len(new)}: {new}"
-
-
 def send(port: int, path: str, body: bytes, headers: dict[str, str], timeout: float = 30) -> tuple[int, bytes]:
     status, answer, broken = send_raw(port, path, body, headers, timeout)
     assert not broken, "the answer broke off"
@@ -351,7 +336,7 @@ def assert_still_serving(proxy: Proxy, upstream: RawUpstream, records: int = 1) 
     """A normal request right after: answered, and pruned on the way; `records`: 0 when metrics cannot be written."""
     body = session_json("openai-chat", "after-fault")
     before = len(upstream.got)
-    with new_records(proxy, records) as new:  # its own record, so the next test counts only its own
+    with proxy.expect_records(records) as new:  # its own record, so the next test counts only its own
         status, _ = send(proxy.port, PATHS["openai-chat"], body, {"content-type": "application/json"})
     assert status == 200 and all(r["status"] == 200 for r in new)
     assert len(upstream.got) == before + 1
@@ -375,7 +360,7 @@ def test_upstream_faults_never_stop_the_proxy_and_each_flow_gets_its_real_outcom
     raw_proxy: Proxy, raw_upstream: RawUpstream, fault: str, client_sees: str, metrics_say: str
 ) -> None:
     body = session_json("openai-chat", f"fault-{fault}")
-    with new_records(raw_proxy, 1) as new:
+    with raw_proxy.expect_records(1) as new:
         try:
             status, answer, broken = send_raw(
                 raw_proxy.port,
@@ -480,13 +465,15 @@ def test_gzip_bombs_are_forwarded_untouched_never_inflated(tmp_path: Path, raw_u
 def test_rules_deleted_and_metrics_on_a_full_disk_while_serving(tmp_path: Path, raw_upstream: RawUpstream) -> None:
     rules = tmp_path / "rules.yaml"
     rules.write_text(RULES_TEXT)
-    proxy = start_proxy(tmp_path, "--mode", f"reverse:{raw_upstream.url}", rules=rules, trimflow_metrics="/dev/full")
+    # trimflow_rules_check=0: the rules file is looked at on every request, so the next one finds it gone.
+    proxy = start_proxy(tmp_path, "--mode", f"reverse:{raw_upstream.url}", rules=rules, trimflow_metrics="/dev/full", trimflow_rules_check="0")
     try:
         assert_still_serving(proxy, raw_upstream, records=0)
         rules.unlink()
-        time.sleep(1.1)  # past the once-a-second check of the rules file
         for _ in range(3):
             assert_still_serving(proxy, raw_upstream, records=0)  # the last good rules still prune
+        # No record to wait for: each request's log line, which comes with its record, is what says it is done.
+        wait_for(lambda: proxy.log().count("images 5->2") == 4, "log line of each request")
         log = proxy.log()
     finally:
         proxy.mitm.stop()

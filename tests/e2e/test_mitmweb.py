@@ -9,7 +9,6 @@ import html
 import http.client
 import re
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
@@ -21,7 +20,8 @@ from trimflow._human import format_size_change
 from trimflow.testing import FakeProvider, image, session_body
 
 from ..browser import headless
-from ..mitmdump import ADDON, free_port, mitmdump_binary, stop_process
+from ..helpers import listening_ports, wait_for
+from ..mitmdump import ADDON, listening_port, mitmdump_binary, stop_process
 from .helpers import post
 
 pytestmark = pytest.mark.e2e
@@ -30,35 +30,23 @@ COLUMNS = ("status", "method", "path", "size", "comment")
 COMMENT_CELL = re.compile(r'<td class="col-comment">([^<]*)')
 
 
-def wait_for(condition, timeout: float, what: str):
-    """Polls `condition` until it returns something true, for at most `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = condition()
-        if found:
-            return found
-        time.sleep(0.05)
-    raise TimeoutError(f"no {what} within {timeout}s")
-
-
 @pytest.fixture
 def mitmweb(tmp_path: Path, provider: FakeProvider) -> Iterator[tuple[int, str, Path]]:
     """A mitmweb in reverse mode to the FakeProvider, on rules of 2 images: (proxy port, web UI URL, metrics file)."""
     rules = tmp_path / "rules.yaml"
     rules.write_text("defaults:\n  max_images: 2\n  keep_recent: 1\n")
     metrics = tmp_path / "metrics.jsonl"
-    port, web_port = free_port(), free_port()
     command = [
         str(Path(mitmdump_binary()).with_name("mitmweb")),
         "--no-web-open-browser",
         "--web-host",
         "127.0.0.1",
         "--web-port",
-        str(web_port),
+        "0",
         "--listen-host",
         "127.0.0.1",
         "--listen-port",
-        str(port),
+        "0",
         "--mode",
         f"reverse:{provider.url}",
         "--set",
@@ -77,13 +65,19 @@ def mitmweb(tmp_path: Path, provider: FakeProvider) -> Iterator[tuple[int, str, 
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
 
-        def web_url() -> str | None:
+        def ports() -> tuple[int, str] | None:
             text = log_path.read_text(errors="replace")
             assert process.poll() is None, text
-            found = re.search(r"Web server listening at (\S+)", text)  # with ?token=... on mitmproxy 12
-            return found.group(1) if found and f"listening at 127.0.0.1:{port}" in text else None
+            port = listening_port(text)
+            found = re.search(r"Web server listening at http://127\.0\.0\.1:0(/\S*)", text)  # with ?token=... on mitmproxy 12
+            if port is None or found is None:
+                return None
+            # The web server names the port it was given, 0: the one it got is the process's other listening port.
+            (web_port,) = listening_ports(process.pid) - {port}
+            return port, f"http://127.0.0.1:{web_port}{found.group(1)}"
 
-        yield port, wait_for(web_url, 30, "mitmweb listening"), metrics
+        port, url = wait_for(ports, "mitmweb listening", 30)
+        yield port, url, metrics
     finally:
         stop_process(process, 10)
 
@@ -93,7 +87,7 @@ def test_the_flow_list_shows_the_comment_with_its_figures_first(tmp_path: Path, 
     body = orjson.dumps(session_body("openai-chat", 5, image(120, 80, "PNG", seed=5), "image/png"))
     status, _ = post(port, "/v1/chat/completions", body)
     assert status == 200
-    record = orjson.loads(wait_for(lambda: metrics.exists() and metrics.read_text(), 10, "metrics record"))
+    record = orjson.loads(wait_for(lambda: metrics.exists() and metrics.read_text(), "metrics record"))
     figures = f"5->2 img, {format_size_change(record['body_bytes_before'], record['body_bytes_after'])}; "
 
     def comment_cells() -> list[str]:
@@ -105,7 +99,7 @@ def test_the_flow_list_shows_the_comment_with_its_figures_first(tmp_path: Path, 
         ).stdout
         return [html.unescape(cell) for cell in COMMENT_CELL.findall(dom)]
 
-    (cell,) = wait_for(comment_cells, 60, "comment cell in the flow list")
+    (cell,) = wait_for(comment_cells, "comment cell in the flow list")
     assert cell.startswith(figures + "trimflow rule defaults, gpt-4o, conv "), cell
 
 

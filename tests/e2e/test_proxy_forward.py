@@ -1,6 +1,6 @@
 """The proxy end to end in forward mode: clients send through mitmdump as their HTTPS proxy and trust its CA;
 mitmdump intercepts TLS, prunes, and connects to an HTTPS upstream whose self-signed certificate it verifies
-(ssl_verify_upstream_trusted_ca, never ssl_insecure)."""
+(ssl_verify_upstream_trusted_ca, never ssl_insecure). The SDKs' turns, in both modes: test_proxy_sdks.py."""
 
 from __future__ import annotations
 
@@ -25,12 +25,9 @@ from .helpers import (
     OPENAI_KEY,
     Proxy,
     anthropic_turn,
-    assert_pruned_upstream,
-    assert_record,
     genai_client_args,
     open_connection,
     openai_chat_turn,
-    openai_responses_turn,
     post,
     proxied_http_client,
     session,
@@ -80,70 +77,6 @@ def trust_mitmproxy(proxy: Proxy) -> ssl.SSLContext:
     """What a client in forward mode trusts: mitmproxy's CA (created at its first start), nothing else."""
     assert proxy.mitm.ca_cert.exists()
     return ssl.create_default_context(cafile=str(proxy.mitm.ca_cert))
-
-
-@pytest.fixture(scope="module")
-def openai_client(proxy: Proxy, upstream: FakeProvider, trust_mitmproxy: ssl.SSLContext) -> Iterator[openai.OpenAI]:
-    # Through the proxy under test whatever NO_PROXY says; verify takes an SSLContext (httpx2 deprecates a path).
-    http_client = proxied_http_client(proxy.url, trust_mitmproxy)
-    with openai.OpenAI(api_key=OPENAI_KEY, base_url=f"{upstream.url}/v1", http_client=http_client, max_retries=0, timeout=30) as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def anthropic_client(proxy: Proxy, upstream: FakeProvider, trust_mitmproxy: ssl.SSLContext) -> Iterator[anthropic.Anthropic]:
-    http_client = proxied_http_client(proxy.url, trust_mitmproxy)
-    with anthropic.Anthropic(api_key=ANTHROPIC_KEY, base_url=upstream.url, http_client=http_client, max_retries=0, timeout=30) as client:
-        yield client
-
-
-@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
-def test_openai_chat_completions(proxy: Proxy, fresh: FakeProvider, openai_client: openai.OpenAI, stream: bool) -> None:
-    images = shots(5, seed=21)
-    body = session("openai-chat", images)
-    with proxy.expect_records(1) as new:
-        text, prompt_tokens = openai_chat_turn(openai_client, body, stream)
-    assert text == REPLY_TEXT
-    received = assert_pruned_upstream(fresh, "openai-chat", images, MAX_IMAGES)
-    assert received.headers["authorization"] == f"Bearer {OPENAI_KEY}"
-    assert_record(new[0], "openai-chat", 5, MAX_IMAGES, prompt_tokens)
-    assert (new[0]["host"], new[0]["path"]) == ("127.0.0.1", "/v1/chat/completions")
-
-
-def test_openai_responses_stream(proxy: Proxy, fresh: FakeProvider, openai_client: openai.OpenAI) -> None:
-    images = shots(5, seed=22)
-    body = session("openai-responses", images)
-    with proxy.expect_records(1) as new:
-        text, input_tokens = openai_responses_turn(openai_client, body, stream=True)
-    assert text == REPLY_TEXT
-    assert_pruned_upstream(fresh, "openai-responses", images, MAX_IMAGES)
-    assert_record(new[0], "openai-responses", 5, MAX_IMAGES, input_tokens)
-
-
-@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
-def test_anthropic_messages(proxy: Proxy, fresh: FakeProvider, anthropic_client: anthropic.Anthropic, stream: bool) -> None:
-    images = shots(5, seed=23)
-    body = session("anthropic", images, model=CLAUDE)
-    with proxy.expect_records(1) as new:
-        text, input_tokens = anthropic_turn(anthropic_client, body, stream)
-    assert text == REPLY_TEXT
-    assert_pruned_upstream(fresh, "anthropic", images, MAX_IMAGES)
-    assert_record(new[0], "anthropic", 5, MAX_IMAGES, input_tokens)
-
-
-def test_google_genai_stream(proxy: Proxy, fresh: FakeProvider, upstream: FakeProvider, trust_mitmproxy: ssl.SSLContext) -> None:
-    # google-genai passes client_args to its httpx2 client.
-    options = types.HttpOptions(base_url=upstream.url, timeout=30_000, client_args=genai_client_args(proxy.url, trust_mitmproxy))
-    with genai.Client(api_key=GOOGLE_KEY, http_options=options) as client:
-        screens = [types.Part.from_bytes(data=shot, mime_type="image/png") for shot in shots(MAX_IMAGES + 1, seed=24)]
-        contents = [types.Content(role="user", parts=[types.Part.from_text(text="What is on my screen?"), *screens])]
-        with proxy.expect_records(1) as new:
-            chunks = list(client.models.generate_content_stream(model="gemini-2.5-flash", contents=contents))
-    assert "".join(c.text or "" for c in chunks) == REPLY_TEXT
-    assert len(fresh.received) == 1 and fresh.received[0].headers["x-goog-api-key"] == GOOGLE_KEY
-    assert (new[0]["format"], new[0]["status"]) == ("gemini", 200)
-    assert (new[0]["images_before"], new[0]["images_after"]) == (MAX_IMAGES + 1, MAX_IMAGES)
-    assert new[0]["usage_input_tokens"] == chunks[-1].usage_metadata.prompt_token_count
 
 
 def test_clients_told_their_proxy_go_through_it_whatever_the_environment_says(

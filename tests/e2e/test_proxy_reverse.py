@@ -1,5 +1,5 @@
-"""The proxy end to end in reverse mode: a real mitmdump with the addon in front of the FakeProvider, driven
-by the real openai, anthropic and google-genai SDK clients and by raw HTTP."""
+"""The proxy end to end in reverse mode: a real mitmdump with the addon in front of the FakeProvider, driven by
+raw HTTP and by the real SDK clients (their turns in both modes: test_proxy_sdks.py)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from trimflow._rules_file import DEFAULT_RULES_PATH, load_rules
 from trimflow.formats import FORMATS
 from trimflow.testing import PATHS, REPLY_TEXT, FakeProvider, Received, b64
 
+from ..helpers import wait_for
 from ..mitmdump import Mitmdump
 from .helpers import (
     ANTHROPIC_KEY,
@@ -33,14 +34,12 @@ from .helpers import (
     ROOT,
     SECRETS,
     Proxy,
-    anthropic_turn,
     assert_pruned_upstream,
     assert_record,
     direct_http_client,
     genai_client_args,
+    genai_contents,
     image_payloads,
-    openai_chat_turn,
-    openai_responses_turn,
     post,
     replace_text,
     session,
@@ -73,7 +72,7 @@ def proxies(tmp_path_factory: pytest.TempPathFactory, provider: FakeProvider) ->
         "enforce": small_rules("enforce"),
         "observe": small_rules("observe", trimflow_mode="observe"),
         "large_bodies": small_rules("large-bodies", stream_large_bodies="1k"),
-        "reload": small_rules("reload"),
+        "reload": small_rules("reload", trimflow_rules_check="0"),
         "default_rules": Proxy(root / "default-rules", *upstream, rules=None),
         "bad_rules": Mitmdump(root / "bad-rules", *upstream, options={"trimflow_rules": str(bad_rules)}),
     }
@@ -121,89 +120,7 @@ def google_key_of(received: Received) -> str | None:
     return parse_qs(received.query).get("key", [received.headers.get("x-goog-api-key")])[0]
 
 
-def genai_contents(images: list[bytes]) -> list[types.Content]:
-    """The session of trimflow._synthetic built with the SDK's own types, as a google-genai app does."""
-    contents = []
-    for turn, shot in enumerate(images, 1):
-        parts = [
-            types.Part.from_text(text=f"Turn {turn}: here is my screen. What should I click next?"),
-            types.Part.from_bytes(data=shot, mime_type="image/png"),
-        ]
-        contents.append(types.Content(role="user", parts=parts))
-        if turn < len(images):
-            contents.append(types.Content(role="model", parts=[types.Part.from_text(text=f"On turn {turn} I see the settings page; click Save.")]))
-    return contents
-
-
-# --- each SDK, streaming and not ----------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
-def test_openai_chat_completions(proxy: Proxy, fresh: FakeProvider, openai_client: openai.OpenAI, stream: bool) -> None:
-    images = shots(5, seed=1)
-    body = session("openai-chat", images)
-    with proxy.expect_records(1) as new:
-        text, prompt_tokens = openai_chat_turn(openai_client, body, stream)
-    assert text == REPLY_TEXT
-    received = assert_pruned_upstream(fresh, "openai-chat", images, MAX_IMAGES)
-    assert received.headers["authorization"] == f"Bearer {OPENAI_KEY}"
-    assert_record(new[0], "openai-chat", 5, MAX_IMAGES, prompt_tokens)
-    assert new[0]["model"] == "gpt-4o" and new[0]["path"] == "/v1/chat/completions"
-
-
-@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
-def test_openai_responses(proxy: Proxy, fresh: FakeProvider, openai_client: openai.OpenAI, stream: bool) -> None:
-    images = shots(5, seed=2)
-    body = session("openai-responses", images)
-    with proxy.expect_records(1) as new:
-        text, input_tokens = openai_responses_turn(openai_client, body, stream)
-    assert text == REPLY_TEXT
-    assert_pruned_upstream(fresh, "openai-responses", images, MAX_IMAGES)
-    assert_record(new[0], "openai-responses", 5, MAX_IMAGES, input_tokens)
-
-
-@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
-def test_anthropic_messages(proxy: Proxy, fresh: FakeProvider, anthropic_client: anthropic.Anthropic, stream: bool) -> None:
-    images = shots(5, seed=3)
-    body = session("anthropic", images, model=CLAUDE)
-    with proxy.expect_records(1) as new:
-        text, input_tokens = anthropic_turn(anthropic_client, body, stream)
-    assert text == REPLY_TEXT
-    received = assert_pruned_upstream(fresh, "anthropic", images, MAX_IMAGES)
-    assert anthropic_key_of(received.headers) == ANTHROPIC_KEY
-    assert_record(new[0], "anthropic", 5, MAX_IMAGES, input_tokens)
-
-
-def _gemini_call(client: genai.Client, images: list[bytes], stream: bool) -> tuple[str, int | None]:
-    contents = genai_contents(images)
-    if stream:
-        chunks = list(client.models.generate_content_stream(model="gemini-2.5-flash", contents=contents))
-        return "".join(c.text or "" for c in chunks), chunks[-1].usage_metadata.prompt_token_count
-    reply = client.models.generate_content(model="gemini-2.5-flash", contents=contents)
-    return reply.text, reply.usage_metadata.prompt_token_count
-
-
-@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
-def test_google_genai_reply_usage_and_record(proxy: Proxy, fresh: FakeProvider, genai_client: genai.Client, stream: bool) -> None:
-    with proxy.expect_records(1) as new:
-        text, prompt_tokens = _gemini_call(genai_client, shots(3, seed=4), stream)
-    assert text == REPLY_TEXT
-    assert len(fresh.received) == 1
-    # A custom base_url makes google-genai call /v1/models/...; the stream asks for SSE.
-    assert fresh.received[0].path.endswith("/models/gemini-2.5-flash:" + ("streamGenerateContent" if stream else "generateContent"))
-    assert fresh.received[0].headers["x-goog-api-key"] == GOOGLE_KEY
-    record = new[0]
-    assert (record["format"], record["model"], record["rule"]) == ("gemini", "gemini-2.5-flash", "defaults")
-    assert record["status"] == 200 and record["usage_input_tokens"] == prompt_tokens
-
-
-@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
-def test_google_genai_request_is_pruned(proxy: Proxy, fresh: FakeProvider, genai_client: genai.Client, stream: bool) -> None:
-    images = shots(5, seed=5)
-    with proxy.expect_records(1) as new:
-        _, prompt_tokens = _gemini_call(genai_client, images, stream)
-    assert_record(new[0], "gemini", 5, MAX_IMAGES, prompt_tokens)
-    assert_pruned_upstream(fresh, "gemini", images, MAX_IMAGES)
+# --- raw requests of each format ------------------------------------------------------------------------------
 
 
 def test_gemini_raw_request_with_snake_case_parts_is_pruned(proxy: Proxy, fresh: FakeProvider) -> None:
@@ -447,38 +364,35 @@ def test_default_rules_cut_each_models_cap_down_to_its_low_water_mark(default_ru
 
 
 def test_rules_are_reloaded_and_an_invalid_edit_keeps_the_last_good_ones(proxies: dict, fresh: FakeProvider) -> None:
-    proxy: Proxy = proxies["reload"]
+    proxy: Proxy = proxies["reload"]  # trimflow_rules_check=0: the file is looked at on every request
     rules = proxy.rules
     assert rules is not None
     provider = fresh
     seeds = iter(range(17, 10_000))
+    turn_lines = lambda: proxy.log().count("trimflow: conv ")  # noqa: E731
+    error_lines = lambda: [line for line in proxy.log().splitlines() if "keeping the last good rules" in line]  # noqa: E731
 
     def images_upstream() -> int:
         # Each time a conversation of its own: within one, an image once cut stays cut whatever the rules say next.
         body = orjson.dumps(session("openai-chat", shots(5, seed=next(seeds)), f"gpt-4o-{next(seeds)}"))
         provider.clear()
+        before = turn_lines()
         status, _ = post(proxy.port, "/v1/chat/completions", body)
         assert status == 200
+        # Its turn's line is logged after its look at the rules file: whatever that look logged is in the log by then.
+        wait_for(lambda: turn_lines() > before, "the request's log line")
         return len(image_payloads("openai-chat", provider.received[0].json()))
-
-    def poll(condition, what: str) -> None:
-        # The rules file is checked at most once a second, when a request comes.
-        deadline = time.monotonic() + 5
-        while not condition():
-            assert time.monotonic() < deadline, f"{what} within 5 s; log:\n{proxy.log()[-2000:]}"
-            time.sleep(0.1)
 
     assert images_upstream() == MAX_IMAGES
     write_rules(rules, 3)
-    poll(lambda: images_upstream() == 3, "the edited rules apply")
+    assert images_upstream() == 3
     assert f"trimflow: reloaded rules from {rules}" in proxy.log()
 
     replace_text(rules, "defaults:\n  max_images: 1\n  keep_recent: lots\n")
-    error_lines = lambda: [line for line in proxy.log().splitlines() if "keeping the last good rules" in line]  # noqa: E731
-    poll(lambda: images_upstream() == 3 and error_lines(), "one error for the invalid edit")
-    assert f"{rules}:3:" in error_lines()[0] and "keep_recent" in error_lines()[0]
-    time.sleep(1.1)  # past the next check: the unchanged bad file must not be reported again
     assert images_upstream() == 3
+    (error,) = error_lines()
+    assert f"{rules}:3:" in error and "keep_recent" in error
+    assert images_upstream() == 3  # looked at again: the unchanged bad file is not reported again
     assert len(error_lines()) == 1
 
 

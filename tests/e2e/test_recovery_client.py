@@ -20,7 +20,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -30,7 +29,7 @@ import yaml
 from trimflow._limit_errors import ANSWER_MAX
 
 from ..helpers import wait_for
-from .helpers import OPENAI_KEY, Proxy, session, shots, start_all, stop_all, write_rules
+from .helpers import OPENAI_KEY, Proxy, peak_growth_during, session, shots, start_all, stop_all, write_rules
 
 pytestmark = pytest.mark.e2e
 
@@ -90,7 +89,8 @@ class Upstream(ThreadingHTTPServer):
     def url(self) -> str:
         return f"http://127.0.0.1:{self.server_address[1]}"
 
-    def wait_for(self, count: int) -> list[Seen]:
+    def first_seen(self, count: int) -> list[Seen]:
+        """The requests seen, once `count` have arrived (each arrival notifies the condition)."""
         with self.arrived:
             assert self.arrived.wait_for(lambda: len(self.seen) >= count, WAIT), [s.path for s in self.seen]
             return list(self.seen)
@@ -272,7 +272,7 @@ def test_a_retry_is_cancelled_when_its_client_hangs_up(proxy: Proxy, fresh: Upst
     log_before = len(proxy.log())
     records_before = len(proxy.settled_records())
     conn = open_request(proxy, f"/{stage}/v1/chat/completions", request_body(model, seed=1))
-    refused, retry = fresh.wait_for(2)
+    refused, retry = fresh.first_seen(2)
     assert (refused.images, retry.images) == (6, LIMIT)
     assert retry.answering.wait(WAIT), "the retry's answer never began"
     assert not retry.closed.is_set()
@@ -282,9 +282,7 @@ def test_a_retry_is_cancelled_when_its_client_hangs_up(proxy: Proxy, fresh: Upst
     assert retry.closed.wait(WAIT), "the upstream never saw the retry's connection close"
     assert retry.closed_at is not None
     print(f"\n{stage}: the upstream saw the retry's connection close {1000 * (retry.closed_at - hung_up):.1f} ms after the client hung up")
-    deadline = time.monotonic() + WAIT
-    while "retry failed" not in proxy.log()[log_before:] and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_for(lambda: "retry failed" in proxy.log()[log_before:], "line saying the retry failed", WAIT)
     lines = [line for line in proxy.log()[log_before:].splitlines() if "retry failed" in line]
     assert len(lines) == 1, lines
     assert lines[0].endswith(f"trimflow: 127.0.0.1/{stage}/v1/chat/completions retry failed: the client closed its connection; cancelled")
@@ -298,23 +296,6 @@ def test_a_retry_is_cancelled_when_its_client_hangs_up(proxy: Proxy, fresh: Upst
 
 
 # --- how much of an error answer is held --------------------------------------------------------------------------
-
-
-def peak_growth_during(pid: int, action: Any) -> int:
-    """How far the process's peak resident memory rose above its resident memory before `action` (bytes)."""
-    Path(f"/proc/{pid}/clear_refs").write_text("5")  # resets the peak (VmHWM) to the current resident size
-    before = _status(pid)["VmRSS"]
-    action()
-    return _status(pid)["VmHWM"] - before
-
-
-def _status(pid: int) -> dict[str, int]:
-    fields = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        name, _, value = line.partition(":")
-        if value.strip().endswith("kB"):
-            fields[name] = int(value.split()[0]) * 1024
-    return fields
 
 
 @pytest.mark.parametrize("framing", ["chunked", "length"])

@@ -21,7 +21,6 @@ import pytest
 from trimflow._limit_profiles import load_profiles, provider_check
 from trimflow.testing import FakeProvider, ReplayedTurn, Session, replay
 
-from ..mitmdump import free_port
 from .helpers import ROOT, start_proxy
 
 pytestmark = pytest.mark.e2e
@@ -144,18 +143,20 @@ def test_count_profiles_fail_at_the_providers_turn_and_the_default_rules_prevent
 
 def test_the_scripts_reproduce_a_failure_from_the_command_line() -> None:
     """scripts/fake-provider --profile and scripts/replay --json as a user runs them."""
-    port = free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     provider = subprocess.Popen(
-        [str(ROOT / "scripts" / "fake-provider"), "--port", str(port), "--profile", "generic-8"], stderr=subprocess.PIPE, text=True, env=env
+        [str(ROOT / "scripts" / "fake-provider"), "--port", "0", "--profile", "generic-8"], stderr=subprocess.PIPE, text=True, env=env
     )
     try:
-        assert "refusing like profile generic-8" in provider.stderr.readline()
+        assert provider.stderr is not None
+        started = provider.stderr.readline()  # port 0: the line says which port it got
+        assert started.startswith("fake-provider listening on http://127.0.0.1:") and "refusing like profile generic-8" in started, started
+        url = started.split()[3].rstrip(",")
         done = subprocess.run(
             [
                 str(ROOT / "scripts" / "replay"),
                 "--target",
-                f"http://127.0.0.1:{port}",
+                url,
                 "--turns",
                 "9",
                 "--image-kb",

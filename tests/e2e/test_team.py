@@ -25,7 +25,6 @@ import re
 import shutil
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,13 +35,12 @@ import pytest
 import yaml
 
 from trimflow._last_turns import FILE_NAME
-from trimflow._learned_limits import CHECK_INTERVAL
 from trimflow._limit_profiles import load_profiles, provider_check
 from trimflow._prices import load_prices
 from trimflow.testing import REFERENCE_SESSIONS, FakeProvider, Session, replay
 
 from ..helpers import wait_for
-from ..mitmdump import ADDON, Mitmdump, free_port
+from ..mitmdump import ADDON, Mitmdump
 from .helpers import ROOT, Proxy, image_payloads, post, session, shots, start_all, start_wrong, stop_all, write_rules
 
 pytestmark = pytest.mark.e2e
@@ -76,12 +74,12 @@ def get(port: int, path: str) -> tuple[int, bytes]:
 
 
 class Server:
-    """A server process of its own, logging to a file in `workdir`."""
+    """A server process of its own, logging to a file in `workdir`; `pass_fds` are sockets it inherits."""
 
-    def __init__(self, name: str, workdir: Path, command: list[str]) -> None:
+    def __init__(self, name: str, workdir: Path, command: list[str], pass_fds: tuple[int, ...] = ()) -> None:
         self.log_path = workdir / f"{name}.log"
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=workdir)
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=workdir, pass_fds=pass_fds)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -103,13 +101,17 @@ class Server:
 # --- Prometheus -------------------------------------------------------------------------------------------------
 
 
+# Prometheus's line once its web server is bound (2.x and 3.x, from the exporter toolkit): the port it got for port 0.
+PROMETHEUS_LISTENING = re.compile(r'msg="Listening on" address=127\.0\.0\.1:(\d+)')
+
+
 class Prometheus(Server):
-    """A Prometheus scraping `targets` every second, its API on a free loopback port."""
+    """A Prometheus scraping `targets` every second, its API on the loopback port it was given by the kernel (it
+    binds port 0 and says in its log which port it got)."""
 
     def __init__(self, workdir: Path, targets: list[str]) -> None:
         binary = server_binary("prometheus")
         workdir.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
         config = {
             "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
             "scrape_configs": [{"job_name": "trimflow", "static_configs": [{"targets": targets}]}],
@@ -122,10 +124,16 @@ class Prometheus(Server):
                 binary,
                 f"--config.file={workdir / 'prometheus.yml'}",
                 f"--storage.tsdb.path={workdir / 'data'}",
-                f"--web.listen-address=127.0.0.1:{self.port}",
-                "--log.level=warn",
+                "--web.listen-address=127.0.0.1:0",
+                "--log.level=info",  # for the line that gives the port
             ],
         )
+
+        def listening() -> int | None:
+            found = self.alive() and PROMETHEUS_LISTENING.search(self.log())
+            return int(found.group(1)) if found else None
+
+        self.port = wait_for(listening, "Prometheus listening")
         wait_for(lambda: self.alive() and get(self.port, "/-/ready")[0] == 200, "ready Prometheus")
 
     def query(self, promql: str) -> list[dict[str, Any]]:
@@ -159,11 +167,11 @@ def provider() -> Iterator[FakeProvider]:
 
 
 def test_prometheus_reads_the_figures_of_the_jsonl(tmp_path: Path, provider: FakeProvider) -> None:
-    metrics_port = free_port()
-    proxy = Proxy(tmp_path / "proxy", "--mode", f"reverse:{provider.url}", rules=None, trimflow_prometheus=f"127.0.0.1:{metrics_port}")
+    proxy = Proxy(tmp_path / "proxy", "--mode", f"reverse:{provider.url}", rules=None, trimflow_prometheus="127.0.0.1:0")
     start_all(proxy.mitm)
     prometheus = None
     try:
+        metrics_port = proxy.metrics_port()
         prometheus = Prometheus(tmp_path / "prometheus", [f"127.0.0.1:{metrics_port}"])
         wait_for(lambda: prometheus.value('up{job="trimflow"}') == 1, "scrape of trimflow's /metrics")
         # Two rounds of the same sessions, each scraped: a rate sees a counter move between two scrapes only.
@@ -238,14 +246,14 @@ defaults
     timeout client 120s
     timeout server 120s
 frontend stats
-    bind 127.0.0.1:{stats}
+    bind fd@{stats}
     stats enable
     stats uri /stats
 frontend spread
-    bind 127.0.0.1:{spread}
+    bind fd@{spread}
     default_backend spread
 frontend by_session
-    bind 127.0.0.1:{by_session}
+    bind fd@{by_session}
     # As docs/deployment.md: the conversation's session id, else the client's address.
     http-request set-var(txn.affinity) req.hdr(x-claude-code-session-id)
     http-request set-var(txn.affinity) req.hdr(session_id) unless {{ var(txn.affinity) -m found }}
@@ -271,14 +279,24 @@ backend by_session
 
 
 class HAProxy(Server):
+    """HAProxy in front of the instances a and b, given as (proxy port, metrics port).
+
+    Its frontends listen on sockets this process bound to port 0 and hands over (`bind fd@N`): a port in its
+    config file would have to be picked free beforehand, and another process could take it before HAProxy binds.
+    Listening already, they queue connections from the start."""
+
     def __init__(self, workdir: Path, a: tuple[int, int], b: tuple[int, int]) -> None:
         binary = server_binary("haproxy")
-        self.stats, self.spread, self.by_session = free_port(), free_port(), free_port()
+        frontends = {name: socket.create_server(("127.0.0.1", 0)) for name in ("stats", "spread", "by_session")}
+        self.stats, self.spread, self.by_session = (frontends[name].getsockname()[1] for name in ("stats", "spread", "by_session"))
+        fds = {name: sock.fileno() for name, sock in frontends.items()}
         config = workdir / "haproxy.cfg"
-        config.write_text(
-            HAPROXY.format(stats=self.stats, spread=self.spread, by_session=self.by_session, a=a[0], a_metrics=a[1], b=b[0], b_metrics=b[1])
-        )
-        super().__init__("haproxy", workdir, [binary, "-db", "-f", str(config)])
+        config.write_text(HAPROXY.format(**fds, a=a[0], a_metrics=a[1], b=b[0], b_metrics=b[1]))
+        try:
+            super().__init__("haproxy", workdir, [binary, "-db", "-f", str(config)], pass_fds=tuple(fds.values()))
+        finally:
+            for sock in frontends.values():
+                sock.close()  # HAProxy holds its copies
 
     def states(self) -> dict[tuple[str, str], str]:
         """(backend, server) -> UP, DOWN, ... from the stats page's CSV."""
@@ -303,7 +321,7 @@ class Team:
         write_rules(root / "rules.yaml", 8)
         self.provider = FakeProvider(check=provider_check(load_profiles(root / "profiles.yaml").get("count-4"))).start()
         self.learned = root / "shared" / "learned.yaml"
-        self.metrics_ports = {name: free_port() for name in ("a", "b")}
+        self.metrics_ports: dict[str, int] = {}  # known once they started
         self.instances = {
             name: Proxy(
                 root / name,
@@ -311,7 +329,7 @@ class Team:
                 f"reverse:{self.provider.url}",
                 rules=root / "rules.yaml",
                 trimflow_learned=str(self.learned),
-                trimflow_prometheus=f"127.0.0.1:{self.metrics_ports[name]}",
+                trimflow_prometheus="127.0.0.1:0",
             )
             for name in ("a", "b")
         }
@@ -319,6 +337,7 @@ class Team:
 
     def start(self) -> None:
         start_all(*(p.mitm for p in self.instances.values()))
+        self.metrics_ports = {name: p.metrics_port() for name, p in self.instances.items()}
         a, b = self.instances["a"], self.instances["b"]
         self.haproxy = HAProxy(self.root, (a.port, self.metrics_ports["a"]), (b.port, self.metrics_ports["b"]))
         self.haproxy.wait_until({"a": "UP", "b": "UP"})
@@ -359,6 +378,7 @@ def team(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Team]:
 def test_a_limit_learned_through_one_instance_holds_on_the_other(team: Team) -> None:
     assert team.haproxy is not None
     team.provider.clear()
+    reloads = {name: p.log().count("learned limits reloaded from") for name, p in team.instances.items()}
     first, record = team.send(team.haproxy.spread, shots(6, seed=1), "gpt-4o")
     # The provider refused 6 images; the instance learned 4, sent the newest 4 again, and wrote the shared file.
     refused, retried = team.provider.received
@@ -366,15 +386,15 @@ def test_a_limit_learned_through_one_instance_holds_on_the_other(team: Team) -> 
     assert (record["retries"], record["retry_limits"], record["images_after"]) == (1, "max_images=4", 4)
     (entry,) = wait_for(lambda: team.learned.exists() and (yaml.safe_load(team.learned.read_text()) or {}).get("learned"), "the shared file written")
     assert (entry["upstream"], entry["model"], entry["limit"], entry["value"]) == (team.provider.url, "gpt-4o", "max_images", 4)
-    # The other instance looks at the file once a second: past that, its next request is within the limit.
-    wait_for(lambda: time.time() - team.learned.stat().st_mtime > CHECK_INTERVAL, "check interval since the file was written")
+    # The other instance looks at the file about once a second: once it has reloaded it, its next request is within the limit.
+    other = next(name for name in team.instances if name != first)
+    wait_for(lambda: team.instances[other].log().count("learned limits reloaded from") > reloads[other], "reload by the other instance")
     team.provider.clear()
     second, record = team.send(team.haproxy.spread, shots(7, seed=2), "gpt-4o")
-    assert second != first  # round robin: the other instance
+    assert second == other  # round robin: the other instance
     (only,) = team.provider.received  # on its first try
     assert len(image_payloads("openai-chat", only.json())) == 4
     assert (record["retries"], record["images_before"], record["images_after"]) == (0, 7, 4)
-    assert "learned limits reloaded from" in team.instances[second].log()
     # Each instance's /metrics says the limit holds (the file), and which one learned it.
     learned = {}
     for name, port in team.metrics_ports.items():
@@ -454,23 +474,23 @@ def test_two_instances_behind_round_robin_cost_no_more_than_one(tmp_path: Path, 
     reference = next(s for s in REFERENCE_SESSIONS if s.name == name)
     length = TEAM_SESSIONS[name] or reference.length
     one_provider, two_provider = FakeProvider(cache=True).start(), FakeProvider(cache=True).start()
-    metrics_ports = {instance: free_port() for instance in ("a", "b")}
     single = Proxy(tmp_path / "single", "--mode", f"reverse:{one_provider.url}", rules=None)
-    files = {instance: tmp_path / ("shared" if shared else instance) / FILE_NAME for instance in metrics_ports}
+    files = {instance: tmp_path / ("shared" if shared else instance) / FILE_NAME for instance in ("a", "b")}
     pair = {
         instance: Proxy(
             tmp_path / instance,
             "--mode",
             f"reverse:{two_provider.url}",
             rules=None,
-            trimflow_prometheus=f"127.0.0.1:{port}",
+            trimflow_prometheus="127.0.0.1:0",
             trimflow_conversations=str(files[instance]),
         )
-        for instance, port in metrics_ports.items()
+        for instance in ("a", "b")
     }
     start_all(single.mitm, *(p.mitm for p in pair.values()))
     haproxy = None
     try:
+        metrics_ports = {instance: p.metrics_port() for instance, p in pair.items()}
         haproxy = HAProxy(tmp_path, (pair["a"].port, metrics_ports["a"]), (pair["b"].port, metrics_ports["b"]))
         haproxy.wait_until({"a": "UP", "b": "UP"})
         for port in (single.port, haproxy.spread):
@@ -516,7 +536,7 @@ def test_without_prometheus_client_mitmdump_runs_and_says_how_to_enable_metrics(
         "--mode",
         f"reverse:{provider.url}",
         addon=False,
-        options={"trimflow_prometheus": f"127.0.0.1:{free_port()}"},
+        options={"trimflow_prometheus": "127.0.0.1:0"},
     )
     start_all(mitm)
     try:

@@ -13,8 +13,7 @@ import http.client
 import os
 import resource
 import socket
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -24,7 +23,7 @@ from trimflow.proxy._metrics_server import MAX_CONNECTIONS
 from trimflow.testing import PATHS, FakeProvider, image, session_body
 
 from ..e2e.helpers import Proxy, post, start_all, stop_all
-from ..mitmdump import free_port
+from ..helpers import tcp_sockets, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -37,13 +36,6 @@ HEADROOM = MAX_CONNECTIONS + 60
 def provider() -> Iterator[FakeProvider]:
     with FakeProvider() as fake:
         yield fake
-
-
-def wait_for(check: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
-        time.sleep(0.05)
 
 
 def open_idle(port: int, count: int) -> list[socket.socket]:
@@ -72,21 +64,7 @@ def descriptors(pid: int) -> int:
 
 def held_connections(pid: int, port: int) -> int:
     """The TCP connections on local `port` that process `pid` holds open (its listening socket aside)."""
-    inodes = set()
-    for name in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{name}")
-        except FileNotFoundError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    held = 0
-    for table in ("tcp", "tcp6"):
-        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
-            fields = line.split()
-            local_port, state, inode = int(fields[1].rsplit(":", 1)[1], 16), fields[3], fields[9]
-            held += local_port == port and state != "0A" and inode in inodes  # 0A: LISTEN
-    return held
+    return sum(local == port and state != "0A" for local, state in tcp_sockets(pid))
 
 
 def scrape(port: int) -> int:
@@ -102,14 +80,13 @@ def scrape(port: int) -> int:
 
 
 def test_200_idle_connections_take_neither_the_descriptors_nor_the_log(tmp_path: Path, provider: FakeProvider) -> None:
-    metrics_port = free_port()
-    proxy = Proxy(tmp_path, "--mode", f"reverse:{provider.url}", rules=None, trimflow_prometheus=f"127.0.0.1:{metrics_port}")
+    proxy = Proxy(tmp_path, "--mode", f"reverse:{provider.url}", rules=None, trimflow_prometheus="127.0.0.1:0")
     start_all(proxy.mitm)
     idle: list[socket.socket] = []
     try:
         assert proxy.mitm.process is not None
         pid = proxy.mitm.process.pid
-        wait_for(lambda: "Prometheus metrics at" in proxy.log(), "the endpoint's start line")
+        metrics_port = proxy.metrics_port()  # from the endpoint's start line
         at_rest = descriptors(pid)
         resource.prlimit(pid, resource.RLIMIT_NOFILE, (at_rest + HEADROOM, at_rest + HEADROOM))
         assert at_rest + HEADROOM < at_rest + IDLE

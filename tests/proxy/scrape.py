@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 
 
-async def scrape(port: int, request: bytes | None = None) -> tuple[int, dict[str, str], bytes]:
+async def scrape(port: int, request: bytes | None = None, host: str = "127.0.0.1") -> tuple[int, dict[str, str], bytes]:
     """One HTTP exchange with the endpoint: (status, headers, body)."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    reader, writer = await asyncio.open_connection(host, port)
     writer.write(request or b"GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: text/plain;version=0.0.4\r\n\r\n")
     await writer.drain()
     answer = await asyncio.wait_for(reader.read(), 5)

@@ -31,10 +31,12 @@ ORDER = [
     proxy.Prometheus,
     proxy.ShareConversations,
     proxy.KeepMemory,
+    proxy.UpstreamAuthPipe,
     proxy.Options,
 ]
 OPTIONS = {
     "trimflow_rules",
+    "trimflow_rules_check",
     "trimflow_mode",
     "trimflow_max_decoded_bytes",
     "trimflow_simulate",
@@ -50,6 +52,7 @@ OPTIONS = {
     "trimflow_prometheus",
     "trimflow_clicks",
     "trimflow_conversations",
+    "trimflow_upstream_auth_fd",
 }
 
 

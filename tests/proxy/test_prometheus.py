@@ -3,7 +3,6 @@ endpoint on the event loop; bounded labels; the option's checks; and without pro
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import socket
 import sys
@@ -18,7 +17,7 @@ from trimflow import proxy
 from trimflow._record import Record
 from trimflow.proxy.prometheus import ENABLE, model_family, outcome_of, parse_address, status_class
 
-from ..helpers import TrimflowAddons, answer_sent, requested
+from ..helpers import TrimflowAddons, answer_sent, requested, wait_for_async
 from .flows import json_answer, llm_flow
 from .scrape import scrape
 
@@ -291,23 +290,26 @@ async def test_a_refused_change_leaves_the_endpoint_where_it_was(addon) -> None:
     assert port_of(addon) == serving and (await scrape(serving))[0] == 200
 
 
+async def refused(port: int, host: str = "127.0.0.1") -> bool:
+    try:
+        await scrape(port, host=host)
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
 async def test_moving_or_clearing_the_address_frees_the_port(addon) -> None:
     addon.tctx.configure(addon, trimflow_prometheus="127.0.0.1:0")
     first = port_of(addon)
     assert (await scrape(first))[0] == 200
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        second = probe.getsockname()[1]
-    addon.tctx.configure(addon, trimflow_prometheus=f"127.0.0.1:{second}")
-    assert (await scrape(second))[0] == 200
-    await asyncio.sleep(0.05)  # the old server's task ends, and closes its socket
-    with pytest.raises(ConnectionRefusedError):
-        await scrape(first)
+    # Another loopback address (Linux answers on all of 127/8), port 0 again: the port it got is read back.
+    addon.tctx.configure(addon, trimflow_prometheus="127.0.0.2:0")
+    second = port_of(addon)
+    assert (await scrape(second, host="127.0.0.2"))[0] == 200
+    await wait_for_async(lambda: refused(first), "the first address refused")
     addon.tctx.configure(addon, trimflow_prometheus="")
-    await asyncio.sleep(0.05)
     assert addon.get(proxy.Prometheus).address is None
-    with pytest.raises(ConnectionRefusedError):
-        await scrape(second)
+    await wait_for_async(lambda: refused(second, "127.0.0.2"), "the second address refused")
 
 
 # --- what anyone who reaches the port can do ----------------------------------------------------------------------

@@ -62,6 +62,28 @@ def test_options_have_defaults_and_help() -> None:
         assert flows.max_decoded_bytes == 2**20  # where the simulate and metrics addons read it
 
 
+def test_how_often_the_rules_file_is_looked_at_is_an_option(tmp_path) -> None:
+    flows = proxy.SharedState()
+    prune = proxy.Prune(flows)
+    with taddons.context(prune) as tctx:
+        assert tctx.options.trimflow_rules_check == "1s" and tctx.options._options["trimflow_rules_check"].help
+        tctx.configure(prune)
+        assert flows.rules.check_interval == 1.0
+        tctx.configure(prune, trimflow_rules_check="0.2s")
+        assert flows.rules.check_interval == 0.2  # the rules file that runs follows the change
+        tctx.configure(prune, trimflow_rules=str(write_rules(tmp_path / "rules.yaml", 3)))
+        assert flows.rules.check_interval == 0.2  # and so does the next one
+        tctx.configure(prune, trimflow_rules_check="0")
+        assert flows.rules.check_interval == 0  # on every request
+        for bad, message in [
+            ("none", "trimflow_rules_check needs a duration"),
+            ("-1", "trimflow_rules_check: invalid duration '-1'"),
+            ("soon", "trimflow_rules_check: invalid duration 'soon'"),
+        ]:
+            with pytest.raises(exceptions.OptionsError, match=message):
+                tctx.configure(prune, trimflow_rules_check=bad)
+
+
 def test_the_default_rules_are_the_shipped_file() -> None:
     flows = proxy.SharedState()
     prune = proxy.Prune(flows)

@@ -17,6 +17,7 @@ import pytest
 from trimflow.repair import _files
 from trimflow.repair._cli import _replace_notes, main
 
+from ..helpers import wait_for
 from .helpers import FIXTURES, PROMPT, SESSIONS, fixture
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -227,8 +228,7 @@ def test_a_file_an_agent_appends_to_while_it_is_repaired_loses_no_line(tmp_path:
     writer = threading.Thread(target=agent)
     writer.start()
     try:
-        while not appended:
-            time.sleep(0.001)
+        wait_for(lambda: appended, "line appended by the agent")
         code, _, err = run(capsys, str(path))
     finally:
         stop.set()

@@ -8,7 +8,6 @@ import os
 import stat
 import subprocess
 import sys
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -16,6 +15,8 @@ import pytest
 
 from trimflow.repair import _files
 from trimflow.repair._lines import SessionError
+
+from ..helpers import wait_for
 
 NOW = datetime(2026, 11, 24, 11, 30, 5, tzinfo=UTC)
 
@@ -113,9 +114,7 @@ def test_holders_names_a_process_that_has_the_file_open(tmp_path: Path) -> None:
     holder = subprocess.Popen(["sh", "-c", 'exec 3<"$1"; echo ready; exec sleep 30', "sh", str(path)], stdout=subprocess.PIPE)
     try:
         assert holder.stdout is not None and holder.stdout.readline() == b"ready\n"
-        deadline = time.monotonic() + 10
-        while not _files.holders(path) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(lambda: _files.holders(path), "holder of the file")
         assert _files.holders(path) == [f"sleep (pid {holder.pid})"]
     finally:
         holder.kill()
@@ -220,9 +219,7 @@ def test_a_process_that_still_holds_the_original_after_the_wait_is_named(tmp_pat
     holder = subprocess.Popen(["sh", "-c", 'exec 3<"$1"; echo ready; exec sleep 30', "sh", str(path)], stdout=subprocess.PIPE)
     try:
         assert holder.stdout is not None and holder.stdout.readline() == b"ready\n"
-        deadline = time.monotonic() + 10
-        while not _files.holders(path) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(lambda: _files.holders(path), "holder of the file")
         monkeypatch.setattr(_files, "CARRY_WAIT", 0.0)  # it opened the file after the repair's check: no waiting it out here
         done = _files.replace(snapshot, b'{"a":2}\n', NOW)
     finally:

@@ -11,10 +11,11 @@ import pytest
 
 from trimflow._engine import prune
 from trimflow._jsoncodec import dumps
+from trimflow._jsonsplice import value_span
 from trimflow._rules import Target
 from trimflow.formats import FORMATS
 from trimflow.repair import _claude, _codex, _gemini
-from trimflow.repair._lines import Line, SessionError, split_lines, value_span
+from trimflow.repair._lines import Line, SessionError, split_lines
 from trimflow.repair._repair import Edit, Replay, apply_edits, repair_lines, value_at
 
 from .helpers import FIXTURES, SESSIONS, shipped_cap, shipped_rules

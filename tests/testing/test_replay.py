@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import base64
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import orjson
 import pytest
@@ -28,10 +30,13 @@ def shots_in(wire_format: str, body: bytes) -> list[str]:
     return [m.data[m.data_offset :] for m in FORMATS[wire_format].find_media(orjson.loads(body)) if m.kind == "image"]
 
 
-def closed_port() -> int:
+@contextmanager
+def closed_port() -> Iterator[int]:
+    """A port where a connection is refused: bound, never listening, and held for the block (a port bound and let go
+    could be taken by another process meanwhile)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        yield s.getsockname()[1]
 
 
 # --- request_path ---------------------------------------------------------------------------------------------
@@ -114,7 +119,8 @@ def test_a_base_url_path_and_an_explicit_path_make_the_request_target() -> None:
 
 
 def test_no_answer_is_a_row_too() -> None:
-    rows = list(replay(f"http://127.0.0.1:{closed_port()}", Session("openai-chat", 2), 2, timeout=5))
+    with closed_port() as port:
+        rows = list(replay(f"http://127.0.0.1:{port}", Session("openai-chat", 2), 2, timeout=5))
     assert [(r.turn, r.status, r.upstream_bytes, r.ok) for r in rows] == [(1, None, None, False), (2, None, None, False)]
     assert rows[0].error is not None and rows[0].error.startswith("no answer: ConnectionRefusedError")
 

@@ -25,7 +25,7 @@ from .._limit_profiles import DEFAULT_PROFILES_PATH, UnknownProfile, load_profil
 from .._prices import DEFAULT_PRICES_PATH, load_prices
 from .._rules import builtin_rules
 from .._rules_file import DEFAULT_RULES_PATH, load_rules
-from .._text import for_text
+from ..cli._status import FAILED, SUCCESS, USAGE_ERROR, fail, say
 from ..errors import RulesError
 from . import _gate, _html, _report
 from ._gate import Gate
@@ -39,13 +39,13 @@ FORMATS = {
     "html": _html.html,
 }
 
-EXIT_OK, EXIT_GATE, EXIT_UNUSABLE = 0, 1, 2
+EXIT_OK, EXIT_GATE, EXIT_UNUSABLE = SUCCESS, FAILED, USAGE_ERROR
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
-        print(for_text(f"trimflow audit: {message}"), file=sys.stderr)
+        say("trimflow audit", message)
         raise SystemExit(EXIT_UNUSABLE)
 
 
@@ -143,12 +143,12 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         return _fail(f"cannot write {args.out}: {exc.strerror or type(exc).__name__}")
     for warning in _report.warnings(summary, gate):
-        print(for_text(f"trimflow audit: warning: {warning}"), file=sys.stderr)
+        say("trimflow audit", f"warning: {warning}")
     if gate is not None and not gate.ok:
         for failure in gate.input_failures:
-            print(for_text(f"trimflow audit: FAIL {failure.text}"), file=sys.stderr)
+            say("trimflow audit", f"FAIL {failure.text}")
         for breach in gate.breaches:
-            print(for_text(f"trimflow audit: FAIL {breach.line()}"), file=sys.stderr)
+            say("trimflow audit", f"FAIL {breach.line()}")
         return EXIT_GATE
     return EXIT_OK
 
@@ -189,8 +189,7 @@ def _write(report: str, out: str | None) -> None:
 
 
 def _fail(reason: str) -> int:
-    print(for_text(f"trimflow audit: {reason}"), file=sys.stderr)
-    return EXIT_UNUSABLE
+    return fail("trimflow audit", reason)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ AGENTS = ("claude", "codex", "gemini", "proxy")
 PROXY = "proxy"
 CA_VARIABLES = ("NODE_EXTRA_CA_CERTS", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CODEX_CA_CERTIFICATE")
 PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy")
+ALL_PROXY_VARIABLES = ("ALL_PROXY", "all_proxy")  # the way out for other schemes, left to the agent
 
 ANTHROPIC_API = "https://api.anthropic.com"
 OPENAI_API = "https://api.openai.com/v1"
@@ -60,6 +61,14 @@ def without_credentials(url: str) -> tuple[str, str | None]:
     userinfo, _, host = parts.netloc.rpartition("@")
     user, _, password = userinfo.partition(":")
     return urlunsplit(parts._replace(netloc=host)), f"{unquote(user)}:{unquote(password)}"
+
+
+def proxy_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """mitmdump's environment: the user's without the proxy variables that hold a `user:password@` (any of the
+    user's processes can read it in /proc). mitmdump's way out is its mode, and an upstream proxy's credentials
+    reach it through a pipe."""
+    variables = {*PROXY_VARIABLES, *ALL_PROXY_VARIABLES}
+    return {name: value for name, value in environ.items() if name not in variables or "@" not in value}
 
 
 def userinfo(url: str) -> str:

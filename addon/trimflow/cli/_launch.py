@@ -21,9 +21,9 @@ Known agents get their own setup, and no file of the user's is edited:
   CODEX_CA_CERTIFICATE. An HTTPS_PROXY the user had stays their way out: mitmdump runs in upstream mode to it.
 
 Credentials in a URL (`http://user:pass@proxy:3128`, a base URL with a user) never reach an argv, a log line or
-a file that outlives the run: an upstream proxy's go to mitmdump as `upstream_auth` in a config.yaml of a confdir
-of the run (0600, read at start and removed once mitmdump listens); a base URL's stay with the agent, in the
-URL it is given for the proxy (its environment, which only the user can read).
+a file: an upstream proxy's go to mitmdump as `upstream_auth` through a pipe it reads once as it starts
+(trimflow_upstream_auth_fd), and neither mitmdump's environment nor the agent's holds them; a base URL's stay
+with the agent, in the URL it is given for the proxy (its environment, which only the user can read).
 
 The run's files are the user's alone: the runs folder is 0700 and every file the launcher writes 0600 (a
 copied settings file keeps the mode of the user's). mitmdump and the agent get a signal when the launcher
@@ -43,11 +43,11 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from ._agents import CA_VARIABLES, Setup, agent_of, setup_for
+from ._agents import CA_VARIABLES, Setup, agent_of, proxy_environment, setup_for
 from ._exit_summary import summary
 from ._invocation import Invocation, parse
 from ._launch_error import EXIT_NOT_FOUND, LaunchError
-from ._mitmdump import mitmdump_argv, mitmdump_confdir, without_option
+from ._mitmdump import AUTH_FD_OPTION, auth_pipe, mitmdump_argv, without_option
 from ._processes import Agent, Proxy, ca_bundle, check_port, free_port
 from ._run_dir import clean_stale_runs, finish_run_dir, new_run_dir, private_folder, state_dir, write_private
 
@@ -99,25 +99,24 @@ def _run_with_proxy(invocation: Invocation, environ: dict[str, str], setup: Setu
     log = stem.with_suffix(".log")
     confdir = Path(invocation.confdir or Path(environ.get("HOME") or Path.home()) / ".mitmproxy").expanduser()
     sets = {"listen_host": host, "listen_port": str(port), "trimflow_metrics": str(metrics), "flow_detail": "0", **setup.options}
-    given = invocation.mitmdump_args
-    options_dir = None
+    given = without_option(invocation.mitmdump_args, AUTH_FD_OPTION)  # the launcher's alone to give
+    auth_fd = None
     if setup.upstream_auth is not None and "upstream_auth" not in invocation.sets:  # one the user gave wins
-        options_dir = mitmdump_confdir(run_dir, confdir, setup.upstream_auth)
-        sets["confdir"] = str(options_dir)
-        given = without_option(given, "confdir")
-    ours = [item for name, value in sets.items() if name not in invocation.sets or name == "confdir" for item in ("--set", f"{name}={value}")]
-    mitmdump = mitmdump_argv(["--mode", setup.mode, *ours, *given])
-    if mitmdump is None:
-        raise LaunchError("trimflow run: mitmdump not found: pip install mitmproxy")
-    for note in setup.notes:
-        say(note)
-    proxy = Proxy(mitmdump, log, host, port)
+        auth_fd = auth_pipe(setup.upstream_auth)
+        sets[AUTH_FD_OPTION] = str(auth_fd)
+    ours = [item for name, value in sets.items() if name not in invocation.sets or name == AUTH_FD_OPTION for item in ("--set", f"{name}={value}")]
     ca = confdir / "mitmproxy-ca-cert.pem"
     try:
-        proxy.start(ca if setup.ca_bundle else None)
+        mitmdump = mitmdump_argv(["--mode", setup.mode, *ours, *given])
+        if mitmdump is None:
+            raise LaunchError("trimflow run: mitmdump not found: pip install mitmproxy")
+        for note in setup.notes:
+            say(note)
+        proxy = Proxy(mitmdump, log, host, port, proxy_environment(environ))
+        proxy.start(ca if setup.ca_bundle else None, handed=auth_fd)  # back once mitmdump has read the pipe
     finally:
-        if options_dir is not None:  # read once, at start: the credentials stay on disk no longer than that
-            shutil.rmtree(options_dir, ignore_errors=True)
+        if auth_fd is not None:
+            os.close(auth_fd)
     try:
         env = {**environ, **setup.env}
         if setup.ca_bundle:

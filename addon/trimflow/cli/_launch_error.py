@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-EXIT_NOT_FOUND = 127
-EXIT_CANNOT_START = 2
+from ._status import NOT_FOUND as EXIT_NOT_FOUND
+from ._status import USAGE_ERROR as EXIT_CANNOT_START
+
+__all__ = ["EXIT_CANNOT_START", "EXIT_NOT_FOUND", "LaunchError"]
 
 
 class LaunchError(Exception):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from .._human import format_duration, parse_duration
 from .._learned_limits import DEFAULT_TTL, FILE_NAME, FLOORS, Entry, LearnedFile, LearnedLimits, locked, ordered, write_entries
 from .._text import for_text
 from ..errors import RulesError
+from ._status import FAILED, fail, say
 
 DEFAULT_FILE = f"~/.mitmproxy/{FILE_NAME}"  # mitmproxy's default confdir: trimflow_learned's default
 FORGET_PATIENCE = 10.0  # seconds to wait for the file's lock: a person can wait where a proxy must not
@@ -53,14 +53,14 @@ def _read(path: Path) -> list[Entry] | None:
     try:
         return list(LearnedFile(path).read().values()) if path.exists() else []
     except RulesError as exc:
-        sys.stderr.write(f"trimflow learned: {for_text(str(exc))}\n")
+        say("trimflow learned", str(exc))
         return None
 
 
 def _list(path: Path, ttl: float | None) -> int:
     entries = _read(path)
     if entries is None:
-        return 1
+        return FAILED
     if not entries:
         print(f"{for_text(str(path))}: no learned limits")
         return 0
@@ -87,11 +87,10 @@ def _forget(path: Path, args: argparse.Namespace) -> int:
     target = Path(os.path.realpath(path))
     with locked(target, FORGET_PATIENCE) as held:
         if not held:
-            sys.stderr.write(f"trimflow learned: {for_text(str(path))} stays locked by another process; nothing changed\n")
-            return 1
+            return fail("trimflow learned", f"{path} stays locked by another process; nothing changed", FAILED)
         entries = _read(path)
         if entries is None:
-            return 1
+            return FAILED
         kept = [e for e in entries if not _matches(e, args)]
         if len(kept) != len(entries):
             write_entries(target, kept)

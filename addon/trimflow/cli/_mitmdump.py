@@ -1,26 +1,23 @@
 """mitmdump's command line, for `run` and the launcher alike.
 
 The binary, trimflow's script and listen defaults, the user's arguments after them; an option dropped from them;
-and a confdir of the run that carries an upstream's credentials, which never go on the command line."""
+and the pipe that carries an upstream's credentials, which never go on the command line or into a file."""
 
 from __future__ import annotations
 
 import itertools
+import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
-
-import yaml
 
 from ._launch_error import LaunchError
-from ._run_dir import write_private
 
 SCRIPT = Path(__file__).resolve().parents[1] / "proxy" / "mitmdump_script.py"
 # Given as --set, not as flags: mitmdump applies --listen-host/-p after every --set, so the user's flag
 # wins over these; a --set of the same option twice is an error, so one the user gives replaces ours.
 DEFAULTS = {"listen_host": "127.0.0.1", "listen_port": "8080"}
-MITMDUMP_CONFDIR = "mitmproxy"  # in a run's folder: the confdir whose config.yaml gives mitmdump the upstream's credentials
+AUTH_FD_OPTION = "trimflow_upstream_auth_fd"  # trimflow.proxy.upstream_auth's: the pipe mitmdump reads upstream_auth from
 
 
 def mitmdump_binary() -> str | None:
@@ -41,30 +38,27 @@ def mitmdump_argv(args: list[str]) -> list[str] | None:
     return [binary, *defaults, "-s", str(SCRIPT), *args]
 
 
-def mitmdump_confdir(run_dir: Path, user_confdir: Path, auth: str) -> Path:
-    """A confdir of the run whose config.yaml gives mitmdump `upstream_auth` off its command line: the user's own
-    config.yaml (mitmdump reads it from the confdir), the credentials, and `confdir` back to the user's (its CA)."""
-    options: dict[str, Any] = {}
-    for name in ("config.yaml", "config.yml"):  # in mitmproxy's order, the later one winning
-        path = user_confdir / name
+def auth_pipe(auth: str) -> int:
+    """The reading end of a pipe that holds `auth` whole, its writing end closed: what mitmdump reads, once, as
+    `upstream_auth` (AUTH_FD_OPTION), so the credentials are in no file. The caller passes it to mitmdump and
+    closes its own copy once mitmdump has read it."""
+    data = auth.encode()
+    read, write = os.pipe()
+    try:
+        os.set_blocking(write, False)  # an empty pipe takes a few KiB at once: never wait for a reader
         try:
-            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            continue
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-            raise LaunchError(f"trimflow run: cannot read {path} ({type(exc).__name__})") from None
-        if loaded is None:
-            continue
-        if not isinstance(loaded, dict):
-            raise LaunchError(f"trimflow run: {path} is not a mapping of mitmproxy options")
-        if isinstance(loaded.get("scripts"), list):  # mitmproxy reads them relative to the file's folder
-            loaded["scripts"] = [str(user_confdir / Path(str(script)).expanduser()) for script in loaded["scripts"]]
-        options.update(loaded)
-    options.update(confdir=str(user_confdir), upstream_auth=auth)
-    confdir = run_dir / MITMDUMP_CONFDIR
-    confdir.mkdir(mode=0o700)
-    write_private(confdir / "config.yaml", yaml.safe_dump(options).encode())
-    return confdir
+            written = os.write(write, data)
+        except BlockingIOError:
+            written = 0
+    except OSError as exc:
+        os.close(read)
+        raise LaunchError(f"trimflow run: cannot hand the proxy's credentials to mitmdump ({exc.strerror or type(exc).__name__})") from None
+    finally:
+        os.close(write)
+    if written < len(data):
+        os.close(read)
+        raise LaunchError(f"trimflow run: the credentials of the proxy in HTTPS_PROXY are too long ({len(data)} bytes)")
+    return read
 
 
 def without_option(args: list[str], name: str) -> list[str]:

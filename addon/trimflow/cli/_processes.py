@@ -6,14 +6,17 @@ are started with: a free or checked port, the CA bundle the agent trusts."""
 
 from __future__ import annotations
 
+import array
 import contextlib
 import ctypes
+import fcntl
 import os
 import signal
 import socket
 import ssl
 import subprocess
 import sys
+import termios
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -74,16 +77,20 @@ def _parent_death_signal(sig: signal.Signals) -> Any:
 class Proxy:
     """mitmdump with trimflow's addons, in a session of its own (the terminal's signals never reach it)."""
 
-    def __init__(self, command: list[str], log: Path, host: str, port: int) -> None:
-        self.command, self.log, self.host, self.port = command, log, host, port
+    def __init__(self, command: list[str], log: Path, host: str, port: int, env: dict[str, str] | None = None) -> None:
+        self.command, self.log, self.host, self.port, self.env = command, log, host, port, env
         self.process: subprocess.Popen[bytes] | None = None
+        self.listening = False
 
-    def start(self, ca: Path | None = None, timeout: float = LISTEN_TIMEOUT) -> None:
-        """Start mitmdump and return once it listens (and, given `ca`, once it has written its CA there)."""
+    def start(self, ca: Path | None = None, timeout: float = LISTEN_TIMEOUT, handed: int | None = None) -> None:
+        """Start mitmdump and return once it is ready: it listens, has written its CA to `ca` (given one) and has
+        read the pipe `handed` (given one, passed to it) to its end."""
         out = os.open(self.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, PRIVATE_MODE)
         try:
             self.process = subprocess.Popen(
                 self.command,
+                env=self.env,
+                pass_fds=() if handed is None else (handed,),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -93,19 +100,27 @@ class Proxy:
         finally:
             os.close(out)
         deadline = time.monotonic() + timeout
-        listening = False
         while True:
             if self.process.poll() is not None:
                 raise LaunchError(f"trimflow run: the proxy did not start (exit {self.process.returncode}): {self.last_line()}", 1)
-            if not listening:
-                with contextlib.suppress(OSError), socket.create_connection((self.host, self.port), timeout=0.5):
-                    listening = True
-            if listening and (ca is None or _written_pem(ca)):
+            if self.ready(ca, handed):
                 return
             if time.monotonic() > deadline:
                 self.stop()
-                raise LaunchError(f"trimflow run: the proxy did not listen on {self.host}:{self.port} within {timeout:.0f} s; its log: {self.log}", 1)
+                where = f"{self.host}:{self.port}"
+                why = f"did not listen on {where}"
+                if self.listening:
+                    why = f"listens on {where} but did not finish starting (its CA, trimflow's addons)"
+                raise LaunchError(f"trimflow run: the proxy {why} within {timeout:.0f} s; its log: {self.log}", 1)
             time.sleep(0.05)
+
+    def ready(self, ca: Path | None = None, handed: int | None = None) -> bool:
+        """It listens, its CA is in `ca` (given one), and the pipe `handed` (given one) is empty. mitmproxy loads
+        trimflow's script in a task of its own, which may run after it listens; the script's addons read the pipe."""
+        if not self.listening:
+            with contextlib.suppress(OSError), socket.create_connection((self.host, self.port), timeout=0.5):
+                self.listening = True
+        return self.listening and (ca is None or _written_pem(ca)) and (handed is None or unread(handed) == 0)
 
     def last_line(self) -> str:
         try:
@@ -126,6 +141,13 @@ class Proxy:
                 self.process.kill()
                 self.process.wait()
         return self.process.returncode
+
+
+def unread(pipe: int) -> int:
+    """How many bytes wait in `pipe` for a reader (FIONREAD)."""
+    count = array.array("i", [0])
+    fcntl.ioctl(pipe, termios.FIONREAD, count)
+    return count[0]
 
 
 def _written_pem(path: Path) -> bool:

@@ -17,6 +17,7 @@ from .._human import parse_size
 from .._record import ENFORCE, MODES
 from .._rules_file import DEFAULT_RULES_PATH, load_rules
 from ..errors import RulesError
+from ._status import fail
 
 LIMIT_FLAGS = ("max_images", "max_body_bytes", "keep_recent", "prune_batch")
 
@@ -109,8 +110,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _fail(reason: str) -> int:
-    print(f"trimflow prune: {reason}", file=sys.stderr)
-    return 2
+    return fail("trimflow prune", reason)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import os
 import sys
 
 from ._mitmdump import mitmdump_argv
+from ._status import fail
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,7 +22,6 @@ def main(argv: list[str] | None = None) -> int:
         return _launch.main(args)
     argv_run = mitmdump_argv(args)
     if argv_run is None:
-        print("trimflow run: mitmdump not found: pip install mitmproxy", file=sys.stderr)
-        return 2
+        return fail("trimflow run", "mitmdump not found: pip install mitmproxy")
     os.execv(argv_run[0], argv_run)
     return 0  # not reached

@@ -19,6 +19,8 @@
 - Prometheus: counts each record the metrics addon writes, served at /metrics (trimflow_prometheus).
 - ShareConversations: shares each conversation's last turn with the other instances naming the same file.
 - KeepMemory: keeps freed body memory in the process (glibc).
+- UpstreamAuthPipe: mitmproxy's upstream_auth read once, at start, from a pipe the launcher hands over
+  (trimflow_upstream_auth_fd), so that an upstream proxy's password is in no file.
 - Options: last, so every trimflow option is declared: a misspelt trimflow_* name or a value mitmproxy
   cannot parse stops mitmproxy at start with one line (each addon's `configure` checks its own values).
 """
@@ -34,6 +36,7 @@ from .prune import Prune
 from .recover import Recover
 from .simulate import Simulate
 from .state import META, FlowState, SharedState
+from .upstream_auth import UpstreamAuthPipe
 from .websocket import WebSocket
 
 
@@ -55,6 +58,7 @@ def make_addons() -> list[object]:
         Prometheus(metrics, recover),
         ShareConversations(flows),
         KeepMemory(),
+        UpstreamAuthPipe(),
         Options(),
     ]
 
@@ -74,6 +78,7 @@ __all__ = [
     "ShareConversations",
     "SharedState",
     "Simulate",
+    "UpstreamAuthPipe",
     "WebSocket",
     "make_addons",
 ]

@@ -1,4 +1,5 @@
-"""The memory addon: trimflow_keep_memory keeps freed body memory in the process (glibc; see trimflow._malloc)."""
+"""The memory addon: trimflow_keep_memory keeps freed body memory in the process, and worker threads share malloc
+arenas, so the memory image decoding frees can go back to the system (glibc; see trimflow._malloc)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from mitmproxy import ctx
 from mitmproxy.addonmanager import Loader
 
 from .._human import format_size
-from .._malloc import TRIM_THRESHOLD, keep_freed_memory
+from .._malloc import TRIM_THRESHOLD, keep_freed_memory, share_arenas
 
 log = logging.getLogger("trimflow")
 
@@ -18,8 +19,11 @@ class KeepMemory:
 
     def __init__(self) -> None:
         self.kept = False  # trimflow_keep_memory took effect (it cannot be undone)
+        self.shared = False  # worker threads share arenas
 
     def load(self, loader: Loader) -> None:
+        # At load, before the first worker thread: an arena made before it would stay (not glibc: nothing to do).
+        self.shared = share_arenas() is None
         loader.add_option(
             "trimflow_keep_memory",
             bool,

@@ -215,7 +215,7 @@ class _SharedConversations:
         in_use.add_metric([], 1 if sharing else 0)
         dropped = self.client.metrics_core.CounterMetricFamily(
             "trimflow_conversations_writes_dropped",
-            "Turns not written to the conversations file because another instance held it too long.",
+            "Turns never written to the conversations file: too many waited for it while another process held it.",
         )
         dropped.add_metric([], dropped_writes)
         return [in_use, dropped]

@@ -19,14 +19,16 @@ from .. import ENFORCE, MODES, NeedsWorker, Outcome, prune
 from .._decode import DEFAULT_MAX_DECODED_BYTES, DecodeError, decode_body, is_identity
 from .._decode import OPTION as DECODE_OPTION
 from .._history import History
-from .._human import format_size, parse_size
+from .._human import format_size, parse_duration, parse_size
 from .._record import Record
-from .._rules_file import DEFAULT_RULES_PATH, RulesFile
+from .._rules_file import CHECK_INTERVAL, DEFAULT_RULES_PATH, RulesFile
 from ..errors import RulesError
 from .options import exits_at_startup
 from .state import FlowState, SharedState, log_reason, path_of
 
 log = logging.getLogger("trimflow")
+
+RULES_CHECK_OPTION = "trimflow_rules_check"
 
 
 class Prune:
@@ -34,6 +36,7 @@ class Prune:
 
     def __init__(self, flows: SharedState) -> None:
         self.flows = flows
+        self.rules_check = CHECK_INTERVAL
         self._warned_streamed: set[str] = set()
 
     def load(self, loader: Loader) -> None:
@@ -43,6 +46,12 @@ class Prune:
             str(DEFAULT_RULES_PATH),
             "YAML rules file: which endpoints are LLM APIs and the image and size limits per host and model. "
             "Reloaded when edited; an invalid edit keeps the last good rules.",
+        )
+        loader.add_option(
+            RULES_CHECK_OPTION,
+            str,
+            f"{CHECK_INTERVAL:g}s",
+            "How often, at most, the rules file is looked at for edits, when a request comes (e.g. 1s, 0.2s, 5m); 0: on every request.",
         )
         loader.add_option(
             "trimflow_mode",
@@ -64,9 +73,19 @@ class Prune:
         if "trimflow_mode" in updated and ctx.options.trimflow_mode not in MODES:
             # mitmproxy lists choices in the help but does not enforce them.
             raise exceptions.OptionsError(f"trimflow: trimflow_mode must be one of {', '.join(MODES)}, not {ctx.options.trimflow_mode!r}")
+        if RULES_CHECK_OPTION in updated:
+            try:
+                interval = parse_duration(getattr(ctx.options, RULES_CHECK_OPTION))
+            except ValueError as exc:
+                raise exceptions.OptionsError(f"trimflow: {RULES_CHECK_OPTION}: {exc}") from None
+            if interval is None:
+                raise exceptions.OptionsError(f"trimflow: {RULES_CHECK_OPTION} needs a duration (0: on every request)")
+            self.rules_check = interval
+            if self.flows.rules is not None:  # from its next look at the file on
+                self.flows.rules.check_interval = interval
         if "trimflow_rules" in updated or self.flows.rules is None:
             try:
-                self.flows.rules = RulesFile(ctx.options.trimflow_rules)
+                self.flows.rules = RulesFile(ctx.options.trimflow_rules, check_interval=self.rules_check)
             except RulesError as exc:
                 raise exceptions.OptionsError(f"trimflow: {exc}") from None
             log.info("trimflow: rules from %s", self.flows.rules.path)

@@ -22,6 +22,7 @@ from types import ModuleType
 from .._human import format_size, format_size_change
 from .._rules import Rules
 from .._rules_file import DEFAULT_RULES_PATH, load_rules
+from ..cli._status import FAILED, SUCCESS, fail, say
 from ..errors import RulesError
 from . import _claude, _codex, _files, _gemini
 from ._lines import SessionError, join_lines, split_lines
@@ -148,14 +149,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rules = load_rules(args.rules or DEFAULT_RULES_PATH)
     except RulesError as exc:
-        print(f"trimflow repair: {exc}", file=sys.stderr)
-        return 2
+        return fail("trimflow repair", str(exc))
     failed = False
     for target in args.paths:
         try:
             paths, in_folder = session_paths(target, args.agent, os.environ)
         except SessionError as exc:
-            print(f"trimflow repair: {target}: {exc}", file=sys.stderr)
+            say("trimflow repair", f"{target}: {exc}")
             failed = True
             continue
         for path in paths:
@@ -163,23 +163,23 @@ def main(argv: list[str] | None = None) -> int:
                 report = repair_file(path, rules, args.agent, args.dry_run)
             except NotASession as exc:
                 if not in_folder:
-                    print(f"trimflow repair: {path}: {exc}; file untouched", file=sys.stderr)
+                    say("trimflow repair", f"{path}: {exc}; file untouched")
                     failed = True
                 else:  # ~/.claude and ~/.codex also keep a history.jsonl of prompts
                     print(f"trimflow repair: {path}: skipped: {exc}")
                 continue
             except SessionError as exc:
-                print(f"trimflow repair: {path}: {exc}; file untouched", file=sys.stderr)
+                say("trimflow repair", f"{path}: {exc}; file untouched")
                 failed = True
                 continue
             except Exception as exc:  # noqa: BLE001 - one file's surprise must not stop the others; its text never printed
-                print(f"trimflow repair: {path}: internal error ({type(exc).__name__}); file untouched", file=sys.stderr)
+                say("trimflow repair", f"{path}: internal error ({type(exc).__name__}); file untouched")
                 failed = True
                 continue
             print(f"trimflow repair: {path}: {report.line()}")
             for note in report.notes:
                 print(f"trimflow repair: {path}: {note}")
-    return 1 if failed else 0
+    return FAILED if failed else SUCCESS
 
 
 if __name__ == "__main__":

@@ -16,10 +16,11 @@ from typing import Any, Protocol
 
 from .. import _jsoncodec
 from .._engine import Outcome, prune
+from .._jsonsplice import splice
 from .._record import Record
 from .._rules import Rules, Target
 from ..formats import FORMATS, IMAGE, JsonPath
-from ._lines import Line, SessionError, splice
+from ._lines import Line, SessionError
 
 Where = tuple[int, JsonPath]
 """A place in the file: the index of a line in the list of lines, and the JSON path inside that line."""

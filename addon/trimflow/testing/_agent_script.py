@@ -27,13 +27,14 @@ each API's own event sequence, with the usage the fake provider worked out.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Any
 
 import orjson
 
+from ..formats._base import dicts
 from ._fake_usage import FakeUsage
 from ._replies import ResponsesEvents, anthropic_message, anthropic_usage, chat_usage, gemini_usage, new_id, responses_message, responses_object, sse
 
@@ -120,13 +121,13 @@ class AddedImagesScript:
 
 def last_user_text(request: dict[str, Any]) -> str:
     """The text of the last user message of a chat completion request."""
-    users = [m for m in _dicts(request.get("messages")) if m.get("role") == "user"]
+    users = [m for _, m in dicts(request.get("messages")) if m.get("role") == "user"]
     if not users:
         return ""
     content = users[-1].get("content")
     if isinstance(content, str):
         return content
-    return " ".join(str(part.get("text")) for part in _dicts(content) if part.get("type") == "text")
+    return " ".join(str(part.get("text")) for _, part in dicts(content) if part.get("type") == "text")
 
 
 def image_tool(fmt: str, request: dict[str, Any]) -> ImageTool | None:
@@ -162,16 +163,14 @@ def offered_tools(fmt: str, request: dict[str, Any]) -> dict[str, set[str]]:
 def tool_results(fmt: str, request: dict[str, Any]) -> int:
     """How many tool results the conversation holds: the calls answered so far."""
     if fmt == "anthropic":
-        return sum(1 for message in _dicts(request.get("messages")) for block in _dicts(message.get("content")) if block.get("type") == "tool_result")
+        return sum(
+            1 for _, message in dicts(request.get("messages")) for _, block in dicts(message.get("content")) if block.get("type") == "tool_result"
+        )
     if fmt == "openai-responses":
-        return sum(1 for item in _dicts(request.get("input")) if item.get("type") == "function_call_output")
+        return sum(1 for _, item in dicts(request.get("input")) if item.get("type") == "function_call_output")
     if fmt == "openai-chat":
-        return sum(1 for message in _dicts(request.get("messages")) if message.get("role") == "tool")
-    return sum(1 for content in _dicts(request.get("contents")) for part in _dicts(content.get("parts")) if "functionResponse" in part)
-
-
-def _dicts(value: Any) -> Iterator[dict[str, Any]]:
-    return (v for v in value if isinstance(v, dict)) if isinstance(value, list) else iter(())
+        return sum(1 for _, message in dicts(request.get("messages")) if message.get("role") == "tool")
+    return sum(1 for _, content in dicts(request.get("contents")) for _, part in dicts(content.get("parts")) if "functionResponse" in part)
 
 
 def _json(data: Any) -> bytes:

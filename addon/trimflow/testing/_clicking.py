@@ -23,12 +23,12 @@ import base64
 import binascii
 import io
 import itertools
-from collections.abc import Iterator
 from typing import Any
 
 import orjson
 from PIL import Image, ImageChops, UnidentifiedImageError
 
+from ..formats._base import dicts
 from ._fake_usage import FakeUsage
 from ._replies import ResponsesEvents, anthropic_message, anthropic_usage, new_id, responses_message, responses_object, sse
 
@@ -84,7 +84,7 @@ def find(image: Image.Image, colour: tuple[int, int, int]) -> tuple[int, int] | 
 
 def computer_tool(fmt: str, request: dict[str, Any]) -> str | None:
     """The declared computer tool's name (Anthropic) or type (OpenAI Responses)."""
-    for tool in _dicts(request.get("tools")):
+    for _, tool in dicts(request.get("tools")):
         kind = tool.get("type")
         if not isinstance(kind, str):
             continue
@@ -99,18 +99,18 @@ def newest_image(fmt: str, request: dict[str, Any]) -> bytes | None:
     """The bytes of the last image in the request (a tool result's, a computer_call_output's, a user's)."""
     found: list[str] = []
     if fmt == "anthropic":
-        for message in _dicts(request.get("messages")):
-            for block in _dicts(message.get("content")):
-                for part in [block, *_dicts(block.get("content"))]:
+        for _, message in dicts(request.get("messages")):
+            for _, block in dicts(message.get("content")):
+                for part in [block, *(item for _, item in dicts(block.get("content")))]:
                     source = part.get("source")
                     if part.get("type") == "image" and isinstance(source, dict) and isinstance(source.get("data"), str):
                         found.append(source["data"])
     else:
-        for item in _dicts(request.get("input")):
+        for _, item in dicts(request.get("input")):
             output = item.get("output")
             if isinstance(output, dict) and isinstance(output.get("image_url"), str):
                 found.append(output["image_url"].split(",", 1)[-1])
-            for part in _dicts(item.get("content")):
+            for _, part in dicts(item.get("content")):
                 if part.get("type") == "input_image" and isinstance(part.get("image_url"), str):
                     found.append(part["image_url"].split(",", 1)[-1])
     if not found:
@@ -119,10 +119,6 @@ def newest_image(fmt: str, request: dict[str, Any]) -> bytes | None:
         return base64.b64decode(found[-1], validate=True)
     except (binascii.Error, ValueError):
         return None
-
-
-def _dicts(value: Any) -> Iterator[dict[str, Any]]:
-    return (v for v in value if isinstance(v, dict)) if isinstance(value, list) else iter(())
 
 
 # --- Anthropic Messages ------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from .._limit_profiles import DEFAULT_PROFILES_PATH, load_profiles, provider_check
+from ..cli._status import FAILED, fail
 from ._fake_provider import DEFAULT_PORT, FakeProvider, is_loopback
 
 # --- CLI ---------------------------------------------------------------------------------------------------
@@ -45,21 +46,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if not is_loopback(args.host):
-        print(
-            f"fake-provider: refusing to listen on {args.host!r}: only loopback hosts (127.0.0.1, ::1, localhost) are allowed",
-            file=sys.stderr,
-        )
-        return 2
+        return fail("fake-provider", f"refusing to listen on {args.host!r}: only loopback hosts (127.0.0.1, ::1, localhost) are allowed")
     if bool(args.tls_cert) != bool(args.tls_key):
-        print("fake-provider: --tls-cert and --tls-key go together", file=sys.stderr)
-        return 2
+        return fail("fake-provider", "--tls-cert and --tls-key go together")
     check = None
     if args.profile:
         try:
             check = provider_check(load_profiles(args.profiles).get(args.profile))
         except ValueError as e:  # ProfilesError (file:line: problem) or UnknownProfile (lists the names)
-            print(f"fake-provider: {e}", file=sys.stderr)
-            return 2
+            return fail("fake-provider", str(e))
     try:
         provider = FakeProvider(
             args.host,
@@ -73,8 +68,7 @@ def main(argv: list[str] | None = None) -> int:
             cache=args.cache,
         )
     except (OSError, ssl.SSLError) as e:
-        print(f"fake-provider: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
-        return 1
+        return fail("fake-provider", f"cannot listen on {args.host}:{args.port}: {e}", FAILED)
 
     def on_term(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt

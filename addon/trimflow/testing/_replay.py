@@ -26,6 +26,7 @@ from urllib.parse import quote, urlsplit
 
 import orjson
 
+from ..cli._status import fail
 from ..formats import FORMATS
 from ._fake_provider import RECEIVED_BYTES_HEADER
 from ._synthetic import MIME, PATHS, b64, screenshot, session_body
@@ -229,8 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             if not args.json:
                 print(_table_row(row), flush=True)
     except ValueError as e:
-        print(f"replay: {e}", file=sys.stderr)
-        return 2
+        return fail("replay", str(e))
     except KeyboardInterrupt:
         print("replay: interrupted", file=sys.stderr)
     if args.json:
