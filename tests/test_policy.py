@@ -424,8 +424,9 @@ def test_an_image_larger_than_its_model_sees_goes_at_that_size_losslessly(
 
 def test_native_size_false_sends_the_image_as_it_came(retina_desktop: bytes) -> None:
     raw = native_request("anthropic", "claude-sonnet-4-5", retina_desktop)
-    outcome = prune_request(url_for("anthropic"), {}, raw, rules_with(native_size=False))
-    assert outcome.body is raw and outcome.record.native_sized == 0
+    for limits in ({}, {"max_image_bytes": FIVE_MB, "max_image_side": 8000}):  # within Claude's limits, which are checked
+        outcome = prune_request(url_for("anthropic"), {}, raw, rules_with(native_size=False, **limits))
+        assert outcome.body is raw and outcome.record.native_sized == 0
 
 
 @pytest.mark.parametrize(
