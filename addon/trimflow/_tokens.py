@@ -197,8 +197,8 @@ def gemini3_image_tokens(media_resolution: str | None = None) -> int:
 # lower-cased model name anywhere, which tolerates "openai/", "azure/", date suffixes and the like.
 # Patch models are all scaled as the guide says (native_size); of the tile models, `scaled` says whether the guide's
 # scaling is what the model sees. Not for gpt-5 and its point releases: they are costed with the tiles the guide gave
-# at gpt-5's launch, but later releases see images larger (larger patch budgets, an `original` detail), so an image
-# to them is never scaled down; nor for a model this table does not name.
+# at gpt-5's launch, which its later releases are not documented with (they take an `original` detail, docs/providers.md),
+# so an image to them is never scaled down; nor for a model this table does not name.
 _PATCH_FACTORS: tuple[tuple[re.Pattern[str], float], ...] = (
     (re.compile(r"gpt-4\.1-mini"), 1.62),
     (re.compile(r"gpt-4\.1-nano"), 2.46),
