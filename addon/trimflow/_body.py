@@ -207,7 +207,7 @@ class ParsedBody:
         # Built directly: dataclasses.replace costs ~10x more, per image of every request. The Payload stands in for
         # the str `data` (length, slices, equality are all the engine reads), which the type of Media.data cannot say.
         payload = Payload(self.body, start, stop)
-        return Media(media.kind, media.path, payload, media.data_offset, media.declared_mime, media.detail)  # type: ignore[arg-type]
+        return Media(media.kind, media.path, payload, media.data_offset, media.declared_mime, media.detail, media.origin)  # type: ignore[arg-type]
 
 
 def parse(body: bytes, whole_max: int | None = None, exact: bool = True) -> ParsedBody | None:

@@ -30,6 +30,7 @@ ORDER = [
     recover.HoldErrorAnswers,
     proxy.Prometheus,
     proxy.ShareConversations,
+    proxy.Recall,
     proxy.KeepMemory,
     proxy.UpstreamAuthPipe,
     proxy.Options,
@@ -52,6 +53,10 @@ OPTIONS = {
     "trimflow_prometheus",
     "trimflow_clicks",
     "trimflow_conversations",
+    "trimflow_recall",
+    "trimflow_recall_size",
+    "trimflow_recall_conversation_size",
+    "trimflow_recall_lifetime",
     "trimflow_upstream_auth_fd",
 }
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -293,7 +293,7 @@ class Reader:
         # A record with a kind was numbered by the proxy as the history-aware tracker numbers it; an older one is renumbered.
         numbered = proxy_record is not None and isinstance(proxy, dict) and "kind" in proxy
         history: History | None = None
-        cut = 0  # where the engine's cut ended (Outcome.cut), for the conversation's next turn
+        taken: tuple[frozenset[int], frozenset[int]] = (frozenset(), frozenset())  # the engine's Outcome.taken, for the next turn
         after: str | None  # where the after figures come from (Row.after)
         if proxy_record is not None and not self.what_if:
             record, after = proxy_record, PROXY  # as trimflow recorded it: before, after and all it did
@@ -307,7 +307,7 @@ class Reader:
             memory = None if numbered else self.conversations
             outcome = prune(target, request.headers, body, self.rules, OBSERVE, memory=memory) if target is not None else None
             if outcome is not None and outcome.record is not None:
-                record, after, history, cut = outcome.record, WHAT_IF if self.what_if else None, outcome.history, outcome.cut
+                record, after, history, taken = outcome.record, WHAT_IF if self.what_if else None, outcome.history, outcome.taken
                 if proxy_record is not None:
                     self._what_if_after_proxy(record, proxy_record, numbered)
             elif proxy_record is not None:
@@ -315,7 +315,7 @@ class Reader:
             else:
                 tally.skipped += 1
                 return []
-        thread = None if numbered else self._number(record, history, cut)
+        thread = None if numbered else self._number(record, history, *taken)
         tally.llm_requests += 1
         tally.proxy_records += proxy_record is not None
         record.ts = _utc(request.timestamp_start)
@@ -371,11 +371,11 @@ class Reader:
         body = self._body(request, tally)
         return None if body is None else prune(target, request.headers, body, self.rules, OBSERVE).history
 
-    def _number(self, record: Record, history: History | None, cut: int = 0) -> HistoryLine | None:
-        """The record's conversation, turn and segment, as the proxy's SharedState assigns them (with where its cut ended)."""
+    def _number(self, record: Record, history: History | None, cut: Collection[int] = (), like: Collection[int] = ()) -> HistoryLine | None:
+        """The record's conversation, turn and segment, as the proxy's SharedState assigns them (with the images its cut took)."""
         if history is None:
             return None
-        assignment = self.conversations.assign(history, record.kind, cut)
+        assignment = self.conversations.assign(history, record.kind, cut, like)
         record.conversation, record.turn, record.segment = assignment.conversation, assignment.turn, assignment.segment
         return assignment.thread
 
@@ -415,7 +415,7 @@ class Reader:
             if outcome.record is None:
                 continue
             outcome.record.ts = _utc(message.timestamp)
-            thread = self._number(outcome.record, outcome.history, outcome.cut)
+            thread = self._number(outcome.record, outcome.history, *outcome.taken)
             rows.append(self._row(outcome.record, index, None, WHAT_IF if self.what_if else None))
             waiting.append((rows[-1], thread))
         if rows:

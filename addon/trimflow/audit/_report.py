@@ -91,6 +91,8 @@ def pruned_cell(row: Row) -> str:
         parts.append("OVER BUDGET")
     if getattr(r, "retries", 0):  # refused for a limit and sent again within it (docs/recovery.md)
         parts.append(f"retried {r.retries}x ({r.retry_limits}){'' if (r.status or 0) < 400 else ', still refused'}")
+    if getattr(r, "recalls", 0):  # images recall_image brought back before this request (docs/how-it-works.md#recall)
+        parts.append(f"{r.recalls} recalled")
     return ", ".join(parts) or "-"
 
 
@@ -193,6 +195,15 @@ def mode_text(summary: Summary) -> str:
 
 
 def totals_text(t: Totals, arrow: str = "->") -> str:
+    return _totals_text(t, arrow) + (f" · {recalls_text(t)}" if t.recalls or t.recalls_refused else "")
+
+
+def recalls_text(t: Totals) -> str:
+    """The images recall_image brought back, and the ids it refused: "2 recalled (1 refused)"."""
+    return f"{t.recalls:,} recalled" + (f" ({t.recalls_refused:,} refused)" if t.recalls_refused else "")
+
+
+def _totals_text(t: Totals, arrow: str) -> str:
     if (t.body_bytes_before, t.est_tokens_before, t.images_before) == (t.body_bytes_after, t.est_tokens_after, t.images_after):
         return (
             f"{t.requests:,} requests · body {format_size(t.body_bytes_before)} · ~tokens {tokens(t.est_tokens_before)} · "

@@ -90,10 +90,14 @@ class Totals:
     priced: int = 0  # billed requests with a cost
     priced_usd: float = 0.0
     unpriced: Counter[str] = field(default_factory=Counter)  # billed requests with no cost, by reason
+    recalls: int = 0  # images the run's recall_image brought back (docs/how-it-works.md#recall)
+    recalls_refused: int = 0
 
     def add(self, row: Row) -> None:
         r = row.record
         self.requests += 1
+        self.recalls += getattr(r, "recalls", 0) or 0  # getattr: older records lack it
+        self.recalls_refused += getattr(r, "recalls_refused", 0) or 0
         self.body_bytes_before += r.body_bytes_before
         self.body_bytes_after += r.body_bytes_after
         self.est_tokens_before += r.est_tokens_before
@@ -152,6 +156,8 @@ class Totals:
             "cost_usd": self.cost_usd,
             "cost_priced_requests": self.priced,
             "cost_unpriced_requests": dict(self.unpriced),  # reason -> requests: the cost leaves them out
+            "recalls": self.recalls,
+            "recalls_refused": self.recalls_refused,
         }
 
 

@@ -18,6 +18,7 @@
 - Metrics: completes each record with the answer's status and usage; the log line and the JSONL record.
 - Prometheus: counts each record the metrics addon writes, served at /metrics (trimflow_prometheus).
 - ShareConversations: shares each conversation's last turn with the other instances naming the same file.
+- Recall: keeps the images Prune cut, for the run's recall_image tool (trimflow_recall; on with a run's token).
 - KeepMemory: keeps freed body memory in the process (glibc).
 - UpstreamAuthPipe: mitmproxy's upstream_auth read once, at start, from a pipe the launcher hands over
   (trimflow_upstream_auth_fd), so that an upstream proxy's password is in no file.
@@ -33,6 +34,7 @@ from .metrics import FLUSH_DELAY, Metrics
 from .options import Options
 from .prometheus import Prometheus
 from .prune import Prune
+from .recall import Recall
 from .recover import Recover
 from .simulate import Simulate
 from .state import META, FlowState, SharedState
@@ -57,6 +59,7 @@ def make_addons() -> list[object]:
         recover.hold,
         Prometheus(metrics, recover),
         ShareConversations(flows),
+        Recall(flows),
         KeepMemory(),
         UpstreamAuthPipe(),
         Options(),
@@ -74,6 +77,7 @@ __all__ = [
     "Options",
     "Prometheus",
     "Prune",
+    "Recall",
     "Recover",
     "ShareConversations",
     "SharedState",

@@ -136,6 +136,7 @@ def is_loopback(host: str) -> bool:
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 128  # socketserver's 5 refuses a burst of agents' turns that a real provider takes
 
     def __init__(self, addr: tuple[str, int], provider: FakeProvider, tls: ssl.SSLContext | None, family: int):
         self.address_family = family
