@@ -98,6 +98,7 @@ PUBLIC = {
         "META",
         "KeepMemory",
         "Metrics",
+        "OpenTelemetry",
         "Options",
         "Prometheus",
         "Prune",

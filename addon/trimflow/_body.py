@@ -183,6 +183,13 @@ class ParsedBody:
         """len(self.dumps(value)), without joining the spliced bytes."""
         return len(self.write(value))
 
+    def unstubbed(self, out: bytes) -> bytes:
+        """JSON written from `parsed` (orjson, as is) with each stub's string as written in the body: what writing the
+        whole body parsed gives, but for escapes the client writes otherwise than orjson past a payload's head."""
+        if not self._spans or _MARK_BYTES not in out:
+            return out
+        return bytes(Written(self._splice(out)))
+
     def _splice(self, out: bytes) -> list[memoryview | bytes]:
         """`out` with each stub's text replaced by the original string's bytes."""
         view, source = memoryview(out), memoryview(self.body)

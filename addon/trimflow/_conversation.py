@@ -151,15 +151,17 @@ def _goes_on(remembered: Mapping[bytes, list[Copy]], last: LastTurn, images: Ima
     they came (those that came together in any order), and the images new to the line after them. A row that does
     not is another conversation with the same opening (a second run of one task) or a turn that lost what the line
     knows: taking it would move the line's cut and reorder its images, and its prompt cache with them."""
-    ranked: list[tuple[tuple[int, int], int]] = []  # (when the line's copy came, cut first; the row's rank)
+    # A row lists the images its turn cut first, then the rest, each part by arrival (trimflow._value may cut other than
+    # the oldest): within each part its ranks must follow when the line's copies came.
+    ranked: list[tuple[tuple[int, int], int]] = []  # ((the row's part, when the line's copy came); the row's rank)
     for mine, theirs in zip(_arrivals(remembered, images), _arrivals(_copies(last), images), strict=True):
         if mine is None:
             if theirs is not None:
-                ranked.append(((1, _NEW), theirs.came))
+                ranked.append(((0 if theirs.cut else 1, _NEW), theirs.came))
         elif theirs is None or (mine.cut and not theirs.cut):
             return False
         else:
-            ranked.append(((0 if mine.cut else 1, mine.came), theirs.came))
+            ranked.append(((0 if theirs.cut else 1, mine.came), theirs.came))
     ranked.sort()
     before = top = -_NEW  # the row's highest rank among the copies that came before this group, and in this group so far
     group: tuple[int, int] | None = None
@@ -184,6 +186,11 @@ def _continues(line: HistoryLine | None, last: LastTurn, images: Images) -> bool
 def _extent(row: tuple[bytes, LastTurn]) -> tuple[int, float]:
     """Of rows a request continues, the one that knows the most of it, then the newest."""
     return len(row[1].images), row[1].sent_at
+
+
+def _holders(held: HistoryLine | dict[HistoryLine, None] | None) -> Sequence[HistoryLine] | dict[HistoryLine, None] | None:
+    """The lines of history that remember an image (Conversations._by_image), the most recent last."""
+    return (held,) if isinstance(held, HistoryLine) else held
 
 
 def _oldest_first(found: Sequence[Copy | None], cut: Collection[int] | None = None) -> list[int]:
@@ -231,8 +238,9 @@ class Conversations:
         self._clock = 0
         self._images = 0  # image copies remembered in all lines of history
         self._cut_keys: dict[bytes, int] = {}  # image_key -> copies remembered as cut
-        # image_key -> the lines of history that remember it, the most recent last (a dict: removal in constant time)
-        self._by_image: dict[bytes, dict[HistoryLine, None]] = {}
+        # image_key -> the lines of history that remember it, the most recent last (a dict: removal in constant time);
+        # the line itself while it is the only one, as most images are (a dict of one costs four times a line's entry)
+        self._by_image: dict[bytes, HistoryLine | dict[HistoryLine, None]] = {}
 
     def __len__(self) -> int:
         return len(self._conversations)
@@ -386,7 +394,7 @@ class Conversations:
         most of them, the most recently used of equals."""
         shared: dict[HistoryLine, int] = {}
         for key in set(keys):
-            holders = self._by_image.get(key)
+            holders = _holders(self._by_image.get(key))
             # The most recent few: one image many conversations sent costs a request that sends it no more than that.
             for thread in itertools.islice(reversed(holders), _SENT_AGAIN_HOLDERS) if holders else ():
                 shared[thread] = shared.get(thread, 0) + 1
@@ -421,7 +429,7 @@ class Conversations:
         self._forget_images(thread)
         thread.images = table
         for key, copies in table.items():
-            self._by_image.setdefault(key, {})[thread] = None
+            self._hold(key, thread)
             self._images += len(copies)
             cuts = sum(1 for copy in copies if copy.cut)
             if cuts:
@@ -432,12 +440,27 @@ class Conversations:
                 self._drop_thread(dropped)
         return kept, sum(1 for rank in range(first, len(order)) if order[rank] in cut)
 
+    def _hold(self, key: bytes, thread: HistoryLine) -> None:
+        held = self._by_image.get(key)
+        if held is None or held is thread:
+            self._by_image[key] = thread
+        elif isinstance(held, HistoryLine):
+            self._by_image[key] = {held: None, thread: None}
+        else:
+            held[thread] = None
+
+    def _release(self, key: bytes, thread: HistoryLine) -> None:
+        held = self._by_image[key]
+        if isinstance(held, HistoryLine):
+            del self._by_image[key]
+            return
+        del held[thread]
+        if len(held) == 1:
+            self._by_image[key] = next(iter(held))
+
     def _forget_images(self, thread: HistoryLine) -> None:
         for key, copies in thread.images.items():
-            holders = self._by_image[key]
-            del holders[thread]
-            if not holders:
-                del self._by_image[key]
+            self._release(key, thread)
             self._images -= len(copies)
             cuts = sum(1 for copy in copies if copy.cut)
             if cuts:

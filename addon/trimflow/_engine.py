@@ -300,7 +300,7 @@ def _prune(
 
     def history() -> History | None:
         try:
-            return history_of(host, headers, module.history(parsed), [m.path for m in media], _payload_ends(doc), doc.is_skeleton, arrivals)
+            return history_of(host, headers, module.history(parsed), [m.path for m in media], doc.unstubbed, arrivals)
         except Exception:  # noqa: BLE001 - a request left unnumbered, never a request lost
             return None
 
@@ -433,19 +433,6 @@ def _was_cut(memory: CutMemory, keys: tuple[bytes, ...]) -> bool:
         return memory.was_cut(keys)
     except Exception:  # noqa: BLE001 - as a failed recall: the request is cut on its own
         return False
-
-
-def _payload_ends(doc: _body.ParsedBody) -> Callable[[str], tuple[int, bytes, bytes] | None]:
-    """What a payload's stub stands for in a conversation digest: its length as written, first and last bytes."""
-
-    def ends(stub: str) -> tuple[int, bytes, bytes] | None:
-        payload = doc.resolve(Media("text", (), stub)).data
-        if not isinstance(payload, _body.Payload):
-            return None
-        body, start, end = payload.body, payload.start, payload.end
-        return end - start, body[start : start + 64], body[max(start, end - 64) : end]
-
-    return ends
 
 
 def _facts(images: list[Media], recall: ImageIds | None = None) -> list[MediaFacts]:

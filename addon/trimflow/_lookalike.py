@@ -29,9 +29,10 @@ from collections.abc import Sequence
 
 from PIL import Image, ImageChops
 
+from . import _shrink
 from ._media import USER, Media
 from ._placeholder import MediaFacts
-from ._shrink import BUDGET, open_image
+from ._shrink import open_image
 
 THUMBNAIL = (32, 20)
 MAX_MEAN_DIFFERENCE = 0.5  # grey levels, over the thumbnail
@@ -89,7 +90,8 @@ def thumbnail(payload: str) -> bytes | None:
     # Decoded within the shrinks' process-wide budget (trimflow._pixel_budget): at most its pixels in 4 bands and their
     # grey copy, a quarter more for the heap. An image that finds no room is not compared: it stays a distinct screen.
     cost = im.size[0] * im.size[1] * 5 * 5 // 4
-    if cost > BUDGET.limit or not BUDGET.reserve(cost):
+    budget = _shrink.BUDGET  # looked up now: the process's, whatever replaced it since import
+    if cost > budget.limit or not budget.reserve(cost):
         return None
     try:
         im.draft("L", (THUMBNAIL[0] * 2, THUMBNAIL[1] * 2))
@@ -98,7 +100,7 @@ def thumbnail(payload: str) -> bytes | None:
         return None
     finally:
         del im
-        BUDGET.release(cost)
+        budget.release(cost)
     return small.tobytes()
 
 

@@ -82,6 +82,11 @@ class Record:
     usage_cache_read_tokens: int | None = None  # of which read from the provider's prompt cache
     usage_cache_write_tokens: int | None = None  # of which written to it (Anthropic, Bedrock; OpenAI and Gemini never say)
     usage_output_tokens: int | None = None
+    # The provider's cache read fell below the conversation's previous turn's (or this is its first turn): whose doing
+    # it was (trimflow._cache_break: first_turn, agent_prefix, trimflow_cut, cache_expired, unexplained) and where
+    # ("system", "tools", "message 7", "image 5"; None for the others).
+    cache_break: str | None = None
+    cache_break_at: str | None = None
     overhead_ms: float = 0.0
     simulated: str | None = None  # the limit profile (trimflow_simulate) that answered instead of the provider
     # The provider refused the request for a limit and the proxy sent it again within it (docs/recovery.md): how many
@@ -175,6 +180,8 @@ class Record:
                 parts.append(f"({', '.join(cache)})")
         if self.usage_output_tokens is not None:
             parts.append(f"out={self.usage_output_tokens}")
+        if self.cache_break is not None:
+            parts.append(f"cache break: {self.cache_break}" + (f" at {self.cache_break_at}" if self.cache_break_at else ""))
         if self.clicks_mapped:
             parts.append(f"clicks mapped {self.clicks_mapped}")
         if self.recalls or self.recalls_refused:

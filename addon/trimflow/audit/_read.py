@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from .._cache_break import CacheBreaks
 from .._conversation import Conversations, HistoryLine
 from .._decode import DEFAULT_MAX_DECODED_BYTES, BodyTooLarge, DecodeError, decode_body
 from .._engine import prune
@@ -83,6 +84,9 @@ class Row:
     # saying why, or for a request that is not billed (a token count): then `unpriced` is None too.
     cost: float | None = None
     unpriced: str | None = None
+    # USD the request would have cost as the agent sent it, without trimflow (an estimate: _summary.WITHOUT_METHOD);
+    # None where `cost` is.
+    cost_without: float | None = None
 
 
 @dataclass
@@ -204,6 +208,9 @@ class Reader:
         self.max_decoded_bytes = max_decoded_bytes
         # An audit sees every conversation of the recording; no salt: the same input gives the same ids on every run.
         self.conversations = Conversations(capacity=1 << 20, salt=b"")
+        # Why a recorded turn's cache read fell, on the recording's clock, for flows the proxy left no record on.
+        self._flow_time = 0.0
+        self.cache_breaks = CacheBreaks(clock=lambda: self._flow_time)
         self.tallies: list[InputTally] = []
 
     def check(self, paths: list[str]) -> list[tuple[Path, str]]:
@@ -316,6 +323,10 @@ class Reader:
                 tally.skipped += 1
                 return []
         thread = None if numbered else self._number(record, history, *taken)
+        causes = proxy_record is None and not self.what_if  # the usage is the recording's: its causes, of what was sent
+        if causes:
+            self._flow_time = request.timestamp_start
+            self.cache_breaks.sent(record, history, taken[0])
         tally.llm_requests += 1
         tally.proxy_records += proxy_record is not None
         record.ts = _utc(request.timestamp_start)
@@ -339,6 +350,10 @@ class Reader:
             )
         record.status = status
         _set_usage(record, usage)
+        if causes:
+            self.cache_breaks.answered(record)
+        elif proxy_record is not None and record is not proxy_record:  # why the cache broke, as the proxy saw it
+            record.cache_break, record.cache_break_at = proxy_record.cache_break, proxy_record.cache_break_at
         return [self._row(record, index, failure, after)]
 
     def _body(self, request: http.Request, tally: InputTally) -> bytes | None:

@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 
 from .. import _jsoncodec
+from .._cache_break import CAUSES, FIRST_TURN
 from .._human import format_size
 from .._text import for_text
 from ._escape import for_markdown, for_markdown_cell, for_markdown_code
@@ -67,7 +68,18 @@ def usage_text(t: Totals) -> str:
         return f"none reported · cost {cost_text(t)}"
     cache = cache_parts(t)
     text = f"in {t.input_tokens:,}" + (f" ({', '.join(cache)})" if cache else "")
-    return f"{text} · out {t.output_tokens:,} · cost {cost_text(t)}"
+    breaks = cache_breaks_text(t)
+    return f"{text} · out {t.output_tokens:,} · cost {cost_text(t)}" + (f" · cache breaks: {breaks}" if breaks else "")
+
+
+def cache_breaks_text(t: Totals) -> str:
+    """The turns whose cache read fell, by cause (trimflow._cache_break): "1 first_turn, 2 trimflow_cut"; "" when no turn
+    after a first one broke the cache (every conversation has a first turn: alone, it says nothing)."""
+    if not any(cause != FIRST_TURN for cause in t.cache_breaks):
+        return ""
+    known = [cause for cause in CAUSES if t.cache_breaks[cause]]
+    other = sorted(cause for cause in t.cache_breaks if cause not in CAUSES)  # from a record file of another version
+    return ", ".join(f"{t.cache_breaks[cause]:,} {for_text(cause)}" for cause in known + other)
 
 
 # What the engine did beyond dropping images (Record fields; getattr: older records lack them).

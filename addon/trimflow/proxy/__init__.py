@@ -17,6 +17,8 @@
   rescaled (before Metrics: its stream gets the events after Metrics read the usage, and its count is recorded).
 - Metrics: completes each record with the answer's status and usage; the log line and the JSONL record.
 - Prometheus: counts each record the metrics addon writes, served at /metrics (trimflow_prometheus).
+- OpenTelemetry: a span per record the metrics addon writes, and the same counts as OTel metrics, over OTLP
+  (trimflow_otel).
 - ShareConversations: shares each conversation's last turn with the other instances naming the same file.
 - Recall: keeps the images Prune cut, for the run's recall_image tool (trimflow_recall; on with a run's token).
 - KeepMemory: keeps freed body memory in the process (glibc).
@@ -32,6 +34,7 @@ from .keys import GeminiKeyHeader
 from .memory import KeepMemory
 from .metrics import FLUSH_DELAY, Metrics
 from .options import Options
+from .otel import OpenTelemetry
 from .prometheus import Prometheus
 from .prune import Prune
 from .recall import Recall
@@ -58,6 +61,7 @@ def make_addons() -> list[object]:
         metrics,
         recover.hold,
         Prometheus(metrics, recover),
+        OpenTelemetry(metrics),
         ShareConversations(flows),
         Recall(flows),
         KeepMemory(),
@@ -74,6 +78,7 @@ __all__ = [
     "GeminiKeyHeader",
     "KeepMemory",
     "Metrics",
+    "OpenTelemetry",
     "Options",
     "Prometheus",
     "Prune",

@@ -16,6 +16,7 @@ from collections.abc import Callable, Collection
 from mitmproxy import http
 
 from .. import Outcome
+from .._cache_break import CacheBreaks
 from .._clicks import Screen
 from .._conversation import Conversations, HistoryLine
 from .._decode import DEFAULT_MAX_DECODED_BYTES
@@ -65,6 +66,7 @@ class SharedState:
         self.rules: RulesFile | None = None
         self.max_decoded_bytes = DEFAULT_MAX_DECODED_BYTES
         self.conversations = Conversations()
+        self.cache_breaks = CacheBreaks(clock=self.conversations.clock)
         # The recover addon's learned limits for (upstream, model, limits), applied on top of the rules.
         self.learned: Callable[[str, str | None, Limits], Limits] | None = None
         self.recall: RecallStore | None = None
@@ -143,6 +145,7 @@ class SharedState:
             return None
         assignment = self.conversations.assign(history, record.kind, cut, like)
         record.conversation, record.turn, record.segment = assignment.conversation, assignment.turn, assignment.segment
+        self.cache_breaks.sent(record, history, cut)
         return assignment.thread
 
     def responded(self, record: Record, thread: HistoryLine | None, answer_head: bytes) -> None:
