@@ -735,14 +735,17 @@ def text_session_figures(workdir: Path, upstream: Upstream, settings: Settings, 
     ]
 
 
-def _loopback_turns(workdir: Path, upstream: Upstream, session: list[bytes], runs: int) -> dict[str, list[float]]:
+def _loopback_turns(
+    workdir: Path, upstream: Upstream, session: list[bytes], runs: int, cpu: dict[str, float] | None = None
+) -> dict[str, list[float]]:
     """Turn times (ms) through a fresh mitmdump with the addon and a fresh plain one, both straight to the upstream:
-    each turn to one then the other (who goes first alternates), after the same idle time."""
+    each turn to one then the other (who goes first alternates), after the same idle time. `cpu`, when given, gets each
+    process's CPU milliseconds per request over the timed turns (what it does after an answer included)."""
     names = ("addon", "plain")
     times: dict[str, list[float]] = {name: [] for name in names}
     received: dict[str, int] = dict.fromkeys(names, 0)
     with contextlib.ExitStack() as stack:
-        clients = {}
+        clients, pids = {}, {}
         for name in names:
             proxy = start_proxy(workdir / f"text-loopback-{name}", name, upstream, addon=name == "addon")
             stack.callback(proxy.mitmdump.stop)
@@ -750,7 +753,9 @@ def _loopback_turns(workdir: Path, upstream: Upstream, session: list[bytes], run
             stack.callback(client.close)
             for _ in range(3):  # the connection to the upstream, the addon's first imports
                 _post_ok(client, session[0])
-            clients[name] = client
+            clients[name], pids[name] = client, proxy.pid
+        time.sleep(LATENCY_GAP)
+        cpu_before = {name: _cpu_seconds(pid) for name, pid in pids.items()}
         for run in range(runs):
             for turn, body in enumerate(session):
                 for name in names if (turn + run) % 2 == 0 else names[::-1]:
@@ -762,9 +767,47 @@ def _loopback_turns(workdir: Path, upstream: Upstream, session: list[bytes], run
                     if status != 200:
                         raise RuntimeError(f"{name} mitmdump answered {status} on turn {turn + 1}")
                     received[name] += got
+        time.sleep(0.2)  # what follows the last answers (the record, the log line) is done
+        if cpu is not None:
+            for name, pid in pids.items():
+                cpu[name] = (_cpu_seconds(pid) - cpu_before[name]) * 1000 / (runs * len(session))
     if received["addon"] != received["plain"]:
         raise RuntimeError("the addon changed a text session that needs nothing")
     return times
+
+
+TEXT_FLOOR_KB = 890  # the coding agent's chat body the proxy's floor is measured on
+
+
+def text_floor_figures(workdir: Path, upstream: Upstream, settings: Settings, say: Callable[[str], None]) -> list[Figure]:
+    """On loopback, where nothing hides what the addon costs: a coding agent's text body and the text session's turns
+    (nothing to change) through mitmdump with the addon, against plain mitmdump plus the engine's own time on the same
+    body (in process); and the CPU each process spends per request."""
+    body = coding_session(FORMAT, _turns_for(FORMAT, TEXT_FLOOR_KB * 1024))
+    session = [coding_session(FORMAT, turn) for turn in range(1, settings.text_session_turns + 1)]
+    figures: list[Figure] = []
+    sizes = f"{len(session[0]) // 1024} KB to {len(session[-1]) // 1024} KB"
+    for key, bodies, runs, what in (
+        ("body", [body], settings.latency_reps, f"{len(body) // 1024} KB coding-agent chat body"),
+        ("session", session, settings.text_session_runs, f"{len(session)}-turn text session, {sizes}"),
+    ):
+        say(f"text at the floor, loopback: {what}, with the addon and plain, side by side")
+        cpu: dict[str, float] = {}
+        times = _loopback_turns(workdir / f"floor-{key}", upstream, bodies, runs, cpu)
+        engine = statistics.median(
+            interleaved_ms(settings.text_reps, _text_engine(FORMAT, b), loops=[max(1, round(4 * MB / len(b)))])[0] for b in bodies
+        )
+        a, p = statistics.median(times["addon"]), statistics.median(times["plain"])
+        figures += [
+            Figure(f"text_floor_{key}_addon_ms", f"loopback with addon, {what} (median)", a, "ms"),
+            Figure(f"text_floor_{key}_plain_ms", "loopback plain mitmdump, same (median)", p, "ms"),
+            Figure(f"text_floor_{key}_engine_ms", "the engine's own time on the same, in process (median)", engine, "ms"),
+            Figure(f"text_floor_{key}_ratio", "addon / (plain + engine), medians", a / (p + engine), "x", 1.10),
+            Figure(f"text_floor_{key}_cpu_addon_ms", "CPU per request, mitmdump with addon", cpu["addon"], "ms"),
+            Figure(f"text_floor_{key}_cpu_plain_ms", "CPU per request, plain mitmdump", cpu["plain"], "ms"),
+            Figure(f"text_floor_{key}_cpu_ratio", "CPU per request, addon / plain", cpu["addon"] / cpu["plain"], "x", 1.5),
+        ]
+    return figures
 
 
 # --- the upstream ------------------------------------------------------------------------------------------
@@ -2006,6 +2049,7 @@ def run(settings: Settings, say: Callable[[str], None], sections: tuple[str, ...
             say(f"recall store: {RECALL_CONVERSATIONS:,} conversations soaked through its bounds (a process of its own)")
             figures += recall_figures(workdir)
         if "text" in sections:
+            figures += text_floor_figures(workdir, upstream, settings, say)
             figures += text_session_figures(workdir, upstream, settings, say)
         if "shaped" in sections:
             figures += shaped_figures(workdir, upstream, bodies, settings, say)

@@ -253,10 +253,13 @@ class TrimflowAddons:
 
 
 async def requested(addon, flow) -> None:
-    """The request hook and the turn of the event loop after it, as mitmproxy runs them: a request
-    forwarded as it came gets its record on that turn, before any answer can arrive."""
+    """The request hook and the turn of the event loop after it, as mitmproxy runs them, then the flow's record as a
+    hook that reads it gets it (a request forwarded as it came has its record worked out once its answer has gone)."""
     await addon.request(flow)
     await asyncio.sleep(0)
+    state = addon.flows.get(flow)
+    if state is not None:
+        addon.flows.settle(flow, state)
 
 
 async def answer_sent() -> None:

@@ -183,23 +183,48 @@ async def test_light_work_runs_on_the_loop_and_slow_work_in_a_worker(addon, tmp_
     assert shrink.metadata["trimflow"]["shrunk"] == 2 and offloaded == ["_prune_in_worker"] * 2  # Pillow: a worker
 
 
-async def test_a_request_needing_nothing_goes_first_and_gets_its_record_on_the_next_loop_turn(addon) -> None:
+async def test_a_request_needing_nothing_goes_first_and_gets_its_record_once_its_answer_has_gone(addon) -> None:
     flow = llm_flow(turns=2)  # within the 2 images of the test rules
     original = flow.request.raw_content
     await addon.request(flow)
     assert flow.request.raw_content is original and "trimflow" not in flow.metadata  # mitmproxy forwards it now
     await asyncio.sleep(0)
+    assert "trimflow" not in flow.metadata  # nothing of its record or its turn while the provider answers
+    flow.response = json_answer()
+    addon.responseheaders(flow)
+    await addon.response_async(flow)
+    assert "trimflow" not in flow.metadata  # the answer goes to the client as this hook returns
+    await asyncio.sleep(0)
     record = flow.metadata["trimflow"]
     assert record["images_before"] == record["images_after"] == 2 and record["pruned"] == 0 and record["turn"] == 1
-    assert record["est_tokens_before"] > 0  # the sniffed sizes and token estimates are all there
+    assert record["est_tokens_before"] > 0 and record["status"] == 200  # sniffed sizes, token estimates, the answer
 
-    fast = llm_flow(turns=2)
-    await addon.request(fast)
-    fast.response = json_answer()
-    addon.responseheaders(fast)  # an answer before the loop turned: the record is worked out then
-    assert fast.metadata["trimflow"]["turn"] == 2
+    # Turns are numbered in the order they came, whichever answer comes first.
+    second, third = llm_flow(turns=2), llm_flow(turns=2)
+    await addon.request(second)
+    await addon.request(third)
+    third.response, second.response = json_answer(), json_answer()
+    await addon.response_async(third)
+    await addon.response_async(second)
     await asyncio.sleep(0)
-    assert fast.metadata["trimflow"]["turn"] == 2  # once
+    assert (second.metadata["trimflow"]["turn"], third.metadata["trimflow"]["turn"]) == (2, 3)
+
+
+async def test_a_request_that_needs_the_memory_numbers_the_turns_before_it_first(addon) -> None:
+    # A fast agent's next turn may come before the last one's answer has been accounted for: a turn with images to cut
+    # reads when they came, so every pending turn is numbered before it.
+    first = llm_flow(turns=2)
+    await requested_only(addon, first)
+    assert "trimflow" not in first.metadata
+    later = llm_flow(turns=3)  # one image more than the rules' 2: cut, by arrival
+    await addon.request(later)
+    assert first.metadata["trimflow"]["turn"] == 1 and later.metadata["trimflow"]["turn"] == 2
+    assert later.metadata["trimflow"]["pruned"] == 1
+
+
+async def requested_only(addon, flow) -> None:
+    await addon.request(flow)
+    await asyncio.sleep(0)
 
 
 async def test_an_undecodable_body_is_forwarded_with_one_log_line(addon, caplog) -> None:

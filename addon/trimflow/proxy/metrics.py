@@ -22,7 +22,7 @@ from .._record import Record
 from .._usage import Usage, UsageScanner, usage_of
 from ..formats import openai_responses, streamed_path
 from .options import check_writable, exits_at_startup, starting
-from .state import SharedState, write
+from .state import FlowState, SharedState, write
 
 log = logging.getLogger("trimflow")
 
@@ -69,7 +69,7 @@ class Metrics:
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         state = self.flows.get(flow)
-        if state is None or self.flows.settle(flow, state) is None or flow.response is None:
+        if state is None or (state.pending is None and state.record is None) or flow.response is None:
             return
         if flow.response.headers.get("content-type", "").startswith(_STREAMED_TYPES) or streamed_path(flow.request.path):
             # Pass events through as they come (mitmproxy buffers by default) and read usage on the way; an addon
@@ -81,6 +81,16 @@ class Metrics:
         state = self.flows.get(flow)
         if state is None:
             return
+        if state.pending is not None and not getattr(ctx.options, "save_stream_file", None):
+            # A record left pending (a request nothing changed) is worked out once the answer has gone to the client:
+            # mitmproxy sends it when this hook returns, before the loop's next turn. A recording (-w) is written
+            # from this hook's round: its flows get their record here.
+            asyncio.get_running_loop().call_soon(self._answered, flow, state)
+            return
+        self._answered(flow, state)
+
+    def _answered(self, flow: http.HTTPFlow, state: FlowState) -> None:
+        """The record completed with the answer: status, usage, a Responses answer's id."""
         record = self.flows.settle(flow, state)
         if record is None or flow.response is None:
             return

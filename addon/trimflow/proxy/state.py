@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Callable, Collection
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Iterable
 
 from mitmproxy import http
 
 from .. import Outcome
 from .._cache_break import CacheBreaks
 from .._clicks import Screen
-from .._conversation import Conversations, HistoryLine
+from .._conversation import Conversations, HistoryLine, Recall
 from .._decode import DEFAULT_MAX_DECODED_BYTES
 from .._engine import Tighten
 from .._history import History, response_id_of
@@ -33,6 +34,7 @@ from .comment import flow_comment
 
 log = logging.getLogger("trimflow")
 
+MAX_UNSETTLED = 256  # flows whose record waits for their answer, at most (the oldest are worked out past it)
 META = "trimflow"  # flow.metadata key holding the flow's record as a dict (the audit reads it from recordings)
 
 
@@ -71,6 +73,10 @@ class SharedState:
         self.learned: Callable[[str, str | None, Limits], Limits] | None = None
         self.recall: RecallStore | None = None
         self._states: weakref.WeakKeyDictionary[http.HTTPFlow, FlowState | None] = weakref.WeakKeyDictionary()
+        # Flows whose record is left pending (Outcome.record_pending), oldest first: numbered in that order.
+        self._unsettled: OrderedDict[http.HTTPFlow, FlowState] = OrderedDict()
+        # What the engine asks of the conversations, once every pending turn before is numbered (on the loop only).
+        self.memory = _SettledMemory(self)
 
     def state(self, flow: http.HTTPFlow) -> FlowState | None:
         """The flow's state when it is (or may be) an LLM request, else None. Its Target is resolved on
@@ -108,9 +114,34 @@ class SharedState:
             state = self._states[flow] = FlowState(target)
         return state
 
+    def defer(self, flow: http.HTTPFlow, state: FlowState, outcome: Outcome) -> None:
+        """Leave the flow's record pending: worked out once its answer has gone to the client (the metrics addon), or
+        sooner when a hook reads it, or when a later request needs the conversations (`settle_all`)."""
+        state.pending = outcome
+        self._unsettled[flow] = state
+        while len(self._unsettled) > MAX_UNSETTLED:  # flows whose answer never comes: numbered all the same
+            self.settle(*next(iter(self._unsettled.items())))
+
+    def settle_all(self) -> None:
+        """Work out every pending record, oldest first: before anything reads or moves the conversations."""
+        while self._unsettled:
+            self.settle(*next(iter(self._unsettled.items())))
+
     def settle(self, flow: http.HTTPFlow, state: FlowState) -> Record | None:
-        """The flow's record, worked out now if it was left pending (the prune addon schedules this for
-        the loop turn after the request went; the hooks that read the record call it should they come first)."""
+        """The flow's record, worked out now if it was left pending, after every record pending before it (turns
+        are numbered in the order they came)."""
+        if state.pending is None:
+            return state.record
+        while self._unsettled:
+            older, older_state = self._unsettled.popitem(last=False)
+            self._settle_one(older, older_state)
+            if older is flow:
+                break
+        if state.pending is not None:  # not queued (deferred by another SharedState's caller): as it comes
+            self._settle_one(flow, state)
+        return state.record
+
+    def _settle_one(self, flow: http.HTTPFlow, state: FlowState) -> Record | None:
         outcome = state.pending
         if outcome is None:
             return state.record
@@ -152,6 +183,22 @@ class SharedState:
         """A Responses answer names its id: a later request naming it as previous_response_id continues this conversation."""
         if thread is not None and record.format == openai_responses.NAME:
             self.conversations.responded(thread, response_id_of(answer_head))
+
+
+class _SettledMemory:
+    """The conversations as the engine reads them (trimflow._engine: CutMemory), every pending turn numbered first: a
+    request that needs its conversation's memory waits for the turns before it, one that does not never does."""
+
+    def __init__(self, flows: SharedState) -> None:
+        self._flows = flows
+
+    def recall(self, history: History) -> Recall | None:
+        self._flows.settle_all()
+        return self._flows.conversations.recall(history)
+
+    def was_cut(self, keys: Iterable[bytes]) -> bool:
+        self._flows.settle_all()
+        return self._flows.conversations.was_cut(keys)
 
 
 def write(flow: http.HTTPFlow, state: FlowState) -> None:
