@@ -222,6 +222,19 @@ async def test_a_request_that_needs_the_memory_numbers_the_turns_before_it_first
     assert later.metadata["trimflow"]["pruned"] == 1
 
 
+async def test_pending_records_are_bounded_and_a_streamed_answer_does_not_hold_one(addon) -> None:
+    # A pending record holds its parsed body: never more than the bound wait for their answers, and one whose answer
+    # streams (for minutes, maybe) is worked out as the answer starts.
+    flows = [llm_flow(turns=2) for _ in range(proxy.state.MAX_UNSETTLED + 1)]
+    for flow in flows:
+        await requested_only(addon, flow)
+    assert "trimflow" in flows[0].metadata and "trimflow" not in flows[-1].metadata
+    streamed = flows[-1]
+    streamed.response = tutils.tresp(content=None, headers=http.Headers(content_type="text/event-stream"))
+    addon.responseheaders(streamed)
+    assert streamed.metadata["trimflow"]["turn"] == len(flows)
+
+
 async def requested_only(addon, flow) -> None:
     await addon.request(flow)
     await asyncio.sleep(0)

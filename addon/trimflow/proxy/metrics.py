@@ -72,6 +72,8 @@ class Metrics:
         if state is None or (state.pending is None and state.record is None) or flow.response is None:
             return
         if flow.response.headers.get("content-type", "").startswith(_STREAMED_TYPES) or streamed_path(flow.request.path):
+            # An answer that may stream for minutes: what a pending record holds (the parsed body) is not kept that long.
+            self.flows.settle(flow, state)
             # Pass events through as they come (mitmproxy buffers by default) and read usage on the way; an addon
             # before this one that rewrites the events (the clicks addon) gets them after they are read.
             previous = flow.response.stream

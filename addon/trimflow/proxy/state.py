@@ -34,7 +34,9 @@ from .comment import flow_comment
 
 log = logging.getLogger("trimflow")
 
-MAX_UNSETTLED = 256  # flows whose record waits for their answer, at most (the oldest are worked out past it)
+# Flows whose record waits for their answer, at most, and their bodies in all (the oldest are worked out past either).
+MAX_UNSETTLED = 64
+MAX_UNSETTLED_BYTES = 16 * 2**20
 META = "trimflow"  # flow.metadata key holding the flow's record as a dict (the audit reads it from recordings)
 
 
@@ -75,6 +77,7 @@ class SharedState:
         self._states: weakref.WeakKeyDictionary[http.HTTPFlow, FlowState | None] = weakref.WeakKeyDictionary()
         # Flows whose record is left pending (Outcome.record_pending), oldest first: numbered in that order.
         self._unsettled: OrderedDict[http.HTTPFlow, FlowState] = OrderedDict()
+        self._unsettled_bytes = 0  # their request bodies, in all
         # What the engine asks of the conversations, once every pending turn before is numbered (on the loop only).
         self.memory = _SettledMemory(self)
 
@@ -119,13 +122,16 @@ class SharedState:
         sooner when a hook reads it, or when a later request needs the conversations (`settle_all`)."""
         state.pending = outcome
         self._unsettled[flow] = state
-        while len(self._unsettled) > MAX_UNSETTLED:  # flows whose answer never comes: numbered all the same
-            self.settle(*next(iter(self._unsettled.items())))
+        self._unsettled_bytes += len(outcome.body)
+        # Bounded across requests: a pending record holds its parsed body, so past either bound the oldest are
+        # worked out now, as they come.
+        while self._unsettled and (len(self._unsettled) > MAX_UNSETTLED or self._unsettled_bytes > MAX_UNSETTLED_BYTES):
+            self._settle_oldest()
 
     def settle_all(self) -> None:
         """Work out every pending record, oldest first: before anything reads or moves the conversations."""
         while self._unsettled:
-            self.settle(*next(iter(self._unsettled.items())))
+            self._settle_oldest()
 
     def settle(self, flow: http.HTTPFlow, state: FlowState) -> Record | None:
         """The flow's record, worked out now if it was left pending, after every record pending before it (turns
@@ -133,13 +139,18 @@ class SharedState:
         if state.pending is None:
             return state.record
         while self._unsettled:
-            older, older_state = self._unsettled.popitem(last=False)
-            self._settle_one(older, older_state)
-            if older is flow:
+            if self._settle_oldest() is flow:
                 break
         if state.pending is not None:  # not queued (deferred by another SharedState's caller): as it comes
             self._settle_one(flow, state)
         return state.record
+
+    def _settle_oldest(self) -> http.HTTPFlow:
+        flow, state = self._unsettled.popitem(last=False)
+        if state.pending is not None:
+            self._unsettled_bytes -= len(state.pending.body)
+        self._settle_one(flow, state)
+        return flow
 
     def _settle_one(self, flow: http.HTTPFlow, state: FlowState) -> Record | None:
         outcome = state.pending
