@@ -9,6 +9,7 @@ import logging
 import os
 import threading
 import time
+import types
 from pathlib import Path
 
 import orjson
@@ -233,6 +234,30 @@ async def test_pending_records_are_bounded_and_a_streamed_answer_does_not_hold_o
     streamed.response = tutils.tresp(content=None, headers=http.Headers(content_type="text/event-stream"))
     addon.responseheaders(streamed)
     assert streamed.metadata["trimflow"]["turn"] == len(flows)
+
+
+async def test_pending_bodies_are_bounded_in_bytes(addon, monkeypatch) -> None:
+    first, second, third = (llm_flow(turns=2) for _ in range(3))
+    monkeypatch.setattr(proxy.state, "MAX_UNSETTLED_BYTES", 2 * len(first.request.raw_content))
+    await requested_only(addon, first)
+    await requested_only(addon, second)
+    assert "trimflow" not in first.metadata  # two bodies wait
+    await requested_only(addon, third)
+    assert "trimflow" in first.metadata and "trimflow" not in second.metadata  # a third pushes the oldest out
+
+
+async def test_a_turn_worked_out_after_its_answer_is_timed_as_it_was_sent(addon, monkeypatch) -> None:
+    # The conversations and the cache breaks read the idle time between an agent's turns: a slow answer is not idle.
+    now = [1_000_000.0]
+    monkeypatch.setattr(proxy.state, "time", types.SimpleNamespace(time=lambda: now[0]))
+    flow = llm_flow(turns=2)
+    await requested_only(addon, flow)
+    now[0] += 600  # the provider answers ten minutes later, past any cache's lifetime
+    flow.response = json_answer()
+    await addon.response_async(flow)
+    await asyncio.sleep(0)
+    state = addon.flows.get(flow)
+    assert flow.metadata["trimflow"]["turn"] == 1 and state.thread.sent_at == 1_000_000.0
 
 
 async def requested_only(addon, flow) -> None:

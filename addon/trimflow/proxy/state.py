@@ -10,6 +10,7 @@ save addon (later in its chain than any script) writes the flow.
 from __future__ import annotations
 
 import logging
+import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable
@@ -69,17 +70,23 @@ class SharedState:
     def __init__(self) -> None:
         self.rules: RulesFile | None = None
         self.max_decoded_bytes = DEFAULT_MAX_DECODED_BYTES
-        self.conversations = Conversations()
-        self.cache_breaks = CacheBreaks(clock=self.conversations.clock)
+        # A turn worked out after its answer is timed as it was sent (`_settle_one`): the idle time between turns that the
+        # conversations and the cache breaks read is the agent's, not the provider's.
+        self._sent_at: float | None = None
+        self.conversations = Conversations(clock=self._clock)
+        self.cache_breaks = CacheBreaks(clock=self._clock)
         # The recover addon's learned limits for (upstream, model, limits), applied on top of the rules.
         self.learned: Callable[[str, str | None, Limits], Limits] | None = None
         self.recall: RecallStore | None = None
         self._states: weakref.WeakKeyDictionary[http.HTTPFlow, FlowState | None] = weakref.WeakKeyDictionary()
         # Flows whose record is left pending (Outcome.record_pending), oldest first: numbered in that order.
-        self._unsettled: OrderedDict[http.HTTPFlow, FlowState] = OrderedDict()
+        self._unsettled: OrderedDict[http.HTTPFlow, tuple[FlowState, float]] = OrderedDict()  # with when each went
         self._unsettled_bytes = 0  # their request bodies, in all
         # What the engine asks of the conversations, once every pending turn before is numbered (on the loop only).
         self.memory = _SettledMemory(self)
+
+    def _clock(self) -> float:
+        return time.time() if self._sent_at is None else self._sent_at
 
     def state(self, flow: http.HTTPFlow) -> FlowState | None:
         """The flow's state when it is (or may be) an LLM request, else None. Its Target is resolved on
@@ -121,7 +128,7 @@ class SharedState:
         """Leave the flow's record pending: worked out once its answer has gone to the client (the metrics addon), or
         sooner when a hook reads it, or when a later request needs the conversations (`settle_all`)."""
         state.pending = outcome
-        self._unsettled[flow] = state
+        self._unsettled[flow] = state, time.time()
         self._unsettled_bytes += len(outcome.body)
         # Bounded across requests: a pending record holds its parsed body, so past either bound the oldest are
         # worked out now, as they come.
@@ -146,25 +153,28 @@ class SharedState:
         return state.record
 
     def _settle_oldest(self) -> http.HTTPFlow:
-        flow, state = self._unsettled.popitem(last=False)
+        flow, (state, sent_at) = self._unsettled.popitem(last=False)
         if state.pending is not None:
             self._unsettled_bytes -= len(state.pending.body)
-        self._settle_one(flow, state)
+        self._settle_one(flow, state, sent_at)
         return flow
 
-    def _settle_one(self, flow: http.HTTPFlow, state: FlowState) -> Record | None:
+    def _settle_one(self, flow: http.HTTPFlow, state: FlowState, sent_at: float | None = None) -> Record | None:
         outcome = state.pending
         if outcome is None:
             return state.record
         state.pending = None
         try:
             record = outcome.record
+            if record is not None:
+                log_reason(flow, record)
+                self._sent_at = sent_at
+                self.keep(flow, state, record, outcome.history, *outcome.taken)
         except Exception as exc:  # noqa: BLE001 - the request is gone; only its record is lost
             log.warning("trimflow: %s%s no record: internal error %s", flow.request.pretty_host, path_of(flow), type(exc).__name__)
             return None
-        if record is not None:
-            log_reason(flow, record)
-            self.keep(flow, state, record, outcome.history, *outcome.taken)
+        finally:
+            self._sent_at = None
         return record
 
     def keep(
@@ -208,7 +218,7 @@ class _SettledMemory:
         return self._flows.conversations.recall(history)
 
     def was_cut(self, keys: Iterable[bytes]) -> bool:
-        self._flows.settle_all()
+        # A pending turn changed nothing, so it cut nothing: numbering it first could not make an image cut.
         return self._flows.conversations.was_cut(keys)
 
 
