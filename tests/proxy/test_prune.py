@@ -21,6 +21,7 @@ from wsproto.frame_protocol import Opcode
 
 from trimflow import proxy
 from trimflow._human import format_size_change
+from trimflow._record import utc_timestamp
 from trimflow._rules_file import DEFAULT_RULES_PATH, RulesFile, load_rules
 from trimflow.proxy import prune as prune_module
 from trimflow.testing import PATHS, session_body
@@ -258,6 +259,7 @@ async def test_a_turn_worked_out_after_its_answer_is_timed_as_it_was_sent(addon,
     await asyncio.sleep(0)
     state = addon.flows.get(flow)
     assert flow.metadata["trimflow"]["turn"] == 1 and state.thread.sent_at == 1_000_000.0
+    assert flow.metadata["trimflow"]["ts"] == utc_timestamp(1_000_000.0)  # where its OpenTelemetry span starts
 
 
 async def requested_only(addon, flow) -> None:

@@ -27,7 +27,7 @@ from .._history import History, response_id_of
 from .._learned_limits import upstream_key
 from .._limits import Limits
 from .._recall import Kept, RecallStore
-from .._record import Record
+from .._record import Record, utc_timestamp
 from .._rules import Target
 from .._rules_file import RulesFile
 from ..formats import openai_responses
@@ -168,6 +168,8 @@ class SharedState:
             record = outcome.record
             if record is not None:
                 log_reason(flow, record)
+                if sent_at is not None:  # the record's time is when the request came (an OTel span starts there)
+                    record.ts = utc_timestamp(sent_at)
                 self._sent_at = sent_at
                 self.keep(flow, state, record, outcome.history, *outcome.taken)
         except Exception as exc:  # noqa: BLE001 - the request is gone; only its record is lost
