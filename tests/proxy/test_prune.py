@@ -3,7 +3,6 @@ reload, and Codex's WebSocket `response.create` messages."""
 
 from __future__ import annotations
 
-import asyncio
 import gzip
 import logging
 import os
@@ -26,7 +25,7 @@ from trimflow._rules_file import DEFAULT_RULES_PATH, RulesFile, load_rules
 from trimflow.proxy import prune as prune_module
 from trimflow.testing import PATHS, session_body
 
-from ..helpers import ROOT, TrimflowAddons, answer_sent, requested
+from ..helpers import ROOT, TrimflowAddons, after_hooks, answer_sent, requested
 from .flows import SHOT, images_in, json_answer, llm_flow, write_rules
 
 
@@ -190,13 +189,13 @@ async def test_a_request_needing_nothing_goes_first_and_gets_its_record_once_its
     original = flow.request.raw_content
     await addon.request(flow)
     assert flow.request.raw_content is original and "trimflow" not in flow.metadata  # mitmproxy forwards it now
-    await asyncio.sleep(0)
+    await after_hooks()
     assert "trimflow" not in flow.metadata  # nothing of its record or its turn while the provider answers
     flow.response = json_answer()
     addon.responseheaders(flow)
     await addon.response_async(flow)
     assert "trimflow" not in flow.metadata  # the answer goes to the client as this hook returns
-    await asyncio.sleep(0)
+    await after_hooks()
     record = flow.metadata["trimflow"]
     assert record["images_before"] == record["images_after"] == 2 and record["pruned"] == 0 and record["turn"] == 1
     assert record["est_tokens_before"] > 0 and record["status"] == 200  # sniffed sizes, token estimates, the answer
@@ -208,7 +207,7 @@ async def test_a_request_needing_nothing_goes_first_and_gets_its_record_once_its
     third.response, second.response = json_answer(), json_answer()
     await addon.response_async(third)
     await addon.response_async(second)
-    await asyncio.sleep(0)
+    await after_hooks()
     assert (second.metadata["trimflow"]["turn"], third.metadata["trimflow"]["turn"]) == (2, 3)
 
 
@@ -256,7 +255,7 @@ async def test_a_turn_worked_out_after_its_answer_is_timed_as_it_was_sent(addon,
     now[0] += 600  # the provider answers ten minutes later, past any cache's lifetime
     flow.response = json_answer()
     await addon.response_async(flow)
-    await asyncio.sleep(0)
+    await after_hooks()
     state = addon.flows.get(flow)
     assert flow.metadata["trimflow"]["turn"] == 1 and state.thread.sent_at == 1_000_000.0
     assert flow.metadata["trimflow"]["ts"] == utc_timestamp(1_000_000.0)  # where its OpenTelemetry span starts
@@ -264,7 +263,7 @@ async def test_a_turn_worked_out_after_its_answer_is_timed_as_it_was_sent(addon,
 
 async def requested_only(addon, flow) -> None:
     await addon.request(flow)
-    await asyncio.sleep(0)
+    await after_hooks()
 
 
 async def test_an_undecodable_body_is_forwarded_with_one_log_line(addon, caplog) -> None:

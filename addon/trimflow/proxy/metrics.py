@@ -22,7 +22,7 @@ from .._record import Record
 from .._usage import Usage, UsageScanner, usage_of
 from ..formats import openai_responses, streamed_path
 from .options import check_writable, exits_at_startup, starting
-from .state import FlowState, SharedState, write
+from .state import FlowState, SharedState, after_hook, write
 
 log = logging.getLogger("trimflow")
 
@@ -41,6 +41,7 @@ class Metrics:
         self.file: MetricsFile | None = None
         self._unfinished: list[tuple[Record, str | None]] = []  # finished flows not yet logged, with their error (see _finish)
         self.listeners: list[Callable[[Record, str | None], None]] = []  # each gets every record written, with its error
+        self._answering: dict[http.HTTPFlow, FlowState] = {}  # answers sent whose record is still to be completed
 
     def load(self, loader: Loader) -> None:
         loader.add_option(
@@ -63,6 +64,8 @@ class Metrics:
             self.file = MetricsFile(path) if path else None
 
     def done(self) -> None:
+        for flow in list(self._answering):  # answered as mitmproxy stops, before the loop turned again
+            self._answer_later(flow)
         self._flush()
         if self.file is not None:
             self.file.close()
@@ -84,12 +87,17 @@ class Metrics:
         if state is None:
             return
         if state.pending is not None and not getattr(ctx.options, "save_stream_file", None):
-            # A record left pending (a request nothing changed) is worked out once the answer has gone to the client:
-            # mitmproxy sends it when this hook returns, before the loop's next turn. A recording (-w) is written
-            # from this hook's round: its flows get their record here.
-            asyncio.get_running_loop().call_soon(self._answered, flow, state)
+            # A record left pending (a request nothing changed) is worked out once the answer has gone to the client.
+            # A recording (-w) is written from this hook's round: its flows get their record here.
+            self._answering[flow] = state
+            after_hook(self._answer_later, flow)
             return
         self._answered(flow, state)
+
+    def _answer_later(self, flow: http.HTTPFlow) -> None:
+        state = self._answering.pop(flow, None)
+        if state is not None:
+            self._answered(flow, state)
 
     def _answered(self, flow: http.HTTPFlow, state: FlowState) -> None:
         """The record completed with the answer: status, usage, a Responses answer's id."""

@@ -25,7 +25,7 @@ from .._record import Record
 from .._rules_file import CHECK_INTERVAL, DEFAULT_RULES_PATH, RulesFile
 from ..errors import RulesError
 from .options import exits_at_startup
-from .state import FlowState, SharedState, log_reason, path_of
+from .state import FlowState, SharedState, after_hook, log_reason, path_of
 
 log = logging.getLogger("trimflow")
 
@@ -144,8 +144,8 @@ class Prune:
             self.flows.keep(flow, state, record, history, *taken)
             store = self.flows.recall
             if state.kept and store is not None:
-                # The request goes as this hook returns; its cut images are copied for the store on the next turn of the loop.
-                asyncio.get_running_loop().call_soon(store.offer, record.conversation, state.kept)
+                # Its cut images are copied for the store once the request has gone.
+                after_hook(store.offer, record.conversation, state.kept)
             state.kept = []
 
     def _prune_in_worker(self, flow: http.HTTPFlow, state: FlowState) -> tuple[Record | None, Outcome | None, History | None, Taken]:

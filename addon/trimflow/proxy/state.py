@@ -9,6 +9,7 @@ save addon (later in its chain than any script) writes the flow.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import weakref
@@ -222,6 +223,14 @@ class _SettledMemory:
     def was_cut(self, keys: Iterable[bytes]) -> bool:
         # A pending turn changed nothing, so it cut nothing: numbering it first could not make an image cut.
         return self._flows.conversations.was_cut(keys)
+
+
+def after_hook(callback: Callable[..., object], *args: object) -> None:
+    """Run `callback(*args)` once mitmproxy has done what the running hook lets it do (forward the request, send the
+    answer). mitmproxy ends a hook in a task that waits for its connection's lock, held while the hook began, so that
+    task goes on at the loop's next turn: a call_soon callback would run before it, a timer due now runs after it (the
+    loop runs the callbacks that were ready first, then the timers that fell due)."""
+    asyncio.get_running_loop().call_later(0, callback, *args)
 
 
 def write(flow: http.HTTPFlow, state: FlowState) -> None:
