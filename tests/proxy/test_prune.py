@@ -196,6 +196,8 @@ async def test_a_request_needing_nothing_goes_first_and_gets_its_record_once_its
     await addon.response_async(flow)
     assert "trimflow" not in flow.metadata  # the answer goes to the client as this hook returns
     await after_hooks()
+    assert "trimflow" not in flow.metadata  # nor while the client reads it: with the line, FLUSH_DELAY later
+    await answer_sent()
     record = flow.metadata["trimflow"]
     assert record["images_before"] == record["images_after"] == 2 and record["pruned"] == 0 and record["turn"] == 1
     assert record["est_tokens_before"] > 0 and record["status"] == 200  # sniffed sizes, token estimates, the answer
@@ -207,7 +209,7 @@ async def test_a_request_needing_nothing_goes_first_and_gets_its_record_once_its
     third.response, second.response = json_answer(), json_answer()
     await addon.response_async(third)
     await addon.response_async(second)
-    await after_hooks()
+    await answer_sent()
     assert (second.metadata["trimflow"]["turn"], third.metadata["trimflow"]["turn"]) == (2, 3)
 
 
@@ -255,7 +257,7 @@ async def test_a_turn_worked_out_after_its_answer_is_timed_as_it_was_sent(addon,
     now[0] += 600  # the provider answers ten minutes later, past any cache's lifetime
     flow.response = json_answer()
     await addon.response_async(flow)
-    await after_hooks()
+    await answer_sent()
     state = addon.flows.get(flow)
     assert flow.metadata["trimflow"]["turn"] == 1 and state.thread.sent_at == 1_000_000.0
     assert flow.metadata["trimflow"]["ts"] == utc_timestamp(1_000_000.0)  # where its OpenTelemetry span starts

@@ -22,7 +22,7 @@ from .._record import Record
 from .._usage import Usage, UsageScanner, usage_of
 from ..formats import openai_responses, streamed_path
 from .options import check_writable, exits_at_startup, starting
-from .state import FlowState, SharedState, after_hook, write
+from .state import FlowState, SharedState, write
 
 log = logging.getLogger("trimflow")
 
@@ -87,10 +87,12 @@ class Metrics:
         if state is None:
             return
         if state.pending is not None and not getattr(ctx.options, "save_stream_file", None):
-            # A record left pending (a request nothing changed) is worked out once the answer has gone to the client.
-            # A recording (-w) is written from this hook's round: its flows get their record here.
+            # A record left pending (a request nothing changed) is worked out once the answer has gone to the client,
+            # and as its line is written, FLUSH_DELAY later: worked out at once, it competed with the client reading
+            # the answer (docs/performance.md). A recording (-w) is written from this hook's round: its flows get
+            # their record here.
             self._answering[flow] = state
-            after_hook(self._answer_later, flow)
+            asyncio.get_running_loop().call_later(FLUSH_DELAY, self._answer_later, flow)
             return
         self._answered(flow, state)
 
