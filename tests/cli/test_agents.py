@@ -372,7 +372,7 @@ def test_qwen_gets_the_runs_server_in_a_system_settings_file_of_the_run_keeping_
     setup = setup_for("qwen", ["qwen", "mcp", "list"], {"QWEN_CODE_SYSTEM_SETTINGS_PATH": str(system)}, LISTEN, tmp_path / "run", recall=SERVER)
     assert setup.ca_bundle and setup.command == ["qwen", "mcp", "list"] and not setup.notes  # no option its subcommands refuse
     copy = Path(setup.env["QWEN_CODE_SYSTEM_SETTINGS_PATH"])
-    assert copy.parent.parent == tmp_path / "run" and stat.S_IMODE(copy.stat().st_mode) == 0o600
+    assert copy.parent == tmp_path / "run" and stat.S_IMODE(copy.stat().st_mode) == 0o600
     written = json.loads(copy.read_text())
     assert written["mcpServers"] == {"docs": {"command": "docs-server"}, "trimflow": {"command": SERVER[0], "args": SERVER[1:], "trust": True}}
     assert written["telemetry"] == {"enabled": False}
@@ -393,8 +393,9 @@ def test_qwen_without_system_settings_gets_the_server_alone_and_its_defaults_pat
 def test_qwen_with_system_settings_it_cannot_read_is_left_alone_and_said(tmp_path: Path) -> None:
     system = tmp_path / "settings.json"
     system.write_text("[1, 2]")  # not an object
+    (tmp_path / "run").mkdir()
     setup = setup_for("qwen", ["qwen"], {"QWEN_CODE_SYSTEM_SETTINGS_PATH": str(system)}, LISTEN, tmp_path / "run", recall=SERVER)
-    assert "QWEN_CODE_SYSTEM_SETTINGS_PATH" not in setup.env and not (tmp_path / "run").exists()
+    assert "QWEN_CODE_SYSTEM_SETTINGS_PATH" not in setup.env and not list((tmp_path / "run").iterdir())
     assert setup.notes == [f"trimflow run: recall_image is not registered with qwen: cannot read {system} (docs/agents.md#recall)"]
 
 

@@ -34,6 +34,7 @@ GEMINI_API = "https://generativelanguage.googleapis.com"
 GEMINI_API_KEY_AUTH = "gemini-api-key"
 MCP_SERVER = "trimflow"  # the name the recall server is registered under
 CLAUDE_MCP_FILE = "claude-mcp.json"  # in the run's folder
+QWEN_SETTINGS_FILE = "qwen-system-settings.json"  # in the run's folder
 QWEN_SYSTEM_SETTINGS = Path("/etc/qwen-code/settings.json")  # Qwen Code's on Linux, unless QWEN_CODE_SYSTEM_SETTINGS_PATH
 HERMES_MANAGED_DIR = Path("/etc/hermes")  # Hermes Agent's managed scope on Linux, unless HERMES_MANAGED_DIR
 
@@ -413,12 +414,9 @@ def _qwen_recall(setup: Setup, environ: Mapping[str, str], run_dir: Path, server
         return f"cannot read {system}"
     servers, ours = settings.get("mcpServers"), {"command": server[0], "args": list(server[1:]), "trust": True}
     settings["mcpServers"] = {**(servers if isinstance(servers, dict) else {}), MCP_SERVER: ours}
-    folder = run_dir / "qwen-system"
-    folder.mkdir(mode=0o700)
-    text = (json.dumps(settings, indent=2) + "\n").encode()
-    write_private(folder / "settings.json", text)
-    record_private(run_dir, {"agent": "Qwen Code", "folder": folder.name, "user": str(system), "entries": {"settings.json": digest(text)}})
-    setup.env["QWEN_CODE_SYSTEM_SETTINGS_PATH"] = str(folder / "settings.json")
+    # Goes with the run, changed or not: Qwen Code adds its `$version` to the settings it reads.
+    write_private(run_dir / QWEN_SETTINGS_FILE, (json.dumps(settings, indent=2) + "\n").encode())
+    setup.env["QWEN_CODE_SYSTEM_SETTINGS_PATH"] = str(run_dir / QWEN_SETTINGS_FILE)
     # Beside the system settings unless set: where they are, not in the run's folder.
     setup.env["QWEN_CODE_SYSTEM_DEFAULTS_PATH"] = environ.get("QWEN_CODE_SYSTEM_DEFAULTS_PATH") or str(system.with_name("system-defaults.json"))
     return None
