@@ -378,8 +378,8 @@ def _forward_recall(setup: Setup, environ: Mapping[str, str], run_dir: Path, ser
 
 NOT_REGISTERED = {
     "pi": "pi takes no MCP server",
-    "cline": "Cline's hub outlives the run, and would keep a settings file of the run that is gone after it",
-    "openclaw": "OpenClaw takes MCP servers from its config file only",
+    "cline": "its sessions may run in its hub, a daemon that outlives the run with the settings it started with",
+    "openclaw": "it takes MCP servers from its own config file only",
 }
 
 
