@@ -1,7 +1,8 @@
 """Recall with the coding agents in forward mode: under `scripts/run --` (python -m trimflow run --), each agent's own
 `mcp list` shows the run's server (`trimflow`, the launcher's `python -m trimflow mcp`) beside the user's own, which
 stays, and the user's files are as they were. opencode, Kilo Code and Qwen Code start the server to list it, so
-"connected" is the server answering them; Hermes Agent lists what its config holds.
+"connected" is the server answering them; Hermes Agent lists what its config holds. And opencode, given a model
+that calls the tool (tests/e2e/agent_session.py), gets an image trimflow cut back byte for byte.
 
 The agents run in a network namespace with loopback only (tests/e2e/agent_session.py), their side traffic off. They
 skip without the CLIs or `unshare` (root), and fail instead where TRIMFLOW_REQUIRE_AGENT_CLIS=1 (CI) requires them
@@ -16,8 +17,11 @@ from typing import Any
 import orjson
 import pytest
 
+from trimflow._recall import FOLDER_NAME, image_id
+from trimflow.testing._agent_script import UNKNOWN_ID
+
 from ..helpers import MCP_SDK_MISSING
-from .agent_session import need, need_venv, run_session
+from .agent_session import FINAL, FORWARD_LAUNCHER_ARGS, PROMPT, digest, launcher_records, need, need_venv, run_session, shipped_cap, turns
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(bool(MCP_SDK_MISSING), reason=MCP_SDK_MISSING)]
 
@@ -97,3 +101,44 @@ def test_hermes_agent_lists_the_runs_server_beside_the_users_own(tmp_path: Path)
     assert "enabled" in server_line(output, "trimflow")
     assert "enabled" in server_line(output, "docs")
     assert (result["work"] / "hermes" / "config.yaml").read_text() == HERMES_CONFIG
+
+
+MODEL = "gpt-4o"
+# opencode's provider: OpenAI-compatible (a bundled SDK), the model taking images.
+OPENCODE_CONFIG = {
+    "provider": {
+        "fake": {
+            "npm": "@ai-sdk/openai-compatible",
+            "name": "fake",
+            "options": {"baseURL": "{provider}/v1", "apiKey": "sk-test-recall-opencode"},
+            "models": {MODEL: {"name": MODEL, "attachment": True, "modalities": {"input": ["text", "image"], "output": ["text"]}}},
+        }
+    },
+    "model": f"fake/{MODEL}",
+    "autoupdate": False,
+    "share": "disabled",
+}
+
+
+def test_opencode_recalls_an_image_trimflow_cut(tmp_path: Path) -> None:
+    """opencode in forward mode (HTTPS to the provider): the model looks at more screenshots than the cap, then calls
+    `trimflow_recall_image` with an id no placeholder names (its error comes back) and with the first screenshot's,
+    which arrives in the next request as the file holds it."""
+    need("opencode")
+    files = {"home/.config/opencode/opencode.json": orjson.dumps(OPENCODE_CONFIG).decode()}
+    command = ["opencode", "run", "-m", f"fake/{MODEL}", PROMPT]
+    shots = shipped_cap(MODEL) + 3
+    session = {"launcher_args": FORWARD_LAUNCHER_ARGS, "env": OPENCODE_ENV, "files": files}
+    result = run_session(tmp_path, shots=shots, tls=True, command=command, recall=True, **session)
+    output = f"stdout:\n{result['stdout'][-2000:]}\nstderr:\n{result['stderr'][-3000:]}"
+    assert result["returncode"] == 0 and FINAL in result["stdout"], output
+    first = (result["work"] / "screen-01.png").read_bytes()
+    assert result["recalled"] == [UNKNOWN_ID, image_id(first)], output
+    llm = [r for r in turns(result) if r["model"] == MODEL]
+    assert any(r["unknown_id_answered"] for r in llm), "the unknown id's error never reached the model"
+    assert any(image_id(first) in r["recall_ids"] for r in llm)  # a placeholder named it: trimflow had cut it
+    assert llm[-1]["images"][-1] == digest(first) == result["shots"][0]  # back, byte for byte
+    records = launcher_records(result["stderr"])
+    assert sum(r["recalls"] for r in records) == 1 and sum(r["recalls_refused"] for r in records) == 1
+    store = result["work"] / "confdir" / FOLDER_NAME
+    assert store.is_dir() and not list(store.iterdir())  # the run's images went with the run
