@@ -374,7 +374,10 @@ def test_qwen_gets_the_runs_server_in_a_system_settings_file_of_the_run_keeping_
     copy = Path(setup.env["QWEN_CODE_SYSTEM_SETTINGS_PATH"])
     assert copy.parent == tmp_path / "run" and stat.S_IMODE(copy.stat().st_mode) == 0o600
     written = json.loads(copy.read_text())
-    assert written["mcpServers"] == {"docs": {"command": "docs-server"}, "trimflow": {"command": SERVER[0], "args": SERVER[1:], "trust": True}}
+    assert written["mcpServers"] == {
+        "docs": {"command": "docs-server"},
+        "trimflow": {"command": SERVER[0], "args": SERVER[1:], "trust": True, "alwaysLoadTools": True},
+    }
     assert written["telemetry"] == {"enabled": False}
     assert setup.env["QWEN_CODE_SYSTEM_DEFAULTS_PATH"] == str(tmp_path / "etc" / "system-defaults.json")  # where it was
     assert tree(tmp_path / "etc") == before
@@ -385,7 +388,7 @@ def test_qwen_without_system_settings_gets_the_server_alone_and_its_defaults_pat
     env = {"QWEN_CODE_SYSTEM_DEFAULTS_PATH": "/srv/defaults.json"}
     setup = setup_for("qwen", ["qwen"], env, LISTEN, tmp_path, recall=SERVER)
     assert json.loads(Path(setup.env["QWEN_CODE_SYSTEM_SETTINGS_PATH"]).read_text()) == {
-        "mcpServers": {"trimflow": {"command": SERVER[0], "args": SERVER[1:], "trust": True}}
+        "mcpServers": {"trimflow": {"command": SERVER[0], "args": SERVER[1:], "trust": True, "alwaysLoadTools": True}}
     }
     assert setup.env["QWEN_CODE_SYSTEM_DEFAULTS_PATH"] == "/srv/defaults.json"
 

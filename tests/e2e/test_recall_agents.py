@@ -142,3 +142,28 @@ def test_opencode_recalls_an_image_trimflow_cut(tmp_path: Path) -> None:
     assert sum(r["recalls"] for r in records) == 1 and sum(r["recalls_refused"] for r in records) == 1
     store = result["work"] / "confdir" / FOLDER_NAME
     assert store.is_dir() and not list(store.iterdir())  # the run's images went with the run
+
+
+QWEN_ENV = {"OPENAI_API_KEY": "sk-test-recall-qwen", "OPENAI_BASE_URL": "{provider}/v1", "OPENAI_MODEL": MODEL}
+QWEN_RUN_SETTINGS = {**QWEN_SETTINGS, "security": {"auth": {"selectedType": "openai"}}}
+
+
+def test_qwen_code_recalls_an_image_trimflow_cut(tmp_path: Path) -> None:
+    """Qwen Code in forward mode calls `recall_image` without asking (the server is trusted). It re-encodes the
+    screenshots it reads as JPEG, so what comes back is the image it sent, as trimflow kept it."""
+    need("qwen")
+    files = {"home/.qwen/settings.json": orjson.dumps(QWEN_RUN_SETTINGS).decode()}
+    command = ["qwen", "--auth-type", "openai", "--model", MODEL, PROMPT]
+    session = {"launcher_args": FORWARD_LAUNCHER_ARGS, "env": QWEN_ENV, "files": files}
+    result = run_session(tmp_path, shots=shipped_cap(MODEL) + 3, tls=True, command=command, recall=True, **session)
+    output = f"stdout:\n{result['stdout'][-2000:]}\nstderr:\n{result['stderr'][-3000:]}"
+    assert result["returncode"] == 0 and FINAL in result["stdout"], output
+    llm = [r for r in turns(result) if r["model"] == MODEL]
+    sent_first = next(r["images"][-1] for r in llm if r["tool_results"] == 1)  # screenshot 1 as Qwen Code sent it
+    named = {i for r in llm for i in r["recall_ids"]}  # the ids the placeholders name
+    assert result["recalled"][0] == UNKNOWN_ID and result["recalled"][1] in named and len(result["recalled"]) == 2, output
+    assert any(r["unknown_id_answered"] for r in llm), "the unknown id's error never reached the model"
+    assert all(sent_first not in r["images"] for r in llm if r["recall_ids"] and r is not llm[-1])  # cut
+    assert llm[-1]["images"][-1] == sent_first  # back, byte for byte as Qwen Code sent it
+    records = launcher_records(result["stderr"])
+    assert sum(r["recalls"] for r in records) == 1 and sum(r["recalls_refused"] for r in records) == 1

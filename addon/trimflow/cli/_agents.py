@@ -407,12 +407,13 @@ def _inline_config(setup: Setup, environ: Mapping[str, str], server: Sequence[st
 def _qwen_recall(setup: Setup, environ: Mapping[str, str], run_dir: Path, server: Sequence[str]) -> str | None:
     """Qwen Code: its system settings (merged over the user's and the project's; mcpServers by name) a copy of the
     run, the system's own settings kept in it and its system defaults where they were. `--mcp-config` is no way:
-    Qwen Code's subcommands (`qwen mcp list`) refuse it. Trusted: it only reads images this run cut."""
+    Qwen Code's subcommands (`qwen mcp list`) refuse it. Trusted (it only reads images this run cut) and always
+    loaded, never deferred behind its tool search: the placeholders name it."""
     system = Path(environ.get("QWEN_CODE_SYSTEM_SETTINGS_PATH") or QWEN_SYSTEM_SETTINGS)
     settings = _read_settings(system)
     if settings is None:
         return f"cannot read {system}"
-    servers, ours = settings.get("mcpServers"), {"command": server[0], "args": list(server[1:]), "trust": True}
+    servers, ours = settings.get("mcpServers"), {"command": server[0], "args": list(server[1:]), "trust": True, "alwaysLoadTools": True}
     settings["mcpServers"] = {**(servers if isinstance(servers, dict) else {}), MCP_SERVER: ours}
     # Goes with the run, changed or not: Qwen Code adds its `$version` to the settings it reads.
     write_private(run_dir / QWEN_SETTINGS_FILE, (json.dumps(settings, indent=2) + "\n").encode())
