@@ -272,6 +272,11 @@ def _read_settings(path: Path) -> dict[str, Any] | None:
         return {}
     except (OSError, UnicodeDecodeError):
         return None
+    return _json_object(text)
+
+
+def _json_object(text: str) -> dict[str, Any] | None:
+    """A JSON object (with comments), or None."""
     try:
         data = json.loads(_strip_json_comments(text))
     except ValueError:
@@ -371,7 +376,7 @@ def _forward_recall(setup: Setup, environ: Mapping[str, str], run_dir: Path, ser
         "qwen": lambda: _qwen_recall(setup, environ, run_dir, server),
         "hermes": lambda: _hermes_recall(setup, environ, run_dir, server),
     }.get(setup.agent)
-    why = how() if how is not None else NOT_REGISTERED.get(setup.agent, "it takes no MCP server for one run")
+    why = how() if how is not None else NOT_REGISTERED[setup.agent]
     if why is not None:
         setup.notes.append(f"trimflow run: recall_image is not registered with {setup.agent}: {why} (docs/agents.md#recall)")
 
@@ -381,15 +386,6 @@ NOT_REGISTERED = {
     "cline": "its sessions may run in its hub, a daemon that outlives the run with the settings it started with",
     "openclaw": "it takes MCP servers from its own config file only",
 }
-
-
-def _json_object(text: str) -> dict[str, Any] | None:
-    """A JSON object (with comments), or None."""
-    try:
-        data = json.loads(_strip_json_comments(text))
-    except ValueError:
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def _inline_config(setup: Setup, environ: Mapping[str, str], server: Sequence[str], variable: str) -> str | None:
