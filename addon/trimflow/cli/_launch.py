@@ -16,6 +16,8 @@ Known agents get their own setup, and no file of the user's is edited:
   GEMINI_API_KEY; when the user's settings select no auth type, a private GEMINI_CLI_HOME whose settings are
   theirs plus `security.auth.selectedType = "gemini-api-key"` (everything else in it links to their ~/.gemini).
   Signed in with Google or Vertex AI, forward mode.
+- The coding agents known by name (opencode, kilo, qwen, hermes, cline, openclaw, pi): forward mode, below; each
+  is given the recall server its own way, or a line says why not.
 - Anything else (or `--agent proxy`): forward mode, with HTTPS_PROXY and HTTP_PROXY pointing at the proxy and
   a CA bundle (the system's CAs and mitmproxy's) in NODE_EXTRA_CA_CERTS, SSL_CERT_FILE, REQUESTS_CA_BUNDLE and
   CODEX_CA_CERTIFICATE. An HTTPS_PROXY the user had stays their way out: mitmdump runs in upstream mode to it.
