@@ -87,9 +87,27 @@ def _chat_turns(seed: int, turns: int) -> Iterator[Turn]:
 def small_session(fmt: str, seed: int, turns: int = 7) -> ReferenceSession:
     if fmt == "anthropic":
         return ReferenceSession(
-            f"anthropic-{seed}", "", fmt, "api.anthropic.com", "/v1/messages", "claude-sonnet-4-6", turns, (), lambda: _anthropic_turns(seed, turns)
+            name=f"anthropic-{seed}",
+            description="",
+            fmt=fmt,
+            host="api.anthropic.com",
+            path="/v1/messages",
+            model="claude-sonnet-4-6",
+            length=turns,
+            profiles=(),
+            build=lambda: _anthropic_turns(seed, turns),
         )
-    return ReferenceSession(f"chat-{seed}", "", fmt, "api.openai.com", "/v1/chat/completions", "gpt-4o", turns, (), lambda: _chat_turns(seed, turns))
+    return ReferenceSession(
+        name=f"chat-{seed}",
+        description="",
+        fmt=fmt,
+        host="api.openai.com",
+        path="/v1/chat/completions",
+        model="gpt-4o",
+        length=turns,
+        profiles=(),
+        build=lambda: _chat_turns(seed, turns),
+    )
 
 
 def every_schedule(turns: list[CutTurn], cap: int, floor: int) -> Iterator[tuple[int, ...]]:

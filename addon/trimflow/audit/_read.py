@@ -172,15 +172,15 @@ def record_from_dict(data: Any) -> Record:
             value = float(value) if isinstance(value, (int, float)) else 0.0
         values[name] = value
     record = Record(
-        values.pop("ts", None) or "",
-        values.pop("conversation", None),
-        values.pop("turn", None),
-        values.pop("host", None) or "",
-        values.pop("path", None) or "/",
-        values.pop("format"),
-        values.pop("model", None),
-        values.pop("rule", None),
-        values.pop("mode", None) or OBSERVE,
+        ts=values.pop("ts", None) or "",
+        conversation=values.pop("conversation", None),
+        turn=values.pop("turn", None),
+        host=values.pop("host", None) or "",
+        path=values.pop("path", None) or "/",
+        format=values.pop("format"),
+        model=values.pop("model", None),
+        rule=values.pop("rule", None),
+        mode=values.pop("mode", None) or OBSERVE,
     )
     for name, value in values.items():
         if value is not None or name in ("status", "usage_input_tokens", "reason"):
