@@ -40,7 +40,8 @@ class Mitmdump:
         env: dict[str, str] | None = None,
     ) -> None:
         self.workdir = Path(workdir)
-        self.env = {**os.environ, **env} if env else None
+        # Its output unbuffered: the port it listens on is read from its log as it starts.
+        self.env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._port: int | None = None
         self.confdir = self.workdir / "confdir"

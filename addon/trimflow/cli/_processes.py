@@ -88,7 +88,8 @@ class Proxy:
         try:
             self.process = subprocess.Popen(
                 self.command,
-                env=self.env,
+                # Its output unbuffered: the port it listens on is read from its log as it starts.
+                env={**(os.environ if self.env is None else self.env), "PYTHONUNBUFFERED": "1"},
                 pass_fds=() if handed is None else (handed,),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
