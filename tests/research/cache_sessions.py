@@ -6,7 +6,7 @@ agent sends it (whole history, the agent's own `cache_control`), the think time 
 5-minute TTL) and the tokens of the answer it gets. Six shapes (steady computer use, a Claude Code-style coding
 session, chat pasting 3 screenshots a message, a Gemini browser agent, and pauses past the TTL every 15 turns
 on two of them), each on Anthropic's cache and on an automatic one: OpenAI chat, OpenAI Responses (Codex,
-computer use) or Gemini. docs/caching.md lists them; trimflow.testing._policy_runner prices each policy on them.
+computer use) or Gemini. docs/caching.md lists them; tests.research.policy_runner prices each policy on them.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from typing import Any
 import orjson
 from PIL import Image, ImageChops, ImageDraw, ImageFont
 
-from .._tokens import text_tokens
-from ._synthetic import b64, data_url
+from trimflow._tokens import text_tokens
+from trimflow.testing import b64, data_url
 
 __all__ = ["REFERENCE_SESSIONS", "SCREEN", "ReferenceSession", "Turn", "desktop_screenshot"]
 

@@ -11,8 +11,10 @@ import pytest
 
 from trimflow._prices import load_prices
 from trimflow._rules_file import DEFAULT_RULES_PATH, load_rules
-from trimflow.testing._cache_sessions import REFERENCE_SESSIONS, ReferenceSession, Turn
-from trimflow.testing._optimum import (
+from trimflow.testing._synthetic import b64, data_url, image
+
+from .cache_sessions import REFERENCE_SESSIONS, ReferenceSession, Turn
+from .optimum import (
     CutTurn,
     batch_floor,
     cheapest,
@@ -26,8 +28,7 @@ from trimflow.testing._optimum import (
     schedule_cost,
     simulate,
 )
-from trimflow.testing._policy_runner import POLICIES, run_policy
-from trimflow.testing._synthetic import b64, data_url, image
+from .policy_runner import POLICIES, run_policy
 
 RULES = load_rules(DEFAULT_RULES_PATH)
 CAP, FLOOR = 4, 2
