@@ -16,6 +16,7 @@ import yaml
 
 from trimflow.cli import _agents
 from trimflow.cli._agents import FORWARD_AGENTS, agent_of, codex_overrides, proxy_environment, setup_for
+from trimflow.cli._agents import PENDING, agent_of, codex_overrides, proxy_environment, setup_for
 from trimflow.cli._launch_error import LaunchError
 
 LISTEN = "http://127.0.0.1:41234"
@@ -84,6 +85,25 @@ def test_codex_gets_a_responses_provider_over_http_and_the_websocket_refused(tmp
         "supports_websockets": False,
     }
     assert setup.options == {"trimflow_websocket": "refuse"}
+
+
+@pytest.mark.parametrize(
+    ("agent", "command", "env"),
+    [
+        ("claude", ["claude", "-p", "hi"], {"ANTHROPIC_BASE_URL": f"https://user:{SECRET}@gateway.example/anthropic"}),
+        ("codex", ["codex", "exec", "--", "look"], {"OPENAI_API_KEY": "sk-x"}),
+        ("gemini", ["gemini"], {"GEMINI_API_KEY": "k"}),
+        ("proxy", ["python", "agent.py"], {}),
+    ],
+)
+def test_a_setup_made_before_the_port_is_known_is_the_setup_at_the_port(tmp_path: Path, agent: str, command: list[str], env: dict) -> None:
+    """The launcher makes the setup before mitmdump binds the port the kernel picks, and gives the agent that port."""
+    pending = setup_for(agent, command, env, PENDING, tmp_path / "pending", home=tmp_path)
+    direct = setup_for(agent, command, env, LISTEN, tmp_path / "direct", home=tmp_path)
+    bound = pending.at(LISTEN)
+    assert (bound.mode, bound.command, bound.options, bound.upstream) == (direct.mode, direct.command, direct.options, direct.upstream)
+    assert bound.env == {name: value.replace(str(tmp_path / "direct"), str(tmp_path / "pending")) for name, value in direct.env.items()}
+    assert "invalid" not in repr((bound.command, bound.env))
 
 
 @pytest.mark.parametrize(

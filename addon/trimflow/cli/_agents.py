@@ -11,7 +11,7 @@ import os
 import stat
 import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -37,6 +37,9 @@ CLAUDE_MCP_FILE = "claude-mcp.json"  # in the run's folder
 QWEN_SETTINGS_FILE = "qwen-system-settings.json"  # in the run's folder
 QWEN_SYSTEM_SETTINGS = Path("/etc/qwen-code/settings.json")  # Qwen Code's on Linux, unless QWEN_CODE_SYSTEM_SETTINGS_PATH
 HERMES_MANAGED_DIR = Path("/etc/hermes")  # Hermes Agent's managed scope on Linux, unless HERMES_MANAGED_DIR
+# The proxy's address in a setup made before mitmdump has bound the port the kernel chose for it (Setup.at gives the
+# setup at the real one): a reserved name (RFC 2606), so no address a user gives is taken for it.
+PENDING = "http://trimflow-proxy.invalid"
 
 
 @dataclass
@@ -53,6 +56,13 @@ class Setup:
     private_dirs: list[Path] = field(default_factory=list)  # made for this run, removed after it
     upstream: str | None = None  # where the requests go on to, without credentials
     upstream_auth: str | None = None  # user:password for an upstream proxy, never on mitmdump's command line
+
+    def at(self, listen: str) -> Setup:
+        """This setup, made for the proxy at PENDING, for the proxy at `listen` (http://HOST:PORT): in the
+        command line and the environment, where the agent is told the proxy's address."""
+        pending, bound = PENDING.removeprefix("http://"), listen.removeprefix("http://")
+        command = [item.replace(pending, bound) for item in self.command]
+        return replace(self, command=command, env={name: value.replace(pending, bound) for name, value in self.env.items()})
 
 
 def agent_of(command: Sequence[str], chosen: str | None) -> str:
