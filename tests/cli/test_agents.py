@@ -15,8 +15,7 @@ import pytest
 import yaml
 
 from trimflow.cli import _agents
-from trimflow.cli._agents import FORWARD_AGENTS, agent_of, codex_overrides, proxy_environment, setup_for
-from trimflow.cli._agents import PENDING, agent_of, codex_overrides, proxy_environment, setup_for
+from trimflow.cli._agents import FORWARD_AGENTS, PENDING, agent_of, codex_overrides, proxy_environment, setup_for
 from trimflow.cli._launch_error import LaunchError
 
 LISTEN = "http://127.0.0.1:41234"
