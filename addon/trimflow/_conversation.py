@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 from ._history import History, Images, digest, short_id
-from ._last_turns import MAX_IMAGES, LastTurn, LastTurns, conversation_key, row_keys
+from ._last_turns import MAX_IMAGES, LastTurn, TurnStore, conversation_key, row_keys
 from ._record import COUNT_TOKENS, TURN
 
 DEFAULT_CAPACITY = 10_000  # conversations the proxy remembers (least recently seen forgotten first)
@@ -209,7 +209,7 @@ class Conversations:
         capacity: int = DEFAULT_CAPACITY,
         salt: bytes | None = None,
         clock: Callable[[], float] = time.time,
-        shared: LastTurns | None = None,
+        shared: TurnStore | None = None,
     ) -> None:
         self.capacity = capacity
         # Seconds on the wall clock, which processes sharing a file agree on; a replay of recorded or simulated

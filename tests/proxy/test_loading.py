@@ -52,6 +52,9 @@ OPTIONS = {
     "trimflow_prometheus",
     "trimflow_clicks",
     "trimflow_conversations",
+    "trimflow_state",
+    "trimflow_state_password_file",
+    "trimflow_state_deadline",
     "trimflow_upstream_auth_fd",
 }
 

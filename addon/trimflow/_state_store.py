@@ -1,0 +1,307 @@
+"""What trimflow instances on many hosts share, in a Redis or Valkey server (`trimflow_state=redis://HOST:PORT/DB`).
+
+One store per team: each conversation's last turn (trimflow._last_turns.TurnStore, as the one-host SQLite file holds
+it). Keys are namespaced (`trimflow:v1:...`) and expire (MAX_AGE, the file's bound); values are digests and counts
+in the file's encoding (a turn's time, its cut and its images' keys and CRC-32s), never a prompt, an image or a key.
+Whoever else can write the store is not trusted: a value is read only up to the longest one trimflow writes
+(GETRANGE) and checked as the file's rows are (trimflow._last_turns.checked); one that is not what trimflow writes
+is ignored.
+
+The proxy never waits for the store past DEADLINE: reads on the request path use a connection whose every socket
+call times out after it, and only while the store is known to answer; writes wait in a queue (the newest turn of
+each conversation, at most MAX_PENDING) for a thread of its own. A store that is down, slow, full or answering
+garbage costs one warning, and the instance goes on with its own memory; the thread connects again by itself
+(RETRY_FIRST, doubling to RETRY_MAX) and says so once when it answers. No request waits on a (re)connection: only
+the thread connects. Needs the `redis` client (`pip install 'trimflow[team]'`). Pure Python, no mitmproxy.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ._last_turns import MAX_AGE, MAX_IMAGES_BYTES, MAX_PENDING, LastTurn, checked, kept, pack_images
+
+log = logging.getLogger("trimflow")
+
+SCHEMES = ("redis", "rediss", "unix")
+PREFIX = b"trimflow:v1:"
+PASSWORD_VARIABLE = "TRIMFLOW_STATE_PASSWORD"
+DEADLINE = 0.005  # seconds a call on the request path may wait for the store, each socket operation
+WRITE_DEADLINE = 0.5  # the writing thread's calls (off the request path)
+RETRY_FIRST, RETRY_MAX = 0.05, 5.0  # seconds before a store that did not answer is tried again, doubling
+CLOSE_WAIT = 1.0  # seconds `close` gives the writing thread to write what waits
+_HEAD = struct.Struct(">dI")  # a turn's time and cut, before its packed images
+_TURN_VALUE = _HEAD.size + MAX_IMAGES_BYTES  # the longest turn value trimflow writes
+
+
+class StateRefused(ValueError):
+    """A trimflow_state value trimflow does not use (its message never shows the URL's secrets)."""
+
+
+def checked_url(url: str) -> str:
+    """The URL if trimflow can use it: redis://, rediss:// (TLS) or unix://, and no password in it (a command line is
+    seen by every user of the host: the password comes from a file or the environment)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        password = parts.password
+        parts.port  # noqa: B018 - raises for a port that is not a number
+    except ValueError:
+        raise StateRefused("trimflow_state: not a URL redis://HOST:PORT/DB, rediss://HOST:PORT/DB or unix://PATH") from None
+    if password is not None:
+        raise StateRefused(
+            f"trimflow_state: a password in the URL is refused (the command line is no place for it): "
+            f"give it in trimflow_state_password_file or {PASSWORD_VARIABLE}"
+        )
+    if parts.scheme not in SCHEMES:
+        raise StateRefused("trimflow_state: not a URL redis://HOST:PORT/DB, rediss://HOST:PORT/DB or unix://PATH")
+    return url
+
+
+def where(url: str) -> str:
+    """The store as a log line names it: its scheme, host and port, or its socket's path; no user, no password."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme == "unix":
+        return f"unix://{parts.path}"
+    host = parts.hostname or "localhost"
+    return f"{parts.scheme}://{host}:{parts.port or 6379}"
+
+
+def password_from(file: str | None, environ: dict[str, str] | None = None) -> str | None:
+    """The store's password: the file's first line if one is named, else TRIMFLOW_STATE_PASSWORD, else none."""
+    if file:
+        try:
+            with open(os.path.expanduser(file), encoding="utf-8") as handle:
+                return handle.readline().rstrip("\r\n")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise StateRefused(f"trimflow_state_password_file: cannot read it: {getattr(exc, 'strerror', None) or type(exc).__name__}") from None
+    return (os.environ if environ is None else environ).get(PASSWORD_VARIABLE) or None
+
+
+def turn_key(row: bytes) -> bytes:
+    return PREFIX + b"turn:" + row.hex().encode()
+
+
+def encode_turn(turn: LastTurn) -> bytes:
+    cut, images = kept(turn)
+    return _HEAD.pack(turn.sent_at, cut) + pack_images(images)
+
+
+def decode_turn(value: object, now: float) -> LastTurn | None:
+    """A value read back, or None where it is not what `encode_turn` writes (another tenant's, or garbage)."""
+    if not isinstance(value, bytes) or len(value) < _HEAD.size or len(value) > _TURN_VALUE:
+        return None
+    sent_at, cut = _HEAD.unpack_from(value)
+    return checked((sent_at, cut, value[_HEAD.size :]), now)
+
+
+def client(url: str, password: str | None, timeout: float) -> Any:
+    """A client whose every socket call, connecting too, times out after `timeout`, and that never retries."""
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    return redis.Redis.from_url(
+        url,
+        password=password,
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+        retry=Retry(NoBackoff(), 0),
+        retry_on_timeout=False,
+        health_check_interval=0,
+        max_connections=4,
+    )
+
+
+class RedisState:
+    """The shared store at `url` (see the module's docstring); a TurnStore."""
+
+    def __init__(
+        self,
+        url: str,
+        password: str | None = None,
+        deadline: float = DEADLINE,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        import redis  # here, so that a missing client is the caller's one line
+
+        self._errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError, ValueError)
+        self._timeouts: tuple[type[BaseException], ...] = (redis.TimeoutError, TimeoutError)
+        self.url = checked_url(url)
+        self.clock, self.monotonic = clock, monotonic
+        self.writes_dropped = 0  # turns never written: the store did not answer, or the queue was full
+        self.outages = 0  # times the store stopped answering (each cost one warning)
+        self._front = client(url, password, deadline)  # the request path's
+        self._back = client(url, password, WRITE_DEADLINE)  # the writing thread's
+        self._wake = threading.Condition()  # guards what follows
+        self._up = False  # the store answered the thread's last call: the request path may use it
+        self._warned = False  # this outage was logged
+        self._retry_at = 0.0
+        self._retry_delay = RETRY_FIRST
+        self._pending: dict[bytes, tuple[float, int, bytes]] = {}  # by store key: (time, cut, value)
+        self._writing = False  # the thread writes what it took from the queue
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="trimflow-state", daemon=True)
+        self._thread.start()
+
+    @property
+    def in_use(self) -> bool:
+        """Whether turns are shared through the store now: it answers (False while it is down, and once closed)."""
+        return self._up and not self._closed
+
+    def wait_until_up(self, timeout: float) -> bool:
+        """Whether the store answered within `timeout` seconds (for a caller that would rather start sharing)."""
+        with self._wake:
+            return self._wake.wait_for(lambda: self._up or self._closed, timeout) and self._up
+
+    def drained(self, timeout: float) -> bool:
+        """Whether every turn put so far was written (or dropped) within `timeout` seconds."""
+        with self._wake:
+            return self._wake.wait_for(lambda: not self._pending and not self._writing, timeout)
+
+    def get_many(self, keys: Sequence[bytes]) -> list[LastTurn | None]:
+        """The turns under these row keys (None: none, or not one trimflow writes); nothing while the store is down."""
+        if not self.in_use:
+            return [None] * len(keys)
+        try:
+            pipe = self._front.pipeline(transaction=False)
+            for key in keys:
+                pipe.getrange(turn_key(key), 0, _TURN_VALUE)  # one byte past the longest: too long is not ours
+            values = pipe.execute()
+        except self._errors as exc:
+            self._lost(exc)
+            return [None] * len(keys)
+        now = self.clock()
+        if not isinstance(values, list) or len(values) != len(keys):
+            return [None] * len(keys)
+        return [decode_turn(value, now) for value in values]
+
+    def put(self, key: bytes, turn: LastTurn) -> None:
+        """Queues the turn for the writing thread (the newest of each conversation); dropped while the store is down."""
+        value = encode_turn(turn)
+        name = turn_key(key)
+        with self._wake:
+            if self._closed or not self._up:
+                self.writes_dropped += not self._closed
+                return
+            waiting = self._pending.get(name)
+            if waiting is not None:
+                if (turn.sent_at, turn.cut) >= waiting[:2]:
+                    self._pending[name] = (turn.sent_at, turn.cut, value)
+            elif len(self._pending) < MAX_PENDING:
+                self._pending[name] = (turn.sent_at, turn.cut, value)
+            else:
+                self.writes_dropped += 1
+                return
+            self._wake.notify_all()
+
+    def __enter__(self) -> RedisState:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        with self._wake:
+            self._closed = True
+            self._wake.notify_all()
+        self._thread.join(CLOSE_WAIT)
+        for each in (self._front, self._back):
+            try:
+                each.close()
+            except self._errors:
+                pass
+
+    # --- the thread ----------------------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._closed and not (self._up and self._pending) and not (not self._up and self.monotonic() >= self._retry_at):
+                    self._wake.wait(None if self._up else max(0.0, self._retry_at - self.monotonic()))
+                writes = list(self._pending.values()) if self._up else []
+                names = list(self._pending) if self._up else []
+                self._pending = {}
+                self._writing = bool(writes)
+                connect = not self._up and not self._closed
+                closing = self._closed
+            if writes:
+                self._write(names, writes)
+                with self._wake:
+                    self._writing = False
+                    self._wake.notify_all()
+            elif connect:
+                self._connect()
+            if closing:
+                return
+
+    def _connect(self) -> None:
+        """Tries the store: both clients connect, from this thread (so no request waits on it), and it answers."""
+        try:
+            self._back.ping()
+            self._front.ping()  # leaves the request path's connection open in its pool
+        except self._errors as exc:
+            with self._wake:
+                self._retry_at = self.monotonic() + self._retry_delay
+                self._retry_delay = min(2 * self._retry_delay, RETRY_MAX)
+            self._warn(exc)
+            return
+        with self._wake:
+            self._up = True
+            self._retry_delay = RETRY_FIRST
+            warned, self._warned = self._warned, False
+            self._wake.notify_all()
+        if warned:
+            log.warning("trimflow: shared state %s answers again; instances share conversations again", where(self.url))
+
+    def _write(self, names: list[bytes], writes: list[tuple[float, int, bytes]]) -> None:
+        oldest = self.clock() - MAX_AGE
+        try:
+            pipe = self._back.pipeline(transaction=False)
+            for name, (sent_at, _, value) in zip(names, writes, strict=True):
+                if sent_at >= oldest:
+                    pipe.set(name, value, ex=int(MAX_AGE))
+            pipe.execute()
+        except self._errors as exc:
+            with self._wake:
+                self.writes_dropped += len(writes)
+            self._lost(exc, timeout_warns=True)
+
+    def _lost(self, exc: BaseException, timeout_warns: bool = False) -> None:
+        """A call failed: the request path stops using the store, and the thread tries it again at once (a single
+        slow answer costs that one read; a store that still does not answer, a warning)."""
+        with self._wake:
+            was_up, self._up = self._up, False
+            self.writes_dropped += len(self._pending)
+            self._pending = {}
+            self._retry_at = self.monotonic()
+            self._wake.notify_all()
+        if was_up and (timeout_warns or not isinstance(exc, self._timeouts)):
+            self._warn(exc)
+
+    def _warn(self, exc: BaseException) -> None:
+        with self._wake:
+            if self._warned or self._closed:
+                return
+            self._warned = True
+            self.outages += 1
+        log.warning(
+            "trimflow: shared state %s not answering (%s); each instance keeps its own memory until it does (docs/deployment.md#the-shared-store)",
+            where(self.url),
+            _reason(exc),
+        )
+
+
+def _reason(exc: BaseException) -> str:
+    """The error's class, and the system's words for a socket's: never the store's own text (a hostile store's
+    answer could carry anything)."""
+    cause = exc.__cause__ or exc.__context__
+    strerror = getattr(exc, "strerror", None) or getattr(cause, "strerror", None)
+    return f"{type(exc).__name__}: {strerror}" if isinstance(strerror, str) else type(exc).__name__

@@ -1,0 +1,158 @@
+"""The shared store on Redis (trimflow._state_store), against a real redis-server on a Unix socket of the test's own."""
+
+from __future__ import annotations
+
+import logging
+import math
+import struct
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from trimflow._conversation import Conversations
+from trimflow._history import History, Images, Media, image_key
+from trimflow._last_turns import MAX_AGE, LastTurn
+from trimflow._record import TURN
+from trimflow._state_store import PASSWORD_VARIABLE, RedisState, StateRefused, checked_url, password_from, turn_key
+
+from .helpers import RedisServer, wait_for
+
+# The request path's deadline in tests that look at what is shared: a busy machine's slow answer would read nothing
+# that once (the instance's own memory), which is right for a proxy and no test of sharing.
+PATIENT = 1.0
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[RedisServer]:
+    running = RedisServer(tmp_path)
+    yield running
+    running.stop()
+
+
+def line(turn: int, keys: list[bytes]) -> History:
+    """Turn `turn` of a synthetic conversation (one message a turn), sending images of these keys."""
+    return History("api.example", None, 0, [hash((0, i)) for i in range(turn)], b"\x00" * 8, images=Images(keys, None))
+
+
+def turn(sent_at: float, cut: int = 0, count: int = 3) -> LastTurn:
+    return LastTurn(sent_at, cut, tuple((i.to_bytes(8, "big"), i * 7) for i in range(count)))
+
+
+def test_a_turn_one_instance_puts_is_what_the_other_gets(server: RedisServer) -> None:
+    now = [1000.0]
+    with RedisState(server.url, deadline=PATIENT, clock=lambda: now[0]) as a, RedisState(server.url, deadline=PATIENT, clock=lambda: now[0]) as b:
+        assert a.wait_until_up(30) and b.wait_until_up(30)
+        assert b.get_many([b"k" * 16]) == [None]
+        a.put(b"k" * 16, turn(999.0, cut=1))
+        assert wait_for(lambda: b.get_many([b"x" * 16, b"k" * 16])[1], "the turn in the store") == turn(999.0, cut=1)
+        assert a.writes_dropped == 0 and a.outages == 0
+
+
+def test_keys_are_namespaced_and_expire_and_values_hold_digests_and_counts_only(server: RedisServer) -> None:
+    with RedisState(server.url, deadline=PATIENT) as state, server.raw() as raw:
+        assert state.wait_until_up(30)
+        state.put(b"k" * 16, turn(time.time(), count=1024 + 5))
+        wait_for(lambda: raw.exists(turn_key(b"k" * 16)), "the key")
+        assert [key.startswith(b"trimflow:v1:turn:") for key in raw.keys("*")] == [True]
+        assert 0 < raw.ttl(turn_key(b"k" * 16)) <= MAX_AGE
+        assert raw.strlen(turn_key(b"k" * 16)) == 12 + 1024 * 12  # time and cut, then each image's key and CRC-32
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        b"",
+        b"x",
+        b"\x00" * 11,
+        struct.pack(">dI", math.nan, 0),
+        struct.pack(">dI", 1000.0, 0) + b"y" * 5,
+        b"A" * (1 << 20),
+        struct.pack(">dI", 1000.0, 9),
+    ],
+    ids=["empty", "short", "no-images-short", "nan", "ragged-images", "huge", "cut-past-images"],
+)
+def test_another_tenants_garbage_is_ignored(server: RedisServer, garbage: bytes) -> None:
+    with RedisState(server.url, deadline=PATIENT, clock=lambda: 1000.0) as state, server.raw() as raw:
+        assert state.wait_until_up(30)
+        raw.set(turn_key(b"k" * 16), garbage)
+        raw.set(turn_key(b"j" * 16), struct.pack(">dI", 1000.0, 0))  # a turn with no images: what trimflow writes
+        assert state.get_many([b"k" * 16, b"j" * 16]) == [None, LastTurn(1000.0, 0, ())]
+        assert state.in_use
+
+
+def test_a_password_in_the_url_is_refused_without_showing_it() -> None:
+    with pytest.raises(StateRefused) as refused:
+        checked_url("redis://user:hunter2-secret@cache.internal:6379/0")
+    assert "hunter2" not in str(refused.value) and "cache.internal" not in str(refused.value)
+    assert "trimflow_state_password_file" in str(refused.value)
+    for bad in ("http://cache:6379", "redis://cache:port/0"):
+        with pytest.raises(StateRefused):
+            checked_url(bad)
+    assert checked_url("rediss://team@cache:6380/2") == "rediss://team@cache:6380/2"
+
+
+def test_the_password_comes_from_a_file_or_the_environment(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("from-file\n")
+    assert password_from(str(secret), {PASSWORD_VARIABLE: "from-env"}) == "from-file"
+    assert password_from(None, {PASSWORD_VARIABLE: "from-env"}) == "from-env"
+    assert password_from("", {}) is None
+    with pytest.raises(StateRefused) as refused:
+        password_from(str(tmp_path / "missing"), {})
+    assert "missing" not in str(refused.value)
+
+
+def test_a_store_with_a_password_is_used_with_it_and_not_without(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    server = RedisServer(tmp_path, password="s3cret-pass")
+    try:
+        with RedisState(server.url, password="s3cret-pass", deadline=PATIENT) as good, caplog.at_level(logging.WARNING, "trimflow"):
+            assert good.wait_until_up(30)
+            with RedisState(server.url, password="wrong-pass") as wrong:
+                wait_for(lambda: wrong.outages, "the refused store's warning")
+                assert not wrong.in_use
+        assert "s3cret" not in caplog.text and "wrong-pass" not in caplog.text
+    finally:
+        server.stop()
+
+
+def test_a_store_that_goes_away_costs_one_warning_and_comes_back_by_itself(server: RedisServer, caplog: pytest.LogCaptureFixture) -> None:
+    now = [1000.0]
+    with caplog.at_level(logging.WARNING, "trimflow"), RedisState(server.url, deadline=PATIENT, clock=lambda: now[0]) as state:
+        assert state.wait_until_up(30)
+        state.put(b"k" * 16, turn(999.0))
+        wait_for(lambda: state.get_many([b"k" * 16])[0], "the turn in the store")
+        server.stop()
+        wait_for(lambda: not state.get_many([b"k" * 16])[0] and not state.in_use, "the store given up")
+        for _ in range(50):  # every request meanwhile reads nothing, writes nothing, and raises nothing
+            assert state.get_many([b"k" * 16]) == [None]
+            state.put(b"k" * 16, turn(999.5))
+        assert state.outages == 1
+        server.start()
+        assert state.wait_until_up(60)
+        state.put(b"k" * 16, turn(999.9))
+        assert wait_for(lambda: state.get_many([b"k" * 16])[0], "the turn in the store again") == turn(999.9)
+    lines = [r.getMessage() for r in caplog.records if r.name == "trimflow"]
+    assert len([m for m in lines if "not answering" in m]) == 1, lines
+    assert len([m for m in lines if "answers again" in m]) == 1, lines
+
+
+def test_two_memories_sharing_the_store_recall_each_turn_as_one_memory_would(server: RedisServer) -> None:
+    """Turns alternate between two processes' memories, as behind a round-robin balancer on two hosts."""
+    keys = [image_key(Media("image", (), f"{i:04d}" * 800)) for i in range(8)]
+    now = [time.time()]
+    one = Conversations(clock=lambda: now[0])
+    with RedisState(server.url, deadline=PATIENT, clock=lambda: now[0]) as a, RedisState(server.url, deadline=PATIENT, clock=lambda: now[0]) as b:
+        assert a.wait_until_up(30) and b.wait_until_up(30)
+        pair = [Conversations(clock=lambda: now[0], shared=a), Conversations(clock=lambda: now[0], shared=b)]
+        for number in range(1, 9):
+            now[0] += 5.0
+            history = line(number, keys[:number])
+            expected = one.recall(history)
+            assert pair[number % 2].recall(history) == expected, number
+            one.assign(history, TURN, number // 3)
+            memory = pair[number % 2]
+            memory.assign(history, TURN, number // 3)
+            assert (a if number % 2 == 0 else b).drained(30)
+        assert a.writes_dropped == b.writes_dropped == 0
