@@ -57,7 +57,8 @@ def test_keys_are_namespaced_and_expire_and_values_hold_digests_and_counts_only(
         wait_for(lambda: raw.exists(turn_key(b"k" * 16)), "the key")
         assert [key.startswith(b"trimflow:v1:turn:") for key in raw.keys("*")] == [True]
         assert 0 < raw.ttl(turn_key(b"k" * 16)) <= MAX_AGE
-        assert raw.strlen(turn_key(b"k" * 16)) == 12 + 1024 * 12  # time and cut, then each image's key and CRC-32
+        # time, cut, turn number and conversation id, then each image's key and CRC-32
+        assert raw.strlen(turn_key(b"k" * 16)) == 20 + 1024 * 12
 
 
 @pytest.mark.parametrize(
@@ -66,19 +67,20 @@ def test_keys_are_namespaced_and_expire_and_values_hold_digests_and_counts_only(
         b"",
         b"x",
         b"\x00" * 11,
-        struct.pack(">dI", math.nan, 0),
-        struct.pack(">dI", 1000.0, 0) + b"y" * 5,
+        struct.pack(">dII4s", math.nan, 0, 1, b"abcd"),
+        struct.pack(">dII4s", 1000.0, 0, 1, b"abcd") + b"y" * 5,
         b"A" * (1 << 20),
-        struct.pack(">dI", 1000.0, 9),
+        struct.pack(">dII4s", 1000.0, 9, 1, b"abcd"),
+        struct.pack(">dII4s", 1000.0, 0, 0xFFFFFFFF, b"abcd"),
     ],
-    ids=["empty", "short", "no-images-short", "nan", "ragged-images", "huge", "cut-past-images"],
+    ids=["empty", "short", "no-images-short", "nan", "ragged-images", "huge", "cut-past-images", "turn-far-ahead"],
 )
 def test_another_tenants_garbage_is_ignored(server: RedisServer, garbage: bytes) -> None:
     with RedisState(server.url, deadline=PATIENT, clock=lambda: 1000.0) as state, server.raw() as raw:
         assert state.wait_until_up(30)
         raw.set(turn_key(b"k" * 16), garbage)
-        raw.set(turn_key(b"j" * 16), struct.pack(">dI", 1000.0, 0))  # a turn with no images: what trimflow writes
-        assert state.get_many([b"k" * 16, b"j" * 16]) == [None, LastTurn(1000.0, 0, ())]
+        raw.set(turn_key(b"j" * 16), struct.pack(">dII4s", 1000.0, 0, 3, b"abcd"))  # a turn with no images: what trimflow writes
+        assert state.get_many([b"k" * 16, b"j" * 16]) == [None, LastTurn(1000.0, 0, (), 3, b"abcd")]
         assert state.in_use
 
 
@@ -138,21 +140,28 @@ def test_a_store_that_goes_away_costs_one_warning_and_comes_back_by_itself(serve
     assert len([m for m in lines if "answers again" in m]) == 1, lines
 
 
-def test_two_memories_sharing_the_store_recall_each_turn_as_one_memory_would(server: RedisServer) -> None:
-    """Turns alternate between two processes' memories, as behind a round-robin balancer on two hosts."""
+def test_two_memories_sharing_the_store_recall_and_number_each_turn_as_one_memory_would(server: RedisServer) -> None:
+    """Turns alternate between two processes' memories, as behind a round-robin balancer on two hosts: they recall
+    what one memory recalls, and number the conversation's turns 1, 2, 3 under one id (apart: 1, 1, 2, 2)."""
     keys = [image_key(Media("image", (), f"{i:04d}" * 800)) for i in range(8)]
     now = [time.time()]
     one = Conversations(clock=lambda: now[0])
     with RedisState(server.url, deadline=PATIENT, clock=lambda: now[0]) as a, RedisState(server.url, deadline=PATIENT, clock=lambda: now[0]) as b:
         assert a.wait_until_up(30) and b.wait_until_up(30)
         pair = [Conversations(clock=lambda: now[0], shared=a), Conversations(clock=lambda: now[0], shared=b)]
+        apart = [Conversations(clock=lambda: now[0]), Conversations(clock=lambda: now[0])]
+        numbered, numbered_apart = [], []
         for number in range(1, 9):
             now[0] += 5.0
             history = line(number, keys[:number])
             expected = one.recall(history)
             assert pair[number % 2].recall(history) == expected, number
             one.assign(history, TURN, number // 3)
-            memory = pair[number % 2]
-            memory.assign(history, TURN, number // 3)
+            assigned = pair[number % 2].assign(history, TURN, number // 3)
+            numbered.append((assigned.conversation, assigned.turn))
+            assigned = apart[number % 2].assign(history, TURN, number // 3)
+            numbered_apart.append((assigned.conversation, assigned.turn))
             assert (a if number % 2 == 0 else b).drained(30)
         assert a.writes_dropped == b.writes_dropped == 0
+    assert [turn for _, turn in numbered] == list(range(1, 9)) and len({cid for cid, _ in numbered}) == 1
+    assert [turn for _, turn in numbered_apart] == [1, 1, 2, 2, 3, 3, 4, 4] and len({cid for cid, _ in numbered_apart}) == 2

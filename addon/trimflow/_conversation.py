@@ -22,8 +22,10 @@ Several processes behind a balancer each see only some turns of a conversation. 
 trimflow._last_turns) every turn is written there too, and `recall` takes the conversation's last turn from there
 when another process sent it after this one's own last turn, the request sends all its images again, and the row
 goes on from what this process remembers of the conversation, if anything (`_goes_on`): its cut, its time and its
-images' arrivals. A row is keyed by the conversation's opening, which two runs of one task share: each writes a row
-of its own under that key (`_row_for`), and neither takes the other's.
+images' arrivals; and from a store that keeps them (trimflow._state_store), its turn number and the conversation's
+id, so that a conversation spread over instances is numbered 1, 2, 3 under one id. A row is keyed by the
+conversation's opening, which two runs of one task share: each writes a row of its own under that key
+(`_row_for`), and neither takes the other's.
 """
 
 from __future__ import annotations
@@ -181,6 +183,16 @@ def _extent(row: tuple[bytes, LastTurn]) -> tuple[int, float]:
     return len(row[1].images), row[1].sent_at
 
 
+def _id_bytes(cid: str) -> bytes:
+    """A conversation id as a shared turn holds it: the 4 bytes of a short_id (a named one's id is its session's, the
+    same on every instance: none)."""
+    try:
+        raw = bytes.fromhex(cid)
+    except ValueError:
+        return b""
+    return raw if len(raw) == 4 else b""
+
+
 def _oldest_first(found: Sequence[Copy | None]) -> list[int]:
     """Image indices oldest first: the ones cut before, then by arrival (new ones last); position among those that
     came together."""
@@ -327,7 +339,7 @@ class Conversations:
         if thread is None:
             if kind == COUNT_TOKENS:  # never a conversation or segment of its own
                 return Assignment(named.id if named else None, None, None, None)
-            conversation = named or self._add(_Conversation(self._new_id(history), named=False))
+            conversation = named or self._add(_Conversation(self._new_id(history, taken), named=False))
             conversation.segments += 1
             thread = HistoryLine(conversation, conversation.segments, history.head)
             conversation.threads.append(thread)
@@ -342,6 +354,8 @@ class Conversations:
         if kind != COUNT_TOKENS:  # a turn or a warm-up moves the conversation on
             self._move(thread, history.tip)
             if kind == TURN:
+                if taken is not None and taken[1].conversation == _id_bytes(conversation.id):
+                    conversation.turns = max(conversation.turns, taken[1].turn)  # the other instances' turns too
                 conversation.turns += 1
                 turn = conversation.turns
                 thread.cut = cut or 0
@@ -368,7 +382,8 @@ class Conversations:
         of them were cut, as `_remember` kept them."""
         if self.shared is not None and thread.sent_at is not None and thread.row is not None:
             images, cut = kept
-            self.shared.put(thread.row, LastTurn(thread.sent_at, cut, tuple(images)))
+            conversation = thread.conversation
+            self.shared.put(thread.row, LastTurn(thread.sent_at, cut, tuple(images), conversation.turns, _id_bytes(conversation.id)))
             self._read = None  # the next request reads the file again
 
     def _sent_again(self, keys: Sequence[bytes]) -> HistoryLine | None:
@@ -468,7 +483,10 @@ class Conversations:
                 return best
         return None
 
-    def _new_id(self, history: History) -> str:
+    def _new_id(self, history: History, taken: tuple[bytes, LastTurn] | None = None) -> str:
+        """A new conversation's id; the one another instance gave it, where this turn continues its shared turn."""
+        if taken is not None and len(taken[1].conversation) == 4 and taken[1].conversation.hex() not in self._conversations:
+            return taken[1].conversation.hex()
         self._started += 1
         return short_id(self._salt, history.host.encode(), history.origin, str(self._started).encode())
 

@@ -90,11 +90,15 @@ Row = tuple[bytes, float, int, bytes]  # a turn as written: key, time, cut, pack
 
 class LastTurn(NamedTuple):
     """A conversation's last turn: when it went (seconds on the wall clock), how many of its images were cut (the
-    first `cut` of `images`), and its images oldest first by arrival as (key, CRC-32)."""
+    first `cut` of `images`), and its images oldest first by arrival as (key, CRC-32). A store that keeps them
+    (trimflow._state_store; not the file) also holds its turn number and the conversation's id (the 4 bytes of
+    trimflow._history.short_id; empty: none), so that instances number a conversation as one."""
 
     sent_at: float
     cut: int
     images: tuple[tuple[bytes, int], ...]
+    turn: int = 0
+    conversation: bytes = b""
 
 
 class TurnStore(Protocol):

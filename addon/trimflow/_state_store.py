@@ -1,9 +1,10 @@
 """What trimflow instances on many hosts share, in a Redis or Valkey server (`trimflow_state=redis://HOST:PORT/DB`).
 
 One store per team: each conversation's last turn (trimflow._last_turns.TurnStore, as the one-host SQLite file holds
-it). Keys are namespaced (`trimflow:v1:...`) and expire (MAX_AGE, the file's bound); values are digests and counts
-in the file's encoding (a turn's time, its cut and its images' keys and CRC-32s), never a prompt, an image or a key.
-Whoever else can write the store is not trusted: a value is read only up to the longest one trimflow writes
+it), with its turn number and the conversation's id, so that instances number a conversation 1, 2, 3 as one. Keys
+are namespaced (`trimflow:v1:...`) and expire (MAX_AGE, the file's bound); values are digests and counts: a turn's
+time, cut, number and conversation id (4 bytes), then its images' keys and CRC-32s in the file's encoding; never
+a prompt, an image or a key. Whoever else can write the store is not trusted: a value is read only up to the longest one trimflow writes
 (GETRANGE) and checked as the file's rows are (trimflow._last_turns.checked); one that is not what trimflow writes
 is ignored.
 
@@ -37,7 +38,8 @@ DEADLINE = 0.005  # seconds a call on the request path may wait for the store, e
 WRITE_DEADLINE = 0.5  # the writing thread's calls (off the request path)
 RETRY_FIRST, RETRY_MAX = 0.05, 5.0  # seconds before a store that did not answer is tried again, doubling
 CLOSE_WAIT = 1.0  # seconds `close` gives the writing thread to write what waits
-_HEAD = struct.Struct(">dI")  # a turn's time and cut, before its packed images
+_HEAD = struct.Struct(">dII4s")  # a turn's time, cut, number and conversation id, before its packed images
+MAX_TURN = 1 << 24  # the highest turn number read back (a hostile store's would skip every later number past it)
 _TURN_VALUE = _HEAD.size + MAX_IMAGES_BYTES  # the longest turn value trimflow writes
 
 
@@ -90,15 +92,19 @@ def turn_key(row: bytes) -> bytes:
 
 def encode_turn(turn: LastTurn) -> bytes:
     cut, images = kept(turn)
-    return _HEAD.pack(turn.sent_at, cut) + pack_images(images)
+    conversation = turn.conversation if len(turn.conversation) == 4 else bytes(4)
+    return _HEAD.pack(turn.sent_at, cut, min(turn.turn, MAX_TURN), conversation) + pack_images(images)
 
 
 def decode_turn(value: object, now: float) -> LastTurn | None:
     """A value read back, or None where it is not what `encode_turn` writes (another tenant's, or garbage)."""
     if not isinstance(value, bytes) or len(value) < _HEAD.size or len(value) > _TURN_VALUE:
         return None
-    sent_at, cut = _HEAD.unpack_from(value)
-    return checked((sent_at, cut, value[_HEAD.size :]), now)
+    sent_at, cut, number, conversation = _HEAD.unpack_from(value)
+    last = checked((sent_at, cut, value[_HEAD.size :]), now)
+    if last is None or number > MAX_TURN:
+        return None
+    return last._replace(turn=number, conversation=conversation if any(conversation) else b"")
 
 
 def client(url: str, password: str | None, timeout: float) -> Any:
