@@ -5,11 +5,13 @@
 - HAProxy in front of two mitmdumps sharing one learned-limits file: a limit learned through one instance holds
   on the other's next request; balancing on the session id keeps a conversation's turn numbers, spreading it
   does not; the health check on /metrics takes a stopped instance out;
-- HAProxy's round robin in front of two mitmdumps sharing one conversations file: a reference session costs what
-  it costs through one mitmdump, and more when each keeps its own;
+- HAProxy's round robin in front of two mitmdumps sharing one conversations file, or as on two hosts (a confdir
+  each, no file) one Redis store (Debian's `redis-server`, on a Unix socket the test names): a reference session
+  costs what it costs through one mitmdump, and more when each keeps its own; through the store its turns are
+  numbered 1..N once;
 - without prometheus_client, mitmdump runs and says in one line how to add it.
 
-Where prometheus or haproxy is missing these tests skip with one line saying how to install them; with
+Where prometheus, haproxy or redis-server is missing these tests skip with one line saying how to install them; with
 TRIMFLOW_REQUIRE_TEAM_SERVERS=1 (set by .ci/run) they fail instead. Every wait is on a condition (a scrape, a
 health check, a record), never a fixed sleep.
 """
@@ -39,7 +41,7 @@ from trimflow._limit_profiles import load_profiles, provider_check
 from trimflow._prices import load_prices
 from trimflow.testing import REFERENCE_SESSIONS, FakeProvider, Session, replay
 
-from ..helpers import wait_for
+from ..helpers import RedisServer, wait_for
 from ..mitmdump import ADDON, Mitmdump
 from .helpers import ROOT, Proxy, image_payloads, post, session, shots, start_all, start_wrong, stop_all, write_rules
 
@@ -457,25 +459,43 @@ def billed(records: list[dict[str, Any]], model: str) -> float:
     return total
 
 
-# A reference session, or its first turns: computer use past two cuts of batches of 6 (bodies up to 5 MB); and whether
-# the pair shares the conversations file, as instances on one host do by default.
+# A reference session, or its first turns: computer use past two cuts of batches of 6 (bodies up to 5 MB); and what
+# the pair shares: the conversations file, as instances on one host do by default ("file"), a Redis store, as instances
+# on two hosts do ("store": each its own confdir and no file), or nothing (the control).
 TEAM_SESSIONS = {"chat-anthropic": None, "computer-use": 16}
-TEAM_CASES = [("chat-anthropic", True), ("computer-use", True), ("computer-use", False)]
+TEAM_CASES = [
+    ("chat-anthropic", "file"),
+    ("computer-use", "file"),
+    ("chat-anthropic", "store"),
+    ("computer-use", "store"),
+    ("computer-use", "nothing"),
+]
+# The store's deadline on the request path in the byte-for-byte runs: a read past the shipped 5 ms (a busy machine)
+# goes on with the instance's own memory, which is right for a proxy and not what these runs compare.
+PATIENT = "1"
 
 
-@pytest.mark.parametrize(("name", "shared"), TEAM_CASES, ids=["chat-anthropic", "computer-use", "computer-use-unshared"])
-def test_two_instances_behind_round_robin_cost_no_more_than_one(tmp_path: Path, name: str, shared: bool) -> None:
+@pytest.mark.parametrize(("name", "shares"), TEAM_CASES, ids=["-".join(case) for case in TEAM_CASES])
+def test_two_instances_behind_round_robin_cost_no_more_than_one(tmp_path: Path, name: str, shares: str) -> None:
     """One reference session through one trimflow, then through two behind HAProxy's round robin, each time to a
     fake provider that bills it with the prompt cache model. The shipped rules hold each conversation's cut from
-    turn to turn (low_water) and the two instances share its last turn through the conversations file, so the pair
-    forwards what the single instance forwarded, byte for byte, the provider's cache reads as much, and the pair
-    costs no more. Each with a file of its own, the two hold different cuts and forward other bodies."""
+    turn to turn (low_water) and the two instances share its last turn through the conversations file or the Redis
+    store, so the pair forwards what the single instance forwarded, byte for byte, the provider's cache reads as
+    much, and the pair costs no more; through the store they also number the turns 1..N once, under one id. Each on
+    its own, the two hold different cuts, forward other bodies and number the turns 1, 1, 2, 2."""
     server_binary("haproxy")
     reference = next(s for s in REFERENCE_SESSIONS if s.name == name)
     length = TEAM_SESSIONS[name] or reference.length
+    store = RedisServer(tmp_path) if shares == "store" else None
     one_provider, two_provider = FakeProvider(cache=True).start(), FakeProvider(cache=True).start()
     single = Proxy(tmp_path / "single", "--mode", f"reverse:{one_provider.url}", rules=None)
-    files = {instance: tmp_path / ("shared" if shared else instance) / FILE_NAME for instance in ("a", "b")}
+    files = {instance: tmp_path / ("shared" if shares == "file" else instance) / FILE_NAME for instance in ("a", "b")}
+    sharing: dict[str, dict[str, str]] = {
+        instance: {"trimflow_conversations": str(files[instance])}
+        if store is None
+        else {"trimflow_conversations": "", "trimflow_state": store.url, "trimflow_state_deadline": PATIENT}
+        for instance in ("a", "b")
+    }
     pair = {
         instance: Proxy(
             tmp_path / instance,
@@ -483,7 +503,7 @@ def test_two_instances_behind_round_robin_cost_no_more_than_one(tmp_path: Path, 
             f"reverse:{two_provider.url}",
             rules=None,
             trimflow_prometheus="127.0.0.1:0",
-            trimflow_conversations=str(files[instance]),
+            **sharing[instance],
         )
         for instance in ("a", "b")
     }
@@ -502,14 +522,20 @@ def test_two_instances_behind_round_robin_cost_no_more_than_one(tmp_path: Path, 
         one = single.records()
         by_instance = {instance: p.records() for instance, p in pair.items()}
         assert all(abs(len(records) - length / 2) <= 1 for records in by_instance.values()), {k: len(v) for k, v in by_instance.items()}
-        assert all(r["turn"] <= (length + 1) // 2 for records in by_instance.values() for r in records)  # each saw every other turn
+        in_order = sorted((r for records in by_instance.values() for r in records), key=lambda r: r["turn"])
+        if store is not None:  # numbered as one instance numbers them
+            assert [r["turn"] for r in in_order] == list(range(1, length + 1))
+            assert len({r["conversation"] for r in in_order}) == 1
+            assert not any(files[instance].exists() for instance in pair)  # no file: as on two hosts
+        else:
+            assert all(r["turn"] <= (length + 1) // 2 for r in in_order)  # each saw every other turn
         assert sum(r["pruned"] for r in one) > 0 and sum(r["usage_cache_read_tokens"] for r in one) > 0  # cuts, and a prefix read
         cost_one = billed(one, reference.model)
         cost_two = billed([r for records in by_instance.values() for r in records], reference.model)
         bodies_one, bodies_two = [r.body for r in one_provider.received], [r.body for r in two_provider.received]
-        if shared:
+        if shares != "nothing":
             # ... and forwarded what the single instance forwarded for it.
-            assert bodies_two == bodies_one and all(f.is_file() for f in files.values())
+            assert bodies_two == bodies_one and (store is not None or all(f.is_file() for f in files.values()))
             assert 0 < cost_two <= cost_one
         else:
             assert bodies_two != bodies_one and cost_two > cost_one
@@ -519,6 +545,8 @@ def test_two_instances_behind_round_robin_cost_no_more_than_one(tmp_path: Path, 
         stop_all(single.mitm, *(p.mitm for p in pair.values()))
         one_provider.stop()
         two_provider.stop()
+        if store is not None:
+            store.stop()
 
 
 # --- without prometheus_client ----------------------------------------------------------------------------------
