@@ -549,6 +549,64 @@ def test_two_instances_behind_round_robin_cost_no_more_than_one(tmp_path: Path, 
             store.stop()
 
 
+def test_a_store_killed_mid_session_costs_one_warning_and_sharing_resumes_when_it_is_back(tmp_path: Path) -> None:
+    """Two instances as on two hosts behind round robin, sharing a Redis store. Killed mid-conversation: no request
+    fails, each instance says so once and numbers what it sees itself; started again: each says so once, and the
+    next conversation is numbered 1..N once again, without anyone restarting an instance."""
+    server_binary("haproxy")
+    store = RedisServer(tmp_path)
+    provider = FakeProvider().start()
+    options = {"trimflow_conversations": "", "trimflow_state": store.url, "trimflow_state_deadline": PATIENT}
+    pair = {
+        instance: Proxy(tmp_path / instance, "--mode", f"reverse:{provider.url}", rules=None, trimflow_prometheus="127.0.0.1:0", **options)
+        for instance in ("a", "b")
+    }
+    start_all(*(p.mitm for p in pair.values()))
+    haproxy = None
+
+    def conversation(seed: int, count: int) -> list[dict[str, Any]]:
+        assert haproxy is not None
+        images = shots(count, seed=seed)
+        records = []
+        for n in range(1, count + 1):
+            before = {name: len(p.records()) for name, p in pair.items()}
+            status, answer = post(haproxy.spread, "/v1/chat/completions", orjson.dumps(session("openai-chat", images[:n], "gpt-4o")))
+            assert status == 200, answer[:300]  # never failed by the store
+
+            def served() -> dict[str, Any] | None:
+                grown = [p.records() for name, p in pair.items() if len(p.records()) > before[name]]  # noqa: B023
+                return grown[0][-1] if grown else None
+
+            records.append(wait_for(served, "the turn's record"))
+        return records
+
+    def said(text: str) -> dict[str, int]:
+        return {name: sum(text in line for line in p.log().splitlines()) for name, p in pair.items()}
+
+    try:
+        metrics_ports = {instance: p.metrics_port() for instance, p in pair.items()}
+        haproxy = HAProxy(tmp_path, (pair["a"].port, metrics_ports["a"]), (pair["b"].port, metrics_ports["b"]))
+        haproxy.wait_until({"a": "UP", "b": "UP"})
+        before = conversation(60, 4)
+        assert [r["turn"] for r in before] == [1, 2, 3, 4] and len({r["conversation"] for r in before}) == 1
+        store.stop()
+        during = conversation(61, 4)
+        assert [r["turn"] for r in during] == [1, 1, 2, 2]  # each its own memory
+        wait_for(lambda: said("not answering") == {"a": 1, "b": 1}, "one warning from each instance")
+        store.start()
+        wait_for(lambda: said("answers again") == {"a": 1, "b": 1}, "each instance back on the store")
+        after = conversation(62, 4)
+        assert [r["turn"] for r in after] == [1, 2, 3, 4] and len({r["conversation"] for r in after}) == 1
+        assert said("not answering") == {"a": 1, "b": 1}
+        assert "Traceback" not in pair["a"].log() + pair["b"].log()
+    finally:
+        if haproxy is not None:
+            haproxy.stop()
+        stop_all(*(p.mitm for p in pair.values()))
+        provider.stop()
+        store.stop()
+
+
 # --- without prometheus_client ----------------------------------------------------------------------------------
 
 
