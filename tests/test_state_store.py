@@ -14,8 +14,10 @@ import pytest
 from trimflow._conversation import Conversations
 from trimflow._history import History, Images, Media, image_key
 from trimflow._last_turns import MAX_AGE, LastTurn
+from trimflow._learned_limits import DEFAULT_TTL, LearnedLimits
+from trimflow._limits import Limits
 from trimflow._record import TURN
-from trimflow._state_store import PASSWORD_VARIABLE, RedisState, StateRefused, checked_url, password_from, turn_key
+from trimflow._state_store import LEARNED, PASSWORD_VARIABLE, LearnedInStore, RedisState, StateRefused, checked_url, password_from, turn_key
 
 from .helpers import RedisServer, wait_for
 
@@ -165,3 +167,45 @@ def test_two_memories_sharing_the_store_recall_and_number_each_turn_as_one_memor
         assert a.writes_dropped == b.writes_dropped == 0
     assert [turn for _, turn in numbered] == list(range(1, 9)) and len({cid for cid, _ in numbered}) == 1
     assert [turn for _, turn in numbered_apart] == [1, 1, 2, 2, 3, 3, 4, 4] and len({cid for cid, _ in numbered_apart}) == 2
+
+
+# --- learned limits in the store ----------------------------------------------------------------------------------
+
+UPSTREAM = "https://api.example:443"
+
+
+def test_a_limit_one_instance_learns_applies_on_the_others_next_round(server: RedisServer) -> None:
+    a = LearnedLimits(None, store=LearnedInStore(server.url))
+    b = LearnedLimits(None, store=LearnedInStore(server.url))
+    a.sync(), b.sync()
+    assert b.tighten(UPSTREAM, "m", Limits(max_images=8)).max_images == 8
+    a.learn(UPSTREAM, "m", {"max_images": 4}, "a 400")
+    b.learn(UPSTREAM, None, {"max_body_bytes": 1 << 20}, "a 413")  # learned at once elsewhere: neither is lost
+    a.sync(), b.sync(), a.sync()
+    for each in (a, b):
+        tightened = each.tighten(UPSTREAM, "m", Limits(max_images=8, max_body_bytes=4 << 20))
+        assert (tightened.max_images, tightened.max_body_bytes) == (4, 1 << 20)
+    with server.raw() as raw:
+        assert 0 < raw.ttl(LEARNED) <= DEFAULT_TTL + 1
+        assert b"a 400" in raw.get(LEARNED)  # the source line of the file, as the file would hold it
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [b"\xff\xfe", b"[1, 2", b'{"learned": [{"upstream": "x"}]}', b"a: &a [*a, *a, *a]", b'{"learned": 1}'],
+    ids=["not-utf8", "not-json", "not-an-entry", "yaml-alias", "wrong-type"],
+)
+def test_learned_limits_another_tenant_wrote_are_never_used_nor_written_over(
+    server: RedisServer, garbage: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    with server.raw() as raw:
+        raw.set(LEARNED, garbage)
+        learned = LearnedLimits(None, store=LearnedInStore(server.url))
+        with caplog.at_level(logging.WARNING, "trimflow"):
+            learned.sync()
+            learned.learn(UPSTREAM, "m", {"max_images": 4}, "a 400")
+            learned.sync()
+            learned.sync()
+        assert raw.get(LEARNED) == garbage
+        assert learned.tighten(UPSTREAM, "m", Limits(max_images=8)).max_images == 4  # kept in memory
+        assert len([r for r in caplog.records if "shared state" in r.getMessage()]) == 1

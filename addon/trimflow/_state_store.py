@@ -24,10 +24,14 @@ import struct
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import orjson
+
 from ._last_turns import MAX_AGE, MAX_IMAGES_BYTES, MAX_PENDING, LastTurn, checked, kept, pack_images
+from ._learned_limits import DEFAULT_TTL, Entry, Key, bounded, learned_text, merged, parse_learned
+from .errors import RulesError
 
 log = logging.getLogger("trimflow")
 
@@ -38,6 +42,10 @@ DEADLINE = 0.005  # seconds a call on the request path may wait for the store, e
 WRITE_DEADLINE = 0.5  # the writing thread's calls (off the request path)
 RETRY_FIRST, RETRY_MAX = 0.05, 5.0  # seconds before a store that did not answer is tried again, doubling
 CLOSE_WAIT = 1.0  # seconds `close` gives the writing thread to write what waits
+LEARNED = PREFIX + b"learned"  # the learned limits, as one JSON text (the learned-limits file's fields)
+LEARNED_VERSION = PREFIX + b"learned:version"  # counts their writes: a reader reads them again when it moves
+MAX_LEARNED_BYTES = 1 << 20  # the longest learned limits read (1,024 entries of about 200 bytes each)
+WRITE_TRIES = 4  # writes of the learned limits that another instance's write came between, before the next round
 _HEAD = struct.Struct(">dII4s")  # a turn's time, cut, number and conversation id, before its packed images
 MAX_TURN = 1 << 24  # the highest turn number read back (a hostile store's would skip every later number past it)
 _TURN_VALUE = _HEAD.size + MAX_IMAGES_BYTES  # the longest turn value trimflow writes
@@ -311,3 +319,103 @@ def _reason(exc: BaseException) -> str:
     cause = exc.__cause__ or exc.__context__
     strerror = getattr(exc, "strerror", None) or getattr(cause, "strerror", None)
     return f"{type(exc).__name__}: {strerror}" if isinstance(strerror, str) else type(exc).__name__
+
+
+class LearnedInStore:
+    """The learned limits of instances sharing the store (trimflow._learned_limits.LearnedBackend), in place of the
+    learned-limits file: one key, a JSON text of the file's entries, and a counter of its writes that a reader looks
+    at each round (CHECK_INTERVAL) before reading the entries again. A write merges what this instance learned into
+    what the store holds in one optimistic transaction (WATCH), so no instance's limit is lost to another's write.
+    Used from the learned limits' worker thread only: every call within WRITE_DEADLINE, never on the request path.
+    Entries read back are checked as the file's are (the YAML reader on a text that is JSON, so no YAML alias);
+    text that is not entries is never written over, and costs one warning."""
+
+    def __init__(self, url: str, password: str | None = None, ttl: float | None = DEFAULT_TTL) -> None:
+        import redis
+
+        self._errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
+        self._watch_error: type[BaseException] = redis.WatchError
+        self.url = checked_url(url)
+        self.lifetime = int(ttl) + 1 if ttl is not None else (30 * 24 * 3600)  # a key's: past its newest entry's
+        self._client = client(url, password, WRITE_DEADLINE)
+        self._version: bytes | None = None
+        self._read_before = False
+        self._problem: str | None = None
+        self._said: set[str] = set()
+
+    def writable(self) -> bool:
+        return self._problem is None
+
+    def read_if_changed(self) -> dict[Key, Entry] | None:
+        try:
+            version = self._client.get(LEARNED_VERSION)
+            if self._read_before and version == self._version:
+                return None
+            raw = self._client.getrange(LEARNED, 0, MAX_LEARNED_BYTES)
+        except self._errors as exc:
+            self._say(f"trimflow: learned limits in shared state {where(self.url)} not read ({_reason(exc)}); each instance keeps its own")
+            return None
+        entries = self._parsed(raw)
+        self._version = version
+        if entries is None:
+            self._read_before = True
+            return None
+        if self._problem is not None:
+            log.info("trimflow: learned limits in shared state %s readable again", where(self.url))
+        elif self._read_before:
+            log.info("trimflow: learned limits reloaded from shared state %s (%d)", where(self.url), len(entries))
+        self._problem = None
+        self._read_before = True
+        self._said.clear()
+        return entries
+
+    def merge_and_write(self, pending: Mapping[Key, Entry], expired: Callable[[Entry], bool]) -> dict[Key, Entry] | None:
+        try:
+            for _ in range(WRITE_TRIES):
+                with self._client.pipeline(transaction=True) as pipe:
+                    try:
+                        pipe.watch(LEARNED)
+                        held = self._parsed(pipe.getrange(LEARNED, 0, MAX_LEARNED_BYTES))
+                        if held is None:
+                            return None
+                        kept = bounded(e for e in merged(held, pending).values() if not expired(e))
+                        pipe.multi()
+                        pipe.set(LEARNED, learned_text(kept.values()).encode(), ex=self.lifetime)
+                        pipe.incr(LEARNED_VERSION)
+                        pipe.expire(LEARNED_VERSION, self.lifetime)
+                        results = pipe.execute()
+                    except self._watch_error:
+                        continue  # another instance wrote between: merge into what it wrote
+                self._version = str(results[1]).encode()
+                self._said.clear()
+                return kept
+        except self._errors as exc:
+            self._say(f"trimflow: learned limits not written to shared state {where(self.url)} ({_reason(exc)}); kept in memory for now")
+        return None
+
+    def _parsed(self, raw: object) -> dict[Key, Entry] | None:
+        """The entries of a value read back ({} for none), or None where it is not what trimflow writes."""
+        if raw is None or raw == b"":
+            return {}
+        reason = None
+        if not isinstance(raw, bytes) or len(raw) > MAX_LEARNED_BYTES:
+            reason = "longer than trimflow writes"
+        else:
+            try:
+                orjson.loads(raw)  # JSON, so the YAML reader meets no alias
+                entries, warnings = parse_learned(raw.decode(), "shared state")
+            except (orjson.JSONDecodeError, UnicodeDecodeError, RulesError):
+                reason = "not learned limits"
+            else:
+                for warning in warnings:
+                    self._say(f"trimflow: {warning}")
+                return {e.key: e for e in entries}
+        self._problem = reason
+        self._say(f"trimflow: learned limits in shared state {where(self.url)} {reason}: left as they are, what is learned is kept in memory")
+        return None
+
+    def _say(self, line: str) -> None:
+        """Log `line` once until a write succeeds (a store that stays down is one line, not one a second)."""
+        if line not in self._said:
+            self._said.add(line)
+            log.warning("%s", line)

@@ -549,6 +549,45 @@ def test_two_instances_behind_round_robin_cost_no_more_than_one(tmp_path: Path, 
             store.stop()
 
 
+def test_through_the_store_a_limit_one_instance_learns_applies_on_the_others_next_request(tmp_path: Path) -> None:
+    """As on two hosts (a confdir each, no shared file): the learned limits live in the store too."""
+    server_binary("haproxy")
+    store = RedisServer(tmp_path)
+    (tmp_path / "profiles.yaml").write_text(PROFILES)
+    write_rules(tmp_path / "rules.yaml", 8)
+    provider = FakeProvider(check=provider_check(load_profiles(tmp_path / "profiles.yaml").get("count-4"))).start()
+    options = {"trimflow_conversations": "", "trimflow_state": store.url, "trimflow_prometheus": "127.0.0.1:0"}
+    rules = tmp_path / "rules.yaml"
+    pair = {instance: Proxy(tmp_path / instance, "--mode", f"reverse:{provider.url}", rules=rules, **options) for instance in ("a", "b")}
+    start_all(*(p.mitm for p in pair.values()))
+    haproxy = None
+    try:
+        metrics_ports = {instance: p.metrics_port() for instance, p in pair.items()}
+        haproxy = HAProxy(tmp_path, (pair["a"].port, metrics_ports["a"]), (pair["b"].port, metrics_ports["b"]))
+        haproxy.wait_until({"a": "UP", "b": "UP"})
+        before = {name: len(p.records()) for name, p in pair.items()}
+        status, _ = post(haproxy.spread, "/v1/chat/completions", orjson.dumps(session("openai-chat", shots(6, seed=70), "gpt-4o")))
+        assert status == 200
+        first = wait_for(lambda: next((n for n, p in pair.items() if len(p.records()) > before[n]), None), "the first record")
+        assert pair[first].records()[-1]["retries"] == 1  # refused at 6, learned 4
+        other = next(name for name in pair if name != first)
+        wait_for(lambda: "learned limits reloaded from shared state" in pair[other].log(), "the other instance's reload")
+        provider.clear()
+        status, _ = post(haproxy.spread, "/v1/chat/completions", orjson.dumps(session("openai-chat", shots(7, seed=71), "gpt-4o")))
+        assert status == 200
+        record = wait_for(lambda: len(pair[other].records()) > before[other] and pair[other].records()[-1], "the other's record")
+        (only,) = provider.received  # on its first try
+        assert len(image_payloads("openai-chat", only.json())) == 4
+        assert (record["retries"], record["images_before"], record["images_after"]) == (0, 7, 4)
+        assert not any((tmp_path / name / "confdir" / "trimflow-learned.yaml").exists() for name in pair)
+    finally:
+        if haproxy is not None:
+            haproxy.stop()
+        stop_all(*(p.mitm for p in pair.values()))
+        provider.stop()
+        store.stop()
+
+
 def test_a_store_killed_mid_session_costs_one_warning_and_sharing_resumes_when_it_is_back(tmp_path: Path) -> None:
     """Two instances as on two hosts behind round robin, sharing a Redis store. Killed mid-conversation: no request
     fails, each instance says so once and numbers what it sees itself; started again: each says so once, and the

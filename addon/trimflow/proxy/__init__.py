@@ -56,7 +56,7 @@ def make_addons() -> list[object]:
         metrics,
         recover.hold,
         Prometheus(metrics, recover),
-        ShareConversations(flows),
+        ShareConversations(flows, recover),
         KeepMemory(),
         UpstreamAuthPipe(),
         Options(),

@@ -1,7 +1,7 @@
 """The conversations addon: where this process shares each conversation's last turn with the other trimflow processes
 (trimflow._last_turns), so that behind a balancer they cut a conversation as one. trimflow_conversations names the
 SQLite file of one host; trimflow_state a Redis or Valkey server instances on many hosts share
-(trimflow._state_store), used instead of the file."""
+(trimflow._state_store), used instead of the file, and instead of the learned-limits file too (Recover)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from mitmproxy.addonmanager import Loader
 
 from .._human import parse_duration
 from .._last_turns import FILE_NAME, LastTurns, TurnStore
-from .._state_store import DEADLINE, PASSWORD_VARIABLE, StateRefused, checked_url, password_from
+from .._state_store import DEADLINE, PASSWORD_VARIABLE, LearnedInStore, StateRefused, checked_url, password_from
 from .options import confdir_path, exits_at_startup
+from .recover import Recover
 from .state import SharedState
 
 DEFAULT_CONVERSATIONS = "{confdir}/" + FILE_NAME
@@ -21,8 +22,9 @@ OPTIONS = ("trimflow_conversations", "trimflow_state", "trimflow_state_password_
 class ShareConversations:
     name = "trimflow_conversations"
 
-    def __init__(self, flows: SharedState) -> None:
-        self.flows = flows
+    def __init__(self, flows: SharedState, recover: Recover | None = None) -> None:
+        self.flows, self.recover = flows, recover
+        self._state: tuple[str, str | None] | None = None  # the store's URL and password in effect
 
     def load(self, loader: Loader) -> None:
         loader.add_option(
@@ -38,8 +40,8 @@ class ShareConversations:
             str,
             "",
             "redis://HOST:PORT/DB, rediss://HOST:PORT/DB (TLS) or unix://PATH: a Redis or Valkey server where instances "
-            "on many hosts share each conversation's last turn (digests and counts only), used instead of "
-            "trimflow_conversations (docs/deployment.md). No password in it: see trimflow_state_password_file.",
+            "on many hosts share each conversation's last turn (digests and counts only) and the learned limits, used "
+            "instead of trimflow_conversations and trimflow_learned (docs/deployment.md). No password in it: see trimflow_state_password_file.",
         )
         loader.add_option(
             "trimflow_state_password_file",
@@ -59,11 +61,16 @@ class ShareConversations:
     def configure(self, updated: set[str]) -> None:
         if not updated & set(OPTIONS):
             return
+        before = self._state
         store = self._store()
         conversations = self.flows.conversations
         if conversations.shared is not None:
             conversations.shared.close()
         conversations.shared = store
+        state = self._state
+        if self.recover is not None and state != before:
+            # The learned limits too, in place of their file (read and written by their own thread).
+            self.recover.share_learned((lambda ttl: LearnedInStore(state[0], state[1], ttl)) if state is not None else None)
 
     def _store(self) -> TurnStore | None:
         """The store the options name: opened on first use (the file) or connected by a thread of its own (Redis); one
@@ -76,11 +83,14 @@ class ShareConversations:
                 deadline = _deadline(ctx.options.trimflow_state_deadline)
                 from .._state_store import RedisState
 
-                return RedisState(url, password, deadline)
+                shared = RedisState(url, password, deadline)
+                self._state = (url, password)
+                return shared
             except StateRefused as exc:
                 raise exceptions.OptionsError(f"trimflow: {exc}") from None
             except ImportError:
                 raise exceptions.OptionsError("trimflow: trimflow_state needs the redis client: pip install 'trimflow[team]'") from None
+        self._state = None
         path = confdir_path(ctx.options.trimflow_conversations, ctx.options.confdir)
         return LastTurns(path) if path is not None else None
 
