@@ -74,11 +74,15 @@ class HistoryLine:
     the cache-aware cut (trimflow._policy: low_water) where its last turn's cut ended and when that turn went;
     the images its last turn sent: by key, when each copy first came, whether it was cut, and its CRC-32."""
 
-    __slots__ = ("conversation", "segment", "head", "tip", "response", "used", "cut", "sent_at", "images", "row")
+    __slots__ = ("conversation", "segment", "head", "tip", "length", "last_end", "end", "response", "used", "cut", "sent_at", "images", "row")
 
     def __init__(self, conversation: _Conversation, segment: int, head: int) -> None:
         self.conversation, self.segment, self.head = conversation, segment, head
         self.tip: int | None = None
+        self.length = 0  # messages in its last history
+        # its last history's keys in Conversations._by_end: at its last message, and at the one before it
+        self.last_end: int | None = None
+        self.end: int | None = None
         self.response: bytes | None = None  # digest of the id of its last answer (Responses)
         self.used = 0
         self.cut = 0  # images pruned from the oldest, as a position: what the next turn holds
@@ -183,6 +187,13 @@ def _extent(row: tuple[bytes, LastTurn]) -> tuple[int, float]:
     return len(row[1].images), row[1].sent_at
 
 
+def _end_key(history: History, k: int) -> int:
+    """The message at position `k` of a history, after the one before it (the head, at the first position), on its
+    host: what a history that rewrites early messages is matched by (Conversations._rewritten)."""
+    messages = history.messages
+    return hash(("end", history.host, k, messages[k - 1] if k else history.head, messages[k]))
+
+
 def _id_bytes(cid: str) -> bytes:
     """A conversation id as a shared turn holds it: the 4 bytes of a short_id (a named one's id is its session's, the
     same on every instance: none)."""
@@ -232,6 +243,9 @@ class Conversations:
         self._salt = os.urandom(8) if salt is None else salt
         self._conversations: OrderedDict[str, _Conversation] = OrderedDict()
         self._by_tip: dict[int, list[HistoryLine]] = {}
+        # A line's last history's last message, and the one before it, each with its position, the message before it
+        # (or the head) and the host -> the line that last ended so (Conversations._rewritten)
+        self._by_end: dict[int, HistoryLine] = {}
         self._by_response: dict[bytes, HistoryLine] = {}
         self._started = 0
         self._clock = 0
@@ -352,7 +366,7 @@ class Conversations:
         conversation.threads.append(thread)
         turn = None
         if kind != COUNT_TOKENS:  # a turn or a warm-up moves the conversation on
-            self._move(thread, history.tip)
+            self._move(thread, history)
             if kind == TURN:
                 if taken is not None and taken[1].conversation == _id_bytes(conversation.id):
                     conversation.turns = max(conversation.turns, taken[1].turn)  # the other instances' turns too
@@ -481,6 +495,25 @@ class Conversations:
                     best = thread
             if best is not None:
                 return best
+        return self._rewritten(history, kind, named)
+
+    def _rewritten(self, history: History, kind: str, named: _Conversation | None) -> HistoryLine | None:
+        """The line of history a request continues though it rewrites early messages: OpenClaw ends each request with a
+        context message the next one drops, aider rewrites its system prompt (the time) and its message of images on
+        every request. This history is longer than the line's last one, and holds that one's last message (aider's
+        question), or the one before it (OpenClaw's, whose last is dropped), at the same position after the same
+        message (or, at the first position, the same head), with messages after it. Of several, the one matched
+        furthest along."""
+        messages = history.messages
+        for k in range(len(messages) - 2, -1, -1):
+            thread = self._by_end.get(_end_key(history, k))
+            if thread is None or (named is not None and thread.conversation is not named):
+                continue
+            if named is None and (thread.conversation.named or (kind == COUNT_TOKENS and thread.head != history.head)):
+                continue
+            if len(messages) <= thread.length:  # not longer: a fork, or an edit of the last message
+                continue
+            return thread
         return None
 
     def _new_id(self, history: History, taken: tuple[bytes, LastTurn] | None = None) -> str:
@@ -498,14 +531,29 @@ class Conversations:
                 self._drop_thread(thread)
         return conversation
 
-    def _move(self, thread: HistoryLine, tip: int) -> None:
-        if thread.tip == tip:
+    def _move(self, thread: HistoryLine, history: History) -> None:
+        if thread.tip == history.tip:
             return
         self._unindex(thread)
-        thread.tip = tip
-        self._by_tip.setdefault(tip, []).append(thread)
+        thread.tip = history.tip
+        self._by_tip.setdefault(history.tip, []).append(thread)
+        thread.head = history.head
+        n = thread.length = len(history.messages)
+        thread.last_end = self._end(thread, history, n - 1)
+        thread.end = self._end(thread, history, n - 2)
+
+    def _end(self, thread: HistoryLine, history: History, k: int) -> int | None:
+        if k < 0:
+            return None
+        key = _end_key(history, k)
+        self._by_end[key] = thread
+        return key
 
     def _unindex(self, thread: HistoryLine) -> None:
+        for key in (thread.last_end, thread.end):
+            if key is not None and self._by_end.get(key) is thread:
+                del self._by_end[key]
+        thread.last_end = thread.end = None
         if thread.tip is not None:
             threads = self._by_tip.get(thread.tip)
             if threads is not None:
