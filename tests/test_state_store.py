@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import signal
 import struct
 import time
 from collections.abc import Iterator
@@ -209,3 +210,26 @@ def test_learned_limits_another_tenant_wrote_are_never_used_nor_written_over(
         assert raw.get(LEARNED) == garbage
         assert learned.tighten(UPSTREAM, "m", Limits(max_images=8)).max_images == 4  # kept in memory
         assert len([r for r in caplog.records if "shared state" in r.getMessage()]) == 1
+
+
+def test_a_store_that_stops_answering_costs_reads_their_deadline_then_none_until_it_answers(
+    server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A store that hangs (SIGSTOP: connected, never answering), as a slow or swapped-out server: a read waits at most
+    its deadline, then the store is given up with one warning and reads wait on nothing; it answers again, and the
+    thread takes it back by itself."""
+    assert server.process is not None
+    with caplog.at_level(logging.WARNING, "trimflow"), RedisState(server.url, deadline=0.05) as state:
+        assert state.wait_until_up(30)
+        state.put(b"k" * 16, turn(time.time()))
+        assert state.drained(30)
+        server.process.send_signal(signal.SIGSTOP)
+        try:
+            wait_for(lambda: state.get_many([b"k" * 16]) == [None] and state.outages == 1, "the hung store given up")
+            for _ in range(20):
+                assert state.get_many([b"k" * 16]) == [None] and not state.in_use
+        finally:
+            server.process.send_signal(signal.SIGCONT)
+        assert state.wait_until_up(60)
+        assert wait_for(lambda: state.get_many([b"k" * 16])[0], "the turn read again") is not None
+        assert state.outages == 1
