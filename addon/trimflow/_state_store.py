@@ -1,12 +1,13 @@
 """What trimflow instances on many hosts share, in a Redis or Valkey server (`trimflow_state=redis://HOST:PORT/DB`).
 
 One store per team: each conversation's last turn (trimflow._last_turns.TurnStore, as the one-host SQLite file holds
-it), with its turn number and the conversation's id, so that instances number a conversation 1, 2, 3 as one. Keys
-are namespaced (`trimflow:v1:...`) and expire (MAX_AGE, the file's bound); values are digests and counts: a turn's
-time, cut, number and conversation id (4 bytes), then its images' keys and CRC-32s in the file's encoding; never
-a prompt, an image or a key. Whoever else can write the store is not trusted: a value is read only up to the longest one trimflow writes
-(GETRANGE) and checked as the file's rows are (trimflow._last_turns.checked); one that is not what trimflow writes
-is ignored.
+it), with its turn number and the conversation's id, so that instances number a conversation 1, 2, 3 as one; and
+the learned limits (LearnedInStore, in place of the learned-limits file). Keys are namespaced (`trimflow:v1:...`)
+and expire (MAX_AGE for turns, the file's bound; a learned limit's lifetime for those). A turn's value is digests
+and counts: its time, cut, number and conversation id (4 bytes), then its images' keys and CRC-32s in the file's
+encoding; never a prompt, an image or a key. Whoever else can write the store is not trusted: a value is read only
+up to the longest one trimflow writes (GETRANGE) and checked as the file's rows are (trimflow._last_turns.checked);
+one that is not what trimflow writes is ignored.
 
 The proxy never waits for the store past DEADLINE: reads on the request path use a connection whose every socket
 call times out after it, and only while the store is known to answer; writes wait in a queue (the newest turn of
