@@ -48,7 +48,10 @@ from .helpers import ROOT, Proxy, image_payloads, post, session, shots, start_al
 pytestmark = pytest.mark.e2e
 
 REQUIRE_VARIABLE = "TRIMFLOW_REQUIRE_TEAM_SERVERS"
-MISSING = "{name} not installed: the team tests need Debian's prometheus and haproxy (as root: apt-get install prometheus haproxy, or scripts/setup)"
+MISSING = (
+    "{name} not installed: the team tests need Debian's prometheus, haproxy and redis-server "
+    "(as root: apt-get install prometheus haproxy redis-server, or scripts/setup)"
+)
 DEPLOYMENT = ROOT / "docs" / "deployment.md"
 
 
