@@ -36,6 +36,7 @@ import importlib
 import importlib.metadata
 import importlib.util
 import io
+import itertools
 import json
 import os
 import platform
@@ -61,16 +62,20 @@ from PIL import Image
 from tests.bombs import blank_png
 from tests.mitmdump import Mitmdump, stop_process
 from trimflow._clicks import ClickStream, Screen, map_answer
+from trimflow._conversation import Conversations
 from trimflow._engine import prune_request
 from trimflow._imageinfo import ImageInfo, sniff_base64
 from trimflow._last_turns import LastTurn, LastTurns, conversation_key, row_keys
+from trimflow._lookalike import THUMBNAILS, same_screen, thumbnail
 from trimflow._malloc import MMAP_THRESHOLD, TRIM_THRESHOLD
 from trimflow._prices import Price
 from trimflow._record import utc_timestamp
 from trimflow._rules_file import DEFAULT_RULES_PATH, load_rules
-from trimflow.testing import MIME, PATHS, POLICIES, REFERENCE_SESSIONS, data_url, image, run_policy, screenshot, session_body
+from trimflow.formats import FORMATS
+from trimflow.testing import MIME, PATHS, POLICIES, REFERENCE_SESSIONS, b64, data_url, image, run_policy, screenshot, session_body
 from trimflow.testing._cache_sessions import ReferenceSession
 from trimflow.testing._optimum import batch_floor, price_for, priced_optima, ratios, session_cap
+from trimflow.testing._screens import CHANGES, agent_session, app_screen, distinct_screens, repeating_screens
 
 FORMAT = "openai-chat"
 MODEL = "gpt-5"  # under the shipped default cap of 8 (gpt-4o holds at most 5 once over it)
@@ -1635,7 +1640,7 @@ def machine() -> dict[str, Any]:
     return info
 
 
-SECTIONS = ("engine", "text", "proxy", "learned", "shaped", "shrink", "cache")
+SECTIONS = ("engine", "text", "proxy", "learned", "recall", "shaped", "shrink", "cache")
 LEARNED_ENTRIES = 10_000
 
 
@@ -1735,6 +1740,103 @@ def cache_figures() -> list[Figure]:
     return figures
 
 
+LOOKALIKE_SHOTS = 60  # screenshots of the repeated-screens session, every third the screen before it again
+LOOKALIKE_DISTINCT = 48  # distinct screens whose every pair the look-alike test must tell apart
+
+
+def lookalike_figures() -> list[Figure]:
+    """Screens that look alike (trimflow._lookalike) on screens drawn for it (trimflow.testing._screens, 1280x800):
+    the false matches among LOOKALIKE_DISTINCT distinct screens (PNG and JPEG), the share of the same screen a moment
+    later (cursor moved, clock on, spinner frame) found; then an Anthropic computer-use session of LOOKALIKE_SHOTS
+    screenshots, every third the screen before it again, under the shipped rules: the distinct screens the model sees
+    per turn, against today's order (by age alone) and against the best any cut schedule reaches that moves its cut on
+    today's turns (and only those: the prompt cache breaks no more often), sends as many images each turn, never cuts
+    the newest and never brings back a cut image, found by search (`best_distinct`). Deterministic."""
+    figures: list[Figure] = []
+    false_matches = pairs = 0
+    for fmt in ("PNG", "JPEG"):
+        thumbs = [thumbnail(b64(s)) for s in distinct_screens(LOOKALIKE_DISTINCT, fmt=fmt)]
+        for i, a in enumerate(thumbs):
+            for b in thumbs[i + 1 :]:
+                pairs += 1
+                false_matches += a is not None and b is not None and same_screen(a, b)
+    found = tried = 0
+    for seed in range(8):
+        base = thumbnail(b64(app_screen(seed)))
+        for change in CHANGES:
+            for variant in (1, 2, 5):
+                again = thumbnail(b64(app_screen(seed, variant=variant, change=change)))
+                tried += 1
+                found += base is not None and again is not None and same_screen(base, again)
+    figures += [
+        Figure("lookalike_false_matches", f"look-alikes among {pairs:,} pairs of distinct screens (PNG, JPEG)", false_matches, "pairs", 0),
+        Figure("lookalike_found", f"the same screen a moment later found a look-alike ({tried} pairs)", found / tried, "x", 1.0, at_most=False),
+    ]
+    shots, screens = repeating_screens(LOOKALIKE_SHOTS)
+    on, made = _distinct_seen(shots, screens, lookalikes=True)
+    today, _ = _distinct_seen(shots, screens, lookalikes=False)
+    sizes = [len(sent) for sent in today]
+    if sizes != [len(sent) for sent in on]:
+        raise RuntimeError("look-alikes changed how many images a turn sends")
+    moved = {turn for turn in range(1, len(today)) if _cut_moved(today, turn)}
+    best = best_distinct(screens, sizes, moved)
+    seen = statistics.fmean(len(set(sent)) for sent in on)
+    before = statistics.fmean(len(set(sent)) for sent in today)
+    where = f"{LOOKALIKE_SHOTS} screenshots, every third the screen before it again, shipped rules"
+    figures += [
+        Figure("lookalike_distinct_seen", f"{where}: distinct screens the model sees per turn", seen, "screens"),
+        Figure("lookalike_distinct_vs_age", "same, over cutting by age alone", seen / before, "x", 1.1, at_most=False),
+        Figure("lookalike_distinct_gap", "same, short of the best cut schedule on the same cache-breaking turns", best - seen, "screens", 0.01),
+        Figure("lookalike_thumbnails_per_move", "thumbnails made per turn the cut moves", made / max(1, len(moved)), "images"),
+    ]
+    return figures
+
+
+def _distinct_seen(shots: list[bytes], screens: list[int], lookalikes: bool) -> tuple[list[list[int]], int]:
+    """Each turn of the session through the engine as the proxy runs it: the screens it sent; and the thumbnails made."""
+    rules = load_rules(DEFAULT_RULES_PATH).with_limits(cut_lookalikes=lookalikes)
+    screen_of = {b64(shot): screen for shot, screen in zip(shots, screens, strict=True)}
+    conversations = Conversations()
+    made = THUMBNAILS.made
+    out = []
+    for body in agent_session("anthropic", None, shots, "claude-sonnet-4-6"):
+        outcome = prune_request("https://api.anthropic.com/v1/messages", {}, orjson.dumps(body), rules, memory=conversations)
+        assert outcome.record is not None and outcome.history is not None
+        conversations.assign(outcome.history, outcome.record.kind, *outcome.taken)
+        media = FORMATS["anthropic"].find_media(orjson.loads(outcome.body))
+        out.append([screen_of[m.data] for m in media if m.kind == "image" and isinstance(m.data, str)])
+    return out, THUMBNAILS.made - made
+
+
+def _cut_moved(sent: list[list[int]], turn: int) -> bool:
+    """Whether the turn sent fewer images than the one before plus its new one: its cut moved."""
+    return len(sent[turn]) < len(sent[turn - 1]) + 1
+
+
+def best_distinct(screens: list[int], sizes: list[int], moved: set[int]) -> float:
+    """The most distinct screens per turn, on average, of any cut schedule of the session (turn t holds the first t - 1
+    screenshots) that sends sizes[t] images on turn t, moves its cut only on the turns `moved` (between them every
+    image kept stays kept and each new one is sent), never cuts the newest and never brings a cut one back. A search
+    over what each move keeps: the future depends only on the screens kept, so the states are their multisets."""
+    states: dict[tuple[int, ...], int] = {(): 0}
+    for turn in range(1, len(sizes)):
+        new = screens[turn - 1]
+        after: dict[tuple[int, ...], int] = {}
+        for kept, total in states.items():
+            if turn not in moved:
+                options = [(*kept, new)]
+            else:
+                rest = sizes[turn] - 1  # the newest stays
+                options = [(*chosen, new) for chosen in set(itertools.combinations(kept, rest))] if rest <= len(kept) else []
+            for option in options:
+                state = tuple(sorted(option))
+                value = total + len(set(state))
+                if value > after.get(state, -1):
+                    after[state] = value
+        states = after
+    return max(states.values()) / len(sizes)
+
+
 def run(settings: Settings, say: Callable[[str], None], sections: tuple[str, ...] = SECTIONS) -> tuple[list[Figure], dict[str, Any]]:
     info = machine()
     figures: list[Figure] = []
@@ -1761,6 +1863,9 @@ def run(settings: Settings, say: Callable[[str], None], sections: tuple[str, ...
             figures += learned_figures(workdir, upstream, settings)
             say(f"conversations file: {CONVERSATIONS_ROWS:,} conversations, one turn's read and write")
             figures += conversations_file_figures(workdir, settings)
+        if "recall" in sections:
+            say(f"recall store: {RECALL_CONVERSATIONS:,} conversations soaked through its bounds (a process of its own)")
+            figures += recall_figures(workdir)
         if "text" in sections:
             figures += text_session_figures(workdir, upstream, settings, say)
         if "shaped" in sections:
@@ -1771,6 +1876,8 @@ def run(settings: Settings, say: Callable[[str], None], sections: tuple[str, ...
     if "cache" in sections:
         say("prompt cache cost (reference computer-use session, cache model)")
         figures += cache_figures()
+        say("look-alike screens: the threshold's matches, and the distinct screens a session sees")
+        figures += lookalike_figures()
     with contextlib.suppress(OSError):
         info["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     return figures, info
@@ -1896,6 +2003,83 @@ def learned_figures(workdir: Path, upstream: Upstream, settings: Settings) -> li
     ]
 
 
+RECALL_CONVERSATIONS = 1_000  # conversations of the recall soak, each cutting RECALL_IMAGES images
+RECALL_IMAGES = 8
+RECALL_IMAGE_KB = 48
+RECALL_MAX_MB = 64  # the store's bound in all, below what the soak offers (375 MB)
+RECALL_CONVERSATION_KB = 4 * RECALL_IMAGE_KB + 4  # each conversation's bound: room for 4 of its 8 images
+
+
+def recall_soak(folder: str) -> dict[str, float]:
+    """In a process of its own (`--recall-soak`): RECALL_CONVERSATIONS conversations offer their cut images to a recall
+    store, one request after another (a request's images written before the next, as requests come apart); the bytes
+    the folder holds after each conversation, the process's RSS, and the time `offer` takes on the caller's thread."""
+    from trimflow._recall import Kept, RecallStore, image_id, owner_of, run_folder
+    from trimflow.formats import Media
+
+    token = os.urandom(32)
+    store = RecallStore(folder, token, max_bytes=RECALL_MAX_MB * MB, conversation_bytes=RECALL_CONVERSATION_KB * 1024)
+    store.accepts(owner_of(token, HEADERS))
+    rng = random.Random(7)
+    started_kb, most_on_disk, offers = _status_kb(os.getpid(), "VmRSS"), 0, []
+    run = Path(folder) / run_folder(token)
+    for conversation in range(RECALL_CONVERSATIONS):
+        kept = []
+        for _ in range(RECALL_IMAGES):
+            raw = rng.randbytes(RECALL_IMAGE_KB * 1024)
+            kept.append(Kept(image_id(raw), Media("image", ("messages", 0), base64.b64encode(raw).decode()), "image/png"))
+        began = time.perf_counter()
+        store.offer(f"{conversation:08x}", kept)
+        offers.append((time.perf_counter() - began) * 1000)
+        if not store.flush(60):
+            raise RuntimeError("the recall writer did not keep up within 60 s")
+        if conversation % 50 == 49:
+            most_on_disk = max(most_on_disk, sum(f.stat().st_size for f in run.iterdir()))
+    on_disk = sum(f.stat().st_size for f in run.iterdir())
+    files, _ = store.usage()
+    result = {
+        "offered_mb": RECALL_CONVERSATIONS * RECALL_IMAGES * RECALL_IMAGE_KB / 1024,
+        "most_on_disk_mb": max(most_on_disk, on_disk) / MB,
+        "on_disk_mb": on_disk / MB,
+        "files": files,
+        "stored": store.stored,
+        "evicted": store.evicted,
+        "skipped": store.skipped,
+        "rss_growth_mb": (_status_kb(os.getpid(), "VmHWM") - started_kb) / 1024,
+        "offer_ms": statistics.median(offers),
+    }
+    store.close()
+    return result
+
+
+def recall_figures(workdir: Path) -> list[Figure]:
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.bench", "--recall-soak", str(workdir / "recall")], capture_output=True, text=True, env=_child_env(), timeout=900
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"the recall soak failed: {done.stderr[-2000:]}")
+    soak = json.loads(done.stdout)
+    note = (
+        f"{RECALL_CONVERSATIONS:,} conversations x {RECALL_IMAGES} images of {RECALL_IMAGE_KB} KB offered ({soak['offered_mb']:.0f} MB), "
+        f"{soak['stored']:,} written, {soak['evicted']:,} evicted, {soak['skipped']} skipped, {soak['files']:,} files left"
+    )
+    return [
+        Figure(
+            "recall_disk_vs_bound",
+            f"recall soak: most bytes on disk / the bound ({RECALL_MAX_MB} MB)",
+            soak["most_on_disk_mb"] / RECALL_MAX_MB,
+            "x",
+            1.0,
+            note=note,
+        ),
+        Figure("recall_disk_mb", "recall soak: bytes on disk at the end", soak["on_disk_mb"], "MB"),
+        Figure("recall_rss_growth_mb", "recall soak: peak RSS growth of the writing process", soak["rss_growth_mb"], "MB", 64.0),
+        Figure(
+            "recall_offer_ms", f"recall soak: one request's offer of {RECALL_IMAGES} images on the caller's thread, median", soak["offer_ms"], "ms"
+        ),
+    ]
+
+
 def _raise_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
@@ -1917,12 +2101,17 @@ def main(argv: list[str] | None = None) -> int:
         choices=SECTIONS,
         help="run only this section (repeat for several): engine (in process, scaling), text (coding agents' text bodies "
         "in process, and a 60-turn text session through the proxy), proxy (latency, throughput, streaming, memory), "
+        "learned (the learned-limits and conversations files), recall (the recall store's bounds under a soak), "
         "shaped (the screenshot session over a shaped link), shrink, cache; default: all",
     )
     parser.add_argument("--serve-upstream", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--recall-soak", metavar="FOLDER", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve_upstream:
         serve_upstream()
+        return 0
+    if args.recall_soak:
+        print(json.dumps(recall_soak(args.recall_soak)))
         return 0
 
     began = time.monotonic()

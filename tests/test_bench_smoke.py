@@ -54,6 +54,8 @@ TARGETED = [
     "shrink_memory_peak_mb",
     "shrink_memory_held_mb",
     "learned_locked_ratio",
+    "recall_disk_vs_bound",
+    "recall_rss_growth_mb",
     "stream_added_ms",
     "stream_loaded_added_ms",
     "cache_writes_vs_rolling",
@@ -65,6 +67,10 @@ TARGETED = [
     "cache_round_robin_computer_use",
     "cache_round_robin_idle",
     "cache_round_robin_claude_code",
+    "lookalike_false_matches",
+    "lookalike_found",
+    "lookalike_distinct_vs_age",
+    "lookalike_distinct_gap",
     # Text bodies (--quick: every format at 1 MB, OpenAI chat at 100 KB and 8 MB, the escaped quotes) and the text session.
     *(f"text_{name}_vs_loads" for name in TEXT_BODIES),
     "text_worst_vs_loads",
@@ -99,6 +105,8 @@ CONTEXT = [
     "shrink_memory_cpu_s",
     "learned_locked_ms",
     "learned_none_ms",
+    "recall_disk_mb",
+    "recall_offer_ms",
     "stream_addon_ms",
     "stream_plain_ms",
     "stream_loaded_addon_ms",
@@ -115,6 +123,8 @@ CONTEXT = [
     "cache_cost_rolling",
     "cache_cost_none",
     *(f"cache_optimum_{name}_full" for name in CACHE_SESSIONS if name not in STEADY),
+    "lookalike_distinct_seen",
+    "lookalike_thumbnails_per_move",
     *(f"text_{name}_{figure}" for name in TEXT_BODIES for figure in ("engine_ms", "loads_ms", "orjson_ms", "vs_orjson")),
     "text_session_addon_ms",
     "text_session_plain_ms",
@@ -186,6 +196,13 @@ def test_the_shipped_rules_meet_the_prompt_cache_targets(report: dict) -> None:
     assert all(figures[f"cache_optimum_{name}_full"]["ok"] for name in STEADY)
     # Two instances behind round robin cost what one does.
     assert all(figures[f"cache_round_robin_{name}"]["ok"] for name in ("computer_use", "idle", "claude_code"))
+
+
+def test_look_alike_screens_are_found_and_distinct_ones_never_match(report: dict) -> None:
+    """Deterministic too: no false match among the distinct screens, every same screen found, and on the repeated-screens
+    session the distinct screens seen per turn within 0.01 of the best schedule on the same cache-breaking turns."""
+    figures = report["figures"]
+    assert all(figures[name]["ok"] for name in ("lookalike_false_matches", "lookalike_found", "lookalike_distinct_vs_age", "lookalike_distinct_gap"))
 
 
 def test_the_text_figures_compare_the_engine_with_both_parsers_of_the_same_body(report: dict) -> None:

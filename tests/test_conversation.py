@@ -485,12 +485,12 @@ def test_recall_gives_the_last_turns_cut_and_how_long_ago_it_went() -> None:
     conversations = Conversations(clock=lambda: clock[0])
     first, second = history(session("anthropic", 3), "anthropic"), history(session("anthropic", 4), "anthropic")
     assert conversations.recall(first) is None  # nothing seen yet
-    conversations.assign(first, TURN, cut=2)
+    conversations.assign(first, TURN, cut={0, 1})
     clock[0] = 130.0
     recalled = conversations.recall(second)
     assert recalled is not None and (recalled.cut, recalled.idle) == (2, 30.0)
     assert conversations.recall(history(session("anthropic", 2), "anthropic")) is None  # a shorter history continues nothing
-    conversations.assign(second, COUNT_TOKENS, cut=9)  # a token count never moves the cut on
+    conversations.assign(second, COUNT_TOKENS, cut=range(9))  # a token count never moves the cut on
     recalled = conversations.recall(second)
     assert recalled is not None and recalled.cut == 2
 
@@ -498,7 +498,7 @@ def test_recall_gives_the_last_turns_cut_and_how_long_ago_it_went() -> None:
 def test_recall_knows_nothing_of_a_history_the_provider_keeps() -> None:
     conversations = Conversations()
     body = session("openai-responses", 2)
-    conversations.assign(history(body, "openai-responses"), TURN, cut=1)
+    conversations.assign(history(body, "openai-responses"), TURN, cut={0})
     assert conversations.recall(history({**body, "previous_response_id": "resp_1"}, "openai-responses")) is None
 
 
@@ -528,7 +528,7 @@ def test_images_are_ordered_by_when_they_came_and_position_decides_among_those_t
 def test_an_image_once_cut_comes_first_and_stays_cut_and_one_no_longer_sent_is_forgotten() -> None:
     conversations = Conversations()
     conversations.assign(line(0, 1, [A, B]))
-    conversations.assign(line(0, 2, [C, A, B]), TURN, cut=1)  # oldest first A, B, C: A is cut
+    conversations.assign(line(0, 2, [C, A, B]), TURN, cut={1})  # A is cut
     assert conversations.was_cut([A]) and not conversations.was_cut([B])
     recalled = conversations.recall(line(0, 3, [B, D, C, A]))
     assert recalled.cut == 1 and recalled.order == (3, 0, 2, 1)  # A first: cut before
@@ -542,15 +542,28 @@ def test_a_retry_that_cut_more_is_what_the_next_turn_holds() -> None:
     conversations = Conversations()
     conversations.assign(line(0, 1, [A, B]))
     sent = line(0, 2, [C, A, B])
-    thread = conversations.assign(sent, TURN, cut=0).thread
+    thread = conversations.assign(sent, TURN).thread
     assert not conversations.was_cut([A])
     recalled = conversations.recall(sent)  # the retry of that turn reads the same order
     assert recalled is not None and recalled.order == (1, 2, 0) and recalled.cut == 0
-    conversations.recut(thread, sent, 2)  # the retry cut A and B, and the provider took it
+    conversations.recut(thread, sent, {1, 2})  # the retry cut A and B, and the provider took it
     assert conversations.was_cut([A]) and conversations.was_cut([B]) and not conversations.was_cut([C])
     recalled = conversations.recall(line(0, 3, [A, D, C, B]))
     assert recalled.cut == 2 and recalled.order == (0, 3, 2, 1)  # A and B first: cut; then C, then D
     assert conversations._images == 3 and sum(conversations._cut_keys.values()) == 2  # replaced, not added
+
+
+def test_a_cut_that_keeps_an_older_image_is_remembered_image_by_image(closing: Callable[[LastTurns], LastTurns]) -> None:
+    """The user's mock-up (A) kept while the screens after it (B, C) are cut: this memory and one reading the shared
+    file both recall B and C as cut, A as the oldest kept."""
+    shared = closing(LastTurns(":memory:"))
+    a, b = Conversations(shared=shared), Conversations(shared=shared)
+    a.assign(line(0, 1, [A, B, C]))
+    a.assign(line(0, 2, [A, B, C, D]), TURN, cut={1, 2})
+    assert a.was_cut([B]) and a.was_cut([C]) and not a.was_cut([A])
+    for memory in (a, b):
+        found = memory.recall(line(0, 3, [A, B, C, D, E]))
+        assert found is not None and found.cut == 2 and found.order == (1, 2, 0, 3, 4)
 
 
 def test_a_retry_of_a_conversation_forgotten_meanwhile_changes_nothing() -> None:
@@ -558,7 +571,7 @@ def test_a_retry_of_a_conversation_forgotten_meanwhile_changes_nothing() -> None
     sent = line(0, 1, [A, B])
     thread = conversations.assign(sent).thread
     conversations.assign(line(1, 1, [C]))  # pushes the first conversation out
-    conversations.recut(thread, sent, 2)
+    conversations.recut(thread, sent, {0, 1})
     assert not conversations.was_cut([A]) and conversations._images == 1
 
 
@@ -566,7 +579,7 @@ def test_copies_of_one_image_match_the_newest_remembered_in_the_order_they_sit()
     conversations = Conversations()
     conversations.assign(line(0, 1, [A]))
     conversations.assign(line(0, 2, [A, B]))
-    conversations.assign(line(0, 3, [A, B, A]), TURN, cut=1)  # the same screenshot again: the second A is new
+    conversations.assign(line(0, 3, [A, B, A]), TURN, cut={0})  # the same screenshot again: the second A is new
     recalled = conversations.recall(line(0, 4, [A, B, A, C]))
     assert recalled.order == (0, 1, 2, 3) and recalled.cut == 1
     recalled = conversations.recall(line(0, 4, [B, A, C]))  # one A left: it is the newer, which was never cut
@@ -577,7 +590,7 @@ def test_a_request_that_continues_no_history_takes_the_arrivals_of_the_line_whos
     conversations = Conversations()
     conversations.assign(line(0, 1, [A, B]))
     # Another history (a rewritten early message) with the same images and one more: B, A, C oldest first. B is cut.
-    conversations.assign(line(1, 2, [C, B, A]), TURN, cut=1)
+    conversations.assign(line(1, 2, [C, B, A]), TURN, cut={1})
     recalled = conversations.recall(line(2, 3, [D, B, C, A]))
     assert recalled is not None and recalled.order == (1, 3, 2, 0) and recalled.cut == 1
     assert conversations.recall(line(3, 1, [A, D, E])) is None  # half of a line's images or less: another conversation
@@ -586,7 +599,7 @@ def test_a_request_that_continues_no_history_takes_the_arrivals_of_the_line_whos
 
 def test_a_history_the_provider_keeps_leaves_the_arrivals_as_they_were() -> None:
     conversations = Conversations()
-    conversations.assign(line(0, 1, [A, B]), TURN, cut=1)
+    conversations.assign(line(0, 1, [A, B]), TURN, cut={0})
     kept = History(HOST, None, 0, [], b"", previous_response=b"r", images=Images([C]))
     conversations.assign(kept)
     assert conversations.was_cut([A])
@@ -597,11 +610,11 @@ def test_what_a_line_remembers_is_bounded_and_all_of_it_goes_with_the_conversati
     monkeypatch.setattr(_conversation, "MAX_IMAGES_REMEMBERED", 10)
     conversations = Conversations()
     shots = [image_key(Media("image", (), chr(0x61 + i) * 3000)) for i in range(6)]
-    conversations.assign(line(0, 1, shots), TURN, cut=3)
+    conversations.assign(line(0, 1, shots), TURN, cut={0, 1, 2})
     recalled = conversations.recall(line(0, 2, shots))
     assert recalled.order == (2, 3, 4, 5, 0, 1) and recalled.cut == 1  # the two oldest forgotten: new again
     for n in range(1, 4):  # four conversations of four images: past ten, the least recently seen go
-        conversations.assign(line(n, 1, [image_key(Media("image", (), f"{n}{i}" * 3000)) for i in range(4)]), TURN, cut=2)
+        conversations.assign(line(n, 1, [image_key(Media("image", (), f"{n}{i}" * 3000)) for i in range(4)]), TURN, cut={0, 1})
     assert len(conversations) == 2
     assert conversations._images == 8 and len(conversations._by_image) == 8 and sum(conversations._cut_keys.values()) == 4
     for n in range(4, 8):  # conversations with no image push the rest out: nothing of them is left behind
@@ -614,10 +627,10 @@ def test_what_a_line_remembers_is_bounded_and_all_of_it_goes_with_the_conversati
 def test_images_with_one_key_are_told_apart_by_their_crc() -> None:
     """Two JPEG screenshots with the same length and ends (a cursor moved): the CRC-32 says which is which."""
     conversations = Conversations()
-    conversations.assign(line(0, 1, [A, B], [1, 0]), TURN, cut=1)  # A (CRC 1) is cut
+    conversations.assign(line(0, 1, [A, B], [1, 0]), TURN, cut={0})  # A (CRC 1) is cut
     recalled = conversations.recall(line(0, 2, [A, B, A], [2, 0, 1]))  # a new image with A's key, sent first
     assert recalled.order == (2, 1, 0) and recalled.cut == 1
-    conversations.assign(line(0, 2, [A, B, A], [2, 0, 1]), TURN, cut=1)
+    conversations.assign(line(0, 2, [A, B, A], [2, 0, 1]), TURN, cut={2})
     recalled = conversations.recall(line(0, 3, [B, A, A, C], [0, 1, 2, 0]))
     assert recalled.order == (1, 0, 2, 3) and recalled.cut == 1  # the CRC-1 copy stays cut wherever it sits
     assert conversations.recall(line(0, 3, [A, B], [7, 0])).order == (1, 0)  # neither A: the key alone is new
@@ -667,8 +680,9 @@ def test_two_memories_sharing_a_file_recall_each_turn_as_one_memory_would(closin
         expected = recalled(one, history)
         assert recalled(pair[number % 2], history) == expected, number
         differed += recalled(apart[number % 2], history) != expected
+        order = expected[2] if expected is not None and expected[2] is not None else range(len(history.images))
         for memory in (one, pair[number % 2], apart[number % 2]):
-            memory.assign(history, TURN, cut)
+            memory.assign(history, TURN, order[:cut])  # the first `cut` in the order one memory recalls
     assert differed > 6  # on their own, each misses the other's turns: every turn but the first two
 
 
@@ -677,7 +691,7 @@ def test_a_retry_cut_on_one_process_is_what_the_other_holds(closing: Callable[[L
     a, b = Conversations(shared=shared), Conversations(shared=shared)
     a.assign(line(0, 1, [A, B]))
     sent = line(0, 2, [C, A, B])
-    a.recut(a.assign(sent, TURN, cut=0).thread, sent, 2)
+    a.recut(a.assign(sent, TURN).thread, sent, {1, 2})
     found = b.recall(line(0, 3, [A, D, C, B]))
     assert found is not None and found.cut == 2 and found.order == (0, 3, 2, 1)
 
@@ -689,12 +703,12 @@ def test_a_shared_turn_is_taken_only_when_newer_and_by_a_request_that_sends_all_
     path = tmp_path / "conversations.sqlite3"
     shared = closing(LastTurns(str(path), clock=lambda: now[0]))
     a, b = Conversations(clock=lambda: now[0], shared=shared), Conversations(clock=lambda: now[0], shared=shared)
-    a.assign(line(0, 1, [A, B, C]), TURN, cut=2)
+    a.assign(line(0, 1, [A, B, C]), TURN, cut={0, 1})
     # Another run of the same conversation (same system prompt and first message) that has not come to all of a's
     # images: a's cut is not its own.
     assert b.recall(line(0, 2, [D, E])) is None and b.recall(line(0, 2, [A, B, D])) is None
     now[0] = 60.0
-    b.assign(line(0, 2, [A, B, C, D]), TURN, cut=1)  # b's own turn, newer than a's
+    b.assign(line(0, 2, [A, B, C, D]), TURN, cut={0})  # b's own turn, newer than a's
     now[0] = 70.0
     found = b.recall(line(0, 3, [A, B, C, D, E]))
     assert found is not None and (found.cut, found.idle) == (1, 10.0)
@@ -714,7 +728,7 @@ def test_the_shared_file_holds_digests_only(tmp_path: Path, closing: Callable[[L
     conversations = Conversations(shared=shared)
     body = session("anthropic", 3)
     outcome = run(body, "anthropic", headers={"x-claude-code-session-id": "session-secret-1234"})
-    conversations.assign(outcome.history, TURN, cut=1)
+    conversations.assign(outcome.history, TURN, cut={0})
     shared.close()
     stored = b"".join(p.read_bytes() for p in tmp_path.iterdir())
     raw = orjson.dumps(body)
@@ -806,7 +820,7 @@ def test_past_the_images_a_line_remembers_the_shared_turn_keeps_the_newest_and_t
 ) -> None:
     monkeypatch.setattr(_conversation, "MAX_IMAGES_PER_LINE", 2)
     shared = closing(LastTurns(":memory:"))
-    Conversations(shared=shared).assign(line(0, 1, [A, B, C, D]), TURN, cut=3)
+    Conversations(shared=shared).assign(line(0, 1, [A, B, C, D]), TURN, cut={0, 1, 2})
     last = shared.get(conversation_key(HOST, None, (0).to_bytes(8, "big")))
     assert last is not None and [key for key, _ in last.images] == [C, D] and last.cut == 1
 
@@ -818,7 +832,7 @@ def test_a_turn_reads_the_file_once_and_remembers_itself_in_the_order_it_was_cut
     now = [10.0]
     shared = closing(LastTurns(":memory:", clock=lambda: now[0]))
     a, b = Conversations(clock=lambda: now[0], shared=shared), Conversations(clock=lambda: now[0], shared=shared)
-    a.assign(line(0, 1, [A, B]), TURN, cut=0)
+    a.assign(line(0, 1, [A, B]), TURN)
     reads = []
     get_many = shared.get_many
     monkeypatch.setattr(shared, "get_many", lambda keys: reads.append(keys) or get_many(keys))
@@ -827,7 +841,7 @@ def test_a_turn_reads_the_file_once_and_remembers_itself_in_the_order_it_was_cut
     assert b.recall(request).cut == 0  # a's turn: nothing cut
     key = conversation_key(HOST, None, (0).to_bytes(8, "big"))
     shared.put(key, LastTurn(15.0, 2, ((B, 0), (A, 0))))  # meanwhile, another process's row with another order
-    b.assign(request, TURN, cut=1)
+    b.assign(request, TURN, cut={0})
     assert len(reads) == 1
     (last, *_) = get_many([key])
     assert last is not None and last.images[0][0] == A and last.cut == 1  # A first, as recall ordered: A was cut

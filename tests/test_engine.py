@@ -72,6 +72,25 @@ def test_images_only_in_tool_results_and_a_tool_image_before_the_newest_user_ima
     assert images_left(run(only_tool, max_images=1).body) == [tool_shot]
 
 
+def test_the_record_counts_images_by_where_they_came_from() -> None:
+    """The user's mock-up, a tool's screenshot and the screen the agent attached after a call: each counted as received
+    and as pruned."""
+    shot = {"type": "image_url", "image_url": {"url": data_url(SHOT, "image/png")}}
+    body = {
+        "model": "gpt-4o",
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "build this"}, shot]},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "a", "type": "function", "function": {"name": "look", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "a", "content": [shot]},
+            {"role": "user", "content": [shot, shot]},
+        ],
+    }
+    record = run(body, max_images=8, dedupe=True).record
+    assert (record.images_user, record.images_tool, record.images_agent) == (1, 1, 2)
+    assert (record.pruned_user, record.pruned_tool, record.pruned_agent) == (1, 1, 1)  # repeats of the newest
+    assert record.pruned == record.deduplicated == 3
+
+
 def test_image_only_in_the_first_message() -> None:
     body = chat_with_images(1)
     body["messages"] += [{"role": "user", "content": f"more {i}"} for i in range(5)]

@@ -1,5 +1,5 @@
-"""trimflow._history: what a request's conversation digests to (payloads by their length and ends, never read
-through; media and trimflow's placeholders left out), the session ids that name one, a Responses answer's id, and an
+"""trimflow._history: what a request's conversation digests to (payloads as written, alike parsed as a skeleton or
+whole; media and trimflow's placeholders left out), the session ids that name one, a Responses answer's id, and an
 image's key and CRC-32. How the digests number conversations: tests/test_conversation.py."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import orjson
 import pytest
 
 from trimflow import prune_request
-from trimflow._body import Payload
-from trimflow._history import History, image_crc, image_key, response_id_of, session_key
-from trimflow.formats import Media
+from trimflow._body import Payload, parse
+from trimflow._history import History, history_of, image_crc, image_key, response_id_of, session_key
+from trimflow.formats import HistoryParts, Media
 from trimflow.testing import PATHS, b64, image, session_body
 
 from .helpers import rules_with
@@ -28,14 +28,18 @@ def history(body: dict | bytes, fmt: str) -> History:
     return outcome.history
 
 
-def test_a_payload_is_digested_by_its_length_and_ends_not_read_through() -> None:
-    # The cost of a digest does not grow with the payloads: only their length and first and last bytes count.
+def test_a_payload_is_digested_as_written_alike_in_a_skeleton_and_parsed_whole() -> None:
+    # A payload's bytes are hashed in place: two that differ only in the middle are two messages, and a message digests
+    # the same in a body parsed as a skeleton (large, with clean strings) as in one parsed whole (small).
     def body(middle: str) -> dict:
         return {"model": "m", "messages": [{"role": "user", "content": "x" * 2000 + middle + "y" * 2000}, {"role": "user", "content": "z" * 9000}]}
 
-    same_ends = history(body("P" * 20000), "openai-chat"), history(body("Q" * 20000), "openai-chat")
-    assert same_ends[0].messages == same_ends[1].messages
-    assert history(body("P" * 20001), "openai-chat").messages != same_ends[0].messages
+    p, q = history(body("P" * 20000), "openai-chat"), history(body("Q" * 20000), "openai-chat")
+    assert p.messages[0] != q.messages[0]
+    assert p.messages[1] == q.messages[1]
+    alone = {"model": "m", "messages": body("P" * 8000)["messages"][:1]}
+    assert not parse(orjson.dumps(alone)).is_skeleton and parse(orjson.dumps(body("P" * 8000))).is_skeleton
+    assert history(alone, "openai-chat").prefixes[0] == history(body("P" * 8000), "openai-chat").prefixes[0]
 
 
 def test_a_history_orjson_cannot_write_still_gets_stable_digests() -> None:
@@ -97,3 +101,30 @@ def test_an_image_key_reads_the_ends_and_the_crc_the_whole_payload_but_for_a_png
     body = b'{"x":"' + jpeg.encode() + b'"}'  # a payload the skeleton left in the body reads as the same string
     in_place = Media("image", (), Payload(body, 6, 6 + len(jpeg)))
     assert (image_key(in_place), image_crc(in_place)) == (image_key(Media("image", (), jpeg)), image_crc(Media("image", (), jpeg)))
+
+
+def test_the_tools_digest_ignores_moved_cache_breakpoints_and_sees_a_changed_tool() -> None:
+    def tools_of(body: dict) -> int:
+        parts = HistoryParts(body, body.get("system"), body["messages"], ("messages",))
+        return history_of("h", {}, parts, [], lambda out: out).tools
+
+    tool = {"name": "click", "description": "Click at x, y.", "input_schema": {"type": "object"}}
+    plain = {"system": "s", "tools": [tool, {**tool, "name": "type"}], "messages": []}
+    marked = {**plain, "tools": [tool, {**tool, "name": "type", "cache_control": {"type": "ephemeral"}}]}
+    bedrock = {**plain, "toolConfig": {"tools": [{"toolSpec": tool}, {"cachePoint": {"type": "default"}}]}}
+    del bedrock["tools"]
+    bedrock_plain = {**bedrock, "toolConfig": {"tools": [{"toolSpec": tool}]}}
+    changed = {**plain, "tools": [tool, {**tool, "name": "type", "description": "Type text."}]}
+    assert tools_of(plain) == tools_of(marked) != tools_of(changed)
+    assert tools_of(bedrock) == tools_of(bedrock_plain) != 0
+    assert tools_of({"system": "s", "messages": []}) == 0
+
+
+def test_a_message_seen_before_still_leaves_out_a_breakpoint_it_gains() -> None:
+    # Messages seen clean are not searched again; the same message with a breakpoint is other JSON, and is.
+    message = {"role": "user", "content": [{"type": "text", "text": "the log tail " * 50}]}
+    body = {"model": "m", "max_tokens": 9, "messages": [message]}
+    first, again = history(body, "anthropic"), history(body, "anthropic")
+    message["content"][0]["cache_control"] = {"type": "ephemeral"}
+    marked = history(body, "anthropic")
+    assert first.messages == again.messages == marked.messages

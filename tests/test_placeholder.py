@@ -8,9 +8,11 @@ import base64
 import orjson
 import pytest
 
-from trimflow import DEFAULT_PLACEHOLDER, prune_request
+from trimflow import DEFAULT_PLACEHOLDER, prune, prune_request
+from trimflow._human import format_size
 from trimflow._imageinfo import sniff_base64
-from trimflow._placeholder import PLACEHOLDER_FIELDS, REPEAT_FIELDS, MediaFacts, render
+from trimflow._placeholder import PLACEHOLDER_FIELDS, REPEAT_FIELDS, MediaFacts, render, rescale_note
+from trimflow._recall import IdMemo, image_id
 from trimflow.formats import FORMATS, Media
 from trimflow.testing import b64, data_url, image, session_body
 
@@ -43,7 +45,9 @@ def test_every_field_of_an_inline_image() -> None:
     text = render(EVERY_FIELD, second, "too many images")
     wire = len(data_url(png, "image/png"))
     size = f"{round(len(png) / 1024)}KB" if len(png) >= 1024 else f"{len(png)}B"
-    assert text == f"kind=image ordinal=2 mime=image/png dims=300x200 size={size} bytes={wire} width=300 height=200 reason=too many images"
+    assert (
+        text == f"kind=image ordinal=2 mime=image/png dims=300x200 size={size} bytes={wire} width=300 height=200 reason=too many images id="
+    )  # recall off: no id
 
 
 def test_size_is_the_decoded_size_and_bytes_the_wire_length() -> None:
@@ -117,3 +121,61 @@ def test_the_engine_writes_the_rendered_text_where_the_image_was() -> None:
     out = orjson.loads(prune_request(url_for("anthropic"), {}, encode(body), rules_with(max_images=2)).body)
     assert {"type": "text", "text": expected} in out["messages"][0]["content"]
     assert base64.b64encode(shot).decode() not in expected
+
+
+# -- recall (trimflow._recall): the id a placeholder names
+
+
+def _recall_ids() -> IdMemo:
+    return IdMemo()
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_with_recall_on_the_default_names_the_id_the_same_on_every_turn(fmt: str) -> None:
+    shot = image(120, 80, "PNG", seed=8)
+    memo = _recall_ids()
+    texts = set()
+    for turns in (2, 5, 9):
+        [facts, *_] = facts_in(fmt, session_body(fmt, turns, shot, "image/png"))
+        texts.add(render(DEFAULT_PLACEHOLDER, MediaFacts(facts.media, facts.ordinal, facts.info, memo.ids(b"owner")), "too many images"))
+    assert texts == {f'[trimflow: image #1 omitted (image/png, 120x80, {format_size(len(shot))}); recall_image("{image_id(shot)}") brings it back]'}
+
+
+def test_with_recall_off_no_placeholder_offers_it() -> None:
+    shot = image(120, 80, "PNG", seed=8)
+    [facts] = facts_in("openai-chat", session_body("openai-chat", 1, shot, "image/png"))
+    text = render(DEFAULT_PLACEHOLDER, facts, "too many images")
+    assert "recall" not in text and text == DEFAULT_PLACEHOLDER.format(
+        kind="image", ordinal=1, mime="image/png", dims="120x80", size=format_size(len(shot)), reason=""
+    )
+    assert render("[{id}]", facts, "r") == "[]"  # a rule's own template naming {id}: empty with recall off
+
+
+def test_a_rules_own_template_and_a_rescale_note_name_the_id_with_recall_on() -> None:
+    shot = image(400, 300, "PNG", seed=3)
+    [facts] = facts_in("openai-chat", session_body("openai-chat", 1, shot, "image/png"))
+    with_ids = MediaFacts(facts.media, facts.ordinal, facts.info, _recall_ids().ids(b"owner"))
+    assert render("gone: {id}", with_ids, "r") == f"gone: {image_id(shot)}"
+    assert rescale_note(with_ids, 200, 150).endswith(f'(scale 0.5); recall_image("{image_id(shot)}") brings the original]')
+    assert "recall" not in rescale_note(facts, 200, 150)
+    # A remote image has no bytes here: the plain placeholder, no id.
+    remote = MediaFacts(Media("image", ("x",), None), 2, None, _recall_ids().ids(b"owner"))
+    assert "recall" not in render(DEFAULT_PLACEHOLDER, remote, "r")
+
+
+def test_the_engine_keeps_the_images_whose_text_names_them() -> None:
+    body = session_body("anthropic", 6, image(90, 60, "PNG", seed=9), "image/png")
+    shots = [image(90, 60, "PNG", seed=s) for s in range(6)]
+    for message, shot in zip((m for m in body["messages"] if m["role"] == "user"), shots, strict=False):
+        for block in message["content"]:
+            if block.get("type") == "image":
+                block["source"]["data"] = b64(shot)
+    rules = rules_with(max_images=2)
+    target = rules.target_for_url(url_for("anthropic"), {})
+    outcome = prune(target, {}, encode(body), rules, recall=_recall_ids().ids(b"owner"))
+    texts = [b["text"] for m in orjson.loads(outcome.body)["messages"] for b in m["content"] if b.get("type") == "text" and "trimflow" in b["text"]]
+    assert [k.id for k in outcome.kept] == [image_id(s) for s in shots[:4]]
+    assert all(f'recall_image("{k.id}")' in t for k, t in zip(outcome.kept, texts, strict=True))
+    plain = prune(target, {}, encode(body), rules_with(max_images=2, placeholder="[gone #{ordinal}]"), recall=_recall_ids().ids(b"owner"))
+    assert plain.kept == [] and plain.record is not None and plain.record.pruned == 4  # nothing named: nothing kept
+    assert prune(target, {}, encode(body), rules).kept == []  # recall off

@@ -183,6 +183,13 @@ class ParsedBody:
         """len(self.dumps(value)), without joining the spliced bytes."""
         return len(self.write(value))
 
+    def unstubbed(self, out: bytes) -> bytes:
+        """JSON written from `parsed` (orjson, as is) with each stub's string as written in the body: what writing the
+        whole body parsed gives, but for escapes the client writes otherwise than orjson past a payload's head."""
+        if not self._spans or _MARK_BYTES not in out:
+            return out
+        return bytes(Written(self._splice(out)))
+
     def _splice(self, out: bytes) -> list[memoryview | bytes]:
         """`out` with each stub's text replaced by the original string's bytes."""
         view, source = memoryview(out), memoryview(self.body)
@@ -207,7 +214,7 @@ class ParsedBody:
         # Built directly: dataclasses.replace costs ~10x more, per image of every request. The Payload stands in for
         # the str `data` (length, slices, equality are all the engine reads), which the type of Media.data cannot say.
         payload = Payload(self.body, start, stop)
-        return Media(media.kind, media.path, payload, media.data_offset, media.declared_mime, media.detail)  # type: ignore[arg-type]
+        return Media(media.kind, media.path, payload, media.data_offset, media.declared_mime, media.detail, media.origin)  # type: ignore[arg-type]
 
 
 def parse(body: bytes, whole_max: int | None = None, exact: bool = True) -> ParsedBody | None:

@@ -4,14 +4,15 @@
 A shorter or diverging history starts a new conversation: a rerun of the same test, a /clear, a fork, an edited
 message; a history under a session id that extends none of its earlier ones is a new *segment* of it. The proxy's
 SharedState and the audit's Reader use it alike, so a session is numbered the same live and in a recording. What is
-kept: 8-byte digests, and per line of history the position of its last history, where its last turn's cut ended
+kept: 8-byte digests, and per line of history the position of its last history, which images its last turn cut
 and when that turn went (no text, no id).
 
 An image's age is when it first came, not where it sits: some agents (aider) send every image again in one
 early message, in an order that changes from request to request. Each line of history remembers the images its
 last turn sent (`Copy`: when each first came, whether it was cut); `recall` orders the next request's images
 oldest first by that (position decides only among images that came together, or in a conversation new to this
-memory), and an image once cut comes first, so it stays cut. Copies of one image are matched in the order they
+memory), and an image once cut comes first, so it stays cut (the turn says which it cut: not always the oldest, the
+user's images go last, trimflow._value). Copies of one image are matched in the order they
 sit to the newest remembered ones (by key, and by CRC-32 where a key is not the only one of its kind); a copy
 more is new. An image a turn no longer sends is forgotten (the agent dropped it: sent again, it is new). A
 request that continues no line of history takes the arrivals of the line whose images it sends again
@@ -34,7 +35,7 @@ import itertools
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 from ._history import History, Images, digest, short_id
@@ -85,7 +86,7 @@ class HistoryLine:
         self.end: int | None = None
         self.response: bytes | None = None  # digest of the id of its last answer (Responses)
         self.used = 0
-        self.cut = 0  # images pruned from the oldest, as a position: what the next turn holds
+        self.cut = 0  # how many of its last turn's images were cut: what the next turn holds
         self.sent_at: float | None = None  # its last turn's time on the memory's clock
         self.images: dict[bytes, list[Copy]] = {}  # image_key -> its copies, oldest first
         self.row: bytes | None = None  # the shared file's row its last turn went to (trimflow._last_turns.row_keys)
@@ -93,22 +94,26 @@ class HistoryLine:
 
 class Copy(NamedTuple):
     """One copy of an image a line of history sent: when it first came (the memory's request count then), whether
-    it was cut, and its CRC-32 (image_crc)."""
+    it was cut, its CRC-32 (image_crc), and whether it was cut as a look-alike of the image after it
+    (trimflow._lookalike; None: not known, a copy read from the shared file)."""
 
     came: int
     cut: bool
     crc: int
+    like: bool | None = False
 
 
 class Recall(NamedTuple):
     """What a conversation's last turn left for the next one: where its cut ended and how long ago it went.
 
     Given the request's images (History.images), `order` is its images oldest first by arrival (indices in the
-    order they sit; the ones cut before first) and `cut` how many of them at its front were cut before."""
+    order they sit; the ones cut before first) and `cut` how many of them at its front were cut before; `like`, per
+    image (in the order they sit), whether it was cut as a look-alike (None: not known)."""
 
     cut: int
     idle: float
     order: tuple[int, ...] | None = None
+    like: tuple[bool | None, ...] | None = None
 
 
 def _arrivals(remembered: Mapping[bytes, list[Copy]], images: Images) -> list[Copy | None]:
@@ -142,7 +147,7 @@ def _copies(last: LastTurn) -> dict[bytes, list[Copy]]:
     table: dict[bytes, list[Copy]] = {}
     first = -len(last.images)
     for rank, (key, crc) in enumerate(last.images):
-        table.setdefault(key, []).append(Copy(first + rank, rank < last.cut, crc))
+        table.setdefault(key, []).append(Copy(first + rank, rank < last.cut, crc, None if rank < last.cut else False))
     return table
 
 
@@ -152,15 +157,17 @@ def _goes_on(remembered: Mapping[bytes, list[Copy]], last: LastTurn, images: Ima
     they came (those that came together in any order), and the images new to the line after them. A row that does
     not is another conversation with the same opening (a second run of one task) or a turn that lost what the line
     knows: taking it would move the line's cut and reorder its images, and its prompt cache with them."""
-    ranked: list[tuple[tuple[int, int], int]] = []  # (when the line's copy came, cut first; the row's rank)
+    # A row lists the images its turn cut first, then the rest, each part by arrival (trimflow._value may cut other than
+    # the oldest): within each part its ranks must follow when the line's copies came.
+    ranked: list[tuple[tuple[int, int], int]] = []  # ((the row's part, when the line's copy came); the row's rank)
     for mine, theirs in zip(_arrivals(remembered, images), _arrivals(_copies(last), images), strict=True):
         if mine is None:
             if theirs is not None:
-                ranked.append(((1, _NEW), theirs.came))
+                ranked.append(((0 if theirs.cut else 1, _NEW), theirs.came))
         elif theirs is None or (mine.cut and not theirs.cut):
             return False
         else:
-            ranked.append(((0 if mine.cut else 1, mine.came), theirs.came))
+            ranked.append(((0 if theirs.cut else 1, mine.came), theirs.came))
     ranked.sort()
     before = top = -_NEW  # the row's highest rank among the copies that came before this group, and in this group so far
     group: tuple[int, int] | None = None
@@ -204,13 +211,19 @@ def _id_bytes(cid: str) -> bytes:
     return raw if len(raw) == 4 else b""
 
 
-def _oldest_first(found: Sequence[Copy | None]) -> list[int]:
-    """Image indices oldest first: the ones cut before, then by arrival (new ones last); position among those that
-    came together."""
+def _holders(held: HistoryLine | dict[HistoryLine, None] | None) -> Sequence[HistoryLine] | dict[HistoryLine, None] | None:
+    """The lines of history that remember an image (Conversations._by_image), the most recent last."""
+    return (held,) if isinstance(held, HistoryLine) else held
+
+
+def _oldest_first(found: Sequence[Copy | None], cut: Collection[int] | None = None) -> list[int]:
+    """Image indices oldest first: the ones cut (`cut`, or else as remembered), then by arrival (new ones last); position
+    among those that came together."""
 
     def age(i: int) -> tuple[int, int, int]:
         copy = found[i]
-        return (1, _NEW, i) if copy is None else (0 if copy.cut else 1, copy.came, i)
+        was_cut = i in cut if cut is not None else copy is not None and copy.cut
+        return (0 if was_cut else 1, _NEW if copy is None else copy.came, i)
 
     return sorted(range(len(found)), key=age)
 
@@ -251,8 +264,9 @@ class Conversations:
         self._clock = 0
         self._images = 0  # image copies remembered in all lines of history
         self._cut_keys: dict[bytes, int] = {}  # image_key -> copies remembered as cut
-        # image_key -> the lines of history that remember it, the most recent last (a dict: removal in constant time)
-        self._by_image: dict[bytes, dict[HistoryLine, None]] = {}
+        # image_key -> the lines of history that remember it, the most recent last (a dict: removal in constant time);
+        # the line itself while it is the only one, as most images are (a dict of one costs four times a line's entry)
+        self._by_image: dict[bytes, HistoryLine | dict[HistoryLine, None]] = {}
 
     def __len__(self) -> int:
         return len(self._conversations)
@@ -281,7 +295,9 @@ class Conversations:
         if not history.images:
             return Recall(cut, idle)
         found = _arrivals(remembered, history.images)
-        return Recall(sum(1 for copy in found if copy is not None and copy.cut), idle, tuple(_oldest_first(found)))
+        cut = sum(1 for copy in found if copy is not None and copy.cut)
+        like = tuple(copy.like if copy is not None and copy.cut else False for copy in found)
+        return Recall(cut, idle, tuple(_oldest_first(found)), like)
 
     def _newer_shared_turn(self, history: History, line: HistoryLine | None, fresh: bool = False) -> tuple[bytes, LastTurn] | None:
         """The conversation's last turn in the shared file, with its row's key, when it went after `line`'s (this
@@ -330,10 +346,10 @@ class Conversations:
         index = self._cut_keys
         return bool(index) and any(key in index for key in keys)
 
-    def assign(self, history: History, kind: str = TURN, cut: int | None = None) -> Assignment:
-        """Number a request of `kind`; a turn also leaves `cut` (the engine's Outcome.cut: a position in the order
-        `recall` gave) and its time for the next one, and its images' arrivals (a history the provider keeps,
-        previous_response_id, sends only its new items: the arrivals stay)."""
+    def assign(self, history: History, kind: str = TURN, cut: Collection[int] = (), like: Collection[int] = ()) -> Assignment:
+        """Number a request of `kind`; a turn also leaves `cut` (the engine's Outcome.cut: which of its images, by index
+        in document order, were cut; `like`: of those, the look-alikes) and its time for the next one, and its images'
+        arrivals (a history the provider keeps, previous_response_id, sends only its new items: the arrivals stay)."""
         self._clock += 1
         named = None
         if history.session is not None:
@@ -349,7 +365,7 @@ class Conversations:
         if kind == TURN and history.previous_response is None:
             taken = self._newer_shared_turn(history, source)
             if taken is not None:
-                remembered = _copies(taken[1])  # as `recall` took them: the cut is a position in that order
+                remembered = _copies(taken[1])  # as `recall` took them
         if thread is None:
             if kind == COUNT_TOKENS:  # never a conversation or segment of its own
                 return Assignment(named.id if named else None, None, None, None)
@@ -372,24 +388,24 @@ class Conversations:
                     conversation.turns = max(conversation.turns, taken[1].turn)  # the other instances' turns too
                 conversation.turns += 1
                 turn = conversation.turns
-                thread.cut = cut or 0
+                thread.cut = len(cut)
                 thread.sent_at = self.clock()
                 if history.previous_response is None:
                     if self.shared is not None:
                         thread.row = self._row_for(history, source, taken)
-                    self._share(thread, self._remember(thread, remembered, history.images, cut or 0))
+                    self._share(thread, self._remember(thread, remembered, history.images, cut, like))
         return Assignment(conversation.id, turn, thread.segment, thread)
 
-    def recut(self, thread: HistoryLine | None, history: History, cut: int) -> None:
+    def recut(self, thread: HistoryLine | None, history: History, cut: Collection[int], like: Collection[int] = ()) -> None:
         """The turn `thread` last sent went again with more cut (a retry within a limit the provider named, pruned in
-        the order `recall` gave): its line remembers that cut, so the next turn holds it and never brings back an
-        image the provider was not sent."""
+        the order `recall` gave, `cut` as in `assign`): its line remembers that cut, so the next turn holds it and never
+        brings back an image the provider was not sent."""
         if thread is None or thread.sent_at is None or history.previous_response is not None:
             return
         if thread.conversation.id not in self._conversations:  # forgotten meanwhile: the next turn starts afresh
             return
-        thread.cut = cut
-        self._share(thread, self._remember(thread, thread.images, history.images, cut))
+        thread.cut = len(cut)
+        self._share(thread, self._remember(thread, thread.images, history.images, cut, like))
 
     def _share(self, thread: HistoryLine, kept: tuple[list[tuple[bytes, int]], int]) -> None:
         """The turn `thread` just sent, into its row of the shared file: its images oldest first by arrival and how many
@@ -407,7 +423,7 @@ class Conversations:
         most of them, the most recently used of equals."""
         shared: dict[HistoryLine, int] = {}
         for key in set(keys):
-            holders = self._by_image.get(key)
+            holders = _holders(self._by_image.get(key))
             # The most recent few: one image many conversations sent costs a request that sends it no more than that.
             for thread in itertools.islice(reversed(holders), _SENT_AGAIN_HOLDERS) if holders else ():
                 shared[thread] = shared.get(thread, 0) + 1
@@ -417,13 +433,17 @@ class Conversations:
                 best, most = thread, n
         return best
 
-    def _remember(self, thread: HistoryLine, remembered: Mapping[bytes, list[Copy]], images: Images, cut: int) -> tuple[list[tuple[bytes, int]], int]:
+    def _remember(
+        self, thread: HistoryLine, remembered: Mapping[bytes, list[Copy]], images: Images, cut: Collection[int], like: Collection[int] = ()
+    ) -> tuple[list[tuple[bytes, int]], int]:
         """The images of the turn `thread` just sent: when each copy came (as `remembered`; now for a new one, on the
-        memory's clock, which runs on across conversations) and the first `cut` in the order `recall` gave as cut.
-        What the turn no longer sends is forgotten. Returns the images it keeps oldest first by arrival as (key, CRC-32),
-        and how many of those were cut."""
+        memory's clock, which runs on across conversations), whether it is in `cut` (indices into `images`) and in
+        `like` (cut as a look-alike). What
+        the turn no longer sends is forgotten. Returns the images it keeps, the cut ones first, each part oldest first
+        by arrival, as (key, CRC-32), and how many of those were cut: a shared row (trimflow._last_turns) says which
+        images were cut as a count of its first, whatever the order the cut took them in (trimflow._value)."""
         found = _arrivals(remembered, images)
-        order = _oldest_first(found)
+        order = _oldest_first(found, cut)
         table: dict[bytes, list[Copy]] = {}
         kept: list[tuple[bytes, int]] = []
         first = max(0, len(order) - MAX_IMAGES_PER_LINE)
@@ -431,14 +451,14 @@ class Conversations:
             i = order[rank]
             copy = found[i]
             came, crc = (self._clock, images.crc(i)) if copy is None else (copy.came, copy.crc)
-            table.setdefault(images.keys[i], []).append(Copy(came, rank < cut, crc))
+            table.setdefault(images.keys[i], []).append(Copy(came, i in cut, crc, i in cut and i in like))
             kept.append((images.keys[i], crc))
         for copies in table.values():
             copies.sort(key=lambda copy: (copy.came, not copy.cut))  # as _oldest_first: of copies that came together, the cut first
         self._forget_images(thread)
         thread.images = table
         for key, copies in table.items():
-            self._by_image.setdefault(key, {})[thread] = None
+            self._hold(key, thread)
             self._images += len(copies)
             cuts = sum(1 for copy in copies if copy.cut)
             if cuts:
@@ -447,14 +467,29 @@ class Conversations:
             _, forgotten = self._conversations.popitem(last=False)  # never this one: just made the most recent
             for dropped in forgotten.threads:
                 self._drop_thread(dropped)
-        return kept, max(0, min(cut, len(order)) - first)
+        return kept, sum(1 for rank in range(first, len(order)) if order[rank] in cut)
+
+    def _hold(self, key: bytes, thread: HistoryLine) -> None:
+        held = self._by_image.get(key)
+        if held is None or held is thread:
+            self._by_image[key] = thread
+        elif isinstance(held, HistoryLine):
+            self._by_image[key] = {held: None, thread: None}
+        else:
+            held[thread] = None
+
+    def _release(self, key: bytes, thread: HistoryLine) -> None:
+        held = self._by_image[key]
+        if isinstance(held, HistoryLine):
+            del self._by_image[key]
+            return
+        del held[thread]
+        if len(held) == 1:
+            self._by_image[key] = next(iter(held))
 
     def _forget_images(self, thread: HistoryLine) -> None:
         for key, copies in thread.images.items():
-            holders = self._by_image[key]
-            del holders[thread]
-            if not holders:
-                del self._by_image[key]
+            self._release(key, thread)
             self._images -= len(copies)
             cuts = sum(1 for copy in copies if copy.cut)
             if cuts:

@@ -24,21 +24,26 @@ Only images over a limit (or thinned) are ever decoded; the rest is header sniff
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from . import _body, _clicks, _jsoncodec
 from ._conversation import Recall
-from ._history import History, Images, history_of, session_key
+from ._history import History, Images, history_of, image_key, session_key
 from ._human import format_size
 from ._imageinfo import sniff_media
 from ._limits import Limits, changed_fields
-from ._placeholder import MediaFacts
+from ._lookalike import NeedsThumbnails, lookalikes
+from ._media import AGENT, TOOL, USER
+from ._placeholder import ImageIds, MediaFacts
 from ._policy import BODY, CACHE, COUNT_CAP, IMAGE_LIMIT, REPEAT, TOKENS, NeedsWorker, Plan, nothing_to_change
+from ._recall import Kept
 from ._record import COUNT_TOKENS, ENFORCE, OBSERVE, WARMUP, Record, utc_timestamp
 from ._rules import Rules, Target
 from ._text import escape_controls
 from ._tokens import text_tokens
+from ._value import CutOrder, cut_order
 from .formats import FORMATS, IMAGE, JsonPath, Media, WireFormat, counted_turn_path, detect_shape
 
 # Inline limits: the skeleton pass runs at memory speed, a fraction of what mitmproxy spends reading the body; a
@@ -60,9 +65,11 @@ class Outcome:
     `history` (trimflow._history) is worked out on first use too: only the proxy and the audit number turns.
     `screen` (trimflow._clicks): set when the request declares a computer tool and its newest screenshot goes at
     other dimensions than it came; the answer's coordinates map back through it.
+    `kept` (with recall on, trimflow._recall): the images whose placeholder or note names their id, for the store,
+    which the proxy hands them to once the request is on its way.
     """
 
-    __slots__ = ("_body", "_record", "_account", "_history", "cut", "screen")
+    __slots__ = ("_body", "_record", "_account", "_history", "cut", "like", "screen", "kept")
 
     def __init__(
         self,
@@ -70,14 +77,23 @@ class Outcome:
         record: Record | None,
         account: Callable[[], Record | None] | None = None,
         history: Callable[[], History | None] | History | None = None,
-        cut: int = 0,
+        cut: frozenset[int] = frozenset(),
+        like: frozenset[int] = frozenset(),
     ) -> None:
         self._body, self._record, self._account = body, record, account
         self._history: History | Callable[[], History | None] | None = history
-        # Where the cut of the oldest images ended (trimflow._policy: Plan.cut): the conversation keeps it
-        # for its next turn (Conversations.assign), which holds it while the limits allow.
-        self.cut = cut
+        # The images the cut took (trimflow._policy: Plan.cut, in the order trimflow._value gave), as indices into the
+        # request's images in document order: the conversation keeps them for its next turn (Conversations.assign),
+        # which holds them cut while the limits allow. `like`: of those, the look-alikes (trimflow._lookalike), whose
+        # placeholder names the image after them.
+        self.cut, self.like = cut, like
         self.screen: _clicks.Screen | None = None
+        self.kept: list[Kept] = []
+
+    @property
+    def taken(self) -> tuple[frozenset[int], frozenset[int]]:
+        """`cut` and `like`, as the conversation memory takes them (Conversations.assign)."""
+        return self.cut, self.like
 
     @property
     def record(self) -> Record | None:
@@ -152,6 +168,7 @@ def prune(
     inline: bool = False,
     memory: CutMemory | None = None,
     tighten: Tighten | None = None,
+    recall: ImageIds | None = None,
 ) -> Outcome:
     """Apply the rules to one request whose Target the caller resolved (Rules.target).
 
@@ -163,6 +180,8 @@ def prune(
     on an earlier turn stays cut, and a rule with `low_water` holds the conversation's last cut and knows when
     its cache went cold. The caller then numbers the turn with the outcome's history and `cut`
     (Conversations.assign). Without it, each request is cut on its own, its images aged by position.
+    `recall`: recall is on (trimflow._recall.RecallIds): placeholders and notes name each image's id, and the
+    outcome's `kept` lists the images they name. An inline caller's ids raise NeedsWorker before hashing much.
     """
     started = time.perf_counter()
     host, path, fmt = target.host, target.path, target.format
@@ -201,7 +220,7 @@ def prune(
         return guarded
 
     try:
-        return _prune(doc, host, path, lowered, fmt, rules, mode, started, inline, guard if inline else None, memory, tighten)
+        return _prune(doc, host, path, lowered, fmt, rules, mode, started, inline, guard if inline else None, memory, tighten, recall)
     except NeedsWorker:
         raise
     except Exception as exc:  # noqa: BLE001 - the request must go through whatever the body holds
@@ -234,6 +253,7 @@ def _prune(
     guard: Callable[[Callable[[], Record]], Callable[[], Record | None]] | None = None,
     memory: CutMemory | None = None,
     tighten: Tighten | None = None,
+    recall: ImageIds | None = None,
 ) -> Outcome:
     """`guard`, given when inline: wraps the deferred record's computation so it fails as this would."""
     parsed, body = doc.parsed, doc.body
@@ -276,11 +296,12 @@ def _prune(
 
     def history() -> History | None:
         try:
-            return history_of(host, headers, module.history(parsed), [m.path for m in media], _payload_ends(doc), doc.is_skeleton, arrivals)
+            return history_of(host, headers, module.history(parsed), [m.path for m in media], doc.unstubbed, arrivals)
         except Exception:  # noqa: BLE001 - a request left unnumbered, never a request lost
             return None
 
     held, cold, known, order, cut_before = 0, False, None, None, 0
+    recalled: Recall | None = None
     unchanged = nothing_to_change(images, limits, len(body))
     if memory is not None and arrivals and (not unchanged or _over_low_water(images, limits, len(body)) or _was_cut(memory, arrivals.keys)):
         # The cut needs the images' arrivals (and the cache-aware cut the last cut) now: the history is digested first.
@@ -305,23 +326,68 @@ def _prune(
         # The plan of a request nothing changes is empty: only the record's facts are left to work out.
         record_later = guard(lambda: record_of(Plan(_facts(images), limits, fmt, model), body, time.perf_counter()))
         return Outcome(body, None, record_later, known or history)
-    facts = _facts(images)
-    if order is not None:
-        facts = [facts[i] for i in order]  # oldest first by arrival: the plan's "oldest" (ordinals stay positions)
+    # The order the cut takes the images in: those cut before, then look-alikes, then by arrival, the user's protected
+    # images last (trimflow._value). The plan's "oldest" is the first of it; ordinals stay positions.
+    arrival = order if order is not None else range(len(images))
+    sniffed = _facts(images, recall)
     writer = _DocumentWriter(module, doc)
     computer_use = _clicks.computer_tool(fmt, parsed) is not None
-    plan = Plan(facts, limits, fmt, model, inline, held, cold, computer_use, module.ACCEPTS_WEBP)
-    out = plan.run(writer, media_bytes)
-    if cut_before > held and any(i not in plan.dropped for i in range(cut_before)):
-        # An image cut on an earlier turn would go again (the agent sent fewer): it stays cut.
-        plan = Plan(facts, limits, fmt, model, inline, cut_before, cold, computer_use, module.ACCEPTS_WEBP)
+    keys = arrivals.keys if arrivals is not None else None
+    later: dict[int, int] = {}  # look-alike -> the image after it (the same screen)
+    if limits.cut_lookalikes and cut_before:
+        # A look-alike cut before keeps its placeholder: as the memory says, or as the thumbnails say where it cannot.
+        said = recalled.like if recalled is not None and recalled.like is not None else (None,) * len(images)
+        unknown = sorted(i for i in arrival[:cut_before] if said[i] is None)
+        found = _lookalikes(sniffed, unknown, keys, images, inline) if unknown else set()
+        later = {i: i + 1 for i in arrival[:cut_before] if (said[i] or i in found) and i + 1 < len(images)}
+
+    def planned(chosen: CutOrder) -> tuple[Plan, bytes | _body.Written]:
+        facts = [sniffed[i] for i in chosen.order]
+        place = {i: k for k, i in enumerate(chosen.order)}
+        marks = {place[i]: sniffed[j].ordinal for i, j in later.items()}
+        plan = Plan(facts, limits, fmt, model, inline, held, cold, computer_use, module.ACCEPTS_WEBP, chosen.protected, marks)
         out = plan.run(writer, media_bytes)
+        if cut_before > held and any(i not in plan.dropped for i in range(cut_before)):
+            # An image cut on an earlier turn would go again (the agent sent fewer): it stays cut.
+            plan = Plan(facts, limits, fmt, model, inline, cut_before, cold, computer_use, module.ACCEPTS_WEBP, chosen.protected, marks)
+            out = plan.run(writer, media_bytes)
+        return plan, out
+
+    chosen = cut_order(images, arrival, cut_before, limits)
+    plan, out = planned(chosen)
+    if limits.cut_lookalikes and plan.cut() > cut_before:
+        # The cut moves: of the images it may take, the screenshots showing the same screen as the image after them
+        # go first (only now are thumbnails made: between such turns every image stays as it was).
+        may_take = sorted(chosen.order[cut_before : len(chosen.order) - min(limits.keep_recent, len(chosen.order) - cut_before)])
+        found = _lookalikes(sniffed, may_take, keys, images, inline)
+        if found:
+            later.update((i, i + 1) for i in found)
+            chosen = cut_order(images, arrival, cut_before, limits, found)
+            plan, out = planned(chosen)
     record = record_of(plan, out, started)
     forward = out if record.mode == ENFORCE else body
-    outcome = Outcome(forward, record, history=known or history, cut=plan.cut())
+    cut = frozenset(chosen.order[: plan.cut()])
+    outcome = Outcome(forward, record, history=known or history, cut=cut, like=frozenset(i for i in cut if i in later))
     if record.mode == ENFORCE and record.images_rescaled:
         outcome.screen = _screen(plan, fmt, parsed, model)
+    if recall is not None and record.mode == ENFORCE:
+        outcome.kept = _kept(plan)
     return outcome
+
+
+def _kept(plan: Plan) -> list[Kept]:
+    """The images whose placeholder or rescale note, as sent, names their id (a rule's own template may not)."""
+    texts = {i: text for i, (cause, text) in plan.dropped.items() if cause != REPEAT}
+    notes = plan.notes()
+    for i in plan.rescaled():
+        texts[i] = notes.get(plan.images[i].media.path, "")
+    kept = []
+    for i, text in sorted(texts.items()):
+        facts = plan.images[i]
+        image = facts.recall_id()
+        if image is not None and image in text:
+            kept.append(Kept(image, facts.media, facts.mime))
+    return kept
 
 
 def _screen(plan: Plan, fmt: str, parsed: dict[str, Any], model: str | None) -> _clicks.Screen | None:
@@ -344,6 +410,14 @@ def _asked_lifetime(module: WireFormat, parsed: dict[str, Any]) -> float:
         return 0.0
 
 
+def _lookalikes(facts: list[MediaFacts], which: list[int], keys: Sequence[bytes] | None, images: list[Media], inline: bool) -> set[int]:
+    """Of the images `which`, the look-alikes (trimflow._lookalike); NeedsWorker inline when a thumbnail is to be made."""
+    try:
+        return lookalikes(facts, which, keys if keys is not None else [image_key(m) for m in images], make=not inline)
+    except NeedsThumbnails:
+        raise NeedsWorker("a screenshot's thumbnail") from None
+
+
 def _over_low_water(images: Sequence[Media], limits: Limits, body_bytes: int) -> bool:
     """Whether the request is over a low-water mark (with `low_water`): within every mark, where the last turn cut (a
     held cut, a cold cache cut to the mark) changes nothing it sends."""
@@ -357,21 +431,8 @@ def _was_cut(memory: CutMemory, keys: tuple[bytes, ...]) -> bool:
         return False
 
 
-def _payload_ends(doc: _body.ParsedBody) -> Callable[[str], tuple[int, bytes, bytes] | None]:
-    """What a payload's stub stands for in a conversation digest: its length as written, first and last bytes."""
-
-    def ends(stub: str) -> tuple[int, bytes, bytes] | None:
-        payload = doc.resolve(Media("text", (), stub)).data
-        if not isinstance(payload, _body.Payload):
-            return None
-        body, start, end = payload.body, payload.start, payload.end
-        return end - start, body[start : start + 64], body[max(start, end - 64) : end]
-
-    return ends
-
-
-def _facts(images: list[Media]) -> list[MediaFacts]:
-    return [MediaFacts(m, ordinal, None if m.remote else sniff_media(m)) for ordinal, m in enumerate(images, start=1)]
+def _facts(images: list[Media], recall: ImageIds | None = None) -> list[MediaFacts]:
+    return [MediaFacts(m, ordinal, None if m.remote else sniff_media(m), recall) for ordinal, m in enumerate(images, start=1)]
 
 
 def _fill_record(record: Record, plan: Plan, documents: int, media_bytes: int, body_bytes: int, out: bytes | _body.Written) -> None:
@@ -397,6 +458,10 @@ def _fill_record(record: Record, plan: Plan, documents: int, media_bytes: int, b
     record.pruned_for_cache = causes.count(CACHE)
     record.pruned_for_image_limit = causes.count(IMAGE_LIMIT)
     record.deduplicated = causes.count(REPEAT)
+    received = Counter(f.media.origin for f in images)
+    pruned = Counter(images[i].media.origin for i in plan.dropped)
+    record.images_user, record.images_tool, record.images_agent = (received[origin] for origin in (USER, TOOL, AGENT))
+    record.pruned_user, record.pruned_tool, record.pruned_agent = (pruned[origin] for origin in (USER, TOOL, AGENT))
     for i in plan.new:
         if i in plan.dropped:
             continue

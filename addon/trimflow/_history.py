@@ -10,8 +10,9 @@ the conversation whose answer had that id. The engine digests each request into 
 What is hashed, per message: its JSON as sent, with its media parts left out and text placeholders
 trimflow wrote left out (so a session recorded behind trimflow, pruned, digests as the client sent it),
 without `cache_control` (agents move their cache breakpoints every turn), and with each payload the
-skeleton left in the body (trimflow._body: a string of 4 KiB or more) standing for its length,
-first and last 64 bytes. Nothing reads a payload's bytes in between: a 16 MB body costs its skeleton.
+skeleton left in the body (trimflow._body: a string of 4 KiB or more) as written there, so a body digests alike
+parsed as a skeleton or whole. Media are left out before anything is hashed; what is hashed is JSON orjson writes
+and payload bytes read in place, at C speed.
 
 An image is known by its key (`image_key`): its payload's length and first and last KiB, read without the bytes
 in between. That tells PNG screenshots apart (a PNG ends with the Adler-32 of all its pixel rows and the CRC-32
@@ -22,6 +23,7 @@ read only where the conversation's memory needs it (`Images.crc`).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 import zlib
@@ -30,7 +32,7 @@ from typing import Any
 
 import orjson
 
-from ._body import END, HEAD, MARK, MIN_PAYLOAD, Payload
+from ._body import Payload
 from ._media import JsonPath, Media
 from ._placeholder import PLACEHOLDER_PREFIX
 from .formats import HistoryParts
@@ -39,21 +41,22 @@ from .formats import HistoryParts
 SESSION_HEADERS = ("x-claude-code-session-id", "session_id", "session-id", "x-session-id", "conversation_id", "x-conversation-id")
 # Body fields that name a conversation across turns.
 SESSION_FIELDS = ("prompt_cache_key", "conversation")
+# Body fields that define the tools (Bedrock Converse: toolConfig), part of the prompt a provider caches.
+TOOLS_FIELDS = ("tools", "toolConfig")
 
 _PLACEHOLDER_BYTES = PLACEHOLDER_PREFIX.encode()
 _VOLATILE_KEY = "cache_control"
-_MARK_BYTES = MARK.encode()
-_ENDS = 64  # bytes of a payload's start and end that stand for it with its length
-_MAYBE_PAYLOAD = MIN_PAYLOAD // 6  # a shorter string cannot take MIN_PAYLOAD bytes as JSON text (\u00XX is 6)
-_ESCAPED = re.compile(r'["\\\x00-\x1f]')  # what JSON writes as an escape
+# What a digest leaves out, as JSON writes it: cache breakpoints (Anthropic's cache_control, Bedrock's cachePoint) and
+# trimflow's placeholders. Long needles of few letters: found at memchr-like speed in text.
+_LOOKED_FOR = (b"cache_control", b"cachePoint")
 _RESPONSE_ID = re.compile(rb'"id"\s*:\s*"([^"\\]{1,256})"')
 _RESPONSE_ID_SCAN = 4096  # a Responses answer names its id first (the object's first key, or response.created's)
 
 _IMAGE_ENDS = 1024  # characters of an image payload's start and end its key reads
 _PNG = "iVBORw0KGgo"  # a PNG's signature as base64
 
-# (length as written, first bytes, last bytes) of a payload the skeleton left in the body, for a stub.
-PayloadEnds = Callable[[str], "tuple[int, bytes, bytes] | None"]
+# JSON written from a parsed body with each payload's stub replaced by the payload as written (trimflow._body).
+Unstub = Callable[[bytes], bytes]
 
 
 def digest(*parts: bytes, size: int = 8) -> bytes:
@@ -141,15 +144,15 @@ class Images:
 
 
 class History:
-    """A request's conversation as digests: its host, session id (hashed), head (system prompt, instructions) and
-    one digest per message, oldest first; `origin`, a stable digest of the head and first message, seeds a new
+    """A request's conversation as digests: its host, session id (hashed), head (system prompt, instructions), tool
+    definitions (`tools`: 0 when none) and one digest per message, oldest first; `origin`, a stable digest of the head and first message, seeds a new
     conversation's id. `previous_response` stands for a Responses `previous_response_id`. `images`: the request's
     images (Images); none when the caller keeps no memory.
 
     The head and message digests are Python's keyed hash of the message's canonical JSON: 64 bits, the same for
     the same message within a process (they are compared, never stored or written)."""
 
-    __slots__ = ("host", "session", "head", "messages", "origin", "previous_response", "images", "_prefixes")
+    __slots__ = ("host", "session", "head", "messages", "origin", "previous_response", "images", "tools", "_prefixes")
 
     def __init__(
         self,
@@ -160,8 +163,9 @@ class History:
         origin: bytes = b"",
         previous_response: bytes | None = None,
         images: Images | None = None,
+        tools: int = 0,
     ) -> None:
-        self.host, self.session, self.head = host, session, head
+        self.host, self.session, self.head, self.tools = host, session, head, tools
         self.messages = tuple(messages)
         self.origin, self.previous_response = origin, previous_response
         self.images = images if images is not None else Images()
@@ -190,23 +194,23 @@ def history_of(
     headers: Mapping[str, str],
     parts: HistoryParts,
     media_paths: Iterable[JsonPath],
-    payload_ends: PayloadEnds,
-    skeleton: bool,
+    unstub: Unstub,
     images: Images | None = None,
 ) -> History:
     """A request's History: `parts` is its format's view of the body (formats' `history`), `media_paths` every
-    media part the format found (left out of the digests), `skeleton` whether the body was parsed as one
-    (trimflow._body), `payload_ends` what a payload's stub stands for and `images` its images."""
+    media part the format found (left out of the digests), `unstub` puts the payloads a skeleton left out back
+    into JSON written from it (trimflow._body: ParsedBody.unstubbed) and `images` are its images."""
     root = len(parts.path)
     media: dict[int, list[JsonPath]] = {}
     for path in media_paths:
         index = path[root] if len(path) > root else None
         if isinstance(index, int) and tuple(path[:root]) == parts.path:
             media.setdefault(index, []).append(tuple(path[root + 1 :]))
-    canonical = _Canonical(payload_ends, skeleton)
+    canonical = _Canonical(unstub)
     head = canonical.of(parts.head, None)
     messages = canonical.all(parts.items, media)
     previous = parts.request.get("previous_response_id")
+    tools = next((parts.request[name] for name in TOOLS_FIELDS if parts.request.get(name)), None)
     return History(
         host,
         session_key(headers, parts.request),
@@ -215,14 +219,30 @@ def history_of(
         hashlib.blake2b(head + b"\0" + (messages[0] if messages else b""), digest_size=8).digest(),
         digest(b"r", previous.encode()) if isinstance(previous, str) and previous else None,
         images,
+        _tools_digest(tools) if tools is not None else 0,
     )
+
+
+def _tools_digest(tools: Any) -> int:
+    """The tool definitions' digest, without the cache breakpoints an agent moves (`cache_control` among a tool's own
+    keys, Bedrock's `cachePoint` entries), looked for at that level only: where agents put them, and a walk of the whole
+    definitions would cost more than the rest of the history on a large tool list."""
+    if isinstance(tools, dict) and isinstance(tools.get("tools"), list):  # Bedrock's toolConfig
+        tools = {**tools, "tools": _without_breakpoints(tools["tools"])}
+    elif isinstance(tools, list):
+        tools = _without_breakpoints(tools)
+    return hash(_dumps(tools))
+
+
+def _without_breakpoints(tools: list[Any]) -> list[Any]:
+    return [{k: v for k, v in tool.items() if k != _VOLATILE_KEY} if isinstance(tool, dict) else tool for tool in tools if not _left_out(tool)]
 
 
 class _Canonical:
     """A message (or head) as the JSON its digest is taken of, as the module's docstring says."""
 
-    def __init__(self, payload_ends: PayloadEnds, skeleton: bool) -> None:
-        self._ends, self._skeleton = payload_ends, skeleton
+    def __init__(self, unstub: Unstub) -> None:
+        self._unstub = unstub
 
     def of(self, item: Any, media: list[JsonPath] | None, raw: bytes | None = None) -> bytes:
         if raw is None:
@@ -232,11 +252,10 @@ class _Canonical:
                 raw = orjson.dumps(item)
             except (orjson.JSONEncodeError, TypeError):
                 return _dumps(self._canonical(item))
-        # Usually nothing to leave out or stand in for: the message's JSON as it is. A skeleton holds every
-        # payload as a stub (a marker); a whole parse holds none in a short message.
-        if _looked_into(raw) or not (self._skeleton or len(raw) < MIN_PAYLOAD):
-            return _dumps(self._canonical(_without(item, media) if media else item))
-        return raw
+        # Usually nothing to leave out: the message's JSON as it is, each payload as written.
+        if _looked_into(raw):
+            return self._unstub(_dumps(self._canonical(_without(item, media) if media else item)))
+        return self._unstub(raw)
 
     def all(self, items: list[Any], media: Mapping[int, list[JsonPath]]) -> list[bytes]:
         """Every message's JSON. The usual history needs no message looked into: checked once for all of them."""
@@ -244,8 +263,10 @@ class _Canonical:
             raws = [orjson.dumps(_without(item, media[i]) if i in media else item) for i, item in enumerate(items)]
         except (orjson.JSONEncodeError, TypeError):
             return [self.of(item, media.get(i)) for i, item in enumerate(items)]
-        if not _looked_into(b"".join(raws)) and (self._skeleton or all(len(raw) < MIN_PAYLOAD for raw in raws)):
-            return raws
+        # Agents send the whole history every turn: a message's JSON seen clean before is clean again, and only
+        # the new ones are searched (hash(raw) is kept in the bytes object: the digest reads it again for free).
+        if all(hash(raw) in _CLEAN or _clean(raw) for raw in raws):
+            return [self._unstub(raw) for raw in raws]
         return [self.of(item, media.get(i), raw) for i, (item, raw) in enumerate(zip(items, raws, strict=True))]
 
     def _canonical(self, node: Any) -> Any:
@@ -254,38 +275,39 @@ class _Canonical:
         if isinstance(node, list):
             return [self._canonical(value) for value in node if not _left_out(value)]
         if isinstance(node, str):
-            return self._text(node)
+            return _without_placeholder(node)
         return node
 
-    def _text(self, text: str) -> str:
-        if self._skeleton:
-            if text.endswith(END) and MARK in text:
-                ends = self._ends(text)
-                if ends is not None:
-                    return _payload_token(*ends)
-        elif len(text) >= _MAYBE_PAYLOAD:
-            # Parsed whole: the string stands for itself as a skeleton would have made it a payload.
-            raw = text.encode() if text.isascii() and not _ESCAPED.search(text) else orjson.dumps(text)[1:-1]
-            head = raw[:HEAD]
-            if len(raw) >= MIN_PAYLOAD and head.isascii() and b"\\" not in head:
-                return _payload_token(len(raw), raw[:_ENDS], raw[-_ENDS:])
-        # Ollama's placeholders join the message's text, after a newline.
-        cut = text.find(PLACEHOLDER_PREFIX)
-        if cut == 0:
-            return ""
-        if cut > 0 and text[cut - 1] == "\n":
-            return text[: cut - 1]
-        return text
+
+def _without_placeholder(text: str) -> str:
+    # Ollama's placeholders join the message's text, after a newline.
+    cut = text.find(PLACEHOLDER_PREFIX)
+    if cut == 0:
+        return ""
+    if cut > 0 and text[cut - 1] == "\n":
+        return text[: cut - 1]
+    return text
+
+
+_CLEAN: dict[int, None] = {}  # hashes of message JSON found holding nothing to leave out, the oldest first
+_CLEAN_MAX = 1 << 14  # about 1.5 MiB
+
+
+def _clean(raw: bytes) -> bool:
+    """Whether `raw` holds nothing a digest leaves out; remembered when it does not (bounded: the oldest forgotten)."""
+    if _looked_into(raw):
+        return False
+    _CLEAN[hash(raw)] = None
+    if len(_CLEAN) > _CLEAN_MAX:
+        # Worker threads digest too: another may have taken the oldest first.
+        with contextlib.suppress(KeyError, RuntimeError, StopIteration):
+            del _CLEAN[next(iter(_CLEAN))]
+    return True
 
 
 def _looked_into(raw: bytes) -> bool:
-    """Whether JSON text may hold what a digest leaves out or stands in for: a placeholder, a cache breakpoint
-    (cache_control, Bedrock's cachePoint), a payload's stub (its marker's first byte, which memchr finds fast)."""
-    return _PLACEHOLDER_BYTES in raw or b"cache" in raw or _MARK_BYTES[:1] in raw
-
-
-def _payload_token(length: int, first: bytes, last: bytes) -> str:
-    return f"{MARK}{length}:{digest(first, last).hex()}"
+    """Whether JSON text may hold what a digest leaves out: a placeholder, a cache breakpoint."""
+    return _LOOKED_FOR[0] in raw or _LOOKED_FOR[1] in raw or _PLACEHOLDER_BYTES in raw
 
 
 def _left_out(value: Any) -> bool:

@@ -8,7 +8,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from ._placeholder import DEFAULT_PLACEHOLDER, DEFAULT_REPEAT_PLACEHOLDER
+from ._placeholder import DEFAULT_LOOKALIKE_PLACEHOLDER, DEFAULT_PLACEHOLDER, DEFAULT_REPEAT_PLACEHOLDER
 
 # Kinds of limit, for the rules parser: what a value may be.
 COUNT, SIZE, SIDE, BOOL, TEMPLATE = "count", "size", "side", "bool", "template"
@@ -73,6 +73,22 @@ class Limits:
         "once a conversation has gone over a cap, send at most this many images (a voluntary cap within max_images, for a cheaper cache)",
         minimum=1,
     )
+    protect_user_images: int | None = _limit(
+        None,
+        COUNT,
+        "the newest N images the user attached (older than the newest tool or agent image) are cut last, after every other "
+        "image above the floor; null: as many as fit under the cap with the floor kept; 0: none, every image by age",
+        minimum=0,
+    )
+    cut_lookalikes: bool = _limit(
+        True,
+        BOOL,
+        "a screenshot that shows the same screen as the image after it (a moved cursor, a later clock) is cut before any other",
+        nullable=False,
+    )
+    lookalike_placeholder: str = _limit(
+        DEFAULT_LOOKALIKE_PLACEHOLDER, TEMPLATE, "the text that stands where a look-alike screenshot was", nullable=False
+    )
 
     def image_side_limit(self, images: int) -> int | None:
         """The long side limit for a request that sends `images` images."""
@@ -89,6 +105,18 @@ class Limits:
         if lean is None or (self.max_images is not None and lean >= self.max_images):
             return self
         return dataclasses.replace(self, max_images=lean)
+
+    def user_images_protected(self) -> int | None:
+        """How many of the user's attached images the cut takes last (trimflow._value): `protect_user_images`, or by
+        default as many as fit under the cap held after an overflow beside the floor a cut leaves (the low-water mark,
+        else what a batch leaves: cap - prune_batch + 1). None: no bound (no image cap)."""
+        if self.protect_user_images is not None:
+            return self.protect_user_images
+        cap = self.after_overflow().max_images
+        if cap is None:
+            return None
+        floor = self.at_low_water().max_images if self.low_water is not None else cap - self.prune_batch + 1
+        return max(0, cap - max(floor or 0, self.keep_recent))
 
     def at_low_water(self) -> Limits:
         """These limits with each cap and budget at its low-water mark: what a cut that moves cuts down to. The mark

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Callable
 
 MMAP_THRESHOLD = 32 * 2**20  # the upper limit mallopt(3) documents on 64-bit: bodies up to this come from the heap
 TRIM_THRESHOLD = 256 * 2**20  # measured: 64 MiB still trims after 16 MB turns, 256 MiB does not
@@ -39,17 +40,24 @@ def _libc() -> ctypes.CDLL | None:
     return ctypes.CDLL(None)  # the process's own symbols, glibc's among them
 
 
-def keep_freed_memory(mmap_threshold: int = MMAP_THRESHOLD, trim_threshold: int = TRIM_THRESHOLD) -> str | None:
-    """Set glibc's malloc thresholds for this process. Returns None when set, else why not."""
+def _mallopt() -> tuple[Callable[[int, int], int] | None, str]:
+    """glibc's mallopt, typed; or None and why it cannot be had. It returns 1 on success, 0 for a value out of range."""
     try:
         libc = _libc()
         if libc is None:
-            return "not glibc"
+            return None, "not glibc"
         mallopt = libc.mallopt
     except (OSError, AttributeError) as exc:
-        return f"no mallopt in the C library ({type(exc).__name__})"
+        return None, f"no mallopt in the C library ({type(exc).__name__})"
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    # mallopt returns 1 on success, 0 for a value out of range.
+    return mallopt, ""
+
+
+def keep_freed_memory(mmap_threshold: int = MMAP_THRESHOLD, trim_threshold: int = TRIM_THRESHOLD) -> str | None:
+    """Set glibc's malloc thresholds for this process. Returns None when set, else why not."""
+    mallopt, why_not = _mallopt()
+    if mallopt is None:
+        return why_not
     if not mallopt(_M_MMAP_THRESHOLD, mmap_threshold) or not mallopt(_M_TRIM_THRESHOLD, trim_threshold):
         return "glibc refused the thresholds"
     return None
@@ -58,14 +66,9 @@ def keep_freed_memory(mmap_threshold: int = MMAP_THRESHOLD, trim_threshold: int 
 def share_arenas(arenas: int = ARENAS) -> str | None:
     """Have threads started from now on share `arenas` malloc arenas (glibc's M_ARENA_MAX); None when set, else
     why not. Threads allocate with the GIL held, so sharing costs them little."""
-    try:
-        libc = _libc()
-        if libc is None:
-            return "not glibc"
-        mallopt = libc.mallopt
-    except (OSError, AttributeError) as exc:
-        return f"no mallopt in the C library ({type(exc).__name__})"
-    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    mallopt, why_not = _mallopt()
+    if mallopt is None:
+        return why_not
     return None if mallopt(_M_ARENA_MAX, arenas) else "glibc refused the arena count"
 
 

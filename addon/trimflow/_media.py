@@ -10,6 +10,13 @@ JsonPath = tuple[str | int, ...]
 IMAGE = "image"
 DOCUMENT = "document"
 
+# Where a medium came from (`Media.origin`), as its format module reads it from the message around it: attached by
+# the user in a turn of theirs; returned by a tool (a tool result); or attached by the agent (the screenshot it sends
+# as a user message right after a tool call or beside a tool result, an image in an assistant turn). The cut takes
+# the user's images last (trimflow._value).
+USER, TOOL, AGENT = "user", "tool", "agent"
+ORIGINS = (USER, TOOL, AGENT)
+
 
 @dataclass(frozen=True, slots=True)
 class Media:
@@ -21,6 +28,7 @@ class Media:
     data_offset: int = 0  # where the base64 starts inside `data` (after "data:...;base64,")
     declared_mime: str | None = None
     detail: str | None = None  # OpenAI's image detail, which changes its token count
+    origin: str = USER  # USER, TOOL or AGENT
 
     @property
     def remote(self) -> bool:

@@ -2,14 +2,15 @@
 rules file's template for it), and the note beside an image sent at other dimensions.
 
 Each depends only on the image itself and its ordinal in the conversation, so the same image gets the same text on
-every later turn and a provider's cached prefix survives.
+every later turn and a provider's cached prefix survives. With recall on (trimflow._recall), an image's text also
+names its id, a digest of its bytes, and the tool that brings it back; with recall off it never offers recall.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ._human import format_size
 from ._imageinfo import ImageInfo
@@ -17,24 +18,39 @@ from ._media import Media
 from ._yaml import did_you_mean
 
 # The fields a template may use; _rules validates templates against these.
-PLACEHOLDER_FIELDS = ("kind", "ordinal", "mime", "dims", "size", "bytes", "width", "height", "reason")
+PLACEHOLDER_FIELDS = ("kind", "ordinal", "mime", "dims", "size", "bytes", "width", "height", "reason", "id")
 # A repeat's placeholder may also name the later image it repeats as.
 REPEAT_FIELDS = (*PLACEHOLDER_FIELDS, "later")
 
 # A text placeholder trimflow wrote in place of an image starts with this (the default templates do).
 PLACEHOLDER_PREFIX = "[trimflow:"
 DEFAULT_PLACEHOLDER = "[trimflow: {kind} #{ordinal} omitted ({mime}, {dims}, {size})]"
+# The default with recall on: {id} names the image for the MCP tool recall_image (trimflow._recall.TOOL).
+DEFAULT_RECALL_PLACEHOLDER = '[trimflow: {kind} #{ordinal} omitted ({mime}, {dims}, {size}); recall_image("{id}") brings it back]'
 # Stands where an image was that the same request sends again later; {later} is that image's ordinal.
 DEFAULT_REPEAT_PLACEHOLDER = "[trimflow: image #{ordinal} repeated as image #{later}]"
+# Stands where a screenshot was that shows the same screen as the image after it (trimflow._lookalike), {later}.
+DEFAULT_LOOKALIKE_PLACEHOLDER = "[trimflow: image #{ordinal} omitted: the same screen as image #{later}]"
+
+
+class ImageIds(Protocol):
+    """With recall on, an image's id (trimflow._recall.RecallIds): None for one that has no bytes here."""
+
+    def of(self, media: Media) -> str | None: ...
 
 
 @dataclass(frozen=True, slots=True)
 class MediaFacts:
-    """What is known of one media item: its wire form and what its header says."""
+    """What is known of one media item: its wire form and what its header says; `ids` when recall is on."""
 
     media: Media
     ordinal: int  # 1-based among the request's media of the same kind, in document order
     info: ImageInfo | None
+    ids: ImageIds | None = None
+
+    def recall_id(self) -> str | None:
+        """The image's id, with recall on (hashed on first use, for an image whose text names it)."""
+        return self.ids.of(self.media) if self.ids is not None and self.media.kind == "image" else None
 
     @property
     def mime(self) -> str | None:
@@ -48,7 +64,11 @@ class MediaFacts:
 
 
 def render(template: str, facts: MediaFacts, reason: str, **extra: object) -> str:
-    """The template filled in for this image; `extra` adds fields (a repeat's {later})."""
+    """The template filled in for this image; `extra` adds fields (a repeat's {later}). With recall on, the default
+    template is DEFAULT_RECALL_PLACEHOLDER; {id} is empty for an image with no id (recall off, a remote image)."""
+    image = facts.recall_id() if "{id" in template or template == DEFAULT_PLACEHOLDER else None
+    if template == DEFAULT_PLACEHOLDER and image is not None:
+        template = DEFAULT_RECALL_PLACEHOLDER
     info = facts.info
     width = info.width if info is not None else None
     height = info.height if info is not None else None
@@ -62,6 +82,7 @@ def render(template: str, facts: MediaFacts, reason: str, **extra: object) -> st
         "width": width if width is not None else "?",
         "height": height if height is not None else "?",
         "reason": reason,
+        "id": image or "",
         **extra,
     }
     return template.format_map(values)
@@ -78,7 +99,10 @@ def rescale_note(facts: MediaFacts, width: int, height: int, computer_use: bool 
     assert info is not None and info.width and info.height, "only an image of known size is rescaled"
     scale = width / info.width
     coordinates = "; answer coordinates in this image's pixels" if computer_use else ""
-    return f"[trimflow: image #{facts.ordinal} was resized from {info.width}x{info.height} to {width}x{height} (scale {scale:.4g}){coordinates}]"
+    image = facts.recall_id()
+    original = f'; recall_image("{image}") brings the original' if image is not None else ""
+    resized = f"was resized from {info.width}x{info.height} to {width}x{height} (scale {scale:.4g})"
+    return f"[trimflow: image #{facts.ordinal} {resized}{coordinates}{original}]"
 
 
 # Sample values for checking a placeholder template at load time, in the types _placeholder.render
@@ -95,6 +119,7 @@ _PLACEHOLDER_SAMPLES: tuple[Mapping[str, Any], ...] = (
         "width": 1024,
         "height": 768,
         "reason": "max_images",
+        "id": "k3x7q2m5ta",
     },
     {
         "kind": "document",
@@ -106,6 +131,7 @@ _PLACEHOLDER_SAMPLES: tuple[Mapping[str, Any], ...] = (
         "width": "?",
         "height": "?",
         "reason": "max_body_bytes",
+        "id": "",
     },
 )
 
@@ -113,9 +139,9 @@ _PLACEHOLDER_SAMPLES: tuple[Mapping[str, Any], ...] = (
 def check_placeholder(template: str, field: str = "placeholder") -> None:
     """Raise ValueError unless `template` formats with the known placeholder fields.
 
-    `field` is the rules field it is for: "repeat_placeholder" also knows {later}.
+    `field` is the rules field it is for: "repeat_placeholder" and "lookalike_placeholder" also know {later}.
     """
-    known = REPEAT_FIELDS if field == "repeat_placeholder" else PLACEHOLDER_FIELDS
+    known = REPEAT_FIELDS if field in ("repeat_placeholder", "lookalike_placeholder") else PLACEHOLDER_FIELDS
     fields = ", ".join("{" + f + "}" for f in known)
     for i, sample in enumerate(_PLACEHOLDER_SAMPLES):
         unknown_dims = "; {width} and {height} are '?' when an image's size is unknown" if i else ""

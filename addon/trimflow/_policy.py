@@ -4,8 +4,11 @@ Pure decisions over what the engine found (each image's wire size and header fac
 that apply. The policy never sees the format module or the parsed document: the engine hands it a
 `BodyWriter` that writes and measures the body with a set of placeholders.
 
-The steps, in order over the request's images in document order (each sees what the ones before it
-left, and every image ends as sent, re-encoded and sent, or a placeholder):
+The steps, in order over the request's images (each sees what the ones before it left, and every image ends as
+sent, re-encoded and sent, or a placeholder). "Oldest" is first in the order the engine gives the images in
+(trimflow._value: cut before, then look-alike screens, then by arrival, the user's protected images last, the newest
+last of all); a cut stops short of the protected images (`Plan.protected`) unless a cap or budget needs them, and a
+look-alike's placeholder names the image after it (`Plan.later`, `lookalike_placeholder`):
 1. Repeats (`dedupe`): an image whose base64 payload equals a later image's becomes
    `repeat_placeholder`, pointing at the next later copy (so its text never changes on later turns).
 2. Count cap (`max_images`, `prune_batch`): the oldest survivors become placeholders; never the
@@ -33,6 +36,7 @@ sniffing an image (`nothing_to_change`). A new limit is one step, or one step's 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -138,9 +142,16 @@ class Plan:
         cold: bool = False,
         computer_use: bool = False,
         accepts_webp: bool = False,
+        protected: frozenset[int] = frozenset(),
+        later: Mapping[int, int] | None = None,
     ) -> None:
         self.images, self.limits, self.fmt, self.model, self.inline = images, limits, fmt, model, inline
         self.held, self.cold = held, cold
+        # The user's protected images (trimflow._value): the cut takes them after every other image above the floor.
+        self.protected = protected
+        # Look-alikes (trimflow._lookalike): image -> the ordinal of the image after it, which shows the same screen;
+        # the cut takes them first, and their placeholder names it.
+        self.later = later or {}
         self.computer_use = computer_use  # the request declares a computer tool: the rescale note asks for its pixels
         self.accepts_webp = accepts_webp  # every provider behind the format decodes WebP (WireFormat.ACCEPTS_WEBP)
         self.dropped: dict[int, tuple[str, str]] = {}  # image index -> (cause, placeholder text)
@@ -171,7 +182,7 @@ class Plan:
             moved = self._moved()
         if card.low_water is not None and (moved or (self.cold and overflowed)):
             first, first_over, limits = set(self.dropped), self.over_budget, self.limits
-            out = self._again(card.at_low_water(), base, survivors, body, media_bytes)
+            out = self._again(self._low_water(card, survivors), base, survivors, body, media_bytes)
             self.limits = limits
             for i, (cause, text) in list(self.dropped.items()):
                 if cause in _CUT_CAUSES[:-1] and i not in first:
@@ -187,6 +198,17 @@ class Plan:
                 self.dropped[i] = (COUNT_CAP if taken < need else CACHE, text)
                 taken += 1
         return out
+
+    def _low_water(self, card: Limits, survivors: list[int]) -> Limits:
+        """`card` at its low-water mark, the image mark raised where the user's protected images and the newest
+        `keep_recent` need more (never past the cap held after an overflow): a cut ahead of need never takes them."""
+        low = card.at_low_water()
+        protected = sum(1 for i in survivors if i in self.protected)
+        if not protected or low.max_images is None or protected + low.keep_recent <= low.max_images:
+            return low
+        cap = card.after_overflow().max_images
+        mark = protected + low.keep_recent
+        return dataclasses.replace(low, max_images=mark if cap is None else min(mark, cap))
 
     def _moved(self) -> bool:
         """Whether a cap or budget cut images beyond the held cut: the cut moves on this turn."""
@@ -221,7 +243,12 @@ class Plan:
     # -- helpers for the steps
 
     def drop(self, i: int, cause: str, reason: str | None = None) -> None:
-        self.dropped[i] = (cause, render(self.limits.placeholder, self.images[i], reason or _REASONS[cause]))
+        later = self.later.get(i) if cause in _CUT_CAUSES else None
+        if later is not None:
+            text = render(self.limits.lookalike_placeholder, self.images[i], reason or _REASONS[cause], later=later)
+        else:
+            text = render(self.limits.placeholder, self.images[i], reason or _REASONS[cause])
+        self.dropped[i] = (cause, text)
 
     def fit(self, i: int, side: int | None, thumb: int | None) -> None:
         """Shrink image i under the per-image limits and, when `thumb` is set, to a thumbnail."""
@@ -327,7 +354,14 @@ class _CountCap:
 
     @staticmethod
     def apply(plan: Plan, survivors: list[int]) -> list[int]:
-        by_count = count_pruned(len(survivors), plan.limits)
+        limits = plan.limits
+        by_count = count_pruned(len(survivors), limits)
+        if by_count and plan.protected:
+            # A batch stops short of the user's protected images (they sit last, before the newest) where the cap allows.
+            assert limits.max_images is not None  # something is cut by count
+            prunable = max(0, len(survivors) - limits.keep_recent)
+            free = sum(1 for i in survivors[:prunable] if i not in plan.protected)
+            by_count = max(min(by_count, free), min(len(survivors) - limits.max_images, prunable))
         for i in survivors[:by_count]:
             plan.drop(i, COUNT_CAP)
         return survivors[by_count:]

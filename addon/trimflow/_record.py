@@ -40,6 +40,11 @@ class Record:
     images_before: int = 0
     images_after: int = 0
     documents: int = 0  # documents, audio and video: counted, never pruned by an image limit
+    # Of images_before, by where each came from (trimflow._media): attached by the user, a tool's output, attached by
+    # the agent. The pruned_* below count the pruned of each (all causes).
+    images_user: int = 0
+    images_tool: int = 0
+    images_agent: int = 0
     media_bytes_before: int = 0
     media_bytes_after: int = 0
     body_bytes_before: int = 0
@@ -57,6 +62,9 @@ class Record:
     pruned_for_cache: int = 0  # ahead of need, so later turns keep the cached prefix (low_water, cache_ttl)
     pruned_for_image_limit: int = 0  # over a per-image limit and could not be shrunk under it
     deduplicated: int = 0  # repeats of a later image of the same request (also in pruned)
+    pruned_user: int = 0  # of pruned, images the user attached (cut last)
+    pruned_tool: int = 0
+    pruned_agent: int = 0
     shrunk: int = 0  # re-encoded to meet max_image_bytes / max_image_side / the many-image rule
     shrunk_bytes_saved: int = 0
     thinned: int = 0  # older images sent as thumbnails (thumbnail_side)
@@ -72,6 +80,11 @@ class Record:
     usage_cache_read_tokens: int | None = None  # of which read from the provider's prompt cache
     usage_cache_write_tokens: int | None = None  # of which written to it (Anthropic, Bedrock; OpenAI and Gemini never say)
     usage_output_tokens: int | None = None
+    # The provider's cache read fell below the conversation's previous turn's (or this is its first turn): whose doing
+    # it was (trimflow._cache_break: first_turn, agent_prefix, trimflow_cut, cache_expired, unexplained) and where
+    # ("system", "tools", "message 7", "image 5"; None for the others).
+    cache_break: str | None = None
+    cache_break_at: str | None = None
     overhead_ms: float = 0.0
     simulated: str | None = None  # the limit profile (trimflow_simulate) that answered instead of the provider
     # The provider refused the request for a limit and the proxy sent it again within it (docs/recovery.md): how many
@@ -82,6 +95,10 @@ class Record:
     retry_limits: str | None = None  # e.g. "max_images=10 keep_recent=10"
     # The learned limits (docs/recovery.md) that applied on top of the rule, e.g. "max_images=10 keep_recent=10".
     learned_limits: str | None = None
+    # The run's recall_image answers since the previous request (docs/how-it-works.md#recall): images brought back,
+    # and ids refused (unknown, expired); the request that follows a recall carries its result.
+    recalls: int = 0
+    recalls_refused: int = 0
 
     @classmethod
     def untouched(cls, host: str, path: str, wire_format: str, mode: str, reason: str, body_bytes: int) -> Record:
@@ -160,8 +177,12 @@ class Record:
                 parts.append(f"({', '.join(cache)})")
         if self.usage_output_tokens is not None:
             parts.append(f"out={self.usage_output_tokens}")
+        if self.cache_break is not None:
+            parts.append(f"cache break: {self.cache_break}" + (f" at {self.cache_break_at}" if self.cache_break_at else ""))
         if self.clicks_mapped:
             parts.append(f"clicks mapped {self.clicks_mapped}")
+        if self.recalls or self.recalls_refused:
+            parts.append(f"recalled {self.recalls}" + (f" ({self.recalls_refused} refused)" if self.recalls_refused else ""))
         ratio = self.est_to_usage_ratio()
         if ratio is not None:
             parts.append(f"est/in={ratio:.2f}")

@@ -55,7 +55,7 @@ from ._imageinfo import ImageInfo, sniff_bytes
 from ._limits import MIN_SIDE
 from ._pixel_budget import PixelBudget
 
-__all__ = ["BUDGET", "CACHE", "DECODE_BUDGET", "MAX_PIXELS", "ShrinkCache", "Shrunk", "shrink"]
+__all__ = ["BUDGET", "CACHE", "DECODE_BUDGET", "MAX_PIXELS", "ShrinkCache", "Shrunk", "open_image", "shrink"]
 
 log = logging.getLogger("trimflow")
 
@@ -262,24 +262,35 @@ class _Opened:
     cost: int = 0  # the most memory decoding and re-encoding it can hold at once, in bytes
 
 
-def _open(payload: str, max_side: int | None, max_bytes: int | None, webp: bool) -> Shrunk | _Opened:
-    """The image opened and its cost worked out; or the outcome, when it needs no decoding (nothing to do, or refused)."""
+def open_image(payload: str) -> tuple[Image.Image, bytes] | str:
+    """The image base64 `payload` holds, opened (its pixels not read yet) with the decoders allowed and within
+    MAX_PIXELS, and its bytes; else why not."""
     raw = _b64decode(payload)
     if raw is None:
-        return Shrunk(reason="not valid base64")
+        return "not valid base64"
     head = sniff_bytes(raw)
     if head is not None and head.width and head.height and head.width * head.height > MAX_PIXELS:
-        return Shrunk(reason=_too_many_pixels(head.width, head.height))
+        return _too_many_pixels(head.width, head.height)
     try:
         im = Image.open(io.BytesIO(raw), formats=_DECODERS)
     except Image.DecompressionBombError:
-        return Shrunk(reason=f"over the {MAX_PIXELS // 1_000_000}-megapixel decoding limit")
+        return f"over the {MAX_PIXELS // 1_000_000}-megapixel decoding limit"
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
-        return Shrunk(reason="could not be decoded")
+        return "could not be decoded"
     # No `with`: closing would also free the pixels; the BytesIO holds no OS resource.
     width, height = im.size
     if width * height > MAX_PIXELS:
-        return Shrunk(reason=_too_many_pixels(width, height))
+        return _too_many_pixels(width, height)
+    return im, raw
+
+
+def _open(payload: str, max_side: int | None, max_bytes: int | None, webp: bool) -> Shrunk | _Opened:
+    """The image opened and its cost worked out; or the outcome, when it needs no decoding (nothing to do, or refused)."""
+    opened_image = open_image(payload)
+    if isinstance(opened_image, str):
+        return Shrunk(reason=opened_image)
+    im, raw = opened_image
+    width, height = im.size
     source = im.format or "PNG"
     fits_side = max_side is None or max(width, height) <= max_side
     fits_bytes = max_bytes is None or len(payload) <= max_bytes

@@ -191,3 +191,30 @@ def test_openai_reads_are_priced_at_the_cached_rate(tmp_path, capsys, answer_bod
     # GPT-4.1: 904 uncached at $2/M, 4096 cached at $0.50/M, 50 out at $8/M
     assert row["cost_usd"] == pytest.approx((904 * 2 + 4096 * 0.5 + 50 * 8) / 1e6)
     assert only_conversation(report)["totals"]["usage_cache_write_tokens"] is None
+
+
+def test_the_cost_without_trimflow_models_the_cache_on_the_bodies_as_the_agent_sent_them(tmp_path, capsys) -> None:
+    """Two enforce turns: the agent's prompts are the estimates before pruning scaled by the provider's count over the
+    estimate sent (1,000 -> 1,100 tokens, then 3,000 -> 3,300); without trimflow the second reads the first whole and
+    writes the rest. In observe mode what was sent is what the agent sent: the same cost."""
+    first = record(1, status=200, est_tokens_before=1000, est_tokens_after=1000, usage_input_tokens=1100, usage_cache_read_tokens=0)
+    first.usage_cache_write_tokens, first.usage_output_tokens = 1100, 10
+    second = record(2, status=200, est_tokens_before=3000, est_tokens_after=1500, usage_input_tokens=1650, usage_cache_read_tokens=1000)
+    second.usage_cache_write_tokens, second.usage_output_tokens, second.cache_break = 650, 10, "trimflow_cut"
+    for r in (first, second):
+        r.mode = "enforce"
+    observed = record(1, status=200, est_tokens_before=2000, est_tokens_after=900, usage_input_tokens=2000, usage_cache_read_tokens=0)
+    observed.conversation, observed.usage_cache_write_tokens, observed.usage_output_tokens = "0bbe5e00", 2000, 5
+    path = write_bytes(tmp_path / "m.jsonl", b"\n".join(orjson.dumps(r.to_dict()) for r in (first, second, observed)) + b"\n")
+    code, report, err = audit_json(capsys, path)
+    assert code == 0, err
+    price = load_prices().for_model(MODEL)
+    assert price is not None
+    actual = price.cost(0, 1100, 0, 10) + price.cost(0, 650, 1000, 10) + price.cost(0, 2000, 0, 5)
+    without = price.cost(0, 1100, 0, 10) + price.cost(0, 2200, 1100, 10) + price.cost(0, 2000, 0, 5)
+    totals = report["summary"]["totals"]
+    assert totals["cost_usd"] == pytest.approx(actual)
+    assert totals["cost_without_trimflow_usd"] == pytest.approx(without) and without > actual
+    assert report["summary"]["cost_without_trimflow_method"].startswith("estimated from the records")
+    _, page, _ = audit(capsys, path, "--format", "html")
+    assert "without trimflow (estimated)" in page and "more than with trimflow" in page

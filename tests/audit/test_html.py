@@ -10,6 +10,9 @@ import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
 
+import orjson
+
+from trimflow._record import ENFORCE, Record
 from trimflow.audit._html import LABEL_ASCENT, LABEL_HEIGHT, stack_labels
 
 from ..browser import headless
@@ -129,3 +132,62 @@ def test_limit_labels_of_close_limits_do_not_overlap_in_chromium(tmp_path, capsy
         for i, a in enumerate(texts):
             for b in texts[i + 1 :]:
                 assert not overlap(a, b), (chart, a, b)
+
+
+# --- the turn table ----------------------------------------------------------------------------------------------
+
+# Writes each turn table's width and its section's (the card it sits in) into the page, for --dump-dom to carry out.
+_MEASURE_TABLES = """<script>
+document.documentElement.setAttribute("data-tables", JSON.stringify(Array.prototype.map.call(
+  document.querySelectorAll("details table"),
+  function (t) { return {table: t.scrollWidth, details: t.parentElement.clientWidth, section: t.closest("section").clientWidth}; })));
+</script>"""
+
+
+def wide_records(turns: int) -> bytes:
+    """Metrics lines whose every turn-table cell is as wide as real ones get: a long Bedrock model id, hundreds of
+    images, bodies of a hundred MB and more, seven-digit token counts, every prune cause, a failure."""
+    lines = []
+    for turn in range(1, turns + 1):
+        r = Record(
+            f"2026-12-07T10:00:{turn:02d}.000Z",
+            "c0ffee00",
+            turn,
+            "bedrock-runtime.us-east-1.amazonaws.com",
+            "/model/m/converse",
+            "bedrock-converse",
+            "us.anthropic.claude-sonnet-4-5-20250929-v1:0",
+            "defaults",
+            ENFORCE,
+            segment=1,
+        )
+        r.images_before, r.images_after, r.pruned = 120 + turn, 20, 100 + turn
+        r.pruned_for_count, r.pruned_for_body, r.pruned_for_tokens, r.pruned_for_image_limit = 50, 30, 20, 1
+        r.shrunk, r.thinned, r.deduplicated = 3, 2, 1
+        r.media_bytes_before, r.media_bytes_after, r.body_bytes_before, r.body_bytes_after = 157_000_000, 20_000_000, 158_000_000, 21_000_000
+        r.est_tokens_before, r.est_tokens_after = 1_234_567, 123_456
+        r.status = 400 if turn == 5 else 200
+        r.usage_input_tokens, r.usage_cache_read_tokens, r.usage_cache_write_tokens, r.usage_output_tokens = 1_234_567, 1_000_000, 234_000, 12_345
+        lines.append(orjson.dumps(r.to_dict()))
+    return b"\n".join(lines) + b"\n"
+
+
+def test_the_turn_table_fits_its_card_at_1400_px_in_chromium(tmp_path, capsys) -> None:
+    records = tmp_path / "metrics.jsonl"
+    records.write_bytes(wide_records(12))
+    page = tmp_path / "report.html"
+    code, _, err = audit(capsys, records, "--format", "html", "--out", page)
+    assert code == 0, err
+    measured = tmp_path / "measured.html"
+    measured.write_text(page.read_text().replace("</body>", _MEASURE_TABLES + "</body>"))
+    done = subprocess.run(
+        headless(tmp_path / "profile", "--window-size=1400,1000", "--dump-dom", measured.resolve().as_uri()),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = re.search(r'data-tables="([^"]*)"', done.stdout)
+    assert found, "the measuring script did not run"
+    (table,) = json.loads(found.group(1).replace("&quot;", '"'))
+    assert table["table"] <= table["details"] <= table["section"], table

@@ -15,7 +15,8 @@ from wsproto.frame_protocol import Opcode
 from trimflow import ENFORCE, prune_request
 from trimflow._conversation import Conversations
 from trimflow._decode import BROTLI_BOUNDED
-from trimflow.audit._read import classify_failure, record_from_dict
+from trimflow._rules import builtin_rules
+from trimflow.audit._read import Reader, classify_failure, record_from_dict
 from trimflow.testing import PATHS, data_url, image, session_body
 
 from ..helpers import rules_with
@@ -442,3 +443,19 @@ def test_a_codex_websocket_session_has_its_answers_and_no_warmup_turn(tmp_path, 
     ]
     assert len({r["conversation"] for r in records}) == 1
     assert only_conversation(report)["failures"] == [{"turn": 2, "status": 400, "category": "too many images"}]
+
+
+def test_a_recording_without_trimflow_names_why_its_cache_broke(tmp_path) -> None:
+    """Recorded without trimflow (no addon record): the audit works the causes out as the proxy does. The agent edits
+    its system prompt on turn 3 (a new conversation without a session id, matched to the turn it goes on from)."""
+
+    def answer(read: int) -> bytes:
+        usage = {"input_tokens": 50, "cache_read_input_tokens": read, "cache_creation_input_tokens": 900, "output_tokens": 5}
+        return orjson.dumps({"id": "msg_1", "type": "message", "content": [{"type": "text", "text": "ok"}], "usage": usage})
+
+    reads = [0, 3000, 0, 3500]
+    flows = [llm_flow(turn=t, answer=answer(read), system="Edited." if t >= 3 else None) for t, read in enumerate(reads, 1)]
+    dump = write_dump(tmp_path / "plain.mitm", flows)
+    reader = Reader(builtin_rules(), builtin_rules(), what_if=False)
+    records = [row.record for row in reader.rows(reader.check([str(dump)]))]
+    assert [(r.cache_break, r.cache_break_at) for r in records] == [("first_turn", None), (None, None), ("agent_prefix", "system"), (None, None)]

@@ -274,3 +274,56 @@ def test_geminis_settings_copy_keeps_the_mode_of_the_users_file(tmp_path: Path, 
     private = Path(setup.env["GEMINI_CLI_HOME"]) / ".gemini"
     assert stat.S_IMODE((private / "settings.json").stat().st_mode) == mode
     assert stat.S_IMODE(private.stat().st_mode) == 0o700
+
+
+# --- recall: the run's MCP server registered ------------------------------------------------------------------
+
+SERVER = ["/venv/bin/python", "-m", "trimflow", "mcp", "--store", "/home/u/.mitmproxy/trimflow-recall", "--token-file", "/run/recall-token"]
+
+
+@pytest.mark.parametrize(
+    ("command", "expected_tail"),
+    [
+        (["claude", "-p", "look"], ["-p", "look", "--mcp-config", "{file}", "--allowedTools", "mcp__trimflow__recall_image"]),
+        (["claude"], ["--mcp-config", "{file}", "--allowedTools", "mcp__trimflow__recall_image"]),
+        (["claude", "-p", "--", "-look"], ["-p", "--mcp-config", "{file}", "--allowedTools", "mcp__trimflow__recall_image", "--", "-look"]),
+    ],
+)
+def test_claude_gets_the_runs_server_in_a_private_mcp_config_after_its_own_arguments(
+    tmp_path: Path, command: list[str], expected_tail: list[str]
+) -> None:
+    setup = setup_for("claude", command, {}, LISTEN, tmp_path, recall=SERVER)
+    config = tmp_path / "claude-mcp.json"
+    assert setup.command == ["claude", *(str(config) if item == "{file}" else item for item in expected_tail)]
+    assert stat.S_IMODE(config.stat().st_mode) == 0o600
+    server = json.loads(config.read_text())["mcpServers"]["trimflow"]
+    assert server == {"type": "stdio", "command": SERVER[0], "args": SERVER[1:], "alwaysLoad": True}
+
+
+@pytest.mark.parametrize("env", [{"OPENAI_API_KEY": "sk-x"}, {}])  # reverse mode, and forward mode (its sign-in)
+def test_codex_gets_the_runs_server_as_an_override_before_its_subcommand(tmp_path: Path, env: dict[str, str]) -> None:
+    setup = setup_for("codex", ["codex", "exec", "hi"], env, LISTEN, tmp_path, home=tmp_path, recall=SERVER)
+    assert setup.command[1] == "-c" and setup.command[-2:] == ["exec", "hi"]
+    overrides = {key: tomllib.loads(f"v = {value}")["v"] for key, value in codex_overrides(setup.command).items()}
+    assert overrides["mcp_servers.trimflow"] == {
+        "command": SERVER[0],
+        "args": SERVER[1:],
+        "startup_timeout_sec": 30,
+        "default_tools_approval_mode": "approve",
+    }
+
+
+def test_gemini_gets_the_runs_server_in_its_private_settings_beside_the_users_own(tmp_path: Path) -> None:
+    (tmp_path / ".gemini").mkdir()
+    theirs = '{"security": {"auth": {"selectedType": "gemini-api-key"}}, "mcpServers": {"docs": {"command": "docs-server"}}}'
+    (tmp_path / ".gemini" / "settings.json").write_text(theirs)
+    setup = setup_for("gemini", ["gemini"], {"GEMINI_API_KEY": "AIza-x"}, LISTEN, tmp_path / "run", home=tmp_path, recall=SERVER)
+    written = json.loads((Path(setup.env["GEMINI_CLI_HOME"]) / ".gemini" / "settings.json").read_text())
+    assert written["mcpServers"] == {"docs": {"command": "docs-server"}, "trimflow": {"command": SERVER[0], "args": SERVER[1:], "trust": True}}
+    assert (tmp_path / ".gemini" / "settings.json").read_text() == theirs  # theirs, untouched
+
+
+def test_without_recall_no_agent_gets_a_server(tmp_path: Path) -> None:
+    assert setup_for("claude", ["claude"], {}, LISTEN, tmp_path).command == ["claude"]
+    assert not any("mcp_servers" in item for item in setup_for("codex", ["codex"], {"OPENAI_API_KEY": "k"}, LISTEN, tmp_path, home=tmp_path).command)
+    assert not (tmp_path / "claude-mcp.json").exists()

@@ -15,7 +15,8 @@ provider's certificate; it then serves HTTPS as localhost). In files only these 
 
 "venv": NAME puts the bin folder of .tools/venvs/NAME (a Python agent, scripts/setup --agent-clis) on PATH;
 "added_images": true scripts a model for an agent whose user adds the screenshots (AddedImagesScript) rather than
-one that calls an image tool; "input": text for the command's standard input (a user typing).
+one that calls an image tool; "recall": true has the model call the recall tool after the screenshots (AgentScript);
+"input": text for the command's standard input (a user typing).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import pytest
 from trimflow import DEFAULT_RULES_PATH, FORMATS, load_rules
 from trimflow._rules import builtin_rules
 from trimflow.testing import FakeProvider, Received, estimate_usage, image
-from trimflow.testing._agent_script import AddedImagesScript, AgentScript, tool_results
+from trimflow.testing._agent_script import UNKNOWN_ID, AddedImagesScript, AgentScript, offered_tools, tool_results
 
 from ..certs import make_server_cert
 from ..helpers import wait_for
@@ -44,6 +45,7 @@ from ..mitmdump import listening_port
 from .helpers import decode_b64
 
 ROOT = Path(__file__).resolve().parents[2]
+RECALL_ID = re.compile(rb'recall_image\(\\"([a-z2-7]{10})\\"\)')  # a placeholder's id, as its text reads inside JSON
 TOOLS_BIN = ROOT / ".tools" / "node_modules" / ".bin"
 AGENT_VENVS = ROOT / ".tools" / "venvs"  # the Python agents, one venv each
 # Claude Code's side traffic off: no telemetry, update check or error report tries the (absent) network.
@@ -86,6 +88,9 @@ def request_facts(received: Received) -> dict[str, Any]:
     body = received.json()
     facts["model"] = body.get("model")
     facts["tool_results"] = tool_results(fmt, body)  # the screenshots looked at before this request
+    facts["recall_ids"] = sorted({m.decode() for m in RECALL_ID.findall(received.body)})  # the ids its placeholders name
+    facts["tools"] = sorted(offered_tools(fmt, body))
+    facts["unknown_id_answered"] = f"no image {UNKNOWN_ID} in this run's store".encode() in received.body
     for media in FORMATS[fmt].find_media(body):
         if media.kind == "image" and media.data is not None:
             facts["images"].append(digest(decode_b64(media.data[media.data_offset :])))
@@ -247,7 +252,7 @@ def main(argv: list[str]) -> int:
     if session.get("added_images"):
         script = AddedImagesScript([str(p) for p in shots], session["final"])
     else:
-        script = AgentScript([str(p) for p in shots], session["final"])
+        script = AgentScript([str(p) for p in shots], session["final"], recall=bool(session.get("recall")))
     tls: dict[str, str] = {}
     if session.get("tls"):  # the provider on HTTPS as localhost, its certificate in {cert}
         cert, key = make_server_cert(work / "certs", "provider")
@@ -293,6 +298,7 @@ def main(argv: list[str]) -> int:
             result["proxy_log"] = (work / "proxy.log").read_text(errors="replace")
         result["requests"] = [request_facts(r) for r in provider.received]
         result["tool_calls"] = script.calls if isinstance(script, AgentScript) else None
+        result["recalled"] = script.recalled if isinstance(script, AgentScript) else None
         result["answers"] = script.answers if isinstance(script, AddedImagesScript) else None
     (work / "result.json").write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
     return 0

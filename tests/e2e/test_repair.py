@@ -134,12 +134,12 @@ def test_a_gemini_cli_session_repaired_resumes_within_the_cap(tmp_path: Path) ->
     (chat,) = (work / "home" / ".gemini" / "tmp").glob("*/chats/session-*.jsonl")
     session_id = orjson.loads(chat.read_bytes().split(b"\n", 1)[0])["sessionId"]
     before, after, repaired = repair(session_id, {"HOME": str(work / "home")})
-    # Resumed, Gemini CLI sends each tool's image twice (from the tool call and from the message after it); the
-    # shipped Gemini rule cuts the oldest of them down to its low-water mark: the newest copies, of the newest
-    # screenshots (an odd mark leaves one copy of the oldest screenshot kept).
+    # Resumed, Gemini CLI sends each tool's image twice (from the tool call and from the message after it): each first
+    # copy shows the same screen as the image after it, so the shipped Gemini rule cuts those first, then the oldest,
+    # down to its low-water mark: one copy each of as many of the newest screenshots.
     limits = shipped_limits("gemini-2.5-flash")
     assert limits.max_images is not None
     kept = 2 * SHOTS - count_pruned(2 * SHOTS, limits.at_low_water())
     assert (before, after, repaired) == (2 * SHOTS, kept, chat)
     resumed = run_cli(work, command=["gemini", "-m", "gemini-2.5-flash", "--resume", "latest", "-p", "continue"], env=GEMINI_ENV, files=files)
-    assert_resumed_within(resumed, made, cap=limits.max_images, kept=kept, newest=(kept + 1) // 2)
+    assert_resumed_within(resumed, made, cap=limits.max_images, kept=kept, newest=kept)

@@ -231,3 +231,92 @@ CASES = {
         ],
     ),
 }
+
+# Where each medium of CASES came from (trimflow._media: user, tool, agent), in the same order.
+ORIGINS = {
+    "openai-chat": ["user", "tool", "user", "user", "user", "user"],
+    "openai-responses": ["user", "tool", "user", "user", "tool", "tool"],
+    "anthropic": ["user", "tool", "agent", "agent"],
+    "gemini": ["user", "tool", "agent", "agent", "agent"],
+    "bedrock-converse": ["user", "tool", "agent", "agent"],
+    "ollama": ["user", "user", "user"],
+}
+
+
+def _chat_image() -> dict[str, object]:
+    return {"type": "image_url", "image_url": {"url": data_url(PNG, "image/png")}}
+
+
+def _responses_image() -> dict[str, object]:
+    return {"type": "input_image", "image_url": data_url(PNG, "image/png")}
+
+
+def _gemini_image() -> dict[str, object]:
+    return {"inline_data": {"mime_type": "image/png", "data": b64(PNG)}}
+
+
+# The screenshot an agent sends as a user message right after a tool call, in the formats whose tool results take
+# no image there (or not always): a message of nothing but images after the tool's is the agent's; one with text of
+# its own, or one after anything else, is the user's. A placeholder trimflow wrote is not the message's own text.
+AFTER_TOOL_CASES = {
+    "openai-chat": (
+        {
+            "model": "gpt-4o",
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "build this page"}, _chat_image()]},
+                {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "shot"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "done"},
+                {"role": "user", "content": [_chat_image()]},
+                {"role": "user", "content": [{"type": "text", "text": "[trimflow: image #3 omitted (image/png, 64x48, 1KB)]"}, _chat_image()]},
+                {"role": "assistant", "content": [_chat_image()]},
+                {"role": "user", "content": [_chat_image()]},
+                {"role": "tool", "tool_call_id": "c2", "content": [_chat_image()]},
+                {"role": "user", "content": [{"type": "text", "text": "and now this"}, _chat_image()]},
+            ],
+        },
+        ["user", "agent", "agent", "agent", "user", "tool", "user"],
+    ),
+    "openai-responses": (
+        {
+            "model": "gpt-5",
+            "input": [
+                {"role": "user", "content": [{"type": "input_text", "text": "build this page"}, _responses_image()]},
+                {"type": "function_call", "call_id": "c1", "name": "shot", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c1", "output": "done"},
+                {"type": "message", "role": "user", "content": [_responses_image()]},
+                {"type": "message", "role": "assistant", "content": [_responses_image()]},
+                {"role": "user", "content": [_responses_image()]},
+                {"type": "function_call_output", "call_id": "c2", "output": "done"},
+                {"role": "user", "content": [{"type": "input_text", "text": "and now this"}, _responses_image()]},
+            ],
+        },
+        ["user", "agent", "agent", "user", "user"],
+    ),
+    "gemini": (
+        {
+            "contents": [
+                {"role": "user", "parts": [{"text": "build this page"}, _gemini_image()]},
+                {"role": "model", "parts": [{"functionCall": {"name": "shot", "args": {}}}]},
+                {"role": "user", "parts": [{"functionResponse": {"name": "shot", "response": {"ok": True}}}]},
+                {"role": "user", "parts": [_gemini_image()]},
+                {"role": "function", "parts": [_gemini_image()]},
+                {"role": "user", "parts": [{"text": "and now this"}, _gemini_image()]},
+            ],
+        },
+        ["user", "agent", "tool", "user"],
+    ),
+    "ollama": (
+        {
+            "model": "llava",
+            "messages": [
+                {"role": "user", "content": "build this page", "images": [b64(PNG)]},
+                {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "shot", "arguments": {}}}]},
+                {"role": "tool", "content": "done", "images": [b64(PNG)]},
+                {"role": "user", "content": "", "images": [b64(PNG)]},
+                {"role": "user", "content": "[trimflow: image #4 omitted (image/png, 64x48, 1KB)]", "images": [b64(PNG)]},
+                {"role": "user", "content": "and now this", "images": [b64(PNG)]},
+            ],
+        },
+        ["user", "tool", "agent", "agent", "user"],
+    ),
+}

@@ -10,7 +10,7 @@ import pytest
 from trimflow.formats import FORMATS, WireFormat, detect_shape, streamed_path
 from trimflow.testing import b64
 
-from .cases import CASES, PNG
+from .cases import AFTER_TOOL_CASES, CASES, ORIGINS, PNG
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -18,6 +18,19 @@ def test_find_media_in_document_order(name: str) -> None:
     body, expected = CASES[name]
     found = FORMATS[name].find_media(body)
     assert [(m.kind, m.path) for m in found] == expected
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_each_medium_says_where_it_came_from(name: str) -> None:
+    """The user's attachments, a tool's output and what the agent attached beside a tool result or in its own turn."""
+    body, _ = CASES[name]
+    assert [m.origin for m in FORMATS[name].find_media(body)] == ORIGINS[name]
+
+
+@pytest.mark.parametrize("name", sorted(AFTER_TOOL_CASES))
+def test_a_message_of_nothing_but_images_after_a_tool_is_the_agents(name: str) -> None:
+    body, expected = AFTER_TOOL_CASES[name]
+    assert [m.origin for m in FORMATS[name].find_media(body) if m.kind == "image"] == expected
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -200,6 +200,10 @@ async def test_the_counters_are_the_sums_of_the_jsonl_records(addon, tmp_path) -
     assert total(values, "trimflow_request_body_bytes_sum") == summed("body_bytes_before")
     assert total(values, "trimflow_overhead_seconds_sum") == pytest.approx(summed("overhead_ms") / 1000)
     assert values["trimflow_learned_limits"] == 0 and values["trimflow_limits_learned_total"] == 0
+    breaks = [r for r in records if r["cache_break"]]
+    assert breaks and total(values, "trimflow_cache_breaks_total") == len(breaks)
+    by_cause = {k: v for k, v in values.items() if k.startswith("trimflow_cache_breaks_total{")}
+    assert all('cause="first_turn"' in k and 'rule="defaults"' in k for k in by_cause), by_cause  # each its conversation's first
     # Bounded labels: no model name, host, path or conversation id, let alone a key or prompt text.
     for leak in [b"gpt-4o", b"claude-", b"api.openai.com", b"/v1/", *(r["conversation"].encode() for r in records)]:
         assert leak not in body, leak

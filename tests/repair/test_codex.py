@@ -38,12 +38,14 @@ def test_resume_sends_every_response_item_with_the_attached_image_and_the_tools(
     assert len(attached) == 1
 
 
-def test_the_attached_image_is_the_oldest_and_goes_first() -> None:
+def test_the_attached_image_is_the_users_and_the_tools_screenshots_go_before_it() -> None:
+    """The image attached with -i is the oldest, and the user's: the view_image outputs after it are cut first."""
     lines = load()
     repaired = repair_lines(lines, _codex, shipped_rules())
-    first = next(e for e in repaired.edits)
-    assert lines[first.where[0]].value["payload"]["type"] == "message"
-    assert first.new["type"] == "input_text" and first.new["text"].startswith("[trimflow: image #1 omitted (image/png, 48x32,")
+    edited = [lines[edit.where[0]].value["payload"]["type"] for edit in repaired.edits]
+    assert edited and set(edited) == {"function_call_output"}
+    first = repaired.edits[0]
+    assert first.new["type"] == "input_text" and first.new["text"].startswith("[trimflow: image #2 omitted (image/png, 48x32,")
 
 
 def _compacted(history: list[object]) -> Line:

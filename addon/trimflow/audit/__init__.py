@@ -14,7 +14,7 @@ from ._cli import main
 from ._gate import Breach, Expression, ExpressionError, Gate, evaluate
 from ._gate import parse as parse_expression
 from ._read import InputError, InputTally, Reader, Row
-from ._report import usage_text
+from ._report import recalls_text, usage_text
 from ._summary import UNKNOWN_CONVERSATION, Conversation, Crossing, ProfileLimits, Summary, Totals, summarize
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
     "evaluate",
     "main",
     "parse_expression",
+    "recalls_text",
     "summarize",
     "usage_text",
 ]

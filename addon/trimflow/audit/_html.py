@@ -26,6 +26,7 @@ from ._report import (
     growth_lines,
     inputs_text,
     mode_text,
+    money,
     notes,
     percent,
     tokens,
@@ -33,7 +34,7 @@ from ._report import (
     usage_text,
     warnings,
 )
-from ._summary import Conversation, Summary, Totals
+from ._summary import WITHOUT_METHOD, Conversation, Summary, Totals
 
 WIDTH, HEIGHT = 560, 250
 LEFT, RIGHT, TOP, BOTTOM = 62, 18, 44, 34
@@ -45,7 +46,7 @@ _CSS = """
 :root { --fg:#1d2430; --muted:#5b6575; --line:#d8dde5; --before:#2563c9; --after:#e07a10; --limit:#c62828; --ok:#1b7f3b; }
 * { box-sizing: border-box; }
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: var(--fg); margin: 0; background: #f5f6f8; }
-main { max-width: 1220px; margin: 0 auto; padding: 20px 24px 48px; }
+main { max-width: 1320px; margin: 0 auto; padding: 20px 24px 48px; }
 h1 { font-size: 22px; margin: 0 0 4px; } h2 { font-size: 17px; margin: 0 0 2px; } h3 { font-size: 15px; margin: 16px 0 6px; }
 p { margin: 4px 0; } .muted { color: var(--muted); } code { font: 13px ui-monospace, SFMono-Regular, Menlo, monospace; }
 .cards { display: flex; gap: 12px; flex-wrap: wrap; margin: 14px 0; }
@@ -68,8 +69,8 @@ text.limit-label { fill: var(--limit); paint-order: stroke; stroke: #fff; stroke
 .failure { stroke: var(--limit); stroke-width: 6; stroke-opacity: .15; }
 .key-before { fill: var(--before); } .key-after { fill: var(--after); }
 .readout { min-height: 1.45em; color: var(--muted); font-variant-numeric: tabular-nums; }
-table { border-collapse: collapse; font-variant-numeric: tabular-nums; margin-top: 6px; }
-th, td { padding: 3px 10px; border-bottom: 1px solid #eceff3; text-align: right; white-space: nowrap; }
+table { border-collapse: collapse; font-variant-numeric: tabular-nums; margin-top: 6px; width: 100%; font-size: 13px; }
+th, td { padding: 3px 5px; border-bottom: 1px solid #eceff3; text-align: right; vertical-align: top; }
 th { color: var(--muted); font-weight: 600; } td.l, th.l { text-align: left; }
 tr.hl td { background: #fff3c4; } tr.failed td { color: var(--limit); }
 details summary { cursor: pointer; color: var(--muted); margin-top: 8px; }
@@ -121,13 +122,27 @@ def html(summary: Summary, gate: Gate | None) -> str:
         _card("images", f"{t.images_before:,} → {t.images_after:,}", f"{t.pruned:,} pruned"),
         _card("requests", f"{t.requests:,}", f"{len(summary.conversations)} conversations"),
         _card("cost", cost_text(t) if t.cost_usd is not None else "unknown", _cache_note(t)),
+    ]
+    without = t.cost_without_usd
+    if without is not None and t.cost_usd is not None:
+        parts.append(_card("without trimflow (estimated)", money(without), _saved(without, t.cost_usd)))
+    parts += [
         "</div>",
         f'<p class="muted">usage: {escape(usage_text(t))} (prices: {escape(summary.prices_source)})</p>',
     ]
+    if without is not None:
+        parts.append(f'<p class="muted">without trimflow: {escape(WITHOUT_METHOD)}.</p>')
     for conversation in summary.conversations:
         parts.append(_section(conversation))
     parts.append(f"<script>{_JS}</script></main></body></html>")
     return "\n".join(parts) + "\n"
+
+
+def _saved(without: float, cost: float) -> str:
+    """What trimflow saved against the estimate of the same requests without it (or what it cost more)."""
+    if without > cost:
+        return f"{money(without - cost)} more than with trimflow ({percent(round((without - cost) * 1e6), round(without * 1e6))} saved)"
+    return f"{money(cost - without)} less than with trimflow"
 
 
 def _card(label: str, value: str, note: str) -> str:
@@ -209,12 +224,16 @@ def _cache_note(t: Totals) -> str:
     return " · ".join(parts) or f"{t.input_tokens:,} tokens in"
 
 
+# A figure's before and after: a narrow column breaks after the arrow, never before it.
+_ARROW = "\u00a0→ "
+
+
 def _table(conversation: Conversation) -> str:
     left = LEFT_COLUMNS
     head = "".join(f'<th class="{"l" if i in left else ""}">{escape(c)}</th>' for i, c in enumerate(TURN_COLUMNS))
     rows = []
     for row in conversation.rows:
-        cells = "".join(f'<td class="{"l" if i in left else ""}">{escape(c)}</td>' for i, c in enumerate(turn_cells(row, " → ")))
+        cells = "".join(f'<td class="{"l" if i in left else ""}">{escape(c)}</td>' for i, c in enumerate(turn_cells(row, _ARROW)))
         turn = row.record.turn if row.record.turn is not None else ""
         failed = ' class="failed"' if row.failure else ""
         rows.append(f'<tr data-turn="{turn}"{failed}>{cells}</tr>')

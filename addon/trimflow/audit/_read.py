@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from .._cache_break import CacheBreaks
 from .._conversation import Conversations, HistoryLine
 from .._decode import DEFAULT_MAX_DECODED_BYTES, BodyTooLarge, DecodeError, decode_body
 from .._engine import prune
@@ -83,6 +84,9 @@ class Row:
     # saying why, or for a request that is not billed (a token count): then `unpriced` is None too.
     cost: float | None = None
     unpriced: str | None = None
+    # USD the request would have cost as the agent sent it, without trimflow (an estimate: _summary.WITHOUT_METHOD);
+    # None where `cost` is.
+    cost_without: float | None = None
 
 
 @dataclass
@@ -204,6 +208,9 @@ class Reader:
         self.max_decoded_bytes = max_decoded_bytes
         # An audit sees every conversation of the recording; no salt: the same input gives the same ids on every run.
         self.conversations = Conversations(capacity=1 << 20, salt=b"")
+        # Why a recorded turn's cache read fell, on the recording's clock, for flows the proxy left no record on.
+        self._flow_time = 0.0
+        self.cache_breaks = CacheBreaks(clock=lambda: self._flow_time)
         self.tallies: list[InputTally] = []
 
     def check(self, paths: list[str]) -> list[tuple[Path, str]]:
@@ -293,7 +300,7 @@ class Reader:
         # A record with a kind was numbered by the proxy as the history-aware tracker numbers it; an older one is renumbered.
         numbered = proxy_record is not None and isinstance(proxy, dict) and "kind" in proxy
         history: History | None = None
-        cut = 0  # where the engine's cut ended (Outcome.cut), for the conversation's next turn
+        taken: tuple[frozenset[int], frozenset[int]] = (frozenset(), frozenset())  # the engine's Outcome.taken, for the next turn
         after: str | None  # where the after figures come from (Row.after)
         if proxy_record is not None and not self.what_if:
             record, after = proxy_record, PROXY  # as trimflow recorded it: before, after and all it did
@@ -307,7 +314,7 @@ class Reader:
             memory = None if numbered else self.conversations
             outcome = prune(target, request.headers, body, self.rules, OBSERVE, memory=memory) if target is not None else None
             if outcome is not None and outcome.record is not None:
-                record, after, history, cut = outcome.record, WHAT_IF if self.what_if else None, outcome.history, outcome.cut
+                record, after, history, taken = outcome.record, WHAT_IF if self.what_if else None, outcome.history, outcome.taken
                 if proxy_record is not None:
                     self._what_if_after_proxy(record, proxy_record, numbered)
             elif proxy_record is not None:
@@ -315,7 +322,11 @@ class Reader:
             else:
                 tally.skipped += 1
                 return []
-        thread = None if numbered else self._number(record, history, cut)
+        thread = None if numbered else self._number(record, history, *taken)
+        causes = proxy_record is None and not self.what_if  # the usage is the recording's: its causes, of what was sent
+        if causes:
+            self._flow_time = request.timestamp_start
+            self.cache_breaks.sent(record, history, taken[0])
         tally.llm_requests += 1
         tally.proxy_records += proxy_record is not None
         record.ts = _utc(request.timestamp_start)
@@ -339,6 +350,10 @@ class Reader:
             )
         record.status = status
         _set_usage(record, usage)
+        if causes:
+            self.cache_breaks.answered(record)
+        elif proxy_record is not None and record is not proxy_record:  # why the cache broke, as the proxy saw it
+            record.cache_break, record.cache_break_at = proxy_record.cache_break, proxy_record.cache_break_at
         return [self._row(record, index, failure, after)]
 
     def _body(self, request: http.Request, tally: InputTally) -> bytes | None:
@@ -371,11 +386,11 @@ class Reader:
         body = self._body(request, tally)
         return None if body is None else prune(target, request.headers, body, self.rules, OBSERVE).history
 
-    def _number(self, record: Record, history: History | None, cut: int = 0) -> HistoryLine | None:
-        """The record's conversation, turn and segment, as the proxy's SharedState assigns them (with where its cut ended)."""
+    def _number(self, record: Record, history: History | None, cut: Collection[int] = (), like: Collection[int] = ()) -> HistoryLine | None:
+        """The record's conversation, turn and segment, as the proxy's SharedState assigns them (with the images its cut took)."""
         if history is None:
             return None
-        assignment = self.conversations.assign(history, record.kind, cut)
+        assignment = self.conversations.assign(history, record.kind, cut, like)
         record.conversation, record.turn, record.segment = assignment.conversation, assignment.turn, assignment.segment
         return assignment.thread
 
@@ -415,7 +430,7 @@ class Reader:
             if outcome.record is None:
                 continue
             outcome.record.ts = _utc(message.timestamp)
-            thread = self._number(outcome.record, outcome.history, outcome.cut)
+            thread = self._number(outcome.record, outcome.history, *outcome.taken)
             rows.append(self._row(outcome.record, index, None, WHAT_IF if self.what_if else None))
             waiting.append((rows[-1], thread))
         if rows:

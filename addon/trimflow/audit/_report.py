@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 
 from .. import _jsoncodec
+from .._cache_break import CAUSES, FIRST_TURN
 from .._human import format_size
 from .._text import for_text
 from ._escape import for_markdown, for_markdown_cell, for_markdown_code
@@ -67,7 +68,18 @@ def usage_text(t: Totals) -> str:
         return f"none reported · cost {cost_text(t)}"
     cache = cache_parts(t)
     text = f"in {t.input_tokens:,}" + (f" ({', '.join(cache)})" if cache else "")
-    return f"{text} · out {t.output_tokens:,} · cost {cost_text(t)}"
+    breaks = cache_breaks_text(t)
+    return f"{text} · out {t.output_tokens:,} · cost {cost_text(t)}" + (f" · cache breaks: {breaks}" if breaks else "")
+
+
+def cache_breaks_text(t: Totals) -> str:
+    """The turns whose cache read fell, by cause (trimflow._cache_break): "1 first_turn, 2 trimflow_cut"; "" when no turn
+    after a first one broke the cache (every conversation has a first turn: alone, it says nothing)."""
+    if not any(cause != FIRST_TURN for cause in t.cache_breaks):
+        return ""
+    known = [cause for cause in CAUSES if t.cache_breaks[cause]]
+    other = sorted(cause for cause in t.cache_breaks if cause not in CAUSES)  # from a record file of another version
+    return ", ".join(f"{t.cache_breaks[cause]:,} {for_text(cause)}" for cause in known + other)
 
 
 # What the engine did beyond dropping images (Record fields; getattr: older records lack them).
@@ -91,6 +103,8 @@ def pruned_cell(row: Row) -> str:
         parts.append("OVER BUDGET")
     if getattr(r, "retries", 0):  # refused for a limit and sent again within it (docs/recovery.md)
         parts.append(f"retried {r.retries}x ({r.retry_limits}){'' if (r.status or 0) < 400 else ', still refused'}")
+    if getattr(r, "recalls", 0):  # images recall_image brought back before this request (docs/how-it-works.md#recall)
+        parts.append(f"{r.recalls} recalled")
     return ", ".join(parts) or "-"
 
 
@@ -193,6 +207,15 @@ def mode_text(summary: Summary) -> str:
 
 
 def totals_text(t: Totals, arrow: str = "->") -> str:
+    return _totals_text(t, arrow) + (f" · {recalls_text(t)}" if t.recalls or t.recalls_refused else "")
+
+
+def recalls_text(t: Totals) -> str:
+    """The images recall_image brought back, and the ids it refused: "2 recalled (1 refused)"."""
+    return f"{t.recalls:,} recalled" + (f" ({t.recalls_refused:,} refused)" if t.recalls_refused else "")
+
+
+def _totals_text(t: Totals, arrow: str) -> str:
     if (t.body_bytes_before, t.est_tokens_before, t.images_before) == (t.body_bytes_after, t.est_tokens_after, t.images_after):
         return (
             f"{t.requests:,} requests · body {format_size(t.body_bytes_before)} · ~tokens {tokens(t.est_tokens_before)} · "

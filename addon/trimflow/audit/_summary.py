@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._prices import DEFAULT_PRICES_PATH, PriceTable, load_prices
-from .._record import COUNT_TOKENS, TURN, Record
+from .._record import COUNT_TOKENS, ENFORCE, TURN, Record
 from ._read import InputTally, Row
 
 STEADY_TURNS = 5
@@ -89,11 +89,17 @@ class Totals:
     output_tokens: int = 0
     priced: int = 0  # billed requests with a cost
     priced_usd: float = 0.0
+    without_usd: float = 0.0  # the priced requests as the agent sent them, without trimflow (estimated: WITHOUT_METHOD)
     unpriced: Counter[str] = field(default_factory=Counter)  # billed requests with no cost, by reason
+    cache_breaks: Counter[str] = field(default_factory=Counter)  # turns whose cache read fell, by cause (Record.cache_break)
+    recalls: int = 0  # images the run's recall_image brought back (docs/how-it-works.md#recall)
+    recalls_refused: int = 0
 
     def add(self, row: Row) -> None:
         r = row.record
         self.requests += 1
+        self.recalls += getattr(r, "recalls", 0) or 0  # getattr: older records lack it
+        self.recalls_refused += getattr(r, "recalls_refused", 0) or 0
         self.body_bytes_before += r.body_bytes_before
         self.body_bytes_after += r.body_bytes_after
         self.est_tokens_before += r.est_tokens_before
@@ -103,6 +109,8 @@ class Totals:
         self.pruned += r.pruned
         if r.kind in NOT_BILLED:
             return
+        if r.cache_break is not None:
+            self.cache_breaks[r.cache_break] += 1
         if r.usage_input_tokens is not None:
             self.usage_requests += 1
             self.input_tokens += r.usage_input_tokens
@@ -116,6 +124,7 @@ class Totals:
         if row.cost is not None:
             self.priced += 1
             self.priced_usd += row.cost
+            self.without_usd += row.cost_without if row.cost_without is not None else row.cost
         elif row.unpriced is not None:
             self.unpriced[row.unpriced] += 1
 
@@ -123,6 +132,11 @@ class Totals:
     def cost_usd(self) -> float | None:
         """USD of the priced requests; None when none could be priced (not 0: the cost is unknown)."""
         return self.priced_usd if self.priced else None
+
+    @property
+    def cost_without_usd(self) -> float | None:
+        """USD the priced requests would have cost without trimflow (estimated); None when none could be priced."""
+        return self.without_usd if self.priced else None
 
     @property
     def body_bytes_saved(self) -> int:
@@ -152,6 +166,10 @@ class Totals:
             "cost_usd": self.cost_usd,
             "cost_priced_requests": self.priced,
             "cost_unpriced_requests": dict(self.unpriced),  # reason -> requests: the cost leaves them out
+            "cost_without_trimflow_usd": self.cost_without_usd,  # the same requests as sent by the agent: WITHOUT_METHOD
+            "cache_breaks": dict(self.cache_breaks),  # cause -> turns whose cache read fell for it
+            "recalls": self.recalls,
+            "recalls_refused": self.recalls_refused,
         }
 
 
@@ -306,6 +324,7 @@ class Summary:
             "steady_turns": STEADY_TURNS,
             "prices_source": self.prices_source,
             "cost_method": COST_METHOD,
+            "cost_without_trimflow_method": WITHOUT_METHOD,
             "totals": self.totals.to_dict(),
             "conversations": [c.to_dict() for c in self.conversations],
         }
@@ -333,9 +352,13 @@ def summarize(
     prices = load_prices() if prices is None else prices
     groups: dict[str, list[Row]] = {}
     totals = Totals()
-    for row in rows:
+    listed = list(rows)
+    for row in listed:
         row.cost, row.unpriced = cost(row.record, prices)
         groups.setdefault(row.record.conversation or UNKNOWN_CONVERSATION, []).append(row)
+    for group in groups.values():
+        _costs_without(group, prices)
+    for row in listed:
         totals.add(row)
     conversations = [_conversation(cid, group, profiles) for cid, group in groups.items()]
     shipped = prices.source == str(DEFAULT_PRICES_PATH)
@@ -363,6 +386,40 @@ def cost(record: Record, prices: PriceTable) -> tuple[float | None, str | None]:
     read = record.usage_cache_read_tokens or 0
     write = record.usage_cache_write_tokens or 0
     return price.cost(record.usage_input_tokens - read - write, write, read, record.usage_output_tokens), None
+
+
+WITHOUT_METHOD = (
+    "estimated from the records: each turn's prompt as the agent sent it is trimflow's token estimate of its body before "
+    "pruning, scaled by what the provider counted over the estimate of what was sent; a prompt cache reads the "
+    "conversation's previous turn whole (where the agent's own change, the cache's lifetime or a first turn broke the "
+    "cache, what the provider read) and writes the rest, at the same prices; the output as reported"
+)
+_AGENTS_BREAKS = frozenset(("first_turn", "agent_prefix", "cache_expired"))  # would have broken the cache without trimflow too
+
+
+def _costs_without(rows: list[Row], prices: PriceTable) -> None:
+    """Each priced row's cost as the agent sent it (Row.cost_without: WITHOUT_METHOD), in turn order."""
+    previous: int | None = None
+    for row in sorted(rows, key=lambda row: row.record.turn or 0):
+        r = row.record
+        price = prices.for_model(r.model)
+        if row.cost is None or price is None or r.usage_input_tokens is None or r.kind != TURN:
+            continue
+        if r.mode != ENFORCE:  # observe: forwarded as the agent sent it, so what it cost
+            row.cost_without, previous = row.cost, r.usage_input_tokens
+            continue
+        sent = r.sent_est_tokens
+        prompt = round(r.est_tokens_before * r.usage_input_tokens / sent) if sent else r.usage_input_tokens
+        prompt = max(prompt, r.usage_input_tokens)  # trimflow never makes a prompt longer
+        if r.usage_cache_read_tokens is None:  # a provider that reports no cache: none is modelled
+            read = 0
+        elif previous is None or r.cache_break in _AGENTS_BREAKS:
+            read = min(r.usage_cache_read_tokens, prompt)
+        else:
+            read = min(previous, prompt)
+        write = prompt - read if r.usage_cache_write_tokens is not None else 0  # OpenAI and Gemini bill no write
+        row.cost_without = price.cost(prompt - read - write, write, read, r.usage_output_tokens or 0)
+        previous = prompt
 
 
 def _conversation(cid: str, rows: list[Row], profiles: list[ProfileLimits]) -> Conversation:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
+from .._recall import TOOL
 from ._launch_error import LaunchError
 from ._run_dir import PRIVATE_MODE, digest, record_private, write_private
 
@@ -28,6 +29,8 @@ ANTHROPIC_API = "https://api.anthropic.com"
 OPENAI_API = "https://api.openai.com/v1"
 GEMINI_API = "https://generativelanguage.googleapis.com"
 GEMINI_API_KEY_AUTH = "gemini-api-key"
+MCP_SERVER = "trimflow"  # the name the recall server is registered under
+CLAUDE_MCP_FILE = "claude-mcp.json"  # in the run's folder
 
 
 @dataclass
@@ -91,16 +94,52 @@ def _at_proxy(listen: str, url: str, path: str) -> str:
     return listen.replace("://", "://" + userinfo(url), 1) + path
 
 
-def setup_for(agent: str, command: Sequence[str], environ: Mapping[str, str], listen: str, run_dir: Path, home: Path | None = None) -> Setup:
-    """The setup of `agent` for `command`; `listen` is the proxy's http://HOST:PORT."""
+def setup_for(
+    agent: str,
+    command: Sequence[str],
+    environ: Mapping[str, str],
+    listen: str,
+    run_dir: Path,
+    home: Path | None = None,
+    recall: Sequence[str] | None = None,
+) -> Setup:
+    """The setup of `agent` for `command`; `listen` is the proxy's http://HOST:PORT. `recall`: the argv of the run's
+    MCP server (trimflow.cli._mcp), registered with the agents that take one (docs/agents.md#recall)."""
     home = home if home is not None else Path(environ.get("HOME") or Path.home())
     if agent == "claude":
-        return _claude(command, environ, listen)
+        setup = _claude(command, environ, listen)
+        if recall:
+            _claude_recall(setup, recall, run_dir)
+        return setup
     if agent == "codex":
-        return _codex(command, environ, listen, home)
+        setup = _codex(command, environ, listen, home)
+        if recall:
+            _codex_recall(setup, recall)
+        return setup
     if agent == "gemini":
-        return _gemini(command, environ, listen, run_dir, home)
+        return _gemini(command, environ, listen, run_dir, home, recall)
     return forward_setup(PROXY, command, environ, listen)
+
+
+def _before_separator(command: list[str], args: list[str]) -> list[str]:
+    """`args` added to a command line at its end, or before its `--` (after which all is the command's operands)."""
+    at = command.index("--", 1) if "--" in command[1:] else len(command)
+    return command[:at] + args + command[at:]
+
+
+def _claude_recall(setup: Setup, server: Sequence[str], run_dir: Path) -> None:
+    """Claude Code: `--mcp-config` with a file of the run (its own servers stay), the tool always loaded (never deferred
+    behind its tool search: the placeholders name it) and allowed (it only reads images this run cut), so `-p` can call it."""
+    config = {"mcpServers": {MCP_SERVER: {"type": "stdio", "command": server[0], "args": list(server[1:]), "alwaysLoad": True}}}
+    path = run_dir / CLAUDE_MCP_FILE
+    write_private(path, json.dumps(config).encode())
+    setup.command = _before_separator(setup.command, ["--mcp-config", str(path), "--allowedTools", f"mcp__{MCP_SERVER}__{TOOL}"])
+
+
+def _codex_recall(setup: Setup, server: Sequence[str]) -> None:
+    """Codex: a `-c` override before its subcommand; its tool approved (it only reads images this run cut)."""
+    table = {"command": server[0], "args": list(server[1:]), "startup_timeout_sec": 30, "default_tools_approval_mode": "approve"}
+    setup.command[1:1] = ["-c", f"mcp_servers.{MCP_SERVER}={_toml(table)}"]
 
 
 def forward_setup(agent: str, command: Sequence[str], environ: Mapping[str, str], listen: str, note: str | None = None) -> Setup:
@@ -252,7 +291,7 @@ def _strip_json_comments(text: str) -> str:
     return "".join(out)
 
 
-def _gemini(command: Sequence[str], environ: Mapping[str, str], listen: str, run_dir: Path, home: Path) -> Setup:
+def _gemini(command: Sequence[str], environ: Mapping[str, str], listen: str, run_dir: Path, home: Path, recall: Sequence[str] | None = None) -> Setup:
     user_home = Path(environ.get("GEMINI_CLI_HOME") or home)
     user_dir = user_home / ".gemini"
     settings = _read_settings(user_dir / "settings.json")
@@ -269,24 +308,29 @@ def _gemini(command: Sequence[str], environ: Mapping[str, str], listen: str, run
     origin, path = split_url(upstream)
     env = {"GOOGLE_GEMINI_BASE_URL": _at_proxy(listen, upstream, path)}
     setup = Setup("gemini", f"reverse:{origin}", list(command), env=env, upstream=origin + path)
-    if selected is None:
+    if selected is None or recall:
         private = run_dir / "gemini-home"
-        entries = gemini_settings(settings, user_dir, private / ".gemini")
+        entries = gemini_settings(settings, user_dir, private / ".gemini", recall)
         record_private(run_dir, {"agent": "Gemini CLI", "folder": "gemini-home/.gemini", "user": str(user_dir), "entries": entries})
         setup.env["GEMINI_CLI_HOME"] = str(private)
         setup.private_dirs.append(private)
     return setup
 
 
-def gemini_settings(settings: dict[str, Any], user_dir: Path, private_dir: Path) -> dict[str, str]:
+def gemini_settings(settings: dict[str, Any], user_dir: Path, private_dir: Path, recall: Sequence[str] | None = None) -> dict[str, str]:
     """A .gemini folder for GEMINI_CLI_HOME: the user's settings selecting the API key (with the mode of the user's
-    file: it may hold MCP servers' tokens), every other entry a link into the user's own folder (its sessions and
-    history land there, as without the launcher). Returns what each entry is, to find what the agent changed."""
+    file: it may hold MCP servers' tokens) and, with `recall`, the run's MCP server among theirs (trusted: it only reads
+    images this run cut); every other entry a link into the user's own folder (its sessions and history land there,
+    as without the launcher). Returns what each entry is, to find what the agent changed."""
     private_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     merged = dict(settings)
     security = dict(merged.get("security") or {})
     security["auth"] = {**(security.get("auth") or {}), "selectedType": GEMINI_API_KEY_AUTH}
     merged["security"] = security
+    if recall:
+        servers = merged.get("mcpServers")
+        ours = {"command": recall[0], "args": list(recall[1:]), "trust": True}
+        merged["mcpServers"] = {**(servers if isinstance(servers, dict) else {}), MCP_SERVER: ours}
     try:
         mode = stat.S_IMODE(os.stat(user_dir / "settings.json").st_mode)
     except OSError:

@@ -68,4 +68,6 @@ def _figures(t: audit.Totals, retries: int) -> str:
         parts.append(f"reported {audit.usage_text(t)}")
     if retries:
         parts.append(f"{retries} recover{'y' if retries == 1 else 'ies'}")
+    if t.recalls or t.recalls_refused:
+        parts.append(audit.recalls_text(t))
     return " · ".join(parts)

@@ -30,6 +30,10 @@ copied settings file keeps the mode of the user's). mitmdump and the agent get a
 dies, however it dies (PR_SET_PDEATHSIG, Linux), and a run folder whose launcher is gone is removed at the
 next start. What the agent wrote into its private settings folder is kept beside the run and named in one line.
 
+Recall (trimflow.cli._recall): with the `mcp` package, a token per run goes to mitmdump (its environment) and to the
+MCP server registered with the agent (a 0600 file of the run), so that the model can ask for an image trimflow cut
+(`recall_image`, docs/agents.md#recall); the run's images are removed when it ends.
+
 Every request's metrics go to a JSONL file of this run (or the trimflow_metrics file given, from where it
 stood at start), and at exit one summary per conversation is printed from it by the audit.
 """
@@ -43,12 +47,14 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from .._recall import TOKEN_VARIABLE
 from ._agents import CA_VARIABLES, Setup, agent_of, proxy_environment, setup_for
 from ._exit_summary import summary
 from ._invocation import Invocation, parse
 from ._launch_error import EXIT_NOT_FOUND, LaunchError
 from ._mitmdump import AUTH_FD_OPTION, auth_pipe, mitmdump_argv, without_option
 from ._processes import Agent, Proxy, ca_bundle, check_port, free_port
+from ._recall import RunRecall, prepare
 from ._run_dir import clean_stale_runs, finish_run_dir, new_run_dir, private_folder, state_dir, write_private
 
 
@@ -82,22 +88,35 @@ def launch(invocation: Invocation, environ: dict[str, str]) -> int:
         say(line)
     stem = f"{time.strftime('%Y%m%d-%H%M%S')}-{agent}-{os.getpid()}"
     run_dir = new_run_dir(runs, stem)
+    recall = None
     try:
-        setup = setup_for(agent, command, environ, listen, run_dir)
-        return _run_with_proxy(invocation, environ, setup, run_dir, listen, host, port)
+        recall, why_not = prepare(invocation.sets, confdir_of(invocation, environ), run_dir)
+        if why_not is not None:
+            say(why_not)
+        setup = setup_for(agent, command, environ, listen, run_dir, recall=recall.server if recall is not None else None)
+        return _run_with_proxy(invocation, environ, setup, run_dir, listen, host, port, recall)
     finally:
+        if recall is not None:
+            recall.remove()
         for line in finish_run_dir(run_dir):
             say(line)
 
 
-def _run_with_proxy(invocation: Invocation, environ: dict[str, str], setup: Setup, run_dir: Path, listen: str, host: str, port: int) -> int:
+def confdir_of(invocation: Invocation, environ: Mapping[str, str]) -> Path:
+    """mitmproxy's confdir for the run: the user's --set confdir, else ~/.mitmproxy."""
+    return Path(invocation.confdir or Path(environ.get("HOME") or Path.home()) / ".mitmproxy").expanduser()
+
+
+def _run_with_proxy(
+    invocation: Invocation, environ: dict[str, str], setup: Setup, run_dir: Path, listen: str, host: str, port: int, recall: RunRecall | None = None
+) -> int:
     stem = run_dir.parent / run_dir.name
     metrics = Path(invocation.metrics) if invocation.metrics else stem.with_suffix(".jsonl")
     offset = metrics.stat().st_size if metrics.exists() else 0
     if not invocation.metrics:
         write_private(metrics, b"")  # mitmdump appends to it, keeping its mode
     log = stem.with_suffix(".log")
-    confdir = Path(invocation.confdir or Path(environ.get("HOME") or Path.home()) / ".mitmproxy").expanduser()
+    confdir = confdir_of(invocation, environ)
     sets = {"listen_host": host, "listen_port": str(port), "trimflow_metrics": str(metrics), "flow_detail": "0", **setup.options}
     given = without_option(invocation.mitmdump_args, AUTH_FD_OPTION)  # the launcher's alone to give
     auth_fd = None
@@ -112,13 +131,15 @@ def _run_with_proxy(invocation: Invocation, environ: dict[str, str], setup: Setu
             raise LaunchError("trimflow run: mitmdump not found: pip install mitmproxy")
         for note in setup.notes:
             say(note)
-        proxy = Proxy(mitmdump, log, host, port, proxy_environment(environ))
+        # The run's token, or none: a token the user's environment holds is not this run's.
+        proxy_env = {name: value for name, value in proxy_environment(environ).items() if name != TOKEN_VARIABLE}
+        proxy = Proxy(mitmdump, log, host, port, {**proxy_env, **(recall.proxy_env() if recall is not None else {})})
         proxy.start(ca if setup.ca_bundle else None, handed=auth_fd)  # back once mitmdump has read the pipe
     finally:
         if auth_fd is not None:
             os.close(auth_fd)
     try:
-        env = {**environ, **setup.env}
+        env = {**environ, **setup.env, **(recall.agent_env() if recall is not None else {})}
         if setup.ca_bundle:
             env.update(dict.fromkeys(CA_VARIABLES, str(ca_bundle(ca, environ, stem.with_suffix(".ca.pem")))))
         status = Agent(setup.command, env).run()

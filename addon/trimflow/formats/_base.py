@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, Protocol
 
-from .._media import IMAGE, JsonPath, Media, kind_of_mime, split_data_url
+from .._media import AGENT, IMAGE, USER, JsonPath, Media, kind_of_mime, split_data_url
+from .._placeholder import PLACEHOLDER_PREFIX
 
 
 class WireFormat(Protocol):
@@ -20,7 +21,7 @@ class WireFormat(Protocol):
     ACCEPTS_WEBP: bool  # whether every provider and runtime behind the format decodes WebP (a shrunk image's type)
 
     def find_media(self, body: dict[str, Any]) -> list[Media]:
-        """Every image and document in document order."""
+        """Every image and document in document order, each with its origin (trimflow._media: USER, TOOL, AGENT)."""
         ...
 
     def replace_media(self, body: dict[str, Any], texts: Mapping[JsonPath, str]) -> dict[str, Any]:
@@ -74,16 +75,33 @@ class HistoryParts(NamedTuple):
     path: JsonPath  # where `items` sits in the body: a media path below it names its item
 
 
-def url_media(kind: str, path: JsonPath, url: Any, detail: str | None = None) -> Media | None:
+def url_media(kind: str, path: JsonPath, url: Any, detail: str | None = None, origin: str = USER) -> Media | None:
     """Media for an image or file URL: a base64 data URL carries bytes, anything else is remote."""
     if not isinstance(url, str):
         return None
     parsed = split_data_url(url)
     if parsed is None:
-        return Media(kind, path, None, 0, None, detail)
+        return Media(kind, path, None, 0, None, detail, origin)
     mime, offset = parsed
     media_kind = kind if kind != IMAGE or mime is None else kind_of_mime(mime)
-    return Media(media_kind, path, url, offset, mime, detail)
+    return Media(media_kind, path, url, offset, mime, detail, origin)
+
+
+def user_or_agent(after_tool: bool, parts: Any, is_image: Callable[[dict[str, Any]], bool], text: Callable[[dict[str, Any]], Any]) -> str:
+    """The origin of the images of a user message: the agent's when the message comes right after a tool's result and
+    holds nothing but images (the screenshot an agent sends after a tool call where the tool result takes no image);
+    else the user's. A text part trimflow wrote (a placeholder, a note) is not the message's own."""
+    if not after_tool:
+        return USER
+    images = 0
+    for _, part in dicts(parts):
+        if is_image(part):
+            images += 1
+            continue
+        value = text(part)
+        if not (isinstance(value, str) and value.startswith(PLACEHOLDER_PREFIX)):
+            return USER
+    return AGENT if images else USER
 
 
 def rebuild(node: Any, edits: Mapping[JsonPath, Callable[[Any], Any]]) -> Any:

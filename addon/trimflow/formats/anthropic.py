@@ -2,6 +2,8 @@
 
 Images and documents are blocks of `messages[].content[]` and of `tool_result.content[]` (where
 computer-use screenshots come back). A replaced block keeps its `cache_control` breakpoint.
+Origins: inside a `tool_result` the tool's; beside one in the same user message, or in an assistant message, the
+agent's; any other block of a user message the user's.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import unquote
 
-from .._media import DOCUMENT, IMAGE, JsonPath, Media, kind_of_mime
+from .._media import AGENT, DOCUMENT, IMAGE, TOOL, USER, JsonPath, Media, kind_of_mime
 from ._base import (
     HistoryParts,
     append_notes,
@@ -50,17 +52,20 @@ ACCEPTS_WEBP = True
 def find_media(body: dict[str, Any]) -> list[Media]:
     found: list[Media] = []
     for m, message in dicts(body.get("messages")):
-        for b, block in dicts(message.get("content")):
+        blocks = dicts(message.get("content"))
+        # A user message that carries a tool result is the agent's: an image beside the result is the screen it attached.
+        agents = message.get("role") == "assistant" or any(block.get("type") == "tool_result" for _, block in blocks)
+        for b, block in blocks:
             path = ("messages", m, "content", b)
             if block.get("type") == "tool_result":
                 for c, inner in dicts(block.get("content")):
-                    _add(found, (*path, "content", c), inner)
+                    _add(found, (*path, "content", c), inner, TOOL)
             else:
-                _add(found, path, block)
+                _add(found, path, block, AGENT if agents else USER)
     return found
 
 
-def _add(found: list[Media], path: JsonPath, block: dict[str, Any]) -> None:
+def _add(found: list[Media], path: JsonPath, block: dict[str, Any], origin: str) -> None:
     kind = block.get("type")
     if kind not in (IMAGE, DOCUMENT):
         return
@@ -70,11 +75,11 @@ def _add(found: list[Media], path: JsonPath, block: dict[str, Any]) -> None:
     if source.get("type") == "base64" and isinstance(source.get("data"), str):
         mime = source.get("media_type")
         mime = mime if isinstance(mime, str) else None
-        found.append(Media(kind if kind == DOCUMENT else kind_of_mime(mime or "image/"), path, source["data"], 0, mime))
+        found.append(Media(kind if kind == DOCUMENT else kind_of_mime(mime or "image/"), path, source["data"], 0, mime, None, origin))
     elif kind == DOCUMENT and source.get("type") == "text":
         return  # a plain-text document carries no binary payload
     else:
-        found.append(Media(kind, path, None))  # url or file id: fetched by the provider
+        found.append(Media(kind, path, None, 0, None, None, origin))  # url or file id: fetched by the provider
 
 
 def _text_block(old: Any, text: str) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 Media are `{"image": {"format", "source": {"bytes"}}}` (and `document`, `video`) blocks of
 `messages[].content[]` and of `toolResult.content[]`. Bytes travel as base64 in the JSON API.
+Origins as on Anthropic: inside a `toolResult` the tool's; beside one, or in an assistant message, the agent's.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import unquote
 
-from .._media import DOCUMENT, IMAGE, JsonPath, Media
+from .._media import AGENT, DOCUMENT, IMAGE, TOOL, USER, JsonPath, Media
 from ._base import HistoryParts, append_notes, dicts, listed, longest_message_ttl, never, replace_images, replace_parts
 
 NAME = "bedrock-converse"
@@ -31,18 +32,20 @@ _KINDS = {"image": IMAGE, "document": DOCUMENT, "video": "video"}
 def find_media(body: dict[str, Any]) -> list[Media]:
     found: list[Media] = []
     for m, message in dicts(body.get("messages")):
-        for b, block in dicts(message.get("content")):
+        blocks = dicts(message.get("content"))
+        agents = message.get("role") == "assistant" or any(isinstance(block.get("toolResult"), dict) for _, block in blocks)
+        for b, block in blocks:
             path = ("messages", m, "content", b)
             result = block.get("toolResult")
             if isinstance(result, dict):
                 for c, inner in dicts(result.get("content")):
-                    _add(found, (*path, "toolResult", "content", c), inner)
+                    _add(found, (*path, "toolResult", "content", c), inner, TOOL)
             else:
-                _add(found, path, block)
+                _add(found, path, block, AGENT if agents else USER)
     return found
 
 
-def _add(found: list[Media], path: JsonPath, block: dict[str, Any]) -> None:
+def _add(found: list[Media], path: JsonPath, block: dict[str, Any], origin: str) -> None:
     for key, kind in _KINDS.items():
         media = block.get(key)
         if not isinstance(media, dict):
@@ -51,9 +54,9 @@ def _add(found: list[Media], path: JsonPath, block: dict[str, Any]) -> None:
         fmt = media.get("format")
         mime = f"{'application' if kind == DOCUMENT else kind}/{fmt}" if isinstance(fmt, str) else None
         if isinstance(source, dict) and isinstance(source.get("bytes"), str):
-            found.append(Media(kind, path, source["bytes"], 0, mime))
+            found.append(Media(kind, path, source["bytes"], 0, mime, None, origin))
         else:
-            found.append(Media(kind, path, None, 0, mime))  # s3Location: fetched by the service
+            found.append(Media(kind, path, None, 0, mime, None, origin))  # s3Location: fetched by the service
         return
 
 

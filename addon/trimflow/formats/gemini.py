@@ -4,6 +4,9 @@ Media are parts of `contents[].parts[]` and of `functionResponse.parts[]` (Gemin
 spelled `inline_data{mime_type,data}` or `inlineData{mimeType,data}` (and mixes of the two); `file_data`/`fileData` point
 at stored files. The model is named in the URL path only. A countTokens body is `{"contents": [...]}` (what
 Google's SDK, and so Gemini CLI, sends to the Gemini API) or wraps a whole request in `generateContentRequest`.
+Origins: inside a `functionResponse` (or a content of role `function`) the tool's; beside a `functionResponse` in
+the same content, in a user content right after one that holds nothing but images, or in a `model` content, the
+agent's; any other the user's.
 """
 
 from __future__ import annotations
@@ -11,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .._media import JsonPath, Media, kind_of_mime
-from ._base import HistoryParts, append_notes, default_lifetime, dicts, listed, never, replace_images, replace_parts
+from .._media import AGENT, TOOL, USER, JsonPath, Media, kind_of_mime
+from ._base import HistoryParts, append_notes, default_lifetime, dicts, listed, never, replace_images, replace_parts, user_or_agent
 
 NAME = "gemini"
 
@@ -38,16 +41,43 @@ def request_of(body: dict[str, Any]) -> tuple[dict[str, Any], JsonPath]:
 def find_media(body: dict[str, Any]) -> list[Media]:
     request, root = request_of(body)
     found: list[Media] = []
+    after_tool = False  # the contents so far since the last function response are the agent's screens
     for c, content in dicts(request.get("contents")):
-        for p, part in dicts(content.get("parts")):
+        parts, role = content.get("parts"), content.get("role")
+        responds = any(_response(part) is not None for _, part in dicts(parts))
+        if role == "function":
+            origin = TOOL
+        elif role == "model" or responds:
+            origin = AGENT
+        else:
+            origin = user_or_agent(after_tool and role != "model", parts, _is_media, _text)
+        after_tool = responds or role == "function" or (role != "model" and origin == AGENT)
+        for p, part in dicts(parts):
             path = (*root, "contents", c, "parts", p)
-            _add(found, path, part)
-            for key in ("functionResponse", "function_response"):
-                response = part.get(key)
-                if isinstance(response, dict):
-                    for q, inner in dicts(response.get("parts")):
-                        _add(found, (*path, key, "parts", q), inner)
+            _add(found, path, part, origin)
+            found_response = _response(part)
+            if found_response is not None:
+                key, response = found_response
+                for q, inner in dicts(response.get("parts")):
+                    _add(found, (*path, key, "parts", q), inner, TOOL)
     return found
+
+
+def _response(part: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """A part's function response and its key, if it is one."""
+    for key in ("functionResponse", "function_response"):
+        response = part.get(key)
+        if isinstance(response, dict):
+            return key, response
+    return None
+
+
+def _is_media(part: dict[str, Any]) -> bool:
+    return _container(part, _INLINE) is not None or _container(part, _STORED) is not None
+
+
+def _text(part: dict[str, Any]) -> Any:
+    return part.get("text")
 
 
 # Clients mix the spellings: google-genai sends inlineData with mime_type, for one.
@@ -77,16 +107,16 @@ def _mime(container: dict[str, Any], key: str) -> str | None:
     return mime if isinstance(mime, str) else None
 
 
-def _add(found: list[Media], path: JsonPath, part: dict[str, Any]) -> None:
+def _add(found: list[Media], path: JsonPath, part: dict[str, Any], origin: str = USER) -> None:
     inline = _container(part, _INLINE)
     if inline is not None and isinstance(inline[1].get("data"), str):
         key, value = inline
         mime = _mime(value, key)
-        found.append(Media(kind_of_mime(mime), path, value["data"], 0, mime))
+        found.append(Media(kind_of_mime(mime), path, value["data"], 0, mime, None, origin))
         return
     stored = _container(part, _STORED)
     if stored is not None:
-        found.append(Media(kind_of_mime(_mime(stored[1], stored[0])), path, None))
+        found.append(Media(kind_of_mime(_mime(stored[1], stored[0])), path, None, 0, None, None, origin))
 
 
 def replace_media(body: dict[str, Any], texts: Mapping[JsonPath, str]) -> dict[str, Any]:

@@ -2,6 +2,8 @@
 
 Images are raw base64 strings in `messages[].images[]`. A pruned image leaves that list and a
 note joins the message's `content`, since Ollama has no text parts.
+Origins: in a `tool` message the tool's; in a user message right after the tool messages with no text of its own
+(the screen an agent attaches after a call), or in an assistant message, the agent's; in any other the user's.
 """
 
 from __future__ import annotations
@@ -9,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .._media import IMAGE, JsonPath, Media
+from .._media import AGENT, IMAGE, TOOL, USER, JsonPath, Media
+from .._placeholder import PLACEHOLDER_PREFIX
 from ._base import HistoryParts, default_lifetime, dicts, listed, never, rebuild
 
 NAME = "ollama"
@@ -25,13 +28,29 @@ ACCEPTS_WEBP = False
 
 def find_media(body: dict[str, Any]) -> list[Media]:
     found: list[Media] = []
+    after_tool = False  # the messages so far since the last tool message are the agent's screens
     for m, message in dicts(body.get("messages")):
-        images = message.get("images")
+        role, images = message.get("role"), message.get("images")
+        if role == "tool":
+            origin = TOOL
+        elif role == "assistant":
+            origin = AGENT
+        else:
+            agents = after_tool and role == "user" and isinstance(images, list) and bool(images) and _no_text(message.get("content"))
+            origin = AGENT if agents else USER
+        after_tool = role == "tool" or (role == "user" and origin == AGENT)
         if isinstance(images, list):
             for i, image in enumerate(images):
                 if isinstance(image, str):
-                    found.append(Media(IMAGE, ("messages", m, "images", i), image))
+                    found.append(Media(IMAGE, ("messages", m, "images", i), image, origin=origin))
     return found
+
+
+def _no_text(content: Any) -> bool:
+    """Whether a message's content says nothing of its own: empty, or only notes trimflow joined to it."""
+    if not isinstance(content, str):
+        return content is None
+    return all(not line.strip() or line.startswith(PLACEHOLDER_PREFIX) for line in content.split("\n"))
 
 
 def replace_media(body: dict[str, Any], texts: Mapping[JsonPath, str]) -> dict[str, Any]:

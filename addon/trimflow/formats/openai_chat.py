@@ -3,6 +3,9 @@
 Images are `image_url` parts of `messages[].content[]` (a data URL or a remote URL); documents are
 `file` parts, audio is `input_audio`. Agents move tool screenshots into a user message after the
 tool messages, and gateways also accept them inside tool messages: every message is searched.
+Origins: in a `tool` (or `function`) message the tool's; in a user message right after the tool messages that holds
+nothing but images (the screen an agent attaches after a call), or in an assistant message, the agent's; in any
+other message the user's.
 """
 
 from __future__ import annotations
@@ -10,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .._media import DOCUMENT, IMAGE, JsonPath, Media, data_url
-from ._base import HistoryParts, append_notes, dicts, listed, never, replace_images, replace_parts, url_media
+from .._media import AGENT, DOCUMENT, IMAGE, TOOL, USER, JsonPath, Media, data_url
+from ._base import HistoryParts, append_notes, dicts, listed, never, replace_images, replace_parts, url_media, user_or_agent
 
 NAME = "openai-chat"
 
@@ -26,36 +29,56 @@ COUNT_ENDINGS: tuple[tuple[str, str], ...] = ()
 ACCEPTS_WEBP = False
 
 
+_TOOL_ROLES = ("tool", "function")
+
+
 def find_media(body: dict[str, Any]) -> list[Media]:
     found: list[Media] = []
+    after_tool = False  # the messages so far since the last tool message are the agent's screens
     for m, message in dicts(body.get("messages")):
-        for p, part in dicts(message.get("content")):
-            media = _part_media(("messages", m, "content", p), part)
+        role, content = message.get("role"), message.get("content")
+        if role in _TOOL_ROLES:
+            origin = TOOL
+        elif role == "assistant":
+            origin = AGENT
+        else:
+            origin = user_or_agent(after_tool and role == "user", content, _is_image, _text)
+        after_tool = role in _TOOL_ROLES or (role == "user" and origin == AGENT)
+        for p, part in dicts(content):
+            media = _part_media(("messages", m, "content", p), part, origin)
             if media is not None:
                 found.append(media)
     return found
 
 
-def _part_media(path: JsonPath, part: dict[str, Any]) -> Media | None:
+def _is_image(part: dict[str, Any]) -> bool:
+    return part.get("type") == "image_url"
+
+
+def _text(part: dict[str, Any]) -> Any:
+    return part.get("text") if part.get("type") == "text" else None
+
+
+def _part_media(path: JsonPath, part: dict[str, Any], origin: str = USER) -> Media | None:
     kind = part.get("type")
     if kind == "image_url":
         image = part.get("image_url")
         # Most clients send {"url": ..., "detail": ...}; some gateways accept the bare URL string.
         if isinstance(image, dict):
             detail = image.get("detail")
-            return url_media(IMAGE, path, image.get("url"), detail if isinstance(detail, str) else None)
-        return url_media(IMAGE, path, image)
+            return url_media(IMAGE, path, image.get("url"), detail if isinstance(detail, str) else None, origin)
+        return url_media(IMAGE, path, image, None, origin)
     if kind == "file":
         file = part.get("file")
         if isinstance(file, dict):
             if "file_data" in file:
-                return url_media(DOCUMENT, path, file.get("file_data"))
-            return Media(DOCUMENT, path, None)
+                return url_media(DOCUMENT, path, file.get("file_data"), None, origin)
+            return Media(DOCUMENT, path, None, 0, None, None, origin)
     if kind == "input_audio":
         audio = part.get("input_audio")
         if isinstance(audio, dict) and isinstance(audio.get("data"), str):
             fmt = audio.get("format")
-            return Media("audio", path, audio["data"], 0, f"audio/{fmt}" if isinstance(fmt, str) else None)
+            return Media("audio", path, audio["data"], 0, f"audio/{fmt}" if isinstance(fmt, str) else None, None, origin)
     return None
 
 

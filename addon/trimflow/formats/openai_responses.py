@@ -5,6 +5,8 @@ Images are `input_image` parts of `input[].content[]` and of `function_call_outp
 `computer_call_output` carries one `computer_screenshot` as its `output` (not a list): an image like the others,
 whose placeholder is a card (formats._card), since that item takes no text. With `previous_response_id` the earlier
 turns live on the provider, where no proxy can prune them.
+Origins: in a tool's output item the tool's; in a user message right after tool outputs that holds nothing but
+images, or in an assistant message, the agent's; in any other message the user's.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ from typing import Any
 
 import orjson
 
-from .._media import DOCUMENT, IMAGE, JsonPath, Media, data_url, split_data_url
-from ._base import HistoryParts, append_notes, dicts, replace_images, replace_parts, url_media
+from .._media import AGENT, DOCUMENT, IMAGE, TOOL, USER, JsonPath, Media, data_url, split_data_url
+from ._base import HistoryParts, append_notes, dicts, replace_images, replace_parts, url_media, user_or_agent
 from ._card import CARD_MIME, card, is_card
 from .openai_chat import cache_lifetime as chat_cache_lifetime
 
@@ -51,33 +53,48 @@ def request_of(body: dict[str, Any]) -> tuple[dict[str, Any], JsonPath]:
 def find_media(body: dict[str, Any]) -> list[Media]:
     request, root = request_of(body)
     found: list[Media] = []
+    after_tool = False  # the items so far since the last tool output are the agent's screens
     for i, item in dicts(request.get("input")):
         base = (*root, "input", i)
-        if item.get("type") in _TOOL_OUTPUTS:
-            _collect(found, (*base, "output"), item.get("output"))
-        elif item.get("type") == COMPUTER_OUTPUT:
+        kind = item.get("type")
+        if kind in _TOOL_OUTPUTS:
+            _collect(found, (*base, "output"), item.get("output"), TOOL)
+            after_tool = True
+        elif kind == COMPUTER_OUTPUT:
             screenshot = item.get("output")
             media = _screenshot_media((*base, "output"), screenshot) if isinstance(screenshot, dict) else None
             if media is not None:
                 found.append(media)
+            after_tool = True
         else:
-            _collect(found, (*base, "content"), item.get("content"))
+            role = item.get("role")
+            origin = AGENT if role == "assistant" else user_or_agent(after_tool and role == "user", item.get("content"), _is_image, _text)
+            after_tool = role == "user" and origin == AGENT
+            _collect(found, (*base, "content"), item.get("content"), origin)
     return found
 
 
-def _collect(found: list[Media], path: JsonPath, parts: Any) -> None:
+def _is_image(part: dict[str, Any]) -> bool:
+    return part.get("type") == "input_image"
+
+
+def _text(part: dict[str, Any]) -> Any:
+    return part.get("text") if part.get("type") == "input_text" else None
+
+
+def _collect(found: list[Media], path: JsonPath, parts: Any, origin: str) -> None:
     for p, part in dicts(parts):
-        media = _part_media((*path, p), part)
+        media = _part_media((*path, p), part, origin)
         if media is not None:
             found.append(media)
 
 
-def _image_media(path: JsonPath, part: dict[str, Any]) -> Media | None:
+def _image_media(path: JsonPath, part: dict[str, Any], origin: str) -> Media | None:
     detail = part.get("detail")
     detail = detail if isinstance(detail, str) else None
     if "image_url" in part:
-        return url_media(IMAGE, path, part.get("image_url"), detail)
-    return Media(IMAGE, path, None, 0, None, detail)  # a file_id: stored at the provider
+        return url_media(IMAGE, path, part.get("image_url"), detail, origin)
+    return Media(IMAGE, path, None, 0, None, detail, origin)  # a file_id: stored at the provider
 
 
 def _screenshot_media(path: JsonPath, output: dict[str, Any]) -> Media | None:
@@ -86,7 +103,7 @@ def _screenshot_media(path: JsonPath, output: dict[str, Any]) -> Media | None:
     url = output.get("image_url")
     if isinstance(url, str) and _is_card_url(url):
         return None  # a pruned screenshot's card: a placeholder, not an image of the conversation
-    return _image_media(path, output)
+    return _image_media(path, output, TOOL)
 
 
 def _is_card_url(url: str) -> bool:
@@ -94,14 +111,14 @@ def _is_card_url(url: str) -> bool:
     return parsed is not None and is_card(url[parsed[1] :])
 
 
-def _part_media(path: JsonPath, part: dict[str, Any]) -> Media | None:
+def _part_media(path: JsonPath, part: dict[str, Any], origin: str = USER) -> Media | None:
     kind = part.get("type")
     if kind == "input_image":
-        return _image_media(path, part)
+        return _image_media(path, part, origin)
     if kind == "input_file":
         if "file_data" in part:
-            return url_media(DOCUMENT, path, part.get("file_data"))
-        return Media(DOCUMENT, path, None)
+            return url_media(DOCUMENT, path, part.get("file_data"), None, origin)
+        return Media(DOCUMENT, path, None, 0, None, None, origin)
     return None
 
 

@@ -17,7 +17,10 @@
   rescaled (before Metrics: its stream gets the events after Metrics read the usage, and its count is recorded).
 - Metrics: completes each record with the answer's status and usage; the log line and the JSONL record.
 - Prometheus: counts each record the metrics addon writes, served at /metrics (trimflow_prometheus).
+- OpenTelemetry: a span per record the metrics addon writes, and the same counts as OTel metrics, over OTLP
+  (trimflow_otel).
 - ShareConversations: shares each conversation's last turn with the other instances naming the same file.
+- Recall: keeps the images Prune cut, for the run's recall_image tool (trimflow_recall; on with a run's token).
 - KeepMemory: keeps freed body memory in the process (glibc).
 - UpstreamAuthPipe: mitmproxy's upstream_auth read once, at start, from a pipe the launcher hands over
   (trimflow_upstream_auth_fd), so that an upstream proxy's password is in no file.
@@ -31,8 +34,10 @@ from .keys import GeminiKeyHeader
 from .memory import KeepMemory
 from .metrics import FLUSH_DELAY, Metrics
 from .options import Options
+from .otel import OpenTelemetry
 from .prometheus import Prometheus
 from .prune import Prune
+from .recall import Recall
 from .recover import Recover
 from .simulate import Simulate
 from .state import META, FlowState, SharedState
@@ -56,7 +61,9 @@ def make_addons() -> list[object]:
         metrics,
         recover.hold,
         Prometheus(metrics, recover),
+        OpenTelemetry(metrics),
         ShareConversations(flows, recover),
+        Recall(flows),
         KeepMemory(),
         UpstreamAuthPipe(),
         Options(),
@@ -71,9 +78,11 @@ __all__ = [
     "GeminiKeyHeader",
     "KeepMemory",
     "Metrics",
+    "OpenTelemetry",
     "Options",
     "Prometheus",
     "Prune",
+    "Recall",
     "Recover",
     "ShareConversations",
     "SharedState",

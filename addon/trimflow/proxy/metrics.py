@@ -88,14 +88,14 @@ class Metrics:
         scanner = flow.response.stream
         content = b""
         if isinstance(scanner, AnswerScanner):
-            _set_usage(record, scanner.usage)
+            self._set_usage(record, scanner.usage)
             content = scanner.head
         elif flow.response.raw_content is not None:
             try:  # bounded like requests: an upstream's compressed answer is not inflated past the limit
                 content = decode_body(flow.response.raw_content, flow.response.headers.get("content-encoding"), self.flows.max_decoded_bytes)
             except DecodeError:
                 content = b""  # usage unknown; the client gets the answer as it came
-            _set_usage(record, usage_of(content))
+            self._set_usage(record, usage_of(content))
         self.flows.responded(record, state.thread, content[:ANSWER_HEAD])
         write(flow, state)  # before mitmproxy's save addon, later in its chain, writes the flow
         self._finish(record, None)
@@ -113,7 +113,7 @@ class Metrics:
                 # what streamed through before that, its status and usage, is still what the provider said.
                 record.status = response.status_code
                 if isinstance(response.stream, AnswerScanner):
-                    _set_usage(record, response.stream.usage)
+                    self._set_usage(record, response.stream.usage)
             write(flow, state)
             self._finish(record, state.error)
 
@@ -135,7 +135,7 @@ class Metrics:
             return
         record, thread = state.waiting.pop(0)
         record.status, _, response_id = answer
-        _set_usage(record, usage_of(message.content))  # the answer event carries the response's usage, details and all
+        self._set_usage(record, usage_of(message.content))  # the answer event carries the response's usage, details and all
         self.flows.conversations.responded(thread, response_id)
         self._finish(record, None)
 
@@ -146,6 +146,12 @@ class Metrics:
             waiting, state.waiting = state.waiting, []
             for record, _ in waiting:
                 self._finish(record, "connection closed before the answer")
+
+    def _set_usage(self, record: Record, usage: Usage) -> None:
+        """The answer's usage into the record, and with it why the cache broke, if it did (trimflow._cache_break)."""
+        for name, value in usage.record_fields().items():
+            setattr(record, name, value)
+        self.flows.cache_breaks.answered(record)
 
     def _finish(self, record: Record, error: str | None) -> None:
         """Logs the flow's line and writes its record shortly after the answer has gone out (see FLUSH_DELAY)."""
@@ -165,11 +171,6 @@ class Metrics:
                 self.file.write(record, error)
             for listener in self.listeners:
                 listener(record, error)
-
-
-def _set_usage(record: Record, usage: Usage) -> None:
-    for name, value in usage.record_fields().items():
-        setattr(record, name, value)
 
 
 ANSWER_HEAD = 4096  # bytes of an answer kept for its id (a Responses answer names it first)

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from mitmproxy import ctx, exceptions
 from mitmproxy.addonmanager import Loader
 
+from .._cache_break import CAUSES
 from .._record import ENFORCE, Record
 from ._metrics_server import MetricsServer, listen
 from .metrics import Metrics
@@ -112,6 +113,9 @@ SUMS: tuple[tuple[str, str, Callable[[Record], int | None]], ...] = (
 )
 
 
+CACHE_BREAKS_DOC = "Turns whose provider-reported cache read fell below the previous turn's (or first turns), by cause (docs/metrics.md)."
+
+
 def _client() -> Any:
     try:
         import prometheus_client
@@ -132,6 +136,7 @@ class Instruments:
         self._sums = [(client.Counter(name, doc, labels, registry=registry), value) for name, doc, value in SUMS]
         by = ("format", "family")
         body_doc, overhead_doc = "Request body size as received (decoded).", "Time trimflow spent on a request."
+        self.cache_breaks = client.Counter("trimflow_cache_breaks", CACHE_BREAKS_DOC, (*labels, "cause"), registry=registry)
         self.body = client.Histogram("trimflow_request_body_bytes", body_doc, by, buckets=BODY_BUCKETS, registry=registry)
         self.overhead = client.Histogram("trimflow_overhead_seconds", overhead_doc, by, buckets=OVERHEAD_BUCKETS, registry=registry)
         self.registry.register(_Learned(client, recover))
@@ -157,6 +162,8 @@ class Instruments:
             amount = value(record)
             if amount:
                 child.inc(amount)
+        if record.cache_break in CAUSES:
+            self.cache_breaks.labels(*key, record.cache_break).inc()
         body.observe(record.body_bytes_before)
         overhead.observe(record.overhead_ms / 1000)
 

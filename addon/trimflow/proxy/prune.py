@@ -20,6 +20,7 @@ from .._decode import DEFAULT_MAX_DECODED_BYTES, DecodeError, decode_body, is_id
 from .._decode import OPTION as DECODE_OPTION
 from .._history import History
 from .._human import format_size, parse_duration, parse_size
+from .._recall import RecallIds, owner_of
 from .._record import Record
 from .._rules_file import CHECK_INTERVAL, DEFAULT_RULES_PATH, RulesFile
 from ..errors import RulesError
@@ -29,6 +30,9 @@ from .state import FlowState, SharedState, log_reason, path_of
 log = logging.getLogger("trimflow")
 
 RULES_CHECK_OPTION = "trimflow_rules_check"
+# What a turn's cut took: the engine's Outcome.taken (the images cut, and of those the look-alikes).
+Taken = tuple[frozenset[int], frozenset[int]]
+_NOTHING_TAKEN: Taken = (frozenset(), frozenset())
 
 
 class Prune:
@@ -116,11 +120,11 @@ class Prune:
             if flow.request.raw_content is None:
                 self._warn_streamed(flow, state)
                 return
-            history, cut = None, 0
+            history, taken = None, _NOTHING_TAKEN
             try:
                 record, outcome = self._prune_flow(flow, state, inline=True)
             except NeedsWorker:
-                record, outcome, history, cut = await asyncio.to_thread(self._prune_in_worker, flow, state)
+                record, outcome, history, taken = await asyncio.to_thread(self._prune_in_worker, flow, state)
             if outcome is not None and outcome.record_pending:
                 # Nothing to change: mitmproxy forwards the request as soon as this hook returns, and the
                 # record is worked out on the next turn of the loop, while the provider answers.
@@ -135,22 +139,27 @@ class Prune:
             return
         if record is not None:
             if outcome is not None:
-                history, cut = outcome.history, outcome.cut
-            self.flows.keep(flow, state, record, history, cut)
+                history, taken = outcome.history, outcome.taken
+            self.flows.keep(flow, state, record, history, *taken)
+            store = self.flows.recall
+            if state.kept and store is not None:
+                # The request goes as this hook returns; its cut images are copied for the store on the next turn of the loop.
+                asyncio.get_running_loop().call_soon(store.offer, record.conversation, state.kept)
+            state.kept = []
 
-    def _prune_in_worker(self, flow: http.HTTPFlow, state: FlowState) -> tuple[Record | None, Outcome | None, History | None, int]:
-        """As `_prune_flow`, in a worker thread: also the history (digested here, off the loop) and where the cut
-        ended, for when the outcome is already forwarded (None: a compressed body re-encoded here)."""
+    def _prune_in_worker(self, flow: http.HTTPFlow, state: FlowState) -> tuple[Record | None, Outcome | None, History | None, Taken]:
+        """As `_prune_flow`, in a worker thread: also the history (digested here, off the loop) and the images the cut
+        took, for when the outcome is already forwarded (None: a compressed body re-encoded here)."""
         record, outcome = self._prune_flow(flow, state, inline=False)
         if outcome is None:
-            return record, None, None, 0
+            return record, None, None, _NOTHING_TAKEN
         history = outcome.history if record is not None else None
-        cut = outcome.cut
+        taken = outcome.taken
         if outcome.changed and not is_identity(flow.request.headers.get("content-encoding")):
             # Compressing the new body is slow: done here, and nothing is left for the loop to forward.
             flow.request.content = outcome.body
             outcome = None
-        return record, outcome, history, cut
+        return record, outcome, history, taken
 
     def _prune_flow(self, flow: http.HTTPFlow, state: FlowState, inline: bool) -> tuple[Record | None, Outcome | None]:
         """The record, and the outcome whose body the caller forwards. With `inline` (on the event loop)
@@ -178,14 +187,26 @@ class Prune:
             inline=inline,
             memory=self.flows.conversations,
             tighten=self.flows.tighten_for(flow),
+            recall=self._recall_ids(headers, inline),
         )
         state.screen = outcome.screen
+        state.kept = outcome.kept
         if outcome.record_pending:
             return None, outcome
         if outcome.record is None:
             return None, None
         log_reason(flow, outcome.record)
         return outcome.record, outcome
+
+    def _recall_ids(self, headers: dict[str, str], inline: bool) -> RecallIds | None:
+        """With recall on, the ids of the request's images, for its placeholders: when its credentials are the run's."""
+        store = self.flows.recall
+        if store is None or not store.in_use:
+            return None
+        owner = owner_of(store.token, headers)
+        if not store.accepts(owner):
+            return None
+        return store.ids(owner, _hash_in_worker if inline else None)
 
     @staticmethod
     def _undecodable(flow: http.HTTPFlow, state: FlowState, reason: str) -> Record | None:
@@ -229,8 +250,12 @@ class Prune:
             return
         if outcome.changed:
             message.content = outcome.body
-        state.thread = self.flows.number(record, outcome.history, outcome.cut)
+        state.thread = self.flows.number(record, outcome.history, *outcome.taken)
         state.record = record  # for the metrics addon's websocket_message, next in the chain
+
+
+def _hash_in_worker() -> None:
+    raise NeedsWorker("images to hash for recall")
 
 
 def plain_headers(message: http.Message) -> dict[str, str]:

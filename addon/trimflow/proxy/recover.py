@@ -272,6 +272,7 @@ class Recover:
                 self._learn(flow, upstream, taught, self.simulate.profile is not None)
                 if retry_cut is not None:
                     self.flows.conversations.recut(state.thread, *retry_cut)
+                    self.flows.cache_breaks.recut(record, retry_cut[1])
                 break
             if not _may_be_limit(answer.status_code):
                 break
@@ -337,10 +338,10 @@ class Recover:
 
     def _prepare(
         self, flow: http.HTTPFlow, state: FlowState, original: bytes, last_body: bytes, tighten: Tighten
-    ) -> tuple[http.Request, Record, bytes, tuple[History, int] | None] | None:
+    ) -> tuple[http.Request, Record, bytes, tuple[History, frozenset[int], frozenset[int]] | None] | None:
         """In a worker thread: the original body pruned again under `tighten` (the limits learned now and those the
         refusals taught), in the order the conversation's images came (its memory reads only, as the prune's does),
-        as a request to send with the turn's history and where its cut ended (None for a request that is not a
+        as a request to send with the turn's history and the images its cut took (None for a request that is not a
         turn); None when that is the body already refused."""
         assert self.flows.rules is not None
         request = flow.request
@@ -363,7 +364,7 @@ class Recover:
         retry.content = new_body  # encoded as the request was (content-encoding), with its content-length
         retry.timestamp_start, retry.timestamp_end = time.time(), None
         history = outcome.history if retry_record.kind == TURN else None
-        return retry, retry_record, new_body, (history, outcome.cut) if history is not None else None
+        return retry, retry_record, new_body, (history, *outcome.taken) if history is not None else None
 
     async def _send(self, request: http.Request, original: http.HTTPFlow, body: bytes, wire_format: str) -> tuple[http.Response | str, str | None]:
         """The answer to `request` (or why there is none), and the simulated profile when one answered."""

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from mitmproxy import http
 
 from .. import Outcome
+from .._cache_break import CacheBreaks
 from .._clicks import Screen
 from .._conversation import Conversations, HistoryLine
 from .._decode import DEFAULT_MAX_DECODED_BYTES
@@ -23,6 +24,7 @@ from .._engine import Tighten
 from .._history import History, response_id_of
 from .._learned_limits import upstream_key
 from .._limits import Limits
+from .._recall import Kept, RecallStore
 from .._record import Record
 from .._rules import Target
 from .._rules_file import RulesFile
@@ -40,9 +42,10 @@ class FlowState:
     conversation (`thread`, which learns the answer's id). For a WebSocket flow, `record` and `thread`
     hold the last client message's until the metrics addon takes them into `waiting`, where each
     waits for the server's answer to it. `screen`: how the answer's computer-use coordinates map back
-    (trimflow._clicks), set by the prune addon when the newest screenshot went rescaled."""
+    (trimflow._clicks), set by the prune addon when the newest screenshot went rescaled. `kept`: the images its
+    placeholders name for recall (trimflow._recall), handed to the store once the request is on its way."""
 
-    __slots__ = ("target", "record", "pending", "error", "thread", "waiting", "screen")
+    __slots__ = ("target", "record", "pending", "error", "thread", "waiting", "screen", "kept")
 
     def __init__(self, target: Target) -> None:
         self.target = target
@@ -52,17 +55,21 @@ class FlowState:
         self.thread: HistoryLine | None = None
         self.waiting: list[tuple[Record, HistoryLine | None]] = []
         self.screen: Screen | None = None
+        self.kept: list[Kept] = []
 
 
 class SharedState:
-    """The addons' shared state. `rules` and `max_decoded_bytes` are set by the prune addon's options."""
+    """The addons' shared state. `rules` and `max_decoded_bytes` are set by the prune addon's options, `recall` (the
+    store of the images cut, when recall is on) by the recall addon's."""
 
     def __init__(self) -> None:
         self.rules: RulesFile | None = None
         self.max_decoded_bytes = DEFAULT_MAX_DECODED_BYTES
         self.conversations = Conversations()
+        self.cache_breaks = CacheBreaks(clock=self.conversations.clock)
         # The recover addon's learned limits for (upstream, model, limits), applied on top of the rules.
         self.learned: Callable[[str, str | None, Limits], Limits] | None = None
+        self.recall: RecallStore | None = None
         self._states: weakref.WeakKeyDictionary[http.HTTPFlow, FlowState | None] = weakref.WeakKeyDictionary()
 
     def state(self, flow: http.HTTPFlow) -> FlowState | None:
@@ -115,23 +122,30 @@ class SharedState:
             return None
         if record is not None:
             log_reason(flow, record)
-            self.keep(flow, state, record, outcome.history, outcome.cut)
+            self.keep(flow, state, record, outcome.history, *outcome.taken)
         return record
 
-    def keep(self, flow: http.HTTPFlow, state: FlowState, record: Record, history: History | None, cut: int = 0) -> None:
-        """Make `record` the flow's record: numbered in its conversation (with where its cut ended), written to the flow."""
-        state.thread = self.number(record, history, cut)
+    def keep(
+        self, flow: http.HTTPFlow, state: FlowState, record: Record, history: History | None, cut: Collection[int] = (), like: Collection[int] = ()
+    ) -> None:
+        """Make `record` the flow's record: numbered in its conversation (with the images its cut took, and of those the
+        look-alikes: the engine's Outcome.taken), with the recalls answered since the previous request, written to the
+        flow."""
+        state.thread = self.number(record, history, cut, like)
+        if self.recall is not None:
+            record.recalls, record.recalls_refused = self.recall.take_recalls()
         state.record = record
         write(flow, state)
         flow.comment = flow_comment(record)
 
-    def number(self, record: Record, history: History | None, cut: int = 0) -> HistoryLine | None:
+    def number(self, record: Record, history: History | None, cut: Collection[int] = (), like: Collection[int] = ()) -> HistoryLine | None:
         """The record's conversation, turn and segment, from its history (trimflow._conversation); returns its
         place in the conversation, for `responded`. A body that could not be read has none."""
         if history is None:
             return None
-        assignment = self.conversations.assign(history, record.kind, cut)
+        assignment = self.conversations.assign(history, record.kind, cut, like)
         record.conversation, record.turn, record.segment = assignment.conversation, assignment.turn, assignment.segment
+        self.cache_breaks.sent(record, history, cut)
         return assignment.thread
 
     def responded(self, record: Record, thread: HistoryLine | None, answer_head: bytes) -> None:

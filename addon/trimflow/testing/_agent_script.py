@@ -13,6 +13,10 @@ screenshot has been looked at, with the text `final`:
 - Hermes Agent (OpenAI chat completions): a `tool_calls` entry of `vision_analyze` with `image_url` (and the
   `question` it requires).
 
+With `recall`, once every screenshot has been looked at, the model calls the recall tool an MCP server offers
+(a tool named `...recall_image`, docs/how-it-works.md#recall) twice before its final text: first with an id no
+placeholder names (UNKNOWN_ID: the tool's error comes back), then with the first id a placeholder in the request names.
+
 `AddedImagesScript` plays the model of an agent with no image tool, whose user adds the screenshots (aider's
 `/add`): it answers each chat completion with a short text, and `final` once the user's last message names the
 last screenshot.
@@ -26,6 +30,7 @@ each API's own event sequence, with the usage the fake provider worked out.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -53,6 +58,7 @@ class ImageTool:
     path_argument: str
     entry: str | None = None  # the path goes in a list of entries, each {entry: path}, under path_argument
     other_arguments: tuple[tuple[str, str], ...] = ()  # arguments the tool requires besides the path, as given
+    namespace: str | None = None  # a Responses tool declared in a namespace (Codex's MCP tools): its call names it
 
     def arguments(self, path: str) -> dict[str, Any]:
         return {self.path_argument: [{self.entry: path}] if self.entry is not None else path, **dict(self.other_arguments)}
@@ -73,13 +79,20 @@ TOOLS: dict[str, tuple[ImageTool, ...]] = {
 }
 
 
-class AgentScript:
-    """The fake provider's `script` hook (see the module docstring). `calls` counts the tool calls it made."""
+UNKNOWN_ID = "aaaaaaaaaa"  # an id no placeholder names
+_RECALL_ID = re.compile(rb'recall_image\(\\"([a-z2-7]{10})\\"\)')  # as a placeholder's text reads inside JSON
 
-    def __init__(self, shots: Sequence[str], final: str) -> None:
+
+class AgentScript:
+    """The fake provider's `script` hook (see the module docstring). `calls` counts the image tool calls it made,
+    `recalled` the ids it asked the recall tool for."""
+
+    def __init__(self, shots: Sequence[str], final: str, recall: bool = False) -> None:
         self.shots = list(shots)
         self.final = final
         self.calls = 0
+        self.recall = recall
+        self.recalled: list[str] = []
 
     def __call__(self, fmt: str, request: dict[str, Any], usage: FakeUsage, stream: bool, sse: bool) -> Scripted | None:
         tool = image_tool(fmt, request)
@@ -90,6 +103,13 @@ class AgentScript:
         if done < len(self.shots):
             call = tool.arguments(self.shots[done])
             self.calls += 1
+        elif self.recall and done < len(self.shots) + 2:
+            recall = recall_tool(fmt, request)
+            named = _RECALL_ID.findall(orjson.dumps(request))
+            if recall is not None and named:
+                wanted = UNKNOWN_ID if done == len(self.shots) else named[0].decode()
+                self.recalled.append(wanted)
+                tool, call = recall, {"id": wanted}
         model = request.get("model")
         model = model if isinstance(model, str) else "fake-model"
         if fmt == "anthropic":
@@ -128,6 +148,20 @@ def last_user_text(request: dict[str, Any]) -> str:
     if isinstance(content, str):
         return content
     return " ".join(str(part.get("text")) for _, part in dicts(content) if part.get("type") == "text")
+
+
+def recall_tool(fmt: str, request: dict[str, Any]) -> ImageTool | None:
+    """The recall tool an MCP server offers (Claude Code: `mcp__trimflow__recall_image`; Codex: `recall_image` in the
+    namespace `mcp__trimflow`), or None."""
+    for name in offered_tools(fmt, request):
+        if name.endswith("recall_image"):
+            return ImageTool(name, "id")
+    for _, declared in dicts(request.get("tools")):
+        if declared.get("type") == "namespace":
+            for _, inner in dicts(declared.get("tools")):
+                if inner.get("name") == "recall_image":
+                    return ImageTool("recall_image", "id", namespace=str(declared.get("name")))
+    return None
 
 
 def image_tool(fmt: str, request: dict[str, Any]) -> ImageTool | None:
@@ -221,6 +255,8 @@ def _responses(
             "name": tool.name,
             "arguments": orjson.dumps(call).decode(),
         }
+        if tool.namespace is not None:
+            item["namespace"] = tool.namespace
     else:
         item = responses_message(new_id("msg_"), final, "completed")
     if not stream:

@@ -226,7 +226,7 @@ def run_policy(
             outcome = prune(target, headers, turn.body, rules, memory=conversations)
             record, history = outcome.record, outcome.history
             if record is not None and history is not None:
-                conversations.assign(history, record.kind, cut=outcome.cut)
+                conversations.assign(history, record.kind, *outcome.taken)
             body = outcome.body
             parsed = orjson.loads(body)
             media = module.find_media(parsed)
