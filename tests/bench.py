@@ -14,6 +14,10 @@ The text section measures what coding agents send between screenshots: sessions 
 code, diffs, logs) in every wire format, the engine against json.loads and orjson.loads of each body, and a
 60-turn text session through both proxies, over shaped links as above and on loopback.
 
+The bytes section counts what reaches the provider rather than time: a Claude computer-use session of Retina
+screenshots through two mitmdumps with the addon, one with the rules' `native_size` on and one with it off, each
+to a FakeProvider of its own (whose usage counts each image by Claude's formula, with its prompt-cache model).
+
 The upstream is a minimal HTTP server in its own process (`serve_upstream`), not FakeProvider: it
 reads and discards the body, so the only saving credited to the addon is the bytes that no longer
 cross the proxy and the socket. FakeProvider parses every body and scans its base64; that per-byte
@@ -72,8 +76,8 @@ from trimflow._prices import Price
 from trimflow._record import utc_timestamp
 from trimflow._rules_file import DEFAULT_RULES_PATH, load_rules
 from trimflow.formats import FORMATS
-from trimflow.testing import MIME, PATHS, POLICIES, REFERENCE_SESSIONS, b64, data_url, image, run_policy, screenshot, session_body
-from trimflow.testing._cache_sessions import ReferenceSession
+from trimflow.testing import MIME, PATHS, POLICIES, REFERENCE_SESSIONS, FakeProvider, b64, data_url, image, run_policy, screenshot, session_body
+from trimflow.testing._cache_sessions import SCREEN, ReferenceSession, desktop_screenshot
 from trimflow.testing._optimum import batch_floor, price_for, priced_optima, ratios, session_cap
 from trimflow.testing._screens import CHANGES, agent_session, app_screen, distinct_screens, repeating_screens
 
@@ -199,6 +203,7 @@ class Settings:
     text_session_turns: int  # turns of the text session through the proxy
     text_session_mbit: int  # its shaped link's rate
     text_session_runs: int  # times it is sent to both proxies (fresh ones each time over the shaped link)
+    native_turns: int  # turns of the Retina computer-use session sent with native_size on and off
 
 
 QUICK = Settings(
@@ -222,6 +227,7 @@ QUICK = Settings(
     text_session_turns=60,
     text_session_mbit=100,
     text_session_runs=1,
+    native_turns=8,
 )
 FULL = Settings(
     engine_reps=31,
@@ -244,6 +250,7 @@ FULL = Settings(
     text_session_turns=60,
     text_session_mbit=100,
     text_session_runs=3,
+    native_turns=24,
 )
 
 
@@ -1562,6 +1569,138 @@ def shaped_figures(workdir: Path, upstream: Upstream, bodies: Bodies, settings: 
     return figures
 
 
+# --- bytes: what reaches the provider ----------------------------------------------------------------------
+
+RETINA = (2880, 1800)  # a 1440x900 desktop at 2x
+NATIVE_MODEL = "claude-sonnet-4-5"
+NATIVE_WITHIN_TURNS = 4  # turns of the control session, whose 1280x800 screenshots Claude sees as they are
+ANTHROPIC_HEADERS = {"content-type": "application/json", "x-api-key": "sk-ant-bench", "anthropic-version": "2023-06-01"}
+
+
+def claude_computer_use(shots: list[bytes], screen: tuple[int, int]) -> list[bytes]:
+    """The request bodies of a Claude computer-use session, one per screenshot: the task with shots[0], then each
+    click's tool result with the next; the whole history every turn, a breakpoint on the system prompt and one on
+    the last block (as Claude Code puts them)."""
+    system = [{"type": "text", "text": "You operate a Mac desktop through the computer tool. " * 40, "cache_control": {"type": "ephemeral"}}]
+    tools = [{"type": "computer_20250124", "name": "computer", "display_width_px": screen[0], "display_height_px": screen[1], "display_number": 1}]
+    rng = random.Random("native-size")
+
+    def shot(n: int) -> dict[str, Any]:
+        return {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(shots[n])}}
+
+    task = "Open the billing page of the admin console and export last month's invoices as CSV."
+    messages: list[dict[str, Any]] = [{"role": "user", "content": [{"type": "text", "text": task}, shot(0)]}]
+    bodies = []
+    for turn in range(1, len(shots) + 1):
+        last = messages[-1]
+        marked = [*messages[:-1], {**last, "content": [*last["content"][:-1], {**last["content"][-1], "cache_control": {"type": "ephemeral"}}]}]
+        bodies.append(orjson.dumps({"model": NATIVE_MODEL, "max_tokens": 1024, "system": system, "tools": tools, "messages": marked}))
+        if turn == len(shots):
+            break
+        x, y = rng.randrange(screen[0]), rng.randrange(screen[1])
+        tool_id = f"toolu_{turn:04d}"
+        click = {"type": "tool_use", "id": tool_id, "name": "computer", "input": {"action": "left_click", "coordinate": [x, y]}}
+        messages += [
+            {"role": "assistant", "content": [{"type": "text", "text": f"Step {turn}: clicking at ({x}, {y})."}, click]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": tool_id, "content": [shot(turn)]}]},
+        ]
+    return bodies
+
+
+def _ask_claude(port: int, body: bytes) -> tuple[int, int]:
+    """Send one Messages request through the proxy; the prompt tokens the provider counted (cache reads and writes
+    included), and of those the ones read from its cache."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    try:
+        conn.request("POST", "/v1/messages", body=body, headers=ANTHROPIC_HEADERS)
+        response = conn.getresponse()
+        answer = response.read()
+    finally:
+        conn.close()
+    if response.status != 200:
+        raise RuntimeError(f"the proxy answered {response.status}")
+    usage = orjson.loads(answer)["usage"]
+    read = int(usage.get("cache_read_input_tokens") or 0)
+    return int(usage["input_tokens"]) + read + int(usage.get("cache_creation_input_tokens") or 0), read
+
+
+def _newest_image(body: bytes) -> str:
+    images = [m for m in FORMATS["anthropic"].find_media(orjson.loads(body)) if m.kind == "image"]
+    assert images and images[-1].data is not None, "the request holds an image"
+    return images[-1].data[images[-1].data_offset :]
+
+
+def native_size_figures(workdir: Path, settings: Settings, say: Callable[[str], None]) -> list[Figure]:
+    """The same Claude computer-use session of Retina screenshots through the shipped rules with `native_size` on and
+    off: bytes that reach the provider, the prompt tokens the provider counts per turn; and a control session of
+    screenshots Claude sees as they are, whose newest must reach the provider byte for byte."""
+    turns = settings.native_turns
+    say(f"bytes: {turns}-turn Claude computer-use session of {RETINA[0]}x{RETINA[1]} screenshots, native_size on and off")
+    shots = [desktop_screenshot(seed, RETINA) for seed in range(turns)]
+    session = claude_computer_use(shots, RETINA)
+    shipped = DEFAULT_RULES_PATH.read_text(encoding="utf-8")
+    # The body budget lifted for both: off, 8 such PNGs are over 16 MiB and it would drop images the other keeps.
+    lifted = shipped.replace("\n  max_body_bytes: 16MiB\n", "\n  max_body_bytes: null\n", 1)
+    if lifted == shipped:
+        raise RuntimeError("the shipped rules no longer set max_body_bytes: 16MiB under defaults; update the bench")
+    rules = {"on": lifted, "off": lifted.replace("\ndefaults:\n", "\ndefaults:\n  native_size: false\n", 1)}
+    sent: dict[str, list[int]] = {name: [] for name in rules}
+    tokens: dict[str, list[tuple[int, int]]] = {name: [] for name in rules}
+    with contextlib.ExitStack() as stack:
+        providers = {name: stack.enter_context(FakeProvider(cache=True)) for name in rules}
+        proxies = {}
+        for name, text in rules.items():
+            path = workdir / f"native-{name}.yaml"
+            path.write_text(text, encoding="utf-8")
+            options = {"trimflow_rules": str(path)}
+            proxies[name] = Mitmdump(workdir / f"native-{name}", "--mode", f"reverse:{providers[name].url}", addon=True, options=options).start()
+            stack.callback(proxies[name].stop)
+        for body in session:
+            for name in rules:
+                tokens[name].append(_ask_claude(proxies[name].port, body))
+                sent[name].append(providers[name].received[-1].wire_bytes)
+        # The control: screenshots within Claude's native size reach it as they were sent.
+        within = [desktop_screenshot(seed) for seed in range(100, 100 + NATIVE_WITHIN_TURNS)]
+        changed = 0
+        for body in claude_computer_use(within, SCREEN):
+            _ask_claude(proxies["on"].port, body)
+            changed += _newest_image(providers["on"].received[-1].body) != _newest_image(body)
+    on, off = sum(sent["on"]), sum(sent["off"])
+    differ = sum(a[0] != b[0] for a, b in zip(tokens["on"], tokens["off"], strict=True))
+    reads_differ = sum(a[1] != b[1] for a, b in zip(tokens["on"], tokens["off"], strict=True))
+    total = {name: (sum(t for t, _ in tokens[name]), sum(r for _, r in tokens[name])) for name in rules}
+    last = f"turn {turns}: {sent['off'][-1] / MB:.1f} MB -> {sent['on'][-1] / MB:.2f} MB"
+    return [
+        Figure("native_sent_off_mb", f"to the provider, native_size off, {turns}-turn Retina Claude session", off / MB, "MB"),
+        Figure("native_sent_on_mb", "to the provider, native_size on (shipped), same session", on / MB, "MB", note=last),
+        Figure("native_sent_ratio", "bytes to the provider, off / on", off / on, "x", 3.5, at_most=False),
+        Figure(
+            "native_tokens_differ",
+            "turns whose prompt tokens (the fake provider's usage) differ, on against off",
+            differ,
+            "turns",
+            0,
+            note=f"{total['on'][0]:,} tokens on, {total['off'][0]:,} off",
+        ),
+        Figure(
+            "native_cache_reads_differ",
+            "turns whose prompt-cache reads differ, on against off (the same bytes every turn)",
+            reads_differ,
+            "turns",
+            0,
+            note=f"{total['on'][1]:,} read on, {total['off'][1]:,} off",
+        ),
+        Figure(
+            "native_within_changed",
+            f"newest screenshots within Claude's native size ({SCREEN[0]}x{SCREEN[1]}) not byte-identical at the provider",
+            changed,
+            "turns",
+            0,
+            note=f"of {NATIVE_WITHIN_TURNS}",
+        ),
+    ]
+
+
 # --- shrink -------------------------------------------------------------------------------------------------
 
 
@@ -1640,7 +1779,7 @@ def machine() -> dict[str, Any]:
     return info
 
 
-SECTIONS = ("engine", "text", "proxy", "learned", "recall", "shaped", "shrink", "cache")
+SECTIONS = ("engine", "text", "proxy", "learned", "recall", "shaped", "bytes", "shrink", "cache")
 LEARNED_ENTRIES = 10_000
 
 
@@ -1870,6 +2009,8 @@ def run(settings: Settings, say: Callable[[str], None], sections: tuple[str, ...
             figures += text_session_figures(workdir, upstream, settings, say)
         if "shaped" in sections:
             figures += shaped_figures(workdir, upstream, bodies, settings, say)
+        if "bytes" in sections:
+            figures += native_size_figures(workdir, settings, say)
     if "shrink" in sections:
         say("shrink (tests.shrink_bench)")
         figures += shrink_figures(settings)
@@ -2102,7 +2243,8 @@ def main(argv: list[str] | None = None) -> int:
         help="run only this section (repeat for several): engine (in process, scaling), text (coding agents' text bodies "
         "in process, and a 60-turn text session through the proxy), proxy (latency, throughput, streaming, memory), "
         "learned (the learned-limits and conversations files), recall (the recall store's bounds under a soak), "
-        "shaped (the screenshot session over a shaped link), shrink, cache; default: all",
+        "shaped (the screenshot session over a shaped link), bytes (a Retina session to Claude with native_size on and off), "
+        "shrink, cache; default: all",
     )
     parser.add_argument("--serve-upstream", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--recall-soak", metavar="FOLDER", help=argparse.SUPPRESS)

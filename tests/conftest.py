@@ -13,8 +13,10 @@ from PIL import Image
 
 from trimflow import _shrink
 from trimflow.testing import b64, image
+from trimflow.testing._cache_sessions import desktop_screenshot
 
 FIVE_MB = 5 * 2**20  # Anthropic's limit on one image
+RETINA = (2880, 1800)  # a 1440x900 desktop at 2x
 
 PROXY_VARIABLES = tuple(name for base in ("http_proxy", "https_proxy", "all_proxy", "no_proxy") for name in (base, base.upper()))
 CA_VARIABLES = ("SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS")
@@ -78,6 +80,12 @@ def screens() -> list[bytes]:
         screen.save(buf, "PNG")
         shots.append(buf.getvalue())
     return shots
+
+
+@pytest.fixture(scope="session")
+def retina_desktop() -> bytes:
+    """A 2880x1800 PNG like a Retina desktop's screenshot (1.7 MB): larger than any provider's model sees it."""
+    return desktop_screenshot(1, RETINA)
 
 
 @pytest.fixture

@@ -75,6 +75,11 @@ TARGETED = [
     *(f"text_{name}_vs_loads" for name in TEXT_BODIES),
     "text_worst_vs_loads",
     "text_session_ratio",
+    # The Retina session to Claude with native_size on and off.
+    "native_sent_ratio",
+    "native_tokens_differ",
+    "native_cache_reads_differ",
+    "native_within_changed",
 ]
 CONTEXT = [
     "engine_prune_ms",
@@ -131,6 +136,8 @@ CONTEXT = [
     "text_session_loopback_addon_ms",
     "text_session_loopback_plain_ms",
     "text_session_loopback_ratio",
+    "native_sent_off_mb",
+    "native_sent_on_mb",
 ]
 
 
@@ -198,6 +205,14 @@ def test_the_shipped_rules_meet_the_prompt_cache_targets(report: dict) -> None:
     assert all(figures[f"cache_round_robin_{name}"]["ok"] for name in ("computer_use", "idle", "claude_code"))
 
 
+def test_the_size_the_model_sees_cuts_bytes_not_tokens(report: dict) -> None:
+    """Deterministic too (the same images encode to the same bytes): fewer bytes to the provider, the same prompt
+    tokens and cache reads on every turn, and a screenshot within the native size untouched."""
+    figures = report["figures"]
+    assert figures["native_sent_on_mb"]["value"] < figures["native_sent_off_mb"]["value"]
+    assert all(figures[name]["ok"] for name in ("native_sent_ratio", "native_tokens_differ", "native_cache_reads_differ", "native_within_changed"))
+
+
 def test_look_alike_screens_are_found_and_distinct_ones_never_match(report: dict) -> None:
     """Deterministic too: no false match among the distinct screens, every same screen found, and on the repeated-screens
     session the distinct screens seen per turn within 0.01 of the best schedule on the same cache-breaking turns."""
@@ -220,7 +235,7 @@ def test_the_text_figures_compare_the_engine_with_both_parsers_of_the_same_body(
 
 def test_report_names_the_machine_and_the_mode(report: dict) -> None:
     assert report["mode"] == "quick"
-    assert report["sections"] == ["engine", "text", "proxy", "learned", "shaped", "shrink", "cache"]
+    assert report["sections"] == ["engine", "text", "proxy", "learned", "recall", "shaped", "bytes", "shrink", "cache"]
     machine = report["machine"]
     assert machine["nproc"] >= 1 and machine["python"] and machine["mitmproxy"]
     assert _number(report["seconds"])

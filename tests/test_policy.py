@@ -13,7 +13,8 @@ import orjson
 import pytest
 from PIL import Image
 
-from trimflow import _shrink, prune_request
+from trimflow import NeedsWorker, _shrink, prune, prune_request
+from trimflow._clicks import Screen, map_answer
 from trimflow._conversation import Conversations
 from trimflow._limits import Limits
 from trimflow._policy import count_pruned, nothing_to_change, prune_to_budgets
@@ -286,10 +287,13 @@ def test_repeats_in_ollama_and_gemini() -> None:
 # --- per-image limits -----------------------------------------------------------------------------------------
 
 
+# The ladder for a limit alone: these run with `native_size` off (the size the model sees is tested below it).
+
+
 def test_an_image_over_5mb_is_shrunk_under_it(png_over_5mb: str) -> None:
     body = anthropic((png_over_5mb, "image/png"))
     raw = encode(body)
-    outcome = prune_with("anthropic", raw, max_image_bytes=FIVE_MB)
+    outcome = prune_with("anthropic", raw, max_image_bytes=FIVE_MB, native_size=False)
     [media] = sent("anthropic", outcome.body)
     im = check_image("anthropic", media, max_bytes=FIVE_MB)
     assert im.format == "WEBP" and im.size == (1600, 1000)  # Claude takes WebP: kept at its size
@@ -302,7 +306,7 @@ def test_an_image_over_5mb_is_shrunk_under_it(png_over_5mb: str) -> None:
 
 def test_a_side_over_8000_px_is_scaled_to_8000_and_stays_png() -> None:
     wide = b64(image(9000, 300, "PNG", seed=12, noise=0.0))
-    outcome = prune_with("anthropic", anthropic((wide, "image/png")), max_image_side=8000)
+    outcome = prune_with("anthropic", anthropic((wide, "image/png")), max_image_side=8000, native_size=False)
     [media] = sent("anthropic", outcome.body)
     im = check_image("anthropic", media, max_side=8000)
     assert im.format == "PNG" and im.size == (8000, 267)
@@ -310,7 +314,7 @@ def test_a_side_over_8000_px_is_scaled_to_8000_and_stays_png() -> None:
 
 
 def test_many_images_over_the_threshold_get_no_side_over_2000(wide_2500: list[bytes]) -> None:
-    limits = {"max_image_side": 8000, "many_images_threshold": 20, "many_images_max_side": 2000}
+    limits = {"max_image_side": 8000, "many_images_threshold": 20, "many_images_max_side": 2000, "native_size": False}
     body = anthropic(*((b64(shot), "image/jpeg") for shot in wide_2500))
     outcome = prune_with("anthropic", body, **limits)
     images = sent("anthropic", outcome.body)
@@ -324,7 +328,7 @@ def test_many_images_over_the_threshold_get_no_side_over_2000(wide_2500: list[by
 
 
 def test_the_many_image_rule_needs_more_than_the_threshold(wide_2500: list[bytes]) -> None:
-    limits = {"many_images_threshold": 20, "many_images_max_side": 2000}
+    limits = {"many_images_threshold": 20, "many_images_max_side": 2000, "native_size": False}
     raw = encode(anthropic(*((b64(shot), "image/jpeg") for shot in wide_2500[:20])))
     outcome = prune_with("anthropic", raw, **limits)
     assert outcome.body is raw and outcome.record.shrunk == 0
@@ -332,7 +336,7 @@ def test_the_many_image_rule_needs_more_than_the_threshold(wide_2500: list[bytes
 
 def test_the_many_image_rule_counts_after_the_count_cap(wide_2500: list[bytes]) -> None:
     body = anthropic(*((b64(shot), "image/jpeg") for shot in wide_2500))
-    outcome = prune_with("anthropic", body, max_images=20, many_images_threshold=20, many_images_max_side=2000)
+    outcome = prune_with("anthropic", body, max_images=20, many_images_threshold=20, many_images_max_side=2000, native_size=False)
     images = sent("anthropic", outcome.body)
     assert len(images) == 20 and outcome.record.shrunk == 0 and outcome.record.pruned_for_count == 5
     assert [payload(m) for m in images] == [b64(shot) for shot in wide_2500[5:]]  # sent as they came
@@ -368,6 +372,135 @@ def test_a_pixel_bomb_is_dropped_unopened_even_when_it_is_the_newest(monkeypatch
     [text] = [t for t in texts(outcome.body) if t.startswith("[")]
     assert text == "[20000x20000: over 8000px, 20000x20000 is over the 100-megapixel decoding limit]"
     assert outcome.record.images_after == 0 and outcome.record.pruned_for_image_limit == 1
+
+
+# --- the size the model sees (native_size) ------------------------------------------------------------------
+
+
+def native_request(fmt: str, model: str, shot: bytes, detail: str | None = None) -> bytes:
+    """One user turn with `shot` as a PNG, to `model`; OpenAI's `detail` set when given."""
+    body = session_body(fmt, 1, shot, "image/png", model=model)
+    if detail is not None:
+        for media in FORMATS[fmt].find_media(body):
+            part = body
+            for key in media.path:
+                part = part[key]
+            (part["image_url"] if fmt == "openai-chat" else part)["detail"] = detail
+    return encode(body)
+
+
+def lanczos(png: bytes, size: tuple[int, int]) -> bytes:
+    """The pixels of `png` scaled to `size` as _shrink scales them."""
+    return Image.open(io.BytesIO(png)).convert("RGB").resize(size, Image.Resampling.LANCZOS, reducing_gap=3.0).tobytes()
+
+
+@pytest.mark.parametrize(
+    ("fmt", "model", "detail", "mime", "size"),
+    [
+        ("anthropic", "claude-sonnet-4-5", None, "image/webp", (1389, 868)),  # long edge 1568, 1568 patches of 28 px
+        ("openai-responses", "gpt-4.1-mini", None, "image/webp", (1536, 960)),  # 1536 patches of 32 px
+        ("openai-responses", "gpt-4.1", "high", "image/webp", (1229, 768)),  # tiles: 2048 box, short side 768
+        ("openai-chat", "gpt-4o", "auto", "image/png", (1229, 768)),  # the chat format also fronts runtimes without WebP
+        ("openai-chat", "gpt-4o", "low", "image/png", (512, 320)),
+    ],
+)
+def test_an_image_larger_than_its_model_sees_goes_at_that_size_losslessly(
+    retina_desktop: bytes, fmt: str, model: str, detail: str | None, mime: str, size: tuple[int, int]
+) -> None:
+    raw = native_request(fmt, model, retina_desktop, detail)
+    outcome = prune_request(url_for(fmt), {}, raw, rules_with())
+    [media] = sent(fmt, outcome.body)
+    im = decoded(media)
+    assert (Image.MIME[im.format], im.size) == (mime, size) and im.convert("RGB").tobytes() == lanczos(retina_desktop, size)
+    record = outcome.record
+    assert outcome.changed and (record.native_sized, record.shrunk, record.images_rescaled, record.pruned) == (1, 0, 1, 0)
+    assert record.native_bytes_saved == record.media_bytes_before - record.media_bytes_after > 0
+    assert record.media_bytes_after == len(media.data)
+    assert image_tokens(fmt, model, *size, detail) == image_tokens(fmt, model, 2880, 1800, detail)
+    assert b"[trimflow:" not in outcome.body  # no note: the model sees what it would have seen of the original
+    # What went out is within the size the model sees: a second pass changes nothing.
+    assert prune_request(url_for(fmt), {}, outcome.body, rules_with()).body is outcome.body
+
+
+def test_native_size_false_sends_the_image_as_it_came(retina_desktop: bytes) -> None:
+    raw = native_request("anthropic", "claude-sonnet-4-5", retina_desktop)
+    for limits in ({}, {"max_image_bytes": FIVE_MB, "max_image_side": 8000}):  # within Claude's limits, which are checked
+        outcome = prune_request(url_for("anthropic"), {}, raw, rules_with(native_size=False, **limits))
+        assert outcome.body is raw and outcome.record.native_sized == 0
+
+
+@pytest.mark.parametrize(
+    ("fmt", "model", "detail"),
+    [
+        ("gemini", "gemini-2.5-pro", None),  # Gemini counts tiles of crops: no documented resize
+        ("openai-responses", "gpt-5.4", None),  # later GPT-5 releases see larger images than the guide's tiles
+        ("openai-chat", "gpt-4o", "original"),  # a detail the formulas do not know
+        ("openai-chat", "qwen2.5-vl-72b", None),  # a model the tables do not name
+        ("anthropic", "glm-4.6", None),  # another provider behind the Messages API
+        ("ollama", "llava:13b", None),
+    ],
+)
+def test_where_the_resize_is_not_documented_nothing_changes(
+    monkeypatch: pytest.MonkeyPatch, retina_desktop: bytes, fmt: str, model: str, detail: str | None
+) -> None:
+    monkeypatch.setattr(_shrink, "shrink", lambda *a, **k: pytest.fail("nothing to shrink"))
+    raw = native_request(fmt, model, retina_desktop, detail)
+    assert prune_request(url_for(fmt), {}, raw, rules_with()).body is raw
+
+
+def test_never_more_bytes_than_the_image_came_with(fresh_cache: _shrink.ShrinkCache) -> None:
+    # A photo as JPEG: lossless at Claude's size it is larger than the JPEG, so the JPEG goes as it came.
+    photo = image(2400, 1600, "JPEG", seed=4, noise=0.4)
+    raw = native_request("anthropic", "claude-sonnet-4-5", photo)
+    first = prune_request(url_for("anthropic"), {}, raw, rules_with())
+    assert first.body is raw and first.record.native_sized == 0
+    # Worked out once per process: the next turn is a cache hit.
+    assert prune_request(url_for("anthropic"), {}, raw, rules_with()).body is raw
+    assert (fresh_cache.misses, fresh_cache.hits) == (1, 1)
+
+
+def test_an_image_over_a_limit_goes_at_the_size_the_model_sees_when_that_is_smaller(retina_desktop: bytes) -> None:
+    # The many-image rule asks for 2000 px; Claude sees 1389x868 anyway: that is what goes, and it counts as shrunk.
+    raw = native_request("anthropic", "claude-sonnet-4-5", retina_desktop)
+    outcome = prune_request(url_for("anthropic"), {}, raw, rules_with(max_image_side=2000))
+    [media] = sent("anthropic", outcome.body)
+    assert decoded(media).size == (1389, 868) and b"[trimflow:" not in outcome.body
+    assert (outcome.record.shrunk, outcome.record.native_sized) == (1, 0)
+    # A smaller limit wins: a 1000 px side is below what Claude sees, and the model is told.
+    smaller = prune_request(url_for("anthropic"), {}, raw, rules_with(max_image_side=1000))
+    [media] = sent("anthropic", smaller.body)
+    assert decoded(media).size == (1000, 625) and b"was resized from 2880x1800 to 1000x625" in smaller.body
+
+
+def computer_use(fmt: str, shot: bytes, model: str) -> bytes:
+    """A computer-use turn whose newest image is `shot`: Anthropic's computer tool, or OpenAI's computer_screenshot."""
+    if fmt == "anthropic":
+        body = orjson.loads(native_request(fmt, model, shot))
+        body["tools"] = [{"type": "computer_20250124", "name": "computer", "display_width_px": 2880, "display_height_px": 1800}]
+        return encode(body)
+    output = {"type": "computer_screenshot", "image_url": data_url(shot, "image/png")}
+    items = [
+        {"role": "user", "content": [{"type": "input_text", "text": "Press the button."}]},
+        {"type": "computer_call_output", "call_id": "c1", "output": output},
+    ]
+    tools = [{"type": "computer_use_preview", "display_width": 2880, "display_height": 1800, "environment": "mac"}]
+    return encode({"model": model, "tools": tools, "input": items})
+
+
+def test_a_claude_screenshot_at_its_native_size_needs_no_note_and_no_click_mapping(retina_desktop: bytes) -> None:
+    outcome = prune_request(url_for("anthropic"), {}, computer_use("anthropic", retina_desktop, "claude-sonnet-4-5"), rules_with())
+    assert outcome.record.native_sized == 1 and outcome.screen is None and b"[trimflow:" not in outcome.body
+    # The control: shrunk to a limit below what Claude sees, the same screenshot gets the note and a mapping.
+    limited = prune_request(url_for("anthropic"), {}, computer_use("anthropic", retina_desktop, "claude-sonnet-4-5"), rules_with(max_image_side=1000))
+    assert limited.screen is not None and b"answer coordinates in this image's pixels" in limited.body
+
+
+def test_an_openai_screenshot_at_its_native_size_has_its_clicks_mapped_back(retina_desktop: bytes) -> None:
+    outcome = prune_request(url_for("openai-responses"), {}, computer_use("openai-responses", retina_desktop, "computer-use-preview"), rules_with())
+    assert outcome.record.native_sized == 1 and outcome.screen == Screen("openai-responses", None, (1229, 768), (2880, 1800))
+    answer = {"output": [{"type": "computer_call", "call_id": "c2", "action": {"type": "click", "x": 614, "y": 384}}]}
+    mapped, calls = map_answer(outcome.screen, orjson.dumps(answer))
+    assert calls == 1 and orjson.loads(mapped)["output"][0]["action"] == {"type": "click", "x": 1439, "y": 900}
 
 
 # --- thinning -------------------------------------------------------------------------------------------------
@@ -549,6 +682,24 @@ def test_the_fast_path_lets_through_what_no_step_changes() -> None:
     limits = Limits(max_images=8, max_body_bytes=len(_BODY), max_image_bytes=len(_BODY))
     assert nothing_to_change(_images(_BODY), limits, len(_BODY))
     assert not prune_request(url_for("openai-chat"), {}, _BODY, rules_with(max_images=8, max_body_bytes=len(_BODY))).changed
+
+
+def test_the_fast_path_reads_headers_for_the_size_the_model_sees(retina_desktop: bytes, screens: list[bytes]) -> None:
+    def images(raw: bytes) -> list:
+        return [m for m in FORMATS["anthropic"].find_media(orjson.loads(raw)) if m.kind == IMAGE]
+
+    over = native_request("anthropic", "claude-sonnet-4-5", retina_desktop)
+    within = native_request("anthropic", "claude-sonnet-4-5", screens[0])  # 1280x800: Claude sees it as it is
+    assert not nothing_to_change(images(over), Limits(), len(over), "anthropic", "claude-sonnet-4-5")
+    assert nothing_to_change(images(within), Limits(), len(within), "anthropic", "claude-sonnet-4-5")
+    assert nothing_to_change(images(over), Limits(native_size=False), len(over), "anthropic", "claude-sonnet-4-5")
+    assert nothing_to_change(images(over), Limits(), len(over), "anthropic", "glm-4.6")
+    # On an event loop, the image to re-encode sends the request to a worker; within the size, it goes inline.
+    rules = rules_with()
+    target = rules.target_for_url(url_for("anthropic"))
+    with pytest.raises(NeedsWorker):
+        prune(target, {}, over, rules, inline=True)
+    assert prune(target, {}, within, rules, inline=True).body is within
 
 
 def test_the_shipped_defaults_send_a_short_session_as_it_came() -> None:

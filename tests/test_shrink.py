@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
+import hashlib
 import io
 import json
 import logging
@@ -358,9 +360,8 @@ def test_webp_or_not_is_part_of_the_cache_key(small_noisy_png: str) -> None:
     assert (as_webp.mime, as_jpeg.mime) == ("image/webp", "image/jpeg") and cache.misses == 2
 
 
-def test_a_5120x2880_retina_screenshot_to_claude_arrives_at_full_size() -> None:
-    """A photographic 2x screen over Claude's 5 MiB as PNG: the shipped rules send it at its own dimensions as
-    WebP, with no note (nothing to map back), and the record says it was shrunk, not rescaled."""
+def retina_5120_to_claude() -> tuple[shrink_bench.Screenshot, bytes]:
+    """A photographic 2x screen over Claude's 5 MiB as PNG, and a Messages request that sends it."""
     shot = shrink_bench.screenshot("photo", 2, size=(2560, 1440))
     png = shot.png()
     assert len(b64(png)) > FIVE_MB
@@ -371,7 +372,31 @@ def test_a_5120x2880_retina_screenshot_to_claude_arrives_at_full_size() -> None:
             "messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(png)}}]}],
         }
     )
+    return shot, body
+
+
+def test_a_5120x2880_retina_screenshot_to_claude_arrives_at_the_size_claude_sees() -> None:
+    """The shipped rules send it at Claude's native size, losslessly, with no note (Claude would have scaled it to that
+    size itself: nothing to tell, nothing to map back); over the byte limit as it came, it counts as shrunk."""
+    shot, body = retina_5120_to_claude()
     out = prune_request("https://api.anthropic.com/v1/messages", {}, body, load_rules(DEFAULT_RULES_PATH))
+    record = out.record
+    assert record is not None and (record.shrunk, record.native_sized, record.images_rescaled, record.pruned) == (1, 0, 1, 0)
+    [block] = orjson.loads(out.body)["messages"][0]["content"]
+    im = decode(block["source"]["data"])
+    assert (im.format, im.size, block["source"]["media_type"]) == ("WEBP", (1456, 819), "image/webp")
+    lossless = shot.image.convert("RGB").resize((1456, 819), Image.Resampling.LANCZOS, reducing_gap=3.0)
+    assert im.convert("RGB").tobytes() == lossless.tobytes()
+    assert len(block["source"]["data"]) <= FIVE_MB and out.screen is None
+
+
+def test_without_native_size_a_5120x2880_retina_screenshot_to_claude_arrives_at_full_size() -> None:
+    """With `native_size: false` the byte limit alone acts: the image keeps its dimensions as WebP, with no note
+    (nothing to map back), and the record says it was shrunk, not rescaled."""
+    shot, body = retina_5120_to_claude()
+    rules = load_rules(DEFAULT_RULES_PATH)
+    rules = dataclasses.replace(rules, defaults=dataclasses.replace(rules.defaults, native_size=False))
+    out = prune_request("https://api.anthropic.com/v1/messages", {}, body, rules)
     record = out.record
     assert record is not None and (record.shrunk, record.images_rescaled, record.pruned) == (1, 0, 0)
     [block] = orjson.loads(out.body)["messages"][0]["content"]
@@ -379,6 +404,75 @@ def test_a_5120x2880_retina_screenshot_to_claude_arrives_at_full_size() -> None:
     assert (im.format, im.size, block["source"]["media_type"]) == ("WEBP", (5120, 2880), "image/webp")
     assert len(block["source"]["data"]) <= FIVE_MB
     assert shrink_bench.text_legibility(shot, base64.b64decode(block["source"]["data"])) > 0.99
+
+
+# --- the size the model sees ----------------------------------------------------------------------------------
+
+CLAUDE_SEES = (1389, 868)  # a 2880x1800 image at Claude's native size
+
+
+def scaled(png: bytes, size: tuple[int, int]) -> bytes:
+    return Image.open(io.BytesIO(png)).convert("RGB").resize(size, Image.Resampling.LANCZOS, reducing_gap=3.0).tobytes()
+
+
+@pytest.mark.parametrize(("webp", "fmt"), [(True, "WEBP"), (False, "PNG")])
+def test_at_the_size_the_model_sees_an_image_goes_losslessly(retina_desktop: bytes, webp: bool, fmt: str) -> None:
+    result = shrink(b64(retina_desktop), max_side=None, max_bytes=None, webp=webp, size=CLAUDE_SEES, cache=ShrinkCache())
+    im = check(result)
+    assert (im.format, im.size) == (fmt, CLAUDE_SEES) and im.convert("RGB").tobytes() == scaled(retina_desktop, CLAUDE_SEES)
+    assert len(result.data or "") < len(b64(retina_desktop))
+
+
+def test_the_original_goes_as_it_came_when_it_is_no_larger() -> None:
+    photo = b64(image(2400, 1600, "JPEG", seed=4, noise=0.4))  # lossless at a smaller size is still larger than this JPEG
+    assert shrink(photo, max_side=None, max_bytes=None, webp=True, size=(1307, 871), cache=ShrinkCache()) == Shrunk()
+
+
+def test_a_size_the_image_is_within_changes_nothing(retina_desktop: bytes) -> None:
+    payload = b64(retina_desktop)
+    assert shrink(payload, max_side=None, max_bytes=None, webp=True, size=(2880, 1800), cache=ShrinkCache()) == Shrunk()
+
+
+def test_a_side_limit_below_the_size_the_model_sees_wins(retina_desktop: bytes) -> None:
+    result = shrink(b64(retina_desktop), max_side=1000, max_bytes=None, webp=True, size=CLAUDE_SEES, cache=ShrinkCache())
+    assert (result.width, result.height) == (1000, 625)
+
+
+def test_over_a_byte_limit_even_at_that_size_the_ladder_goes_on_from_it(png_over_5mb: str) -> None:
+    # Noise: lossless at Claude's size (1254x784) is still over 1 MiB; the image came over a limit, so lossy steps
+    # are allowed, from that size down.
+    result = shrink(png_over_5mb, max_side=None, max_bytes=MiB, webp=True, size=(1254, 784), cache=ShrinkCache())
+    im = check(result, max_bytes=MiB)
+    assert im.format == "WEBP" and im.size[0] <= 1254 and im.size[1] <= 784
+
+
+def test_the_size_is_part_of_the_cache_key(small_noisy_png: str) -> None:
+    cache = ShrinkCache()
+    shrink(small_noisy_png, max_side=None, max_bytes=None, webp=True, cache=cache)
+    at_size = shrink(small_noisy_png, max_side=None, max_bytes=None, webp=True, size=(240, 150), cache=cache)
+    assert cache.misses == 2 and (at_size.width, at_size.height) == (240, 150)
+
+
+def test_the_size_the_model_sees_is_the_same_bytes_in_another_process(retina_desktop: bytes) -> None:
+    """The prompt cache needs the same bytes on every turn, across restarts and instances: another interpreter
+    encodes the same image at the same size to the same bytes (WebP and PNG)."""
+    payload = b64(retina_desktop)
+    digests = [
+        hashlib.sha256(
+            (shrink(payload, max_side=None, max_bytes=None, webp=webp, size=CLAUDE_SEES, cache=ShrinkCache()).data or "").encode()
+        ).hexdigest()
+        for webp in (True, False)
+    ]
+    code = (
+        "import hashlib, sys\n"
+        "from trimflow._shrink import ShrinkCache, shrink\n"
+        "payload = sys.stdin.read()\n"
+        "for webp in (True, False):\n"
+        f"    result = shrink(payload, max_side=None, max_bytes=None, webp=webp, size={CLAUDE_SEES}, cache=ShrinkCache())\n"
+        "    print(hashlib.sha256((result.data or '').encode()).hexdigest())\n"
+    )
+    other = subprocess.run([sys.executable, "-c", code], input=payload, capture_output=True, text=True, check=True, timeout=600)
+    assert other.stdout.split() == digests
 
 
 # --- memory: the decoding budget (trimflow._pixel_budget) -------------------------------------------------------
@@ -507,6 +601,8 @@ cases = [
     ("grey and alpha noise PNG, JPEG", encoded(noise("LA", 1600, 1600, 6), "PNG"), None, 200_000, False),
     ("turned JPEG", encoded(noise("RGB", 2400, 1600, 8), "JPEG", quality=60, exif=turned.tobytes()), None, 200_000, False),
     ("RGBA noise PNG, side only", encoded(noise("RGBA", 2400, 1800, 9), "PNG"), 2300, None, False),
+    ("RGBA noise PNG at the size the model sees, lossless WebP", encoded(noise("RGBA", 2880, 1800, 10), "PNG"), None, None, True, (1389, 868)),
+    ("RGB noise PNG at the size the model sees, PNG", encoded(noise("RGB", 2880, 1800, 11), "PNG"), None, None, False, (1229, 768)),
 ]
 libc = ctypes.CDLL(None)
 
@@ -514,9 +610,10 @@ def resident(key):
     with open("/proc/self/status") as status:
         return next(int(line.split()[1]) * 1024 for line in status if line.startswith(key + ":"))
 
-for name, data, side, limit, webp in cases:
+for name, data, side, limit, webp, *native in cases:
     limit = len(data) // 2 if limit == "half" else limit  # over it, and near enough for lossless WebP
-    opened = _shrink._open(data, side, limit, webp)
+    size = native[0] if native else None
+    opened = _shrink._open(data, side, limit, webp, size)
     cost = opened.cost
     del opened
     gc.collect()
@@ -524,7 +621,7 @@ for name, data, side, limit, webp in cases:
     with open("/proc/self/clear_refs", "w") as refs:
         refs.write("5")  # the peak (VmHWM) starts again from here
     before = resident("VmRSS")
-    result = _shrink.shrink(data, max_side=side, max_bytes=limit, webp=webp, cache=_shrink.ShrinkCache())
+    result = _shrink.shrink(data, max_side=side, max_bytes=limit, webp=webp, cache=_shrink.ShrinkCache(), size=size)
     print(json.dumps({"case": name, "cost": cost, "held": resident("VmHWM") - before, "sent": result.mime, "reason": result.reason}))
 """
 
@@ -534,7 +631,7 @@ def test_what_an_image_reserves_covers_what_shrinking_it_holds() -> None:
     """The budget is only as good as each image's estimate: measured on the images that make each step hold the most."""
     out = subprocess.run([sys.executable, "-c", _ESTIMATE_PROBE, str(ROOT / "addon")], capture_output=True, text=True, check=True, timeout=600)
     cases = [json.loads(line) for line in out.stdout.splitlines()]
-    assert len(cases) == 11
+    assert len(cases) == 13
     for case in cases:
         assert case["sent"] is not None, case  # each was shrunk
         assert case["held"] <= case["cost"], case

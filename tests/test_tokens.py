@@ -9,10 +9,14 @@ from hypothesis import strategies as st
 from trimflow._tokens import (
     UNKNOWN_IMAGE_TOKENS,
     anthropic_image_tokens,
+    anthropic_native_size,
     gemini3_image_tokens,
     gemini_image_tokens,
     image_tokens,
+    native_size,
+    openai_patch_size,
     openai_patch_tokens,
+    openai_tile_size,
     openai_tile_tokens,
     text_tokens,
 )
@@ -31,7 +35,8 @@ sides = st.integers(min_value=1, max_value=20_000)
         (28, 28, 1),
         (29, 28, 2),
         (1, 1, 1),
-        (3000, 2000, 1568),  # scaled to 1568x1045 = 56*38 = 2128 patches, then capped
+        (3000, 2000, 1536),  # scaled to 1344x896 = 48*32, the largest of its shape within 1568 patches
+        (2880, 1800, 1550),  # a Retina screenshot: scaled to 1389x868 = 50*31, as Claude counts it
         (3136, 700, 728),  # scaled by 1/2 to 1568x350 = 56*13; unscaled would hit the cap
         (1092, 1092, 1521),  # 39*39, under the cap
     ],
@@ -42,13 +47,36 @@ def test_anthropic(w, h, tokens):
 
 def test_anthropic_high_resolution_tier_is_a_parameter():
     assert anthropic_image_tokens(2576, 1288, max_edge=2576, max_tokens=4784) == 92 * 46
-    assert anthropic_image_tokens(2576, 1932, max_edge=2576, max_tokens=4784) == 4784  # 92*69 capped
+    assert anthropic_image_tokens(2576, 1932, max_edge=2576, max_tokens=4784) == 79 * 60  # 92*69 is over: 2212x1659
     assert anthropic_image_tokens(2576, 1288) == 1568  # standard tier: 1568x784 = 56*28, capped
 
 
 @given(sides, sides)
 def test_anthropic_bounds(w, h):
     assert 1 <= anthropic_image_tokens(w, h) <= 1568
+
+
+@pytest.mark.parametrize(
+    ("size", "tier", "native"),
+    [
+        ((2880, 1800), (1568, 1568), (1389, 868)),  # the token budget binds, not the long edge
+        ((5120, 2880), (1568, 1568), (1456, 819)),
+        ((3136, 700), (1568, 1568), (1568, 350)),  # the long edge binds
+        ((1280, 800), (1568, 1568), (1280, 800)),  # within: its own size
+        ((1800, 2880), (1568, 1568), (868, 1389)),  # portrait: the same, turned
+        ((8000, 20), (1568, 1568), (1568, 4)),
+        ((1, 100_000), (1568, 1568), (1, 1568)),  # a one-pixel sliver keeps its pixel
+        ((5120, 2880), (2576, 4784), (2576, 1449)),  # the high-resolution tier (Opus 4.7)
+    ],
+)
+def test_anthropic_native_size(size, tier, native):
+    assert anthropic_native_size(*size, *tier) == native
+
+
+@given(sides, sides)
+def test_anthropic_native_size_is_within_the_limits_and_the_image(w, h):
+    nw, nh = anthropic_native_size(w, h)
+    assert nw <= w and nh <= h and max(nw, nh) <= 1568 and -(-nw // 28) * -(-nh // 28) <= 1568
 
 
 # --- OpenAI tiles -------------------------------------------------------------------------------
@@ -79,6 +107,25 @@ def test_openai_tile_variants():
     assert openai_tile_tokens(1024, 1024, "high", 75, 150) == 75 + 150 * 4  # o1 / o3
     assert openai_tile_tokens(1024, 1024, "high", 70, 140) == 70 + 140 * 4  # gpt-5
     assert openai_tile_tokens(1024, 1024, "low", 70, 140) == 70
+
+
+@pytest.mark.parametrize(
+    ("w", "h", "detail", "size"),
+    [
+        (2880, 1800, "high", (1229, 768)),  # fits 2048x2048 (2048x1280), then the short side to 768
+        (2880, 1800, None, (1229, 768)),  # auto: as high
+        (2880, 1800, "low", (512, 320)),  # the 512 px version
+        (4000, 1000, "high", (2048, 512)),  # the 2048 box binds; the short side is under 768 already
+        (1024, 700, "high", (1024, 700)),  # within: its own size
+    ],
+)
+def test_openai_tile_size(w, h, detail, size):
+    assert openai_tile_size(w, h, detail) == size
+
+
+def test_openai_patch_size_is_the_docs_example():
+    assert openai_patch_size(1800, 2400) == (1056, 1408)  # 33 x 44 patches
+    assert openai_patch_size(1024, 1024) == (1024, 1024)  # within the budget
 
 
 @given(sides, sides)
@@ -199,6 +246,67 @@ def test_gemini3(value, tokens):
 )
 def test_image_tokens_routing(fmt, model, detail, tokens):
     assert image_tokens(fmt, model, 1000, 1000, detail) == tokens
+
+
+def test_claude_estimates_count_the_models_tier():
+    assert image_tokens("anthropic", "claude-sonnet-4-5", 5120, 2880) == 52 * 30  # 1456x819
+    assert image_tokens("anthropic", "claude-opus-4-7", 5120, 2880) == 92 * 52  # 2576x1449
+    assert image_tokens("bedrock-converse", "global.anthropic.claude-opus-4-7", 5120, 2880) == 92 * 52
+
+
+# --- the size the model sees --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fmt", "model", "detail", "native"),
+    [
+        ("anthropic", "claude-sonnet-4-5", None, (1389, 868)),
+        ("bedrock-converse", "us.anthropic.claude-sonnet-4-5-20250929-v1:0", None, (1389, 868)),
+        ("anthropic", "claude-opus-4-7", None, (2420, 1512)),  # the high-resolution tier: 87*54 = 4698 patches
+        ("openai-chat", "anthropic/claude-sonnet-4.5", None, (1389, 868)),  # Claude through a gateway
+        ("openai-chat", "gpt-4o", "high", (1229, 768)),
+        ("openai-chat", "gpt-4o-2024-11-20", "low", (512, 320)),
+        ("openai-chat", "gpt-4.1", None, (1229, 768)),
+        ("openai-responses", "computer-use-preview", "auto", (1229, 768)),
+        ("openai-chat", "gpt-4.1-mini", None, (1536, 960)),  # 48 x 30 patches, within 1536
+        ("openai-chat", "gpt-4.1-mini", "low", (1536, 960)),  # patch models ignore detail
+        # Scaling not documented for the model, or documented otherwise: the image goes as it is.
+        ("openai-chat", "gpt-4o", "original", None),
+        ("openai-responses", "gpt-5", None, None),
+        ("openai-responses", "gpt-5.4", None, None),
+        ("openai-chat", "llava-1.6", None, None),
+        ("openai-chat", None, None, None),
+        ("anthropic", "glm-4.6", None, None),  # another provider's Messages API
+        ("anthropic", None, None, None),
+        ("gemini", "gemini-2.5-pro", None, None),
+        ("openai-chat", "google/gemini-2.5-pro", None, None),
+        ("ollama", "llava", None, None),
+    ],
+)
+def test_native_size(fmt, model, detail, native):
+    assert native_size(fmt, model, 2880, 1800, detail) == native
+
+
+NATIVE_TARGETS = [
+    ("anthropic", "claude-sonnet-4-5", None),
+    ("anthropic", "claude-opus-4-7", None),
+    ("openai-chat", "gpt-4o", "high"),
+    ("openai-chat", "gpt-4o", "low"),
+    ("openai-responses", "o3", None),
+    ("openai-chat", "gpt-4.1-nano", None),
+    ("openai-responses", "o4-mini", "auto"),
+]
+
+
+@given(sides, sides, st.sampled_from(NATIVE_TARGETS))
+def test_an_image_at_its_native_size_stays_there_and_costs_the_same(w, h, target):
+    # Sent at its native size, an image is not scaled again: the model sees what it would have seen of the
+    # original, and the estimate (as the provider's count) is the same.
+    fmt, model, detail = target
+    native = native_size(fmt, model, w, h, detail)
+    assert native is not None and native[0] <= w and native[1] <= h
+    assert native_size(fmt, model, *native, detail) == native
+    assert image_tokens(fmt, model, *native, detail) == image_tokens(fmt, model, w, h, detail)
 
 
 @pytest.mark.parametrize("fmt", ["anthropic", "bedrock-converse", "gemini", "openai-chat", "openai-responses", "ollama"])

@@ -27,17 +27,11 @@ from typing import Any
 import orjson
 
 from ._jsonsplice import splice
+from ._tokens import anthropic_native_size, claude_tier
 from .formats import anthropic, openai_responses
 
 Size = tuple[int, int]
 Path = tuple[str | int, ...]
-
-# Claude's native image resolution (the vision docs): the long edge and the visual-token budget, a token being a
-# 28x28 px patch. The high-resolution tier is the models named here; every other Claude model is standard.
-_PATCH = 28
-_STANDARD = (1568, 1568)
-_HIGH_RES = (2576, 4784)
-_HIGH_RES_MODELS = ("claude-opus-4-7",)
 
 # Anthropic's computer tool types are `computer_YYYYMMDD`; OpenAI's are these.
 _ANTHROPIC_TOOL = re.compile(r"computer_\d{8}")
@@ -74,22 +68,7 @@ def view_of(fmt: str, model: str | None, size: Size) -> Size:
     """The pixels a model of `fmt` reads coordinates in for an image sent at `size` (docs/providers.md)."""
     if fmt != anthropic.NAME:
         return size  # OpenAI: the screenshot as sent
-    width, height = size
-    long_edge, budget = _HIGH_RES if model is not None and model.startswith(_HIGH_RES_MODELS) else _STANDARD
-
-    def fits(w: int, h: int) -> bool:
-        return max(w, h) <= long_edge and math.ceil(w / _PATCH) * math.ceil(h / _PATCH) <= budget
-
-    if fits(width, height):
-        return size
-    # The largest width (with the height that keeps the aspect ratio) that fits both limits, from the bound of the
-    # long edge and of the area down.
-    scale = min(long_edge / max(width, height), math.sqrt(budget * _PATCH * _PATCH / (width * height)))
-    for w in range(max(1, min(width, math.floor(width * scale))), 0, -1):
-        h = max(1, round(height * w / width))
-        if fits(w, h):
-            return w, h
-    return 1, 1
+    return anthropic_native_size(*size, *claude_tier(model))  # Claude: its own resize (trimflow._tokens)
 
 
 def computer_tool(fmt: str, body: dict[str, Any]) -> str | None:

@@ -125,7 +125,11 @@ class Outcome:
         if self._account is not None:
             return False  # only a run that changes nothing leaves its record for later
         record = self._record
-        return record is not None and record.mode == ENFORCE and (record.pruned > 0 or record.shrunk > 0 or record.thinned > 0)
+        return (
+            record is not None
+            and record.mode == ENFORCE
+            and (record.pruned > 0 or record.shrunk > 0 or record.thinned > 0 or record.native_sized > 0)
+        )
 
 
 def is_sigv4(headers: Mapping[str, str]) -> bool:
@@ -302,7 +306,7 @@ def _prune(
 
     held, cold, known, order, cut_before = 0, False, None, None, 0
     recalled: Recall | None = None
-    unchanged = nothing_to_change(images, limits, len(body))
+    unchanged = nothing_to_change(images, limits, len(body), fmt, model)
     if memory is not None and arrivals and (not unchanged or _over_low_water(images, limits, len(body)) or _was_cut(memory, arrivals.keys)):
         # The cut needs the images' arrivals (and the cache-aware cut the last cut) now: the history is digested first.
         known = history()
@@ -469,6 +473,9 @@ def _fill_record(record: Record, plan: Plan, documents: int, media_bytes: int, b
         if i in plan.thinned:
             record.thinned += 1
             record.thinned_bytes_saved += saved
+        elif i in plan.native:
+            record.native_sized += 1
+            record.native_bytes_saved += saved
         else:
             record.shrunk += 1
             record.shrunk_bytes_saved += saved

@@ -55,6 +55,12 @@ class Limits:
     rescale_note: bool = _limit(
         True, BOOL, "an image shrunk to other dimensions gets a text part in its message: original and new size, scale", nullable=False
     )
+    native_size: bool = _limit(
+        True,
+        BOOL,
+        "an image larger than its model sees it is sent at the size the provider would scale it to (where that is documented)",
+        nullable=False,
+    )
     repeat_placeholder: str = _limit(DEFAULT_REPEAT_PLACEHOLDER, TEMPLATE, "the text that stands where a repeated image was", nullable=False)
     low_water: float | None = _limit(
         None,

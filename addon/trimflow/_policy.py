@@ -16,7 +16,9 @@ look-alike's placeholder names the image after it (`Plan.later`, `lookalike_plac
 3. Per-image limits: a survivor over `max_image_bytes` (its base64 length) or `max_image_side`, or
    over `many_images_max_side` when more than `many_images_threshold` images survive step 2, is
    shrunk; one that cannot be is dropped with a placeholder whose {reason} says why - even one of the
-   newest `keep_recent`, since the provider would refuse the whole request.
+   newest `keep_recent`, since the provider would refuse the whole request. With `native_size`, a
+   survivor larger than the size its model sees it at (trimflow._tokens.native_size) goes at that size,
+   losslessly, unless it is smaller as it came; the model sees what it would have, so it gets no note.
 4. Thinning (`thumbnail_side`): survivors older than the newest `keep_recent` go as thumbnails
    (one encode that also meets step 3's limits), so the budgets below drop fewer images.
 5. Budgets (`max_body_bytes`, then `max_est_tokens`): the oldest survivors become placeholders
@@ -31,7 +33,8 @@ cut to the mark at once. Images dropped ahead of need that way have the cause CA
 
 Each step also says, from the image count, the payload sizes and the body size alone, whether it
 might change the request (`might_change`); a request no step might change is forwarded without
-sniffing an image (`nothing_to_change`). A new limit is one step, or one step's two methods.
+sniffing an image (`nothing_to_change`), but for the native size, which reads each image's header when
+the request's model has one. A new limit is one step, or one step's two methods.
 """
 
 from __future__ import annotations
@@ -42,10 +45,11 @@ from typing import Any, Protocol
 
 from . import _shrink
 from ._human import format_size
+from ._imageinfo import sniff_media
 from ._limits import Limits
 from ._media import JsonPath, Media, data_url
 from ._placeholder import MediaFacts, render, rescale_note
-from ._tokens import image_tokens, text_tokens
+from ._tokens import Size, image_tokens, native_size, text_tokens
 
 
 def count_pruned(images: int, limits: Limits) -> int:
@@ -157,6 +161,7 @@ class Plan:
         self.dropped: dict[int, tuple[str, str]] = {}  # image index -> (cause, placeholder text)
         self.new: dict[int, _shrink.Shrunk] = {}  # image index -> its re-encoded bytes
         self.thinned: set[int] = set()  # of `new`, the ones made thumbnails by age
+        self.native: set[int] = set()  # of `new`, the ones at the size the model sees them at and over no limit
         self.over_budget = False
 
     def run(self, body: BodyWriter, media_bytes: int) -> bytes | Any:
@@ -216,7 +221,7 @@ class Plan:
 
     def _again(self, limits: Limits, base: dict[int, tuple[str, str]], survivors: list[int], body: BodyWriter, media_bytes: int) -> bytes | Any:
         """The steps run again from `base` (the repeats and the held cut) under `limits`, which the plan keeps."""
-        self.dropped, self.new, self.thinned = dict(base), {}, set()
+        self.dropped, self.new, self.thinned, self.native = dict(base), {}, set(), set()
         self.limits = limits
         return self._steps(survivors, body, media_bytes)
 
@@ -261,24 +266,37 @@ class Plan:
         over_bytes = max_bytes is not None and m.payload_bytes > max_bytes
         over_side = side is not None and long_side is not None and long_side > side
         thinning = thumb is not None and long_side is not None and long_side > thumb
-        if not (over_bytes or over_side or thinning):
-            return  # within every limit by its header: never decoded
+        native = self.native_target(i)
+        if not (over_bytes or over_side or thinning or native):
+            return  # within every limit and the size the model sees, by its header: never decoded
         if self.inline:
             raise NeedsWorker("an image to re-encode")
         sides = [s for s in (side, thumb) if s is not None]
-        result = _shrink.shrink(m.data[m.data_offset :], max_side=min(sides) if sides else None, max_bytes=max_bytes, webp=self.accepts_webp)
+        max_side = min(sides) if sides else None
+        result = _shrink.shrink(m.data[m.data_offset :], max_side=max_side, max_bytes=max_bytes, webp=self.accepts_webp, size=native)
         if result.data is not None:
             self.new[i] = result
             if thinning:
                 self.thinned.add(i)
+            elif not (over_bytes or over_side):
+                self.native.add(i)
         elif result.reason is not None and (over_bytes or over_side):
             limit = f"over {format_size(max_bytes)}" if over_bytes and max_bytes is not None else f"over {side}px"
             self.drop(i, IMAGE_LIMIT, f"{limit}, {result.reason}")
         # else: a thumbnail that can't be made (undecodable, a pixel bomb): the image goes as it is
 
+    def native_target(self, i: int) -> Size | None:
+        """The size the model sees image i at, when the rules send it at that size (`native_size`) and it is larger."""
+        facts = self.images[i]
+        info = facts.info
+        if not self.limits.native_size or facts.media.data is None or info is None or not info.width or not info.height:
+            return None
+        size = native_size(self.fmt, self.model, info.width, info.height, facts.media.detail)
+        return size if size is not None and size != (info.width, info.height) else None
+
     def rescaled(self) -> list[int]:
-        """The images sent at other dimensions than they came to meet a per-image limit (thumbnails are not:
-        they stand for old screens), in document order."""
+        """The images sent at other dimensions than they came, to meet a per-image limit or at the size the model
+        sees (thumbnails are not: they stand for old screens), in document order."""
         out = []
         for i, new in sorted(self.new.items()):
             info = self.images[i].info
@@ -289,13 +307,16 @@ class Plan:
         return out
 
     def notes(self) -> dict[JsonPath, str]:
-        """The rescale note of each rescaled image, by its path (none when the rule turns them off)."""
+        """The rescale note of each rescaled image, by its path (none when the rule turns them off, and none for an
+        image sent at the size its model sees it at: the model sees what it would have seen of the original)."""
         if not self.limits.rescale_note:
             return {}
         out: dict[JsonPath, str] = {}
         for i in self.rescaled():
             new = self.new[i]
             assert new.width is not None and new.height is not None
+            if (new.width, new.height) == self.native_target(i):
+                continue
             out[self.images[i].media.path] = rescale_note(self.images[i], new.width, new.height, self.computer_use)
         return out
 
@@ -383,7 +404,7 @@ class _ImageLimits:
         side = limits.image_side_limit(len(survivors))
         thumb = limits.thumbnail_side
         older = set(survivors[: max(0, len(survivors) - limits.keep_recent)]) if thumb is not None else set()
-        if side is not None or limits.max_image_bytes is not None or older:
+        if side is not None or limits.max_image_bytes is not None or older or limits.native_size:
             for i in survivors:
                 plan.fit(i, side, thumb if i in older else None)
         return [i for i in survivors if i not in plan.dropped]
@@ -469,9 +490,26 @@ def _over(plan: Plan, out: Any, media_after: int, candidates: list[int], k: int)
 STEPS = (_Repeats, _CountCap, _ImageLimits, _Budgets)
 
 
-def nothing_to_change(images: Sequence[Media], limits: Limits, body_bytes: int) -> bool:
-    """Whether no step can change this request, known without sniffing an image."""
-    return not any(step.might_change(images, limits, body_bytes) for step in STEPS)
+def nothing_to_change(images: Sequence[Media], limits: Limits, body_bytes: int, fmt: str | None = None, model: str | None = None) -> bool:
+    """Whether no step can change this request, known without sniffing an image; with its wire format and model,
+    also that no image's header says it is larger than the model sees it (`native_size`)."""
+    if any(step.might_change(images, limits, body_bytes) for step in STEPS):
+        return False
+    return fmt is None or not _over_native_size(images, limits, fmt, model)
+
+
+def _over_native_size(images: Sequence[Media], limits: Limits, fmt: str, model: str | None) -> bool:
+    """Whether an image's header says it is larger than the size its model sees it at (read only for a model that
+    has one: the headers of the others are never read here)."""
+    if not limits.native_size or native_size(fmt, model, 1 << 16, 1 << 16) is None:
+        return False
+    for m in images:
+        info = None if m.data is None else sniff_media(m)
+        if info is not None and info.width and info.height:
+            size = native_size(fmt, model, info.width, info.height, m.detail)
+            if size is not None and size != (info.width, info.height):
+                return True
+    return False
 
 
 def _repeats(images: list[MediaFacts]) -> dict[int, int]:

@@ -69,7 +69,9 @@ class Record:
     shrunk_bytes_saved: int = 0
     thinned: int = 0  # older images sent as thumbnails (thumbnail_side)
     thinned_bytes_saved: int = 0
-    images_rescaled: int = 0  # of the shrunk, sent at other dimensions than they came (each with a note unless rescale_note is off)
+    native_sized: int = 0  # sent at the size the model sees them at (native_size), over no limit
+    native_bytes_saved: int = 0
+    images_rescaled: int = 0  # of the shrunk and native-sized, sent at other dimensions than they came (see Plan.notes)
     clicks_mapped: int = 0  # computer-tool calls in the answer whose coordinates were mapped back to the original screenshot
     clicks_unmapped: str | None = None  # why (some of) the answer's clicks reached the agent unmapped: the first reason
     mime_mismatches: int = 0  # declared type differs from the bytes' real type (reported, left alone)
@@ -148,6 +150,7 @@ class Record:
             for n, what in (
                 (self.pruned_for_cache, "cut for the cache"),
                 (self.thinned, "thinned"),
+                (self.native_sized, "at the model's size"),
                 (self.shrunk, "shrunk"),
                 (self.deduplicated, "repeated"),
                 (self.pruned_for_image_limit, "too big"),

@@ -22,6 +22,12 @@ The ladder, for a long side limit `max_side` and a base64 length limit `max_byte
   rungs as the byte count says are needed (bytes ~ pixels), down to a 16 px long side, with the
   same steps but the lossless ones; then give up with a reason.
 
+The size the model sees (`size`, from trimflow._tokens.native_size): an image larger than it goes at exactly that
+size (unless a side limit asks for less), losslessly: as lossless WebP where the target takes WebP, else PNG. The
+original goes as it came when it is within the limits and that encoding is no smaller; an original over a limit
+whose lossless encoding at that size is still over the byte limit goes down the ladder above from that size, with
+the lossy steps the limit already allowed.
+
 Memory: before decoding, `_open` works out from the header the most the image can hold at once
 (`_peak_bytes`), and the shrink reserves that in the process-wide BUDGET (trimflow._pixel_budget): an
 image that may need more than DECODE_BUDGET is refused, one that does not fit beside the others waits
@@ -195,25 +201,35 @@ def _cost(value: Shrunk) -> int:
 CACHE = ShrinkCache()
 
 
-def cache_key(payload: str, max_side: int | None, max_bytes: int | None, webp: bool = False) -> bytes:
-    digest = hashlib.blake2b(f"{max_side}:{max_bytes}:{webp}:".encode(), digest_size=32)
+def cache_key(payload: str, max_side: int | None, max_bytes: int | None, webp: bool = False, size: tuple[int, int] | None = None) -> bytes:
+    digest = hashlib.blake2b(f"{max_side}:{max_bytes}:{webp}:{size}:".encode(), digest_size=32)
     digest.update(payload.encode("utf-8", "surrogatepass"))
     return digest.digest()
 
 
-def shrink(payload: str, *, max_side: int | None, max_bytes: int | None, webp: bool = False, cache: ShrinkCache | None = None) -> Shrunk:
+def shrink(
+    payload: str,
+    *,
+    max_side: int | None,
+    max_bytes: int | None,
+    webp: bool = False,
+    cache: ShrinkCache | None = None,
+    size: tuple[int, int] | None = None,
+) -> Shrunk:
     """The image in base64 `payload` with its long side <= `max_side` and base64 length <= `max_bytes`.
 
     None means no limit. `webp`: the target decodes WebP (a WebP source stays WebP either way).
+    `size`: the size the model sees the image at (its header's width and height scaled by the provider's rule): an
+    image larger goes at that size, losslessly, unless it is smaller as it came (see the module docstring).
     Never raises: anything that goes wrong is a Shrunk with a reason.
     """
     cache = CACHE if cache is None else cache
-    key = cache_key(payload, max_side, max_bytes, webp)
+    key = cache_key(payload, max_side, max_bytes, webp, size)
     hit = cache.get(key)
     if hit is not None:
         return hit
     try:
-        opened = _open(payload, max_side, max_bytes, webp)
+        opened = _open(payload, max_side, max_bytes, webp, size)
     except Exception as exc:  # noqa: BLE001 - a broken image is dropped, never a broken request
         opened = _could_not(exc)
     if isinstance(opened, Shrunk):
@@ -260,6 +276,8 @@ class _Opened:
     max_bytes: int | None
     webp: bool
     cost: int = 0  # the most memory decoding and re-encoding it can hold at once, in bytes
+    native: tuple[int, int] | None = None  # the size the model sees it at, when it goes at that size
+    original: int | None = None  # its base64 length and type name, when it may go as it came
 
 
 def open_image(payload: str) -> tuple[Image.Image, bytes] | str:
@@ -284,7 +302,7 @@ def open_image(payload: str) -> tuple[Image.Image, bytes] | str:
     return im, raw
 
 
-def _open(payload: str, max_side: int | None, max_bytes: int | None, webp: bool) -> Shrunk | _Opened:
+def _open(payload: str, max_side: int | None, max_bytes: int | None, webp: bool, size: tuple[int, int] | None = None) -> Shrunk | _Opened:
     """The image opened and its cost worked out; or the outcome, when it needs no decoding (nothing to do, or refused)."""
     opened_image = open_image(payload)
     if isinstance(opened_image, str):
@@ -294,15 +312,20 @@ def _open(payload: str, max_side: int | None, max_bytes: int | None, webp: bool)
     source = im.format or "PNG"
     fits_side = max_side is None or max(width, height) <= max_side
     fits_bytes = max_bytes is None or len(payload) <= max_bytes
-    if fits_side and fits_bytes and source in _ACCEPTED:
+    native = _native_target(size, width, height, max_side)
+    as_it_came = fits_side and fits_bytes and source in _ACCEPTED
+    if as_it_came and native is None:
         return Shrunk()
     long_side = max(width, height)
     if max_side is not None:
         long_side = min(long_side, max_side)
+    if native is not None:
+        long_side = max(native)
     if source == "JPEG" and long_side < max(width, height):
         # Decode at 1/2, 1/4 or 1/8 scale when that still covers the target: 4-60x less work.
         im.draft(None, _fit(width, height, long_side))
-    opened = _Opened(im, raw, len(payload), width, height, long_side, max_bytes, webp)
+    original = len(payload) + len(_MIME.get(source, "")) if as_it_came else None
+    opened = _Opened(im, raw, len(payload), width, height, long_side, max_bytes, webp, native=native, original=original)
     opened.cost = _peak_bytes(opened, im)
     if opened.cost > BUDGET.limit:
         need, budget = format_size(opened.cost), format_size(BUDGET.limit)
@@ -320,12 +343,48 @@ def _shrink(opened: _Opened) -> Shrunk:
         im.load()
     except (OSError, ValueError, SyntaxError):
         return Shrunk(reason="could not be decoded")
+    native = opened.native
     if im.getexif().get(_ORIENTATION, 1) in _QUARTER_TURNS:
         width, height = height, width  # the pixels are turned upright below
+        native = None if native is None else (native[1], native[0])
     pixels = _normalize(im)
     del im  # the source's pixels, when normalising made new ones
     rescue = _rescue(opened, source, width, height, pixels.mode)
+    if native is not None:
+        seen = _at_native(pixels, native, _native_step(opened.webp, native, rescue), opened.max_bytes, opened.original)
+        if seen is not None:
+            return seen
     return _ladder(pixels, width, height, opened.long_side, opened.max_bytes, rescue)
+
+
+def _native_target(size: tuple[int, int] | None, width: int, height: int, max_side: int | None) -> tuple[int, int] | None:
+    """`size` when the image goes at it: smaller than the image and within the side limit (a smaller limit wins)."""
+    if size is None or size == (width, height) or size[0] > width or size[1] > height or min(size) < 1:
+        return None
+    return size if max_side is None or max(size) <= max_side else None
+
+
+def _native_step(webp: bool, size: tuple[int, int], rescue: _Rescue) -> tuple[str, int]:
+    """The lossless encoding at the size the model sees: WebP where the target takes it (and the frame is not too
+    large for its encoder, which no provider's size is), else PNG."""
+    return ("WEBP", LOSSLESS) if webp and size[0] * size[1] <= MAX_HEAVY_PIXELS else ("PNG", rescue.png_level)
+
+
+def _at_native(pixels: Image.Image, size: tuple[int, int], step: tuple[str, int], max_bytes: int | None, original: int | None) -> Shrunk | None:
+    """The image at `size` in its lossless encoding `step`; Shrunk() when the original, within the limits, is no
+    larger (`original`: its base64 length and type name, None when it is over a limit); None when that encoding is
+    over `max_bytes` (the ladder goes on from this size)."""
+    frame = pixels.resize(size, Image.Resampling.LANCZOS, reducing_gap=3.0)
+    frame.info = {}
+    fmt, setting = step
+    data = _encode(frame, fmt, setting)
+    del frame
+    length = 4 * -(-len(data) // 3)
+    if original is not None and length + len(_MIME[fmt]) >= original:
+        return Shrunk()  # as it came: never more bytes than that
+    if max_bytes is not None and length > max_bytes:
+        return None
+    return Shrunk(base64.b64encode(data).decode("ascii"), _MIME[fmt], size[0], size[1])
 
 
 def _rescue(opened: _Opened, source: str, width: int, height: int, mode: str | None) -> _Rescue:
@@ -390,7 +449,7 @@ def _peak_bytes(opened: _Opened, im: Image.Image) -> int:
     normalising = source_bytes + turned + converted + dropped
     depth = 1 if mode in ("L", "1") and not transparent else 4  # the normalised pixels' pixel size
     pixels = area * depth
-    frame_w, frame_h = _fit(opened.width, opened.height, opened.long_side)
+    frame_w, frame_h = opened.native or _fit(opened.width, opened.height, opened.long_side)
     first = frame_w * frame_h
     resizing = frame = 0
     if first != area:
@@ -404,7 +463,10 @@ def _peak_bytes(opened: _Opened, im: Image.Image) -> int:
     normalised = "L" if depth == 1 else "LA" if mode == "LA" and not transparent else None  # None: RGB or RGBA
     rescue = _rescue(opened, source, opened.width, opened.height, normalised)
     max_bytes, full_size = opened.max_bytes, first == opened.width * opened.height
-    encoding = pixels + frame + _encoding_peak(rescue.steps(True, full_size, first), first, depth, alpha, max_bytes)
+    steps = rescue.steps(True, full_size, first)
+    if opened.native is not None:  # the lossless encoding at the size the model sees comes first
+        steps = [_native_step(opened.webp, opened.native, rescue), *steps]
+    encoding = pixels + frame + _encoding_peak(steps, first, depth, alpha, max_bytes)
     if max_bytes is not None:  # without a byte limit the first encoding is the one sent
         # The later sizes: each at most 0.75^2 of the first in area (one frame at a time); the heavy encoders come
         # back below MAX_HEAVY_PIXELS.

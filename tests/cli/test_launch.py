@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from trimflow.cli import _recall
 from trimflow.cli._launch import main
 from trimflow.cli._launch_error import EXIT_CANNOT_START, EXIT_NOT_FOUND
 from trimflow.cli._run_dir import LAUNCHER_FILE
@@ -47,7 +48,10 @@ def test_a_runs_folder_that_cannot_be_made_exits_2_in_one_line(tmp_path: Path, c
     assert capsys.readouterr().err == f"trimflow run: cannot make {tmp_path / 'state' / 'trimflow' / 'runs'} (Not a directory)\n"
 
 
-def test_a_run_that_cannot_start_leaves_no_folder_and_removes_those_of_launchers_gone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_run_that_cannot_start_leaves_no_folder_and_removes_those_of_launchers_gone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_recall, "has_mcp", lambda: True)  # no line about recall, wherever the mcp package cannot be
     env = environ(tmp_path)
     agent = tmp_path / "bin" / "claude"
     agent.write_text("#!/bin/sh\nexit 0\n")

@@ -6,6 +6,7 @@ run: tests/e2e/test_recall.py."""
 from __future__ import annotations
 
 import stat
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,12 @@ import pytest
 from trimflow._recall import STORE_VARIABLE, TOKEN_VARIABLE, parse_token, run_folder
 from trimflow.cli import _recall
 from trimflow.cli._recall import TOKEN_FILE, prepare
+
+
+@pytest.fixture(autouse=True)
+def mcp_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launcher's side needs only to know the mcp package is there (on Python 3.11 it cannot be: pyproject.toml)."""
+    monkeypatch.setattr(_recall, "has_mcp", lambda: True)
 
 
 def test_a_run_gets_a_token_of_its_own_in_a_private_file(tmp_path: Path) -> None:
@@ -39,7 +46,9 @@ def test_the_users_folder_is_the_store_and_empty_turns_recall_off(tmp_path: Path
 def test_without_the_mcp_package_recall_is_off_and_said_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_recall, "has_mcp", lambda: False)
     recall, why = prepare({}, tmp_path, tmp_path)
-    assert recall is None and why is not None and "pip install 'trimflow[recall]'" in why
+    # Where it can be installed, how; on Python 3.11 (mitmproxy 11 pins h11 below what mcp needs), what it takes.
+    fix = "pip install 'trimflow[recall]'" if sys.version_info >= (3, 12) else "Python 3.12 or newer"
+    assert recall is None and why is not None and why.startswith("trimflow run: no recall_image for the agent: ") and fix in why
     assert not (tmp_path / TOKEN_FILE).exists()
 
 

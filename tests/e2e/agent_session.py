@@ -165,6 +165,22 @@ def installed_version(prefix: Path, package: str, command: str) -> str | None:
     return str(orjson.loads(manifest.read_bytes())["version"])
 
 
+# The npm agent CLIs the launcher sets up by name, by their command.
+PACKAGES = {"claude": "@anthropic-ai/claude-code", "codex": "@openai/codex", "gemini": "@google/gemini-cli"}
+
+
+def need(cli: str) -> None:
+    """Skip (or fail, where CI requires the CLIs) unless `cli` is installed at the version scripts/setup pins."""
+    package = PACKAGES[cli]
+    version = installed_version(ROOT / ".tools", package, cli)
+    why = None
+    if version is None:
+        why = f"{cli} is not installed: scripts/setup --agent-clis (needs npm)"
+    elif version != npm_pins()[package]:
+        why = f"{cli} {version} is installed, scripts/setup pins {npm_pins()[package]}: scripts/setup --agent-clis"
+    require_agent(why)
+
+
 def shipped_cap(model: str, path: str = "/v1/chat/completions") -> int:
     """The image cap the shipped rules set for the fake provider's host (localhost), this path and this model."""
     cap = load_rules(DEFAULT_RULES_PATH).limits_for("localhost", path, model).max_images

@@ -21,13 +21,13 @@ import pytest
 from .agent_session import (
     CODEX_CONFIG,
     FINAL,
+    PACKAGES,
     PROMPT,
     ROOT,
     SIDE_TRAFFIC_OFF,
     assert_summary_is_what_the_provider_received,
-    installed_version,
+    need,
     npm_pins,
-    require_agent,
     run_session,
     turns,
 )
@@ -42,20 +42,6 @@ GEMINI_ENV = {"GEMINI_API_KEY": "AIza-test-agent-cli", "GEMINI_CLI_TRUST_WORKSPA
 GEMINI_SETTINGS = '{"privacy": {"usageStatisticsEnabled": false}}'
 # A model named, so no routing classifier runs before each turn.
 GEMINI_ARGS = ["-m", "gemini-2.5-flash", "-p", PROMPT]
-
-
-PACKAGES = {"claude": "@anthropic-ai/claude-code", "codex": "@openai/codex", "gemini": "@google/gemini-cli"}
-
-
-def need(cli: str) -> None:
-    package = PACKAGES[cli]
-    version = installed_version(ROOT / ".tools", package, cli)
-    why = None
-    if version is None:
-        why = f"{cli} is not installed: scripts/setup --agent-clis (needs npm)"
-    elif version != npm_pins()[package]:
-        why = f"{cli} {version} is installed, scripts/setup pins {npm_pins()[package]}: scripts/setup --agent-clis"
-    require_agent(why)
 
 
 def assert_capped_session(result: dict[str, Any], cap: int) -> None:

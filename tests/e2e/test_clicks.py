@@ -2,8 +2,10 @@
 screenshot it received and clicks its centre in that image's pixels; trimflow shrank the screenshot, so it maps
 every click of the answer back, and the real SDKs' agent clicks on the button on its original screen. What the
 model answered (what the control, the mapping off, hands the agent) misses it. Text and the other tool's call come through unchanged.
-JSON and SSE; Anthropic Messages and OpenAI Responses. Then what a hostile answer costs: a long drag mapped while
-another request goes through, and an answer of many computer blocks that never end."""
+JSON and SSE; Anthropic Messages and OpenAI Responses. Shrunk for a side limit (`native_size` off), and at the size
+the model sees (the shipped `native_size`): OpenAI's answer mapped back, Claude's needing nothing, nor a note. Then
+what a hostile answer costs: a long drag mapped while another request goes through, and an answer of many computer
+blocks that never end."""
 
 from __future__ import annotations
 
@@ -92,11 +94,22 @@ def proxies(tmp_path_factory: pytest.TempPathFactory, clicking: FakeProvider) ->
     made = []
     for name, options in (("clicks", {}), ("unmapped", {"trimflow_clicks": "false"})):
         workdir = tmp_path_factory.mktemp(name)
-        rules = replace_text(workdir / "rules.yaml", f"defaults:\n  max_image_side: {SIDE}\n")
+        rules = replace_text(workdir / "rules.yaml", f"defaults:\n  max_image_side: {SIDE}\n  native_size: false\n")
         made.append(Proxy(workdir, "--mode", f"reverse:{clicking.url}", rules=rules, **options))
     start_all(*(p.mitm for p in made))
     yield made[0], made[1]
     stop_all(*(p.mitm for p in made))
+
+
+@pytest.fixture(scope="module")
+def native(tmp_path_factory: pytest.TempPathFactory, clicking: FakeProvider) -> Iterator[Proxy]:
+    """No limit on the image but the size the model sees (`native_size`, on as shipped)."""
+    workdir = tmp_path_factory.mktemp("native")
+    rules = replace_text(workdir / "rules.yaml", "defaults:\n  native_size: true\n")
+    proxy = Proxy(workdir, "--mode", f"reverse:{clicking.url}", rules=rules)
+    start_all(proxy.mitm)
+    yield proxy
+    stop_all(proxy.mitm)
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +140,7 @@ def anthropic_messages(screen: Screen) -> list[dict[str, Any]]:
     ]
 
 
-def ask_claude(proxy: Proxy, screen: Screen, stream: bool) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def ask_claude(proxy: Proxy, screen: Screen, stream: bool, model: str = "claude-opus-4-7") -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The answer's blocks as the agent got them, and the flow's record."""
     width, height = screen.size
     tools: list[Any] = [
@@ -135,7 +148,7 @@ def ask_claude(proxy: Proxy, screen: Screen, stream: bool) -> tuple[list[dict[st
         {"name": OTHER_TOOL, "description": "Note a position.", "input_schema": {"type": "object", "properties": {"coordinate": {"type": "array"}}}},
     ]
     args: dict[str, Any] = {
-        "model": "claude-opus-4-7",
+        "model": model,
         "max_tokens": 1024,
         "tools": tools,
         "messages": anthropic_messages(screen),
@@ -233,6 +246,34 @@ def test_openai_clicks_land_on_the_button_of_the_original_screen(
     calls = [item for item in response.output if item.type == "computer_call"]
     assert points(calls[0]) == [model.clicks[-1]] and not retina.hits(*model.clicks[-1])
     assert (record["images_rescaled"], record["clicks_mapped"]) == (1, 0)
+
+
+# --- at the size the model sees ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_openai_clicks_at_the_size_the_model_sees_land_on_the_button(native: Proxy, model: ClickingModel, retina: Screen, stream: bool) -> None:
+    """computer-use-preview sees a 5120x2880 screenshot scaled into 2048x2048 and to a short side of 768: trimflow
+    sends it at that size, and maps the answer's clicks back to the original screen."""
+    response, done, record = ask_openai(native, retina, stream)
+    assert model.seen[-1] == (1366, 768)
+    calls = [item for item in response.output if item.type == "computer_call"]
+    for call in [*calls, *done]:
+        assert all(retina.hits(x, y) for x, y in points(call)), points(call)
+    assert (record["native_sized"], record["images_rescaled"], record["clicks_mapped"]) == (1, 1, 2)
+
+
+def test_claude_over_its_native_size_sees_its_own_resize_with_no_note(
+    native: Proxy, clicking: FakeProvider, model: ClickingModel, retina: Screen
+) -> None:
+    """Claude scales a 5120x2880 screenshot to 1456x819 before the model sees it, and answers in those pixels either
+    way: trimflow sends it at that size, with no note beside it, and the answer's coordinates are the model's."""
+    blocks, record = ask_claude(native, retina, stream=False, model="claude-sonnet-4-5")
+    assert model.seen[-1] == (1456, 819)
+    assert blocks[1]["input"]["coordinate"] == list(model.clicks[-1])
+    assert (record["native_sized"], record["images_rescaled"], record["clicks_mapped"]) == (1, 1, 0)
+    assert record["media_bytes_after"] * 4 < record["media_bytes_before"]
+    assert b"[trimflow:" not in clicking.received[-1].body
 
 
 # --- what a hostile answer costs: no other request waits, what is held stays bounded --------------------------

@@ -27,7 +27,8 @@ LIMIT = 200 * 1024  # of base64 per image: the 2x screenshot is over it as PNG, 
 @pytest.fixture(scope="module")
 def proxy(tmp_path_factory: pytest.TempPathFactory, provider: FakeProvider) -> Iterator[Proxy]:
     workdir = tmp_path_factory.mktemp("computer-use")
-    rules = replace_text(workdir / "rules.yaml", f"defaults:\n  max_images: 3\n  keep_recent: 1\n  max_image_bytes: {LIMIT}\n")
+    # The byte limit alone (`native_size` off): the size the model sees is tested in test_clicks.
+    rules = replace_text(workdir / "rules.yaml", f"defaults:\n  max_images: 3\n  keep_recent: 1\n  max_image_bytes: {LIMIT}\n  native_size: false\n")
     started = start_proxy(workdir, "--mode", f"reverse:{provider.url}", rules=rules)
     yield started
     stop_all(started.mitm)

@@ -31,31 +31,15 @@ from .agent_session import (
     FINAL,
     PROMPT,
     RECALL_ID,
-    ROOT,
     SIDE_TRAFFIC_OFF,
     digest,
-    installed_version,
     launcher_records,
-    npm_pins,
-    require_agent,
+    need,
     run_session,
     turns,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(bool(MCP_SDK_MISSING), reason=MCP_SDK_MISSING)]
-
-PACKAGES = {"claude": "@anthropic-ai/claude-code", "codex": "@openai/codex", "gemini": "@google/gemini-cli"}
-
-
-def need(cli: str) -> None:
-    package = PACKAGES[cli]
-    version = installed_version(ROOT / ".tools", package, cli)
-    why = None
-    if version is None:
-        why = f"{cli} is not installed: scripts/setup --agent-clis (needs npm)"
-    elif version != npm_pins()[package]:
-        why = f"{cli} {version} is installed, scripts/setup pins {npm_pins()[package]}: scripts/setup --agent-clis"
-    require_agent(why)
 
 
 def assert_recalled(result: dict[str, Any]) -> None:

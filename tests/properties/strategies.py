@@ -78,3 +78,11 @@ def render(fmt: str, conv: list, extra: dict, pool: list[bytes] = POOL) -> dict[
             msg["images"] = images
         msgs.append(msg)
     return {"model": "llava", "messages": msgs, **extra}
+
+
+def kept_in_order(kept: list[Any], images: list[Any], keep_recent: int) -> bool:
+    """Whether `kept` are some of `images` in their order, byte for byte, the newest `keep_recent` among them (the cut
+    takes repeated screens and tool output before the user's images, not always the oldest: trimflow._value)."""
+    rest = iter(images)
+    newest = min(keep_recent, len(images))
+    return all(any(k == image for image in rest) for k in kept) and kept[len(kept) - newest :] == images[len(images) - newest :]

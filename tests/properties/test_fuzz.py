@@ -20,7 +20,7 @@ from trimflow.formats import FORMATS
 from trimflow.testing import b64, data_url
 
 from ..helpers import rules_with, url_for
-from .strategies import POOL, limits, text
+from .strategies import POOL, kept_in_order, limits, text
 
 _HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large]
 
@@ -187,14 +187,6 @@ def media_of(fmt: str, body: Any) -> tuple[list[bytes], list[bytes]]:
 
 def texts_of(conv: list) -> list[str]:
     return [_text(v) for _, _, parts, _ in conv for k, v, _ in parts if k == "text" and _text(v)]
-
-
-def kept_in_order(kept: list[bytes], images: list[bytes], keep_recent: int) -> bool:
-    """Whether `kept` are some of `images` in their order, byte for byte, the newest `keep_recent` among them (the cut
-    takes repeated screens and tool output before the user's images, not always the oldest: trimflow._value)."""
-    rest = iter(images)
-    newest = min(keep_recent, len(images))
-    return all(any(k == image for image in rest) for k in kept) and kept[len(kept) - newest :] == images[len(images) - newest :]
 
 
 def allowed_images(lim: dict, before: int) -> int:

@@ -17,6 +17,7 @@ from trimflow.formats import FORMATS
 from trimflow.repair import _claude, _codex, _gemini
 from trimflow.repair._lines import Line, SessionError, split_lines
 from trimflow.repair._repair import Edit, Replay, apply_edits, repair_lines, value_at
+from trimflow.testing import b64
 
 from .helpers import FIXTURES, SESSIONS, shipped_cap, shipped_rules
 
@@ -95,6 +96,18 @@ def test_a_session_under_the_cap_is_left_as_it_is() -> None:
     loose = shipped_rules().with_limits(max_images=20)
     repaired = repair_lines(lines, _claude, loose)
     assert not repaired.changed and repaired.lines is lines and repaired.images_after == 10
+
+
+def test_the_size_the_model_sees_is_no_reason_to_rewrite_a_session(retina_desktop: bytes) -> None:
+    # The proxy sends a Retina screenshot at the size Claude sees it on the wire; in the saved session it stays as the
+    # agent took it, and a session under the cap is still left as it is.
+    raw = (SESSIONS / "claude-10.jsonl").read_bytes()
+    replay = _claude.replay(split_lines(raw))
+    first = next(m for m in FORMATS[replay.wire_format].find_media(replay.body) if m.kind == "image")
+    assert first.data is not None
+    lines = split_lines(raw.replace(first.data.encode(), b64(retina_desktop).encode()))
+    repaired = repair_lines(lines, _claude, shipped_rules().with_limits(max_images=20))
+    assert not repaired.changed and repaired.lines is lines
 
 
 def test_a_rules_file_changes_what_is_kept() -> None:

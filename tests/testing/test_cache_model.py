@@ -240,6 +240,23 @@ def test_a_screenshot_costs_what_the_estimator_says(cache: CacheModel) -> None:
     assert unit.image_tokens < unit.tokens < unit.image_tokens + text_tokens(200)  # the image, and the JSON around it
 
 
+def test_the_same_image_costs_the_same_as_png_or_webp() -> None:
+    # The type an image is declared as is billed with it: sent at its native size as WebP instead of PNG, a turn
+    # costs what it did. Tool ids of four lengths: "webp" is a character longer than "png", which one of them rounds
+    # to one more token of text were it counted as text.
+    def prompt_tokens(fmt: str, tool_id: str) -> int:
+        out = io.BytesIO()
+        Image.new("RGB", (1389, 868), (200, 200, 200)).save(out, fmt)
+        image = {"type": "image", "source": {"type": "base64", "media_type": f"image/{fmt.lower()}", "data": b64(out.getvalue())}}
+        result = {"type": "tool_result", "tool_use_id": tool_id, "content": [image]}
+        prompt = prompt_of("anthropic", ANTHROPIC, {"model": "claude-sonnet-4-6", "messages": [{"role": "user", "content": [result]}]})
+        assert prompt is not None
+        return sum(unit.tokens for unit in prompt.units)
+
+    for tool_id in ("t1", "t12", "t123", "t1234"):
+        assert prompt_tokens("PNG", tool_id) == prompt_tokens("WEBP", tool_id), tool_id
+
+
 def test_entries_are_per_model(cache: CacheModel) -> None:
     use(cache, conversation(2))
     other = use(cache, conversation(2, model="claude-opus-4-1"))

@@ -83,7 +83,7 @@ def cache_breaks_text(t: Totals) -> str:
 
 
 # What the engine did beyond dropping images (Record fields; getattr: older records lack them).
-_ALSO_DONE = (("shrunk", "shrunk"), ("thinned", "thinned"), ("deduplicated", "repeats"))
+_ALSO_DONE = (("shrunk", "shrunk"), ("native_sized", "at the model's size"), ("thinned", "thinned"), ("deduplicated", "repeats"))
 _PRUNE_CAUSES = (
     ("pruned_for_count", "count"),
     ("pruned_for_body", "body"),

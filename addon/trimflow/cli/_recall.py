@@ -57,6 +57,8 @@ def prepare(sets: dict[str, str], confdir: Path, run_dir: Path) -> tuple[RunReca
     if not folder:
         return None, None
     if not has_mcp():
+        if sys.version_info < (3, 12):  # mcp 2 needs h11 >= 0.16; mitmproxy 11, the newest for Python 3.11, pins it lower
+            return None, "trimflow run: no recall_image for the agent: it needs Python 3.12 or newer (the mcp package)"
         return None, "trimflow run: no recall_image for the agent: the mcp package is missing (pip install 'trimflow[recall]')"
     store = Path(os.path.expanduser(folder.replace("{confdir}", str(confdir)))).absolute()
     token = secrets.token_bytes(32)

@@ -17,6 +17,7 @@ def flow_comment(record: Record) -> str:
         rest.append(f"conv {record.conversation} {record.place}")
     done = (
         (record.thinned, "thinned"),
+        (record.native_sized, "at the model's size"),
         (record.shrunk, "shrunk"),
         (record.deduplicated, "repeated"),
         (record.pruned_for_image_limit, "too big"),

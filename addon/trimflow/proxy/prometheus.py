@@ -66,7 +66,7 @@ def model_family(model: str | None) -> str:
 def outcome_of(record: Record) -> str:
     """What happened to the request, the first that applies: simulated (a limit profile answered), retried (refused
     for a limit and sent again), failed_open (forwarded as it came for the reason the log line gives), observed
-    (observe mode: measured, forwarded as it came), pruned (images dropped, shrunk or thinned), untouched."""
+    (observe mode: measured, forwarded as it came), pruned (images dropped, shrunk, thinned or sent at the model's size), untouched."""
     if record.simulated:
         return "simulated"
     if record.retries:
@@ -75,7 +75,7 @@ def outcome_of(record: Record) -> str:
         return "failed_open"
     if record.mode != ENFORCE:
         return "observed"
-    if record.pruned or record.shrunk or record.thinned:
+    if record.pruned or record.shrunk or record.thinned or record.native_sized:
         return "pruned"
     return "untouched"
 

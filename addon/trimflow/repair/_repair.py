@@ -83,7 +83,11 @@ class Repaired:
 
 
 def repair_lines(lines: list[Line], agent: Agent, rules: Rules) -> Repaired:
-    """The lines with the rules applied to the history they hold; a SessionError when that cannot be done."""
+    """The lines with the rules applied to the history they hold; a SessionError when that cannot be done.
+
+    Without `native_size`: the size the model sees is the proxy's work on the wire, never a reason to rewrite a
+    session, whose images stay as the agent took them unless a limit drops or shrinks them."""
+    rules = rules.with_limits(native_size=False)
     replay = agent.replay(lines)
     outcome = _prune(replay, rules)
     record = _record(outcome)

@@ -464,7 +464,7 @@ class _Builder:
         media = [m for p, found in self.media.items() if p[: len(path)] == path for m in found]
         media_tokens = sum(self._media_tokens(m) for m in media)
         image_share = sum(self._media_tokens(m) for m in media if m.kind == IMAGE)
-        text = text_tokens(len(canonical) - sum(m.wire_bytes for m in media))
+        text = text_tokens(len(canonical) - sum(m.wire_bytes + _encoding_name(m) for m in media))
         self.units.append(Unit(path, digest, text + media_tokens, image_share))
 
     def _media_tokens(self, media: Media) -> int:
@@ -473,6 +473,15 @@ class _Builder:
         info = None if media.remote else sniff_media(media)
         width, height = (info.width, info.height) if info is not None else (None, None)
         return image_tokens(self.fmt, self.model, width, height, media.detail)
+
+
+def _encoding_name(media: Media) -> int:
+    """The characters of a medium's encoding name declared beside its data (`png` of Anthropic's `image/png`
+    media_type, Gemini's mime_type, Bedrock's format; a data URL's is in its data): billed with the medium, not as
+    text, so the same image costs the same as PNG or WebP."""
+    if media.data_offset or not media.declared_mime:
+        return 0
+    return len(media.declared_mime.rpartition("/")[2])
 
 
 def _cache_controls(node: Any) -> Iterator[Any]:

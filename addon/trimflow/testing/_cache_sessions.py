@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from PIL import Image, ImageDraw, ImageFont
+from PIL import Image, ImageChops, ImageDraw, ImageFont
 
 from .._tokens import text_tokens
 from ._synthetic import b64, data_url
@@ -39,35 +39,65 @@ _WORDS = (
 
 
 @functools.cache
-def desktop_screenshot(seed: int) -> bytes:
-    """A 1280x800 PNG like a desktop screenshot: a title bar, a sidebar, text in a main pane, buttons and a
-    photo-like panel. Each seed draws a different screen; the same seed always the same bytes (cached per run)."""
+def desktop_screenshot(seed: int, size: tuple[int, int] = SCREEN) -> bytes:
+    """A PNG like a desktop screenshot, 1280x800 unless `size` says: a title bar, a sidebar, text in a main pane,
+    buttons and a photo-like panel. A larger `size` draws the same layout at its scale, as a HiDPI display does
+    (2880x1800: 2.25x, the text antialiased at that size). Each seed draws a different screen; the same seed and
+    size always the same bytes (cached per run)."""
     rng = random.Random(seed)
-    width, height = SCREEN
+    width, height = size
+    scale = width / SCREEN[0]
+
+    def px(value: int) -> int:
+        return round(value * scale)
+
     shade = rng.randrange(226, 246)
-    img = Image.new("RGB", SCREEN, (shade, shade, shade + 4 if shade < 250 else shade))
+    img = Image.new("RGB", size, (shade, shade, shade + 4 if shade < 250 else shade))
     draw = ImageDraw.Draw(img)
-    font = ImageFont.load_default()
-    draw.rectangle((0, 0, width, 28), fill=(40, 40, 48))
-    draw.text((12, 8), f"Window {seed} - " + " ".join(rng.choice(_WORDS) for _ in range(3)), fill=(230, 230, 230), font=font)
-    draw.rectangle((0, 28, 220, height), fill=(248, 248, 250))
-    for y in range(44, height - 20, 22):
-        draw.text((16, y), " ".join(rng.choice(_WORDS) for _ in range(3)).title(), fill=(60, 60, 70), font=font)
-    for y in range(50, height - 210, 18):
+    font = _font(px(11)) if size != SCREEN else ImageFont.load_default()
+    draw.rectangle((0, 0, width, px(28)), fill=(40, 40, 48))
+    draw.text((px(12), px(8)), f"Window {seed} - " + " ".join(rng.choice(_WORDS) for _ in range(3)), fill=(230, 230, 230), font=font)
+    draw.rectangle((0, px(28), px(220), height), fill=(248, 248, 250))
+    for y in range(px(44), height - px(20), px(22)):
+        draw.text((px(16), y), " ".join(rng.choice(_WORDS) for _ in range(3)).title(), fill=(60, 60, 70), font=font)
+    for y in range(px(50), height - px(210), px(18)):
         line = " ".join(rng.choice(_WORDS) for _ in range(rng.randrange(4, 18)))
-        draw.text((240, y), line, fill=(rng.randrange(0, 90),) * 3, font=font)
-    panel_w, panel_h = rng.randrange(300, 420), rng.randrange(160, 200)
-    x, y = rng.randrange(240, width - panel_w), height - panel_h - 10
+        draw.text((px(240), y), line, fill=(rng.randrange(0, 90),) * 3, font=font)
+    panel_w, panel_h = rng.randrange(px(300), px(420)), rng.randrange(px(160), px(200))
+    x, y = rng.randrange(px(240), width - panel_w), height - panel_h - px(10)
     gradient = Image.linear_gradient("L").resize((panel_w, panel_h)).convert("RGB")
     speckle = Image.frombytes("RGB", (panel_w, panel_h), rng.randbytes(panel_w * panel_h * 3))
     img.paste(Image.blend(gradient, speckle, 0.35), (x, y))
     for _ in range(6):
-        bx, by = rng.randrange(240, width - 150), rng.randrange(40, height - 60)
+        bx, by = rng.randrange(px(240), width - px(150)), rng.randrange(px(40), height - px(60))
         colour = (rng.randrange(256), rng.randrange(256), rng.randrange(256))
-        draw.rounded_rectangle((bx, by, bx + rng.randrange(60, 140), by + 28), 6, fill=colour)
+        draw.rounded_rectangle((bx, by, bx + rng.randrange(px(60), px(140)), by + px(28)), px(6), fill=colour)
+    if size != SCREEN:
+        # A HiDPI desktop's translucent title bar and sidebar (macOS's vibrancy): the colour with a grain of one level.
+        for box in ((0, 0, width, px(28)), (0, px(28), px(220), height)):
+            _grain(img, box, rng)
     out = io.BytesIO()
     img.save(out, "PNG")
     return out.getvalue()
+
+
+_ONE_LEVEL = bytes(b % 3 for b in range(256))  # random bytes to 0, 1 or 2: a grain of -1, 0 or +1 once offset
+
+
+def _grain(img: Image.Image, box: tuple[int, int, int, int], rng: random.Random) -> None:
+    """Each pixel in `box` one level lighter, darker or the same, at random."""
+    w, h = box[2] - box[0], box[3] - box[1]
+    grain = Image.frombytes("L", (w, h), rng.randbytes(w * h).translate(_ONE_LEVEL))
+    img.paste(ImageChops.add(img.crop(box), Image.merge("RGB", (grain, grain, grain)), 1, -1), box)
+
+
+def _font(pixels: int) -> ImageFont.ImageFont | ImageFont.FreeTypeFont:
+    """Pillow's own font at `pixels` (antialiased, as a HiDPI screen draws text); its fixed bitmap font where this Pillow
+    has no scalable one."""
+    try:
+        return ImageFont.load_default(size=pixels)
+    except (TypeError, ImportError, OSError):  # Pillow before 10.1, or built without FreeType
+        return ImageFont.load_default()
 
 
 @functools.cache
