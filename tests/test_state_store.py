@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import signal
+import socket
 import struct
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -129,7 +132,8 @@ def test_a_store_that_goes_away_costs_one_warning_and_comes_back_by_itself(serve
         state.put(b"k" * 16, turn(999.0))
         wait_for(lambda: state.get_many([b"k" * 16])[0], "the turn in the store")
         server.stop()
-        wait_for(lambda: not state.get_many([b"k" * 16])[0] and not state.in_use, "the store given up")
+        # The read finds its connection closed and reads nothing; the thread finds the store gone, and warns.
+        wait_for(lambda: not state.get_many([b"k" * 16])[0] and not state.in_use and state.outages == 1, "the store given up")
         for _ in range(50):  # every request meanwhile reads nothing, writes nothing, and raises nothing
             assert state.get_many([b"k" * 16]) == [None]
             state.put(b"k" * 16, turn(999.5))
@@ -141,6 +145,34 @@ def test_a_store_that_goes_away_costs_one_warning_and_comes_back_by_itself(serve
     lines = [r.getMessage() for r in caplog.records if r.name == "trimflow"]
     assert len([m for m in lines if "not answering" in m]) == 1, lines
     assert len([m for m in lines if "answers again" in m]) == 1, lines
+
+
+def numbered(sent_at: float, number: int, conversation: bytes = b"abcd") -> LastTurn:
+    return turn(sent_at)._replace(turn=number, conversation=conversation)
+
+
+def test_an_older_turn_written_late_never_replaces_a_newer_one_of_its_conversation(server: RedisServer) -> None:
+    """Each instance writes its turns from a queue of its own: instance b's turn 4 can reach the store after instance
+    a's turn 5. The store keeps turn 5; a later turn, the same turn sent later, or another conversation given the row
+    (the least recently sent gives way) is written."""
+    row = b"k" * 16
+    with RedisState(server.url, deadline=PATIENT, clock=lambda: 1100.0) as a, RedisState(server.url, deadline=PATIENT, clock=lambda: 1100.0) as b:
+        assert a.wait_until_up(30) and b.wait_until_up(30)
+
+        def write(state: RedisState, last: LastTurn) -> LastTurn | None:
+            state.put(row, last)
+            assert state.drained(30) and state.in_use
+            return state.get_many([row])[0]
+
+        assert write(a, numbered(1005.0, 5)) == numbered(1005.0, 5)
+        assert write(b, numbered(1004.0, 4)) == numbered(1005.0, 5)  # late: not written
+        assert write(b, numbered(1003.0, 5)) == numbered(1005.0, 5)  # the same turn, sent earlier
+        assert write(b, numbered(1006.0, 5)) == numbered(1006.0, 5)  # the same turn, sent later (a retry)
+        assert write(b, numbered(1007.0, 6)) == numbered(1007.0, 6)
+        assert write(a, numbered(1008.0, 1, b"wxyz")) == numbered(1008.0, 1, b"wxyz")  # another conversation takes the row
+        with server.raw() as raw:
+            assert 0 < raw.ttl(turn_key(row)) <= MAX_AGE
+        assert a.writes_dropped == b.writes_dropped == 0
 
 
 def test_two_memories_sharing_the_store_recall_and_number_each_turn_as_one_memory_would(server: RedisServer) -> None:
@@ -238,3 +270,85 @@ def test_a_store_that_stops_answering_costs_reads_their_deadline_then_none_until
         assert state.wait_until_up(60)
         assert wait_for(lambda: state.get_many([b"k" * 16])[0], "the turn read again") is not None
         assert state.outages == 1
+
+
+class DripProxy:
+    """A Unix socket in front of the redis-server's: what the client sends goes at once; with `drip` set, the server's
+    answers come a byte at a time, DRIP seconds apart (a store on a congested link, or one that means to hold a reader)."""
+
+    DRIP = 0.002
+
+    def __init__(self, workdir: Path, target: Path) -> None:
+        self.path, self.target = workdir / "drip.sock", target
+        self.drip = threading.Event()
+        self.closed = threading.Event()
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(str(self.path))
+        self.listener.listen(16)
+        self.url = f"unix://{self.path}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.closed.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            server.connect(str(self.target))
+            threading.Thread(target=self._pump, args=(client, server, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, True), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, answers: bool) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                if answers and self.drip.is_set():
+                    for i in range(len(data)):
+                        sink.sendall(data[i : i + 1])
+                        self.closed.wait(self.DRIP)
+                else:
+                    sink.sendall(data)
+        for each in (source, sink):
+            with contextlib.suppress(OSError):
+                each.shutdown(socket.SHUT_RDWR)
+        source.close()  # each socket is one pump's source
+
+    def close(self) -> None:
+        self.closed.set()
+        self.listener.close()
+
+
+def test_a_read_ends_by_its_deadline_though_the_store_answers_a_byte_at_a_time(server: RedisServer, tmp_path: Path) -> None:
+    """Each socket call of the read waits far less than the deadline, the read as a whole far more: it reads nothing
+    (the deadline is the whole read's), and the store is taken back once it answers at its pace again."""
+    drip = DripProxy(tmp_path, server.socket)
+    try:
+        with RedisState(drip.url, deadline=0.05) as state:
+            assert state.wait_until_up(30)
+            state.put(b"k" * 16, turn(time.time()))
+            assert state.drained(30) and wait_for(lambda: state.get_many([b"k" * 16])[0], "the turn read")
+            drip.drip.set()  # an answer of 4 rows is over 50 bytes: over 0.1 s in all, 2 ms a call
+            assert state.get_many([b"k" * 16, b"j" * 16, b"l" * 16, b"m" * 16]) == [None] * 4
+            drip.drip.clear()
+            assert wait_for(lambda: state.get_many([b"k" * 16])[0], "the turn read again") is not None
+    finally:
+        drip.close()
+
+
+def test_no_read_waits_on_a_reconnection(server: RedisServer, caplog: pytest.LogCaptureFixture) -> None:
+    """The store restarts while the instance is idle: the next read finds its connection closed and reads nothing,
+    rather than connect on the request path; the thread connects again, and the store was never missing long enough
+    to warn about."""
+    with caplog.at_level(logging.WARNING, "trimflow"), RedisState(server.url, deadline=PATIENT) as state:
+        assert state.wait_until_up(30)
+        state.put(b"k" * 16, turn(time.time()))
+        assert state.drained(30) and wait_for(lambda: state.get_many([b"k" * 16])[0], "the turn read")
+        server.stop()
+        server.start()
+        assert state.get_many([b"k" * 16]) == [None] and state.unready_reads == 1
+        state.put(b"k" * 16, turn(time.time()))  # dropped, or written once the thread is back
+        assert state.wait_until_up(30)
+        state.put(b"k" * 16, turn(time.time()))
+        assert state.drained(30) and wait_for(lambda: state.get_many([b"k" * 16])[0], "a turn read on the thread's connection")
+        assert state.unready_reads == 1 and state.outages == 0
+    assert not [r for r in caplog.records if r.name == "trimflow"]

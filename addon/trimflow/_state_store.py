@@ -9,12 +9,15 @@ encoding; never a prompt, an image or a key. Whoever else can write the store is
 up to the longest one trimflow writes (GETRANGE) and checked as the file's rows are (trimflow._last_turns.checked);
 one that is not what trimflow writes is ignored.
 
-The proxy never waits for the store past DEADLINE: reads on the request path use a connection whose every socket
-call times out after it, and only while the store is known to answer; writes wait in a queue (the newest turn of
-each conversation, at most MAX_PENDING) for a thread of its own. A store that is down, slow, full or answering
-garbage costs one warning, and the instance goes on with its own memory; the thread connects again by itself
-(RETRY_FIRST, doubling to RETRY_MAX) and says so once when it answers. No request waits on a (re)connection: only
-the thread connects. Needs the `redis` client (`pip install 'trimflow[team]'`). Pure Python, no mitmproxy.
+The proxy never waits for the store past DEADLINE: a read on the request path ends by its deadline, the whole read
+(its socket calls share it, so a store that answers a byte at a time is cut off too), and only while the store is
+known to answer; it uses a connection the thread made ready, never one of its own (`_Ready`). Writes wait in a
+queue (the newest turn of each conversation, at most MAX_PENDING) for a thread of its own, and never put an older
+turn of a conversation over a newer one another instance wrote (`_WRITE_NEWER`, compared in the store). A store that
+is down, slow, full or answering garbage costs one warning, and the instance goes on with its own memory; the thread
+connects again by itself (RETRY_FIRST, doubling to RETRY_MAX) and says so once when it answers. No request waits on
+a (re)connection: only the thread connects. Needs the `redis` client (`pip install 'trimflow[team]'`). Pure Python,
+no mitmproxy.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ LEARNED_VERSION = PREFIX + b"learned:version"  # counts their writes: a reader r
 MAX_LEARNED_BYTES = 1 << 20  # the longest learned limits read (1,024 entries of about 200 bytes each)
 WRITE_TRIES = 4  # writes of the learned limits that another instance's write came between, before the next round
 _HEAD = struct.Struct(">dII4s")  # a turn's time, cut, number and conversation id, before its packed images
+FRONT_CONNECTIONS = 4  # the request path's connections, made ready by the thread: reads at once past these read nothing
 MAX_TURN = 1 << 24  # the highest turn number read back (a hostile store's would skip every later number past it)
 _TURN_VALUE = _HEAD.size + MAX_IMAGES_BYTES  # the longest turn value trimflow writes
 
@@ -95,6 +99,36 @@ def password_from(file: str | None, environ: dict[str, str] | None = None) -> st
     return (os.environ if environ is None else environ).get(PASSWORD_VARIABLE) or None
 
 
+# A turn's value set unless the store holds a newer turn of the same conversation: one with a higher number, or the same
+# number sent later. Instances write each its own turns from a queue, so one's write of turn 4 can come after
+# another's of turn 5; a value of another conversation (a row given to a new one) or not trimflow's is written over.
+# The head is `_HEAD`'s big-endian fields: the time (bytes 1-8, ordered as bytes for a time past 1970), the cut, the
+# number (13-16) and the conversation's id (17-20). Bytes by string.byte: Lua's `<` on strings follows the locale.
+_WRITE_NEWER = """
+local old = redis.call('GETRANGE', KEYS[1], 0, 19)
+local new = ARGV[1]
+if #old == 20 and string.sub(old, 17, 20) == string.sub(new, 17, 20) then
+  local function number(s)
+    local a, b, c, d = string.byte(s, 13, 16)
+    return ((a * 256 + b) * 256 + c) * 256 + d
+  end
+  local was, now = number(old), number(new)
+  if now < was then return 0 end
+  if now == was then
+    for i = 1, 8 do
+      local x, y = string.byte(new, i), string.byte(old, i)
+      if x ~= y then
+        if x < y then return 0 end
+        break
+      end
+    end
+  end
+end
+redis.call('SET', KEYS[1], new, 'EX', ARGV[2])
+return 1
+"""
+
+
 def turn_key(row: bytes) -> bytes:
     return PREFIX + b"turn:" + row.hex().encode()
 
@@ -116,12 +150,19 @@ def decode_turn(value: object, now: float) -> LastTurn | None:
     return last._replace(turn=number, conversation=conversation if any(conversation) else b"")
 
 
-def client(url: str, password: str | None, timeout: float) -> Any:
-    """A client whose every socket call, connecting too, times out after `timeout`, and that never retries."""
+def client(url: str, password: str | None, timeout: float, call: threading.local | None = None) -> Any:
+    """A client whose every socket call, connecting too, times out after `timeout`, and that never retries. With
+    `call`, the request path's: while a thread's `call.until` is set, its socket calls together end by then and it
+    never connects (`_Ready`)."""
     import redis
     from redis.backoff import NoBackoff
+    from redis.connection import Connection, parse_url
     from redis.retry import Retry
 
+    options: dict[str, Any] = {}
+    if call is not None:
+        base = parse_url(url).get("connection_class", Connection)
+        options["connection_class"] = type(f"Ready{base.__name__}", (_Ready, base), {"call": call})
     return redis.Redis.from_url(
         url,
         password=password,
@@ -130,8 +171,67 @@ def client(url: str, password: str | None, timeout: float) -> Any:
         retry=Retry(NoBackoff(), 0),
         retry_on_timeout=False,
         health_check_interval=0,
-        max_connections=4,
+        max_connections=FRONT_CONNECTIONS,
+        **options,
     )
+
+
+class NotReady(Exception):
+    """The request path found no connection the thread made ready: it reads nothing, and leaves connecting to the thread."""
+
+
+class _Ready:
+    """Mixed into the request path's redis connection class: on a thread whose `call.until` is set (a read on the request
+    path) it never connects (a dead or new connection raises NotReady), and its socket is a `_Deadlined` one."""
+
+    call: threading.local
+    _sock: Any
+
+    def connect_check_health(self, *args: Any, **kwargs: Any) -> Any:
+        if self._sock is None and getattr(self.call, "until", None) is not None:
+            raise NotReady
+        return super().connect_check_health(*args, **kwargs)  # type: ignore[misc]
+
+    def _connect(self) -> Any:
+        return _Deadlined(super()._connect(), self.call)  # type: ignore[misc]
+
+
+class _Deadlined:
+    """A socket whose calls on a thread with `call.until` set each wait at most what is left until then (never more than
+    the socket's own timeout; redis's polls with 0 stay polls), so the calls of one read end by its deadline together."""
+
+    __slots__ = ("_sock", "_call")
+
+    def __init__(self, sock: Any, call: threading.local) -> None:
+        self._sock, self._call = sock, call
+
+    def _bounded(self, op: Callable[..., Any], *args: Any) -> Any:
+        until = getattr(self._call, "until", None)
+        if until is None:
+            return op(*args)
+        left = until - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the read's deadline passed")  # no errno: redis takes it for its own timeout
+        before = self._sock.gettimeout()
+        if before is not None and before <= left:
+            return op(*args)
+        self._sock.settimeout(left)
+        try:
+            return op(*args)
+        finally:
+            self._sock.settimeout(before)
+
+    def recv(self, *args: Any) -> Any:
+        return self._bounded(self._sock.recv, *args)
+
+    def recv_into(self, *args: Any) -> Any:
+        return self._bounded(self._sock.recv_into, *args)
+
+    def sendall(self, *args: Any) -> Any:
+        return self._bounded(self._sock.sendall, *args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
 
 
 class RedisState:
@@ -148,13 +248,18 @@ class RedisState:
         import redis  # here, so that a missing client is the caller's one line
 
         self._errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError, ValueError)
-        self._timeouts: tuple[type[BaseException], ...] = (redis.TimeoutError, TimeoutError)
+        self._timeouts: tuple[type[BaseException], ...] = (redis.TimeoutError, TimeoutError, NotReady, redis.exceptions.MaxConnectionsError)
+        self._busy: type[BaseException] = redis.exceptions.MaxConnectionsError
         self.url = checked_url(url)
         self.clock, self.monotonic = clock, monotonic
         self.writes_dropped = 0  # turns never written: the store did not answer, or the queue was full
         self.outages = 0  # times the store stopped answering (each cost one warning)
-        self._front = client(url, password, deadline)  # the request path's
+        self.deadline = deadline
+        self.unready_reads = 0  # reads on the request path that found no connection ready, and read nothing
+        self._call = threading.local()  # `until`: the deadline of the read this thread makes on the request path
+        self._front = client(url, password, deadline, self._call)  # the request path's
         self._back = client(url, password, WRITE_DEADLINE)  # the writing thread's
+        self._write_newer = self._back.register_script(_WRITE_NEWER)
         self._wake = threading.Condition()  # guards what follows
         self._up = False  # the store answered the thread's last call: the request path may use it
         self._warned = False  # this outage was logged
@@ -185,14 +290,24 @@ class RedisState:
         """The turns under these row keys (None: none, or not one trimflow writes); nothing while the store is down."""
         if not self.in_use:
             return [None] * len(keys)
+        self._call.until = time.monotonic() + self.deadline
         try:
             pipe = self._front.pipeline(transaction=False)
             for key in keys:
                 pipe.getrange(turn_key(key), 0, _TURN_VALUE)  # one byte past the longest: too long is not ours
             values = pipe.execute()
+        except (NotReady, self._busy) as exc:
+            # A connection the store closed (it went away, or came back), or more reads at once than connections: this
+            # read goes without, and the thread makes them ready again (or finds the store gone, and warns).
+            with self._wake:
+                self.unready_reads += 1
+            self._lost(exc)
+            return [None] * len(keys)
         except self._errors as exc:
             self._lost(exc)
             return [None] * len(keys)
+        finally:
+            self._call.until = None
         now = self.clock()
         if not isinstance(values, list) or len(values) != len(keys):
             return [None] * len(keys)
@@ -261,7 +376,7 @@ class RedisState:
         """Tries the store: both clients connect, from this thread (so no request waits on it), and it answers."""
         try:
             self._back.ping()
-            self._front.ping()  # leaves the request path's connection open in its pool
+            self._ready_front()
         except self._errors as exc:
             with self._wake:
                 self._retry_at = self.monotonic() + self._retry_delay
@@ -276,13 +391,27 @@ class RedisState:
         if warned:
             log.warning("trimflow: shared state %s answers again; instances share conversations again", where(self.url))
 
+    def _ready_front(self) -> None:
+        """Connects each of the request path's connections and sees it answer (from this thread: no request connects)."""
+        pool = self._front.connection_pool
+        taken = []
+        try:
+            for _ in range(FRONT_CONNECTIONS):
+                connection = pool.get_connection()
+                taken.append(connection)
+                connection.send_command("PING")
+                connection.read_response()
+        finally:
+            for connection in taken:
+                pool.release(connection)
+
     def _write(self, names: list[bytes], writes: list[tuple[float, int, bytes]]) -> None:
         oldest = self.clock() - MAX_AGE
         try:
             pipe = self._back.pipeline(transaction=False)
             for name, (sent_at, _, value) in zip(names, writes, strict=True):
                 if sent_at >= oldest:
-                    pipe.set(name, value, ex=int(MAX_AGE))
+                    self._write_newer(keys=[name], args=[value, int(MAX_AGE)], client=pipe)
             pipe.execute()
         except self._errors as exc:
             with self._wake:
