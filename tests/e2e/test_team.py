@@ -593,8 +593,9 @@ def test_through_the_store_a_limit_one_instance_learns_applies_on_the_others_nex
 
 def test_a_store_killed_mid_session_costs_one_warning_and_sharing_resumes_when_it_is_back(tmp_path: Path) -> None:
     """Two instances as on two hosts behind round robin, sharing a Redis store. Killed mid-conversation: no request
-    fails, each instance says so once and numbers what it sees itself; started again: each says so once, and the
-    next conversation is numbered 1..N once again, without anyone restarting an instance."""
+    fails, each instance says so once and goes on from what it saw itself; started again, without anyone restarting
+    an instance: each says so once, the next turn on one instance goes on from the turn the other wrote after the
+    restart (one id, numbers one apart), and a new conversation is numbered 1..N once again."""
     server_binary("haproxy")
     store = RedisServer(tmp_path)
     provider = FakeProvider().start()
@@ -606,21 +607,22 @@ def test_a_store_killed_mid_session_costs_one_warning_and_sharing_resumes_when_i
     start_all(*(p.mitm for p in pair.values()))
     haproxy = None
 
-    def conversation(seed: int, count: int) -> list[dict[str, Any]]:
+    def conversation(seed: int, turns: range) -> list[tuple[str, dict[str, Any]]]:
+        """These turns of a screenshot conversation (turn n sends n screenshots): which instance served each, and its record."""
         assert haproxy is not None
-        images = shots(count, seed=seed)
-        records = []
-        for n in range(1, count + 1):
+        images = shots(turns.stop - 1, seed=seed)
+        served = []
+        for n in turns:
             before = {name: len(p.records()) for name, p in pair.items()}
             status, answer = post(haproxy.spread, "/v1/chat/completions", orjson.dumps(session("openai-chat", images[:n], "gpt-4o")))
             assert status == 200, answer[:300]  # never failed by the store
 
-            def served() -> dict[str, Any] | None:
-                grown = [p.records() for name, p in pair.items() if len(p.records()) > before[name]]  # noqa: B023
-                return grown[0][-1] if grown else None
+            def record() -> tuple[str, dict[str, Any]] | None:
+                grown = [(name, p.records()) for name, p in pair.items() if len(p.records()) > before[name]]  # noqa: B023
+                return (grown[0][0], grown[0][1][-1]) if grown else None
 
-            records.append(wait_for(served, "the turn's record"))
-        return records
+            served.append(wait_for(record, "the turn's record"))
+        return served
 
     def said(text: str) -> dict[str, int]:
         return {name: sum(text in line for line in p.log().splitlines()) for name, p in pair.items()}
@@ -629,16 +631,26 @@ def test_a_store_killed_mid_session_costs_one_warning_and_sharing_resumes_when_i
         metrics_ports = {instance: p.metrics_port() for instance, p in pair.items()}
         haproxy = HAProxy(tmp_path, (pair["a"].port, metrics_ports["a"]), (pair["b"].port, metrics_ports["b"]))
         haproxy.wait_until({"a": "UP", "b": "UP"})
-        before = conversation(60, 4)
-        assert [r["turn"] for r in before] == [1, 2, 3, 4] and len({r["conversation"] for r in before}) == 1
-        store.stop()
-        during = conversation(61, 4)
-        assert [r["turn"] for r in during] == [1, 1, 2, 2]  # each its own memory
+        before = conversation(60, range(1, 5))
+        assert [r["turn"] for _, r in before] == [1, 2, 3, 4] and len({r["conversation"] for _, r in before}) == 1
+        (session_id,) = {r["conversation"] for _, r in before}
+        store.stop()  # SIGKILL, mid-session
+        during = conversation(60, range(5, 9))
+        # Each instance goes on from its own memory of the conversation: 2 turns behind on each, the numbers apart.
+        assert [r["turn"] for _, r in during] == [4, 5, 5, 6] and {r["conversation"] for _, r in during} == {session_id}
+        other = conversation(61, range(1, 5))
+        assert [r["turn"] for _, r in other] == [1, 1, 2, 2]  # a new conversation: each its own
         wait_for(lambda: said("not answering") == {"a": 1, "b": 1}, "one warning from each instance")
         store.start()
         wait_for(lambda: said("answers again") == {"a": 1, "b": 1}, "each instance back on the store")
-        after = conversation(62, 4)
-        assert [r["turn"] for r in after] == [1, 2, 3, 4] and len({r["conversation"] for r in after}) == 1
+        after = conversation(60, range(9, 13))
+        # The first turn after the restart finds the store empty; from the next, each instance goes on from the turn
+        # the other wrote: one id, each number one past the one before, on alternating instances.
+        assert [name for name, _ in after[:2]] != [after[0][0]] * 2
+        numbers = [r["turn"] for _, r in after]
+        assert numbers[1:] == list(range(numbers[0] + 1, numbers[0] + 4)) and {r["conversation"] for _, r in after} == {session_id}
+        fresh = conversation(62, range(1, 5))
+        assert [r["turn"] for _, r in fresh] == [1, 2, 3, 4] and len({r["conversation"] for _, r in fresh}) == 1
         assert said("not answering") == {"a": 1, "b": 1}
         assert "Traceback" not in pair["a"].log() + pair["b"].log()
     finally:
