@@ -53,7 +53,7 @@ class ShareConversations:
             "trimflow_state_deadline",
             str,
             str(DEADLINE),
-            "Seconds a request may wait for trimflow_state, each socket call (0.005: 5 ms); past it the request goes on "
+            "Seconds a request may wait for trimflow_state, its read as a whole (0.005: 5 ms); past it the request goes on "
             "with this instance's own memory.",
         )
 
