@@ -21,7 +21,17 @@ from trimflow._last_turns import MAX_AGE, LastTurn
 from trimflow._learned_limits import DEFAULT_TTL, LearnedLimits
 from trimflow._limits import Limits
 from trimflow._record import TURN
-from trimflow._state_store import LEARNED, PASSWORD_VARIABLE, LearnedInStore, RedisState, StateRefused, checked_url, password_from, turn_key
+from trimflow._state_store import (
+    FRONT_CONNECTIONS,
+    LEARNED,
+    PASSWORD_VARIABLE,
+    LearnedInStore,
+    RedisState,
+    StateRefused,
+    checked_url,
+    password_from,
+    turn_key,
+)
 
 from .helpers import RedisServer, wait_for
 
@@ -351,4 +361,23 @@ def test_no_read_waits_on_a_reconnection(server: RedisServer, caplog: pytest.Log
         state.put(b"k" * 16, turn(time.time()))
         assert state.drained(30) and wait_for(lambda: state.get_many([b"k" * 16])[0], "a turn read on the thread's connection")
         assert state.unready_reads == 1 and state.outages == 0
+    assert not [r for r in caplog.records if r.name == "trimflow"]
+
+
+def test_more_reads_at_once_than_connections_go_without_and_cost_no_outage(server: RedisServer, caplog: pytest.LogCaptureFixture) -> None:
+    """Reads on worker threads at once: past FRONT_CONNECTIONS a read reads nothing rather than connect, and the store
+    stays in use."""
+    with caplog.at_level(logging.WARNING, "trimflow"), RedisState(server.url, deadline=PATIENT) as state:
+        assert state.wait_until_up(30)
+        state.put(b"k" * 16, turn(time.time()))
+        assert state.drained(30)
+        pool = state._front.connection_pool
+        held = [pool.get_connection() for _ in range(FRONT_CONNECTIONS)]  # as reads in flight would hold them
+        try:
+            assert state.get_many([b"k" * 16]) == [None] and state.unready_reads == 1 and state.in_use
+        finally:
+            for connection in held:
+                pool.release(connection)
+        assert state.get_many([b"k" * 16])[0] is not None
+        assert state.outages == 0 and state.unready_reads == 1
     assert not [r for r in caplog.records if r.name == "trimflow"]

@@ -248,7 +248,7 @@ class RedisState:
         import redis  # here, so that a missing client is the caller's one line
 
         self._errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError, ValueError)
-        self._timeouts: tuple[type[BaseException], ...] = (redis.TimeoutError, TimeoutError, NotReady, redis.exceptions.MaxConnectionsError)
+        self._timeouts: tuple[type[BaseException], ...] = (redis.TimeoutError, TimeoutError, NotReady)
         self._busy: type[BaseException] = redis.exceptions.MaxConnectionsError
         self.url = checked_url(url)
         self.clock, self.monotonic = clock, monotonic
@@ -296,9 +296,13 @@ class RedisState:
             for key in keys:
                 pipe.getrange(turn_key(key), 0, _TURN_VALUE)  # one byte past the longest: too long is not ours
             values = pipe.execute()
-        except (NotReady, self._busy) as exc:
-            # A connection the store closed (it went away, or came back), or more reads at once than connections: this
-            # read goes without, and the thread makes them ready again (or finds the store gone, and warns).
+        except self._busy:  # more reads at once than connections: this one goes without
+            with self._wake:
+                self.unready_reads += 1
+            return [None] * len(keys)
+        except NotReady as exc:
+            # A connection the store closed (it went away, or came back): this read goes without, and the thread makes
+            # the connections ready again (or finds the store gone, and warns).
             with self._wake:
                 self.unready_reads += 1
             self._lost(exc)
@@ -392,12 +396,16 @@ class RedisState:
             log.warning("trimflow: shared state %s answers again; instances share conversations again", where(self.url))
 
     def _ready_front(self) -> None:
-        """Connects each of the request path's connections and sees it answer (from this thread: no request connects)."""
+        """Connects each of the request path's connections and sees it answer (from this thread: no request connects);
+        those a read holds meanwhile answered it."""
         pool = self._front.connection_pool
         taken = []
         try:
             for _ in range(FRONT_CONNECTIONS):
-                connection = pool.get_connection()
+                try:
+                    connection = pool.get_connection()
+                except self._busy:
+                    break
                 taken.append(connection)
                 connection.send_command("PING")
                 connection.read_response()
