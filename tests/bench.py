@@ -55,6 +55,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -2189,13 +2190,21 @@ def store_figures(workdir: Path, upstream: Upstream, settings: Settings) -> list
     clients: dict[str, Client] = {}
     times: dict[str, list[float]] = {state: [] for state in STORE_STATES}
     try:
-        for state in STORE_STATES:
-            options = {"trimflow_conversations": ""}
-            if state != "none":
-                servers[state], options["trimflow_state"] = _redis_server(folder, state)
-            proxies[state] = start_proxy(folder / state, f"store-{state}", upstream, addon=True, options=options)
-            clients[state] = Client(proxies[state].mitmdump.port)
-        rounds = max(2, settings.latency_reps // 4)
+        options = {state: {"trimflow_conversations": ""} for state in STORE_STATES}
+        for state in STORE_STATES[1:]:
+            servers[state], options[state]["trimflow_state"] = _redis_server(folder, state)
+        with ThreadPoolExecutor(len(STORE_STATES)) as pool:  # side by side: a start is mostly importing mitmproxy
+            starting = {
+                state: pool.submit(start_proxy, folder / state, f"store-{state}", upstream, addon=True, options=options[state])
+                for state in STORE_STATES
+            }
+        for state, future in starting.items():  # every one that started is stopped below, whichever failed
+            if future.exception() is None:
+                proxies[state] = future.result()
+        for future in starting.values():
+            future.result()
+        clients = {state: Client(proxies[state].mitmdump.port) for state in STORE_STATES}
+        rounds = max(1, settings.latency_reps // 4)
         for rep in range(1 + rounds):
             if rep == 1:  # past the warm-up: one store killed, one hung, mid-conversation
                 servers["down"].kill()
