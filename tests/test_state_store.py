@@ -381,3 +381,34 @@ def test_more_reads_at_once_than_connections_go_without_and_cost_no_outage(serve
         assert state.get_many([b"k" * 16])[0] is not None
         assert state.outages == 0 and state.unready_reads == 1
     assert not [r for r in caplog.records if r.name == "trimflow"]
+
+
+def test_a_full_store_costs_one_warning_and_reads_go_on(server: RedisServer, caplog: pytest.LogCaptureFixture) -> None:
+    """Full with no eviction (maxmemory below what it holds): the store answers and refuses each write. One warning
+    for the lot, no outage (reads go on), and the next write it takes is written; full again, one more warning."""
+    row = b"k" * 16
+    with caplog.at_level(logging.WARNING, "trimflow"), RedisState(server.url, deadline=PATIENT) as state, server.raw() as raw:
+        assert state.wait_until_up(30)
+        state.put(row, numbered(time.time(), 1))
+        assert state.drained(30)
+        raw.config_set("maxmemory-policy", "noeviction")
+        raw.config_set("maxmemory", "1")
+        try:
+            for number in range(2, 6):
+                state.put(row, numbered(time.time(), number))
+                assert state.drained(30)
+                last = state.get_many([row])[0]
+                assert state.in_use and last is not None and last.turn == 1  # read, and not written over
+        finally:
+            raw.config_set("maxmemory", "0")
+        state.put(row, numbered(time.time(), 6))
+        assert state.drained(30) and wait_for(lambda: state.get_many([row])[0], "the turn written").turn == 6
+        raw.config_set("maxmemory", "1")
+        try:
+            state.put(row, numbered(time.time(), 7))
+            assert state.drained(30)
+        finally:
+            raw.config_set("maxmemory", "0")
+        assert state.outages == 0 and state.writes_dropped == 5
+    lines = [r.getMessage() for r in caplog.records if r.name == "trimflow"]
+    assert len(lines) == 2 and all("refused to keep a turn (OutOfMemoryError)" in line for line in lines), lines

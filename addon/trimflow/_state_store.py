@@ -263,6 +263,7 @@ class RedisState:
         self._wake = threading.Condition()  # guards what follows
         self._up = False  # the store answered the thread's last call: the request path may use it
         self._warned = False  # this outage was logged
+        self._refusing = False  # the store refused the last writes, and that was logged (the thread's own)
         self._retry_at = 0.0
         self._retry_delay = RETRY_FIRST
         self._pending: dict[bytes, tuple[float, int, bytes]] = {}  # by store key: (time, cut, value)
@@ -420,11 +421,28 @@ class RedisState:
             for name, (sent_at, _, value) in zip(names, writes, strict=True):
                 if sent_at >= oldest:
                     self._write_newer(keys=[name], args=[value, int(MAX_AGE)], client=pipe)
-            pipe.execute()
+            results = pipe.execute(raise_on_error=False)
         except self._errors as exc:
             with self._wake:
                 self.writes_dropped += len(writes)
             self._lost(exc, timeout_warns=True)
+            return
+        refused = [result for result in results if isinstance(result, BaseException)]
+        if not refused:
+            self._refusing = False
+            return
+        # The store answers, and refuses the writes (full with no eviction, or an ACL without a command): reads go on,
+        # and one warning until a write is taken again.
+        with self._wake:
+            self.writes_dropped += len(refused)
+        if not self._refusing:
+            self._refusing = True
+            log.warning(
+                "trimflow: shared state %s refused to keep a turn (%s); each instance keeps its own turns until it takes them "
+                "(docs/deployment.md#the-shared-store)",
+                where(self.url),
+                _reason(refused[0]),
+            )
 
     def _lost(self, exc: BaseException, timeout_warns: bool = False) -> None:
         """A call failed: the request path stops using the store, and the thread tries it again at once (a single
