@@ -62,7 +62,7 @@ def make_addons() -> list[object]:
         recover.hold,
         Prometheus(metrics, recover),
         OpenTelemetry(metrics),
-        ShareConversations(flows),
+        ShareConversations(flows, recover),
         Recall(flows),
         KeepMemory(),
         UpstreamAuthPipe(),
