@@ -30,6 +30,9 @@ async def forwarded(instances: list[TrimflowAddons], turns: range) -> list[bytes
         instance.requestheaders(flow)
         await requested(instance, flow)
         bodies.append(flow.request.get_content())
+        shared = instance.flows.conversations.shared
+        if isinstance(shared, RedisState):  # its turns go from a queue: the next turn comes after the answer, by then written
+            assert shared.drained(30)
     return bodies
 
 
