@@ -149,7 +149,8 @@ def _number(value: object) -> bool:
 
 @pytest.fixture(scope="module")
 def report() -> dict:
-    done = subprocess.run([str(ROOT / "scripts" / "bench"), "--quick", "--json"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    # A guard against a hang only: a quick run takes minutes, and more beside another suite on two cores.
+    done = subprocess.run([str(ROOT / "scripts" / "bench"), "--quick", "--json"], capture_output=True, text=True, timeout=1800, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
 
