@@ -40,7 +40,7 @@ from .. import ENFORCE
 from .._decode import DecodeError, decode_body
 from .._engine import is_sigv4
 from .._file_refs import DEFAULT_LIFETIME, Entry, FileRefs, Owner
-from .._human import format_duration, parse_duration
+from .._human import parse_duration
 from .._limit_errors import ANSWER_MAX
 from .._record import Record
 from .._send_once import (
@@ -112,7 +112,7 @@ class SendOnce:
         loader.add_option(
             "trimflow_send_once_lifetime",
             str,
-            format_duration(DEFAULT_LIFETIME),
+            f"{DEFAULT_LIFETIME / 86400:g}d",
             "How long a file send-once uploaded is kept at the provider before trimflow deletes it (e.g. 12h, 1d).",
         )
         loader.add_option(
@@ -437,20 +437,11 @@ def _keep(flow: http.HTTPFlow, state: FlowState, record: Record) -> None:
 def _request(
     scheme: str, host: str, port: int, authority: str, method: str, path: str, headers: http.Headers, content: bytes, http_version: str
 ) -> http.Request:
-    return http.Request(
-        host,
-        port,
-        method.encode(),
-        scheme.encode(),
-        authority.encode(),
-        path.encode(),
-        http_version.encode(),
-        headers,
-        content,
-        None,
-        time.time(),
-        None,
+    request = http.Request(
+        host, port, method.encode(), scheme.encode(), authority.encode(), path.encode(), http_version.encode(), headers, None, None, time.time(), None
     )
+    request.content = content  # with its content-length
+    return request
 
 
 __all__ = ["DEFAULT_DEADLINE", "HoldRefusals", "SendOnce"]

@@ -59,8 +59,10 @@ def _is_anthropic(headers: dict[str, str]) -> bool:
     return "x-api-key" in headers or "anthropic-version" in headers
 
 
-def _owner(headers: dict[str, str]) -> str | None:
-    return headers.get("x-api-key") or headers.get("authorization") or None
+def owner_of(headers: dict[str, str]) -> str | None:
+    """The API key a request carries (`x-api-key`, else a bearer token), whose files it may use."""
+    key = headers.get("x-api-key") or headers.get("authorization", "").removeprefix("Bearer ").strip()
+    return key or None
 
 
 def _not_found(anthropic_flavour: bool, file_id: str, status: int = 404) -> Answer:
@@ -105,7 +107,7 @@ class FakeFiles:
         if match is None:
             return None
         flavour = _is_anthropic(headers)
-        owner = _owner(headers)
+        owner = owner_of(headers)
         if owner is None:
             return 401, "application/json", error_body("authentication_error", "fake-provider: no API key")
         if flavour and ANTHROPIC_BETA not in headers.get("anthropic-beta", ""):
@@ -196,7 +198,7 @@ class FakeFiles:
         flavour = fmt == anthropic.NAME
         if flavour and ANTHROPIC_BETA not in headers.get("anthropic-beta", ""):
             raise ReferenceRefused((400, "application/json", error_body("invalid_request_error", "source type file needs the Files API beta header")))
-        owner = _owner(headers) or ""
+        owner = owner_of(headers) or ""
         edits: list[tuple[JsonPath, bytes]] = []
         for path, part, file_id in found:
             stored = self._owned(owner, file_id)
@@ -288,4 +290,4 @@ def _multipart(content_type: str, body: bytes) -> tuple[dict[str, str], tuple[st
     return fields, upload
 
 
-__all__ = ["ANTHROPIC_BETA", "FakeFiles", "ReferenceRefused", "StoredFile"]
+__all__ = ["ANTHROPIC_BETA", "FakeFiles", "ReferenceRefused", "StoredFile", "owner_of"]
