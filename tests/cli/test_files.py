@@ -67,7 +67,9 @@ def test_delete_all_removes_trimflows_files_and_leaves_the_others(provider: Fake
     assert [f.file_id for f in provider.files.files(OTHER_KEY)] == [theirs]
 
 
-def test_openai_files_by_id_and_an_unknown_id_fails(provider: FakeProvider, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_openai_files_by_id_and_an_unknown_id_fails(
+    provider: FakeProvider, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     file_id = upload(provider, f"{FILENAME_PREFIX}x.png", OPENAI_KEY, anthropic=False)
     monkeypatch.setenv("OPENAI_API_KEY", OPENAI_KEY)
     monkeypatch.setenv("OPENAI_BASE_URL", f"{provider.url}/v1")
