@@ -138,19 +138,18 @@ class SendOnce:
             else:
                 self.deadline = seconds
 
-    def running(self) -> None:
-        if self._sweeper is None:
-            self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
-
-    async def done(self) -> None:
-        # The mapping goes with the process, so nothing will reference its files again: they are deleted now, for at
-        # most DONE_DEADLINE (mitmproxy waits for this hook before it exits).
+    def done(self) -> Coroutine[None, None, None] | None:
+        # Not `async def`: with no file left, the usual case, it makes no coroutine (and runs where a hook must be sync).
+        # mitmproxy awaits what a hook returns when it is awaitable.
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
         left = self.refs.take_all()
-        if not left:
-            return
+        return self._delete_left(left) if left else None
+
+    async def _delete_left(self, left: list[Entry]) -> None:
+        """The mapping goes with the process, so nothing will reference its files again: they are deleted now, for at
+        most DONE_DEADLINE (mitmproxy waits for this hook before it exits)."""
         deleted = self.deleted
         self._delete(left)
         if self._tasks:
@@ -277,6 +276,8 @@ class SendOnce:
                 self.upload_failures += 1
             else:
                 self.uploaded += 1
+            if self._sweeper is None:  # from the first upload on, on mitmproxy's loop
+                self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
             # An image that could not go up stays inline for this tenant, so its conversation's prefix stays as it went.
             self._delete(self.refs.put(Entry(owner, candidate.digest, file_id, candidate.chars * 3 // 4 if file_id else 0, self.refs.clock())))
         return file_id
