@@ -49,7 +49,8 @@ def upload(provider: FakeProvider, headers: dict[str, str], fields: bytes = b"")
 
 def message(provider: FakeProvider, key: str, source: dict[str, Any], beta: bool = True) -> tuple[int, Any]:
     system = [{"type": "text", "text": "A long system prompt. " * 300, "cache_control": {"type": "ephemeral"}}]
-    body = {"model": "claude-sonnet-4-6", "max_tokens": 10, "system": system, "messages": [{"role": "user", "content": [{"type": "image", "source": source}]}]}
+    messages = [{"role": "user", "content": [{"type": "image", "source": source}]}]
+    body = {"model": "claude-sonnet-4-6", "max_tokens": 10, "system": system, "messages": messages}
     return call(provider, "POST", "/v1/messages", {**claude(key, **(BETA if beta else {})), "content-type": "application/json"}, orjson.dumps(body))
 
 
