@@ -70,6 +70,7 @@ DEFAULT_DEADLINE = 10.0  # seconds an upload may take before its image goes inli
 DELETE_DEADLINE = 30.0  # seconds a deletion may take (nobody waits for it)
 DONE_DEADLINE = 5.0  # seconds the proxy's exit waits for the deletion of the files still mapped
 SWEEP_EVERY = 60.0  # seconds between two looks for files past their lifetime (at most; a quarter of a short lifetime)
+MAX_UPLOADS = 8  # uploads in flight at once, across every request: each holds its image twice (decoded, and as a form)
 UPLOAD_ANSWER_MAX = 64 << 10  # an upload's answer is a few hundred bytes of JSON: a longer one is not read
 # Headers the Files API's requests carry beside the credentials: the API version Anthropic requires.
 _KEPT_HEADERS = ("anthropic-version", "host", "user-agent")
@@ -99,6 +100,7 @@ class SendOnce:
         self._uploading: dict[tuple[bytes, bytes], asyncio.Future[str | None]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._sweeper: asyncio.Task[None] | None = None
+        self._slots: asyncio.Semaphore | None = None  # made on mitmproxy's loop, with the first upload
         self.uploaded = self.upload_failures = self.refused = self.deleted = 0
 
     def load(self, loader: Loader) -> None:
@@ -283,6 +285,19 @@ class SendOnce:
         return file_id
 
     async def _post(self, flow: http.HTTPFlow, api: FilesApi, candidate: Candidate) -> str | None:
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(MAX_UPLOADS)
+        try:
+            await asyncio.wait_for(self._slots.acquire(), self.deadline)
+        except TimeoutError:
+            log.warning("trimflow: send-once: %d uploads in flight for the deadline: the image goes inline", MAX_UPLOADS)
+            return None
+        try:
+            return await self._post_now(flow, api, candidate)
+        finally:
+            self._slots.release()
+
+    async def _post_now(self, flow: http.HTTPFlow, api: FilesApi, candidate: Candidate) -> str | None:
         data = await asyncio.to_thread(candidate.decoded)
         if data is None:
             return None
