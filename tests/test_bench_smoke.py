@@ -80,6 +80,10 @@ TARGETED = [
     "native_tokens_differ",
     "native_cache_reads_differ",
     "native_within_changed",
+    # The computer-use session to Claude with send_once on and off.
+    "once_turn_vs_floor",
+    "once_tokens_differ",
+    "once_cache_reads_gap_pct",
 ]
 CONTEXT = [
     "engine_prune_ms",
@@ -138,6 +142,9 @@ CONTEXT = [
     "text_session_loopback_ratio",
     "native_sent_off_mb",
     "native_sent_on_mb",
+    "once_sent_off_mb",
+    "once_sent_on_mb",
+    "once_sent_ratio",
 ]
 
 
@@ -235,7 +242,7 @@ def test_the_text_figures_compare_the_engine_with_both_parsers_of_the_same_body(
 
 def test_report_names_the_machine_and_the_mode(report: dict) -> None:
     assert report["mode"] == "quick"
-    assert report["sections"] == ["engine", "text", "proxy", "learned", "recall", "shaped", "bytes", "shrink", "cache"]
+    assert report["sections"] == ["engine", "text", "proxy", "learned", "recall", "shaped", "bytes", "send_once", "shrink", "cache"]
     machine = report["machine"]
     assert machine["nproc"] >= 1 and machine["python"] and machine["mitmproxy"]
     assert _number(report["seconds"])
