@@ -3,11 +3,16 @@ agent's change is found, and what is remembered stays within its bounds."""
 
 from __future__ import annotations
 
+import orjson
 import pytest
 
+from trimflow import prune_request
 from trimflow._cache_break import AGENT_PREFIX, CACHE_EXPIRED, FIRST_TURN, TRIMFLOW_CUT, UNEXPLAINED, CacheBreaks
 from trimflow._history import History, Images
 from trimflow._record import COUNT_TOKENS, ENFORCE, OBSERVE, Record
+from trimflow.testing import PATHS, image, session_body
+
+from .helpers import rules_with
 
 
 class Clock:
@@ -90,6 +95,35 @@ def test_idle_past_the_lifetime_is_the_cache_expiring_and_within_it_unexplained(
     clock.now += 10
     dropped = turn(breaks, 5, hist(["m0", "m1", "m2", "m3", "m4"]), 0)
     assert causes([expired, dropped]) == [(CACHE_EXPIRED, None), (UNEXPLAINED, None)]
+
+
+def test_a_request_asking_for_a_longer_lifetime_expires_only_past_it() -> None:
+    clock = Clock()
+    breaks = CacheBreaks(lifetime=300, clock=clock)
+
+    def asking_an_hour(messages: list[str]) -> History:
+        history = hist(messages)
+        history.asked_lifetime = lambda: 3600.0
+        return history
+
+    turn(breaks, 1, asking_an_hour(["m0"]), 0)
+    turn(breaks, 2, asking_an_hour(["m0", "m1"]), 5000)
+    clock.now += 1200
+    within = turn(breaks, 3, asking_an_hour(["m0", "m1", "m2"]), 0)
+    turn(breaks, 4, asking_an_hour(["m0", "m1", "m2", "m3"]), 6000)
+    clock.now += 3601
+    past = turn(breaks, 5, asking_an_hour(["m0", "m1", "m2", "m3", "m4"]), 0)
+    assert causes([within, past]) == [(UNEXPLAINED, None), (CACHE_EXPIRED, None)]
+
+
+@pytest.mark.parametrize(("ttl", "seconds"), [(None, 0.0), ("5m", 300.0), ("1h", 3600.0)])
+def test_the_engines_history_reads_the_lifetime_the_request_asks_for(ttl: str | None, seconds: float) -> None:
+    body = session_body("anthropic", 3, image(24, 16, "PNG", seed=4), "image/png")
+    if ttl is not None:
+        body["messages"][-1]["content"][-1]["cache_control"] = {"type": "ephemeral", "ttl": ttl}
+    outcome = prune_request(f"https://api.anthropic.com{PATHS['anthropic']}", {}, orjson.dumps(body), rules_with())
+    assert outcome.history is not None
+    assert outcome.history.asked_lifetime() == seconds
 
 
 def test_a_new_conversation_that_goes_on_from_a_rewritten_one_is_the_agents_change() -> None:

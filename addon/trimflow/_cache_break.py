@@ -9,7 +9,8 @@ turn's, whose doing it was (Record.cache_break, and where: Record.cache_break_at
     trimflow_cut    "image N"                    trimflow's cut moved: N is the first image (in the order they sit in
                                                  the request, 1 = the first) the previous turn also sent that is cut
                                                  now and was not then, or the other way round
-    cache_expired   -                            the conversation was idle past the cache's lifetime (LIFETIME)
+    cache_expired   -                            the conversation was idle past the cache's lifetime (LIFETIME, or
+                                                 the longer one the request asks for: History.asked_lifetime)
     unexplained     -                            none of these: the provider dropped it on its own
 
 The agent's blocks are compared as `trimflow._history.History` digests them (media parts and trimflow's placeholders
@@ -160,7 +161,10 @@ class CacheBreaks:
         where = _moved(cut, previous.cut, previous.images)
         if where is not None:
             return TRIMFLOW_CUT, where
-        if now - previous.sent_at > self.lifetime:
+        idle = now - previous.sent_at
+        # The longer lifetime a request asks for (Anthropic's "ttl": "1h", OpenAI's 24 h retention) is read only when
+        # the default has passed; an agent asks for the same one on every turn.
+        if idle > self.lifetime and idle > history.asked_lifetime():
             return CACHE_EXPIRED, None
         return UNEXPLAINED, None
 

@@ -23,6 +23,7 @@ Only images over a limit (or thinned) are ever decoded; the rest is header sniff
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -300,9 +301,11 @@ def _prune(
 
     def history() -> History | None:
         try:
-            return history_of(host, headers, module.history(parsed), [m.path for m in media], doc.unstubbed, arrivals)
+            made = history_of(host, headers, module.history(parsed), [m.path for m in media], doc.unstubbed, arrivals)
         except Exception:  # noqa: BLE001 - a request left unnumbered, never a request lost
             return None
+        made.asked_lifetime = functools.partial(_asked_lifetime, module, parsed)
+        return made
 
     held, cold, known, order, cut_before = 0, False, None, None, 0
     recalled: Recall | None = None

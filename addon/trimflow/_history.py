@@ -143,16 +143,21 @@ class Images:
         return self._crcs[i]
 
 
+def _default_lifetime() -> float:
+    return 0.0
+
+
 class History:
     """A request's conversation as digests: its host, session id (hashed), head (system prompt, instructions), tool
     definitions (`tools`: 0 when none) and one digest per message, oldest first; `origin`, a stable digest of the head and first message, seeds a new
     conversation's id. `previous_response` stands for a Responses `previous_response_id`. `images`: the request's
-    images (Images); none when the caller keeps no memory.
+    images (Images); none when the caller keeps no memory. `asked_lifetime()`: the seconds of prompt-cache lifetime the
+    request asks for beyond its provider's default (0: none), read from the body only when asked (the engine sets it).
 
     The head and message digests are Python's keyed hash of the message's canonical JSON: 64 bits, the same for
     the same message within a process (they are compared, never stored or written)."""
 
-    __slots__ = ("host", "session", "head", "messages", "origin", "previous_response", "images", "tools", "_prefixes")
+    __slots__ = ("host", "session", "head", "messages", "origin", "previous_response", "images", "tools", "asked_lifetime", "_prefixes")
 
     def __init__(
         self,
@@ -169,6 +174,7 @@ class History:
         self.messages = tuple(messages)
         self.origin, self.previous_response = origin, previous_response
         self.images = images if images is not None else Images()
+        self.asked_lifetime: Callable[[], float] = _default_lifetime
         self._prefixes: list[int] | None = None
 
     @property
