@@ -19,6 +19,7 @@ import pytest
 from trimflow.testing import FakeProvider, Received, b64
 from trimflow.testing._fake_files import owner_of
 
+from ..helpers import wait_for
 from .helpers import ANTHROPIC_KEY, OPENAI_KEY, Proxy, direct_http_client, shots, start_all, stop_all
 
 pytestmark = pytest.mark.e2e
@@ -250,3 +251,18 @@ def test_an_openai_responses_session_references_each_screenshot_by_file_id_keepi
     assert usage == [(r["usage_input_tokens"], r["usage_cache_read_tokens"]) for r in inline_records]
     assert [r["by_reference"] for r in once_records] == [1, 2, 3, 4]
     assert OPENAI_KEY not in once.log()
+
+
+def test_a_file_is_deleted_at_the_provider_when_its_lifetime_ends(tmp_path: Any) -> None:
+    with FakeProvider() as provider:
+        proxy = Proxy(tmp_path, "--mode", f"reverse:{provider.url}", rules=None, trimflow_send_once="true", trimflow_send_once_lifetime="1s")
+        start_all(proxy.mitm)
+        try:
+            with proxy.expect_records(1) as records:
+                claude_session(proxy.url, ANTHROPIC_KEY, shots(1, seed=61, width=220, height=160))
+            assert records[0]["uploaded"] == 1
+            wait_for(lambda: provider.files.files(ANTHROPIC_KEY) == [], "the file deleted at the end of its lifetime")
+            deletions = [r for r in provider.received if r.method == "DELETE"]
+            assert len(deletions) == 1 and owner_of(deletions[0].headers) == ANTHROPIC_KEY  # with the key that uploaded it
+        finally:
+            stop_all(proxy.mitm)
