@@ -104,6 +104,8 @@ PUBLIC = {
         "Prune",
         "Recall",
         "Recover",
+        "HoldRefusals",
+        "SendOnce",
         "Simulate",
         "UpstreamAuthPipe",
         "WebSocket",
