@@ -8,7 +8,7 @@ Pure Python, no mitmproxy, no I/O: the proxy (trimflow.proxy.send_once) uploads 
   digest of the request's credentials, never a credential itself);
 - which images of a request may go by reference (`candidates`): base64 images of a type the Files API takes, large
   enough to be worth a reference, each with the digest of its bytes as sent, and whether it is new in this request
-  (in its newest input, where an image makes its first appearance); an older image that never went by reference
+  (in its newest input, after the model's last message, where an image makes its first appearance); an older image that never went by reference
   stays inline, so that the cached prefix never changes because of send-once;
 - the body with the references in place (`with_references`, every other byte as it came: trimflow._jsonsplice);
 - the upload (`upload_form`: a multipart form) and its answer (`file_id_of`), the deletion, the list;
@@ -139,9 +139,13 @@ def candidates(wire_format: str, body: dict[str, Any]) -> list[Candidate]:
 
 
 def _anthropic_newest(body: dict[str, Any]) -> Any:
+    """The messages after the model's last are the newest input (the user's turn, a tool's result, what the agent adds)."""
     messages = body.get("messages")
-    last = len(messages) - 1 if isinstance(messages, list) else -1
-    return lambda path: path[1] == last
+    last_model = -1
+    for i, message in enumerate(messages if isinstance(messages, list) else ()):
+        if isinstance(message, dict) and message.get("role") == "assistant":
+            last_model = i
+    return lambda path: isinstance(path[1], int) and path[1] > last_model
 
 
 def _responses_newest(body: dict[str, Any]) -> Any:
