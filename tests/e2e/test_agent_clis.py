@@ -4,7 +4,8 @@ new screenshot with its own image tool each turn and then answers a final text (
 
 Through `scripts/run -- <cli>` (python -m trimflow run -- <cli>): the CLI exits 0 with the final text, the provider
 never holds more images than the shipped cap, the newest screenshot arrives byte for byte, and the summary's
-figures are what the provider received. By hand (the README's recipes): the same CLI pointed at a proxy started on
+figures are what the provider received; with send-once on, Claude Code and Codex send each screenshot once, through
+the fake provider's Files API, and by reference on every turn. By hand (the README's recipes): the same CLI pointed at a proxy started on
 its own; for Codex with trimflow_websocket=refuse, which it answers by going to HTTP at once.
 
 They skip without the CLIs (scripts/setup --agent-clis installs them into .tools/) or without `unshare -n` (root);
