@@ -205,6 +205,7 @@ class Settings:
     text_session_runs: int  # times it is sent to both proxies (fresh ones each time over the shaped link)
     native_turns: int  # turns of the Retina computer-use session sent with native_size on and off
     once_turns: int  # turns of the computer-use session sent with send-once on and off
+    once_shaped_turns: int  # of those, the first ones sent again over a shaped link, timed
 
 
 QUICK = Settings(
@@ -230,6 +231,7 @@ QUICK = Settings(
     text_session_runs=1,
     native_turns=8,
     once_turns=12,
+    once_shaped_turns=12,
 )
 FULL = Settings(
     engine_reps=31,
@@ -254,6 +256,7 @@ FULL = Settings(
     text_session_runs=3,
     native_turns=24,
     once_turns=60,
+    once_shaped_turns=60,
 )
 
 
@@ -1413,7 +1416,7 @@ class Link(_ChildOnPort):
 
     what = "shaped link"
 
-    def __init__(self, upstream: Upstream, rate_mbit: int, rtt_ms: float) -> None:
+    def __init__(self, upstream: Upstream | FakeProvider, rate_mbit: int, rtt_ms: float) -> None:
         super().__init__()
         self.upstream, self.rate_mbit, self.rtt_ms = upstream, rate_mbit, rtt_ms
 
@@ -1749,7 +1752,22 @@ def send_once_figures(workdir: Path, settings: Settings, say: Callable[[str], No
     differ = sum(a[0] != b[0] for a, b in zip(usage["on"], usage["off"], strict=True))
     on, off = sum(sent["on"]), sum(sent["off"])
     last = f"turn {turns}: {sent['off'][-1] / MB:.2f} MB -> {sent['on'][-1] / MB:.3f} MB"
+    shaped = settings.once_shaped_turns
+    say(f"send once: the first {shaped} turns again, each proxy over a {ONCE_SHAPED_MBIT} Mbit/s {SHAPED_RTT_MS:g} ms RTT link of its own")
+    times = _send_once_over_a_link(workdir / "once-shaped", rules, session[:shaped])
+    timed = {name: statistics.median(seconds) for name, seconds in times.items()}
     return [
+        Figure(
+            "once_shaped_on_median_s",
+            f"turn time with send_once, {ONCE_SHAPED_MBIT} Mbit/s {SHAPED_RTT_MS:g} ms RTT (median of {shaped})",
+            timed["on"],
+            "s",
+            note=f"the last turn {times['on'][-1]:.2f} s",
+        ),
+        Figure(
+            "once_shaped_off_median_s", "turn time without it, same link (median)", timed["off"], "s", note=f"the last turn {times['off'][-1]:.2f} s"
+        ),
+        Figure("once_shaped_median_ratio", "turn time without / with send_once (median)", timed["off"] / timed["on"], "x", 5.0, at_most=False),
         Figure("once_sent_off_mb", f"to the provider, send_once off, {turns}-turn Claude computer-use session", off / MB, "MB"),
         Figure("once_sent_on_mb", "to the provider, send_once on (uploads included), same session", on / MB, "MB", note=last),
         Figure("once_sent_ratio", "bytes to the provider, off / on", off / on, "x"),
@@ -1771,6 +1789,34 @@ def send_once_figures(workdir: Path, settings: Settings, say: Callable[[str], No
             note=f"{sum(r for r, _ in reads):,} read on, {sum(r for _, r in reads):,} off",
         ),
     ]
+
+
+ONCE_SHAPED_MBIT = 50
+
+
+def _send_once_over_a_link(workdir: Path, rules: dict[str, str], session: list[bytes]) -> dict[str, list[float]]:
+    """Seconds per turn through a proxy per rules file, each in front of a fake provider of its own behind a shaped link
+    of its own (the uploads go over it too); the turns alternate between the proxies."""
+    times: dict[str, list[float]] = {name: [] for name in rules}
+    warmup = orjson.dumps({"model": NATIVE_MODEL, "max_tokens": 16, "messages": [{"role": "user", "content": "Ready?"}]})
+    with contextlib.ExitStack() as stack:
+        ports = {}
+        for name in rules:
+            provider = stack.enter_context(FakeProvider(record=False))
+            link = Link(provider, ONCE_SHAPED_MBIT, SHAPED_RTT_MS).start()
+            stack.callback(link.stop)
+            options = {"trimflow_rules": str(workdir.parent / f"once-{name}.yaml")}
+            mitmdump = Mitmdump(workdir / name, "--mode", f"reverse:{link.url}", options=options).start()
+            stack.callback(mitmdump.stop)
+            ports[name] = mitmdump.port
+            for _ in range(3):  # the addon's first imports and the link's first connection
+                _ask_claude(mitmdump.port, warmup)
+        for body in session:
+            for name, port in ports.items():
+                started = time.perf_counter()
+                _ask_claude(port, body)
+                times[name].append(time.perf_counter() - started)
+    return times
 
 
 # --- shrink -------------------------------------------------------------------------------------------------

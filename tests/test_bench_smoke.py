@@ -84,6 +84,7 @@ TARGETED = [
     "once_turn_vs_floor",
     "once_tokens_differ",
     "once_cache_reads_gap_pct",
+    "once_shaped_median_ratio",
 ]
 CONTEXT = [
     "engine_prune_ms",
@@ -145,6 +146,8 @@ CONTEXT = [
     "once_sent_off_mb",
     "once_sent_on_mb",
     "once_sent_ratio",
+    "once_shaped_on_median_s",
+    "once_shaped_off_median_s",
 ]
 
 
