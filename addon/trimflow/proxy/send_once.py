@@ -239,6 +239,8 @@ class SendOnce:
         request, target = flow.request, state.target
         try:
             raw = decode_body(request.raw_content or b"", request.headers.get("content-encoding"), self.flows.max_decoded_bytes)
+            if b"base64" not in raw:
+                return None  # no image inline (a coding agent's text): not worth a parse
             body = orjson.loads(raw)
         except (DecodeError, orjson.JSONDecodeError):
             return None
