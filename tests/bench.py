@@ -65,6 +65,9 @@ from PIL import Image
 
 from tests.bombs import blank_png
 from tests.mitmdump import Mitmdump, stop_process
+from tests.research.cache_sessions import REFERENCE_SESSIONS, SCREEN, ReferenceSession, desktop_screenshot
+from tests.research.optimum import batch_floor, price_for, priced_optima, ratios, session_cap
+from tests.research.policy_runner import POLICIES, run_policy
 from trimflow._clicks import ClickStream, Screen, map_answer
 from trimflow._conversation import Conversations
 from trimflow._engine import prune_request
@@ -76,9 +79,7 @@ from trimflow._prices import Price
 from trimflow._record import utc_timestamp
 from trimflow._rules_file import DEFAULT_RULES_PATH, load_rules
 from trimflow.formats import FORMATS
-from trimflow.testing import MIME, PATHS, POLICIES, REFERENCE_SESSIONS, FakeProvider, b64, data_url, image, run_policy, screenshot, session_body
-from trimflow.testing._cache_sessions import SCREEN, ReferenceSession, desktop_screenshot
-from trimflow.testing._optimum import batch_floor, price_for, priced_optima, ratios, session_cap
+from trimflow.testing import MIME, PATHS, FakeProvider, b64, data_url, image, screenshot, session_body
 from trimflow.testing._screens import CHANGES, agent_session, app_screen, distinct_screens, repeating_screens
 
 FORMAT = "openai-chat"
@@ -1927,9 +1928,9 @@ def cache_price_models(reference: ReferenceSession) -> dict[str, tuple[Price, bo
 
 def cache_figures() -> list[Figure]:
     """The shipped rules against rolling keep-8 and no pruning at all on the 60-turn computer-use reference session,
-    billed by the prompt cache model (trimflow.testing: run_policy); and on every reference session and price model, the
+    billed by the prompt cache model (tests.research.policy_runner: run_policy); and on every reference session and price model, the
     shipped rules' cost over the cheapest cut schedule at the card's cap and floor (3 of 8, 5 of 10) that cuts nothing
-    before the conversation's first overflow, as the rules promise (trimflow.testing._optimum), at full length and
+    before the conversation's first overflow, as the rules promise (tests.research.optimum), at full length and
     averaged over the session's lengths, with the optimum free to cut before beside it. Deterministic: the same
     figures on any machine."""
     policies = {p.name: p for p in POLICIES}

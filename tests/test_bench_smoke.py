@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from trimflow.testing import REFERENCE_SESSIONS
+from .research.cache_sessions import REFERENCE_SESSIONS
 
 pytestmark = pytest.mark.e2e  # starts real mitmdump processes
 

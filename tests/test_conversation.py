@@ -363,10 +363,10 @@ def test_a_warmup_is_not_a_turn_and_the_turns_that_chain_to_it_are_its_conversat
     assert warmup.record.kind == WARMUP
     a = conversations.assign(warmup.history, warmup.record.kind)
     assert a.conversation is not None and a.turn is None
-    conversations.responded(a.thread, "resp_warm")
+    conversations.responded(a.history_line, "resp_warm")
     first = run(response_create(1, previous_response_id="resp_warm"), "openai-responses")
     b = conversations.assign(first.history, first.record.kind)
-    conversations.responded(b.thread, "resp_1")
+    conversations.responded(b.history_line, "resp_1")
     second = run({**response_create(2, previous_response_id="resp_1"), "input": [{"role": "user", "content": "next"}]}, "openai-responses")
     c = conversations.assign(second.history, second.record.kind)
     assert (b.conversation, b.turn, c.conversation, c.turn) == (a.conversation, 1, a.conversation, 2)
@@ -512,11 +512,11 @@ def test_a_retry_that_cut_more_is_what_the_next_turn_holds() -> None:
     conversations = Conversations()
     conversations.assign(line(0, 1, [A, B]))
     sent = line(0, 2, [C, A, B])
-    thread = conversations.assign(sent, TURN).thread
+    history_line = conversations.assign(sent, TURN).history_line
     assert not conversations.was_cut([A])
     recalled = conversations.recall(sent)  # the retry of that turn reads the same order
     assert recalled is not None and recalled.order == (1, 2, 0) and recalled.cut == 0
-    conversations.recut(thread, sent, {1, 2})  # the retry cut A and B, and the provider took it
+    conversations.recut(history_line, sent, {1, 2})  # the retry cut A and B, and the provider took it
     assert conversations.was_cut([A]) and conversations.was_cut([B]) and not conversations.was_cut([C])
     recalled = conversations.recall(line(0, 3, [A, D, C, B]))
     assert recalled.cut == 2 and recalled.order == (0, 3, 2, 1)  # A and B first: cut; then C, then D
@@ -539,9 +539,9 @@ def test_a_cut_that_keeps_an_older_image_is_remembered_image_by_image(closing: C
 def test_a_retry_of_a_conversation_forgotten_meanwhile_changes_nothing() -> None:
     conversations = Conversations(capacity=1)
     sent = line(0, 1, [A, B])
-    thread = conversations.assign(sent).thread
+    history_line = conversations.assign(sent).history_line
     conversations.assign(line(1, 1, [C]))  # pushes the first conversation out
-    conversations.recut(thread, sent, {0, 1})
+    conversations.recut(history_line, sent, {0, 1})
     assert not conversations.was_cut([A]) and conversations._images == 1
 
 
@@ -661,7 +661,7 @@ def test_a_retry_cut_on_one_process_is_what_the_other_holds(closing: Callable[[L
     a, b = Conversations(shared=shared), Conversations(shared=shared)
     a.assign(line(0, 1, [A, B]))
     sent = line(0, 2, [C, A, B])
-    a.recut(a.assign(sent, TURN).thread, sent, {1, 2})
+    a.recut(a.assign(sent, TURN).history_line, sent, {1, 2})
     found = b.recall(line(0, 3, [A, D, C, B]))
     assert found is not None and found.cut == 2 and found.order == (0, 3, 2, 1)
 

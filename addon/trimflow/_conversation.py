@@ -53,10 +53,10 @@ Rows = tuple[tuple[bytes, LastTurn | None], ...]  # the shared file's rows under
 class Assignment:
     """Where a request falls: its conversation, its turn (None when it is not a turn) and segment."""
 
-    __slots__ = ("conversation", "turn", "segment", "thread")
+    __slots__ = ("conversation", "turn", "segment", "history_line")
 
-    def __init__(self, conversation: str | None, turn: int | None, segment: int | None, thread: HistoryLine | None) -> None:
-        self.conversation, self.turn, self.segment, self.thread = conversation, turn, segment, thread
+    def __init__(self, conversation: str | None, turn: int | None, segment: int | None, history_line: HistoryLine | None) -> None:
+        self.conversation, self.turn, self.segment, self.history_line = conversation, turn, segment, history_line
 
 
 class _Conversation:
@@ -235,7 +235,7 @@ class Conversations:
         self._by_tip: dict[int, list[HistoryLine]] = {}
         self._by_response: dict[bytes, HistoryLine] = {}
         self._started = 0
-        self._clock = 0
+        self._uses = 0  # requests numbered: the logical time a line was last used and an image copy came at
         self._images = 0  # image copies remembered in all lines of history
         self._cut_keys: dict[bytes, int] = {}  # image_key -> copies remembered as cut
         # image_key -> the lines of history that remember it, the most recent last (a dict: removal in constant time);
@@ -324,7 +324,7 @@ class Conversations:
         """Number a request of `kind`; a turn also leaves `cut` (the engine's Outcome.cut: which of its images, by index
         in document order, were cut; `like`: of those, the look-alikes) and its time for the next one, and its images'
         arrivals (a history the provider keeps, previous_response_id, sends only its new items: the arrivals stay)."""
-        self._clock += 1
+        self._uses += 1
         named = None
         if history.session is not None:
             named = self._conversations.get(history.session)
@@ -351,7 +351,7 @@ class Conversations:
                 self._drop_thread(conversation.threads.pop(0))
         conversation = thread.conversation
         self._conversations.move_to_end(conversation.id)
-        thread.used = self._clock
+        thread.used = self._uses
         conversation.threads.remove(thread)
         conversation.threads.append(thread)
         turn = None
@@ -421,7 +421,7 @@ class Conversations:
         for rank in range(first, len(order)):
             i = order[rank]
             copy = found[i]
-            came, crc = (self._clock, images.crc(i)) if copy is None else (copy.came, copy.crc)
+            came, crc = (self._uses, images.crc(i)) if copy is None else (copy.came, copy.crc)
             table.setdefault(images.keys[i], []).append(Copy(came, i in cut, crc, i in cut and i in like))
             kept.append((images.keys[i], crc))
         for copies in table.values():

@@ -24,7 +24,7 @@ COUNT_TOKENS = "count_tokens"  # a token count of the next turn: never a turn, n
 WARMUP = "warmup"  # a Responses `generate: false`: prepares the next turn, answers nothing
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Record:
     ts: str
     conversation: str | None
@@ -111,7 +111,18 @@ class Record:
     @classmethod
     def untouched(cls, host: str, path: str, wire_format: str, mode: str, reason: str, body_bytes: int) -> Record:
         """The record of an LLM request forwarded as it came, for `reason` (a body that could not be read)."""
-        record = cls(utc_timestamp(), None, None, host, path, wire_format, None, None, mode, reason=reason)
+        record = cls(
+            ts=utc_timestamp(),
+            conversation=None,
+            turn=None,
+            host=host,
+            path=path,
+            format=wire_format,
+            model=None,
+            rule=None,
+            mode=mode,
+            reason=reason,
+        )
         record.body_bytes_before = record.body_bytes_after = body_bytes
         return record
 

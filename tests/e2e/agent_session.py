@@ -167,19 +167,43 @@ def installed_version(prefix: Path, package: str, command: str) -> str | None:
     return str(orjson.loads(manifest.read_bytes())["version"])
 
 
-# The npm agent CLIs the launcher sets up by name, by their command.
-PACKAGES = {"claude": "@anthropic-ai/claude-code", "codex": "@openai/codex", "gemini": "@google/gemini-cli"}
+# The npm agent CLIs the launcher sets up by name, by their command (Kilo Code's on demand).
+PACKAGES = {
+    "claude": "@anthropic-ai/claude-code",
+    "codex": "@openai/codex",
+    "gemini": "@google/gemini-cli",
+    "opencode": "opencode-ai",
+    "qwen": "@qwen-code/qwen-code",
+    "kilo": "@kilocode/cli",
+}
+ON_DEMAND = {"kilo"}
+# The Python agents (scripts/setup's PYTHON_AGENTS), each in .tools/venvs/NAME, by their command.
+VENV_COMMANDS = {"aider": "aider", "hermes": "hermes"}
 
 
 def need(cli: str) -> None:
     """Skip (or fail, where CI requires the CLIs) unless `cli` is installed at the version scripts/setup pins."""
     package = PACKAGES[cli]
     version = installed_version(ROOT / ".tools", package, cli)
+    install = "scripts/setup --agent-clis=all" if cli in ON_DEMAND else "scripts/setup --agent-clis"
     why = None
     if version is None:
-        why = f"{cli} is not installed: scripts/setup --agent-clis (needs npm)"
+        why = f"{cli} is not installed: {install} (needs npm)"
     elif version != npm_pins()[package]:
-        why = f"{cli} {version} is installed, scripts/setup pins {npm_pins()[package]}: scripts/setup --agent-clis"
+        why = f"{cli} {version} is installed, scripts/setup pins {npm_pins()[package]}: {install}"
+    require_agent(why, on_demand=cli in ON_DEMAND)
+
+
+def need_venv(agent: str) -> None:
+    """need() for a Python agent: its venv in .tools/venvs at the requirement scripts/setup pins."""
+    why = None
+    venv = AGENT_VENVS / agent
+    stamp = venv / ".trimflow-stamp"
+    installed = stamp.read_text().strip() if stamp.exists() else None
+    if installed is None or not (venv / "bin" / VENV_COMMANDS[agent]).exists():
+        why = f"{agent} is not installed: scripts/setup --agent-clis (puts {python_pins()[agent]} in .tools/venvs/{agent})"
+    elif installed != python_pins()[agent]:
+        why = f"{installed} is installed, scripts/setup pins {python_pins()[agent]}: scripts/setup --agent-clis"
     require_agent(why)
 
 

@@ -37,10 +37,11 @@ import yaml
 from trimflow._last_turns import FILE_NAME
 from trimflow._limit_profiles import load_profiles, provider_check
 from trimflow._prices import load_prices
-from trimflow.testing import REFERENCE_SESSIONS, FakeProvider, Session, replay
+from trimflow.testing import FakeProvider, Session, replay
 
 from ..helpers import wait_for
 from ..mitmdump import ADDON, Mitmdump
+from ..research.cache_sessions import REFERENCE_SESSIONS
 from .helpers import ROOT, Proxy, image_payloads, post, session, shots, start_all, start_wrong, stop_all, write_rules
 
 pytestmark = pytest.mark.e2e

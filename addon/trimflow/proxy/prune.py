@@ -250,7 +250,7 @@ class Prune:
             return
         if outcome.changed:
             message.content = outcome.body
-        state.thread = self.flows.number(record, outcome.history, *outcome.taken)
+        state.history_line = self.flows.number(record, outcome.history, *outcome.taken)
         state.record = record  # for the metrics addon's websocket_message, next in the chain
 
 

@@ -259,7 +259,7 @@ class Recover:
             if 200 <= answer.status_code < 300:
                 self._learn(flow, upstream, taught, self.simulate.profile is not None)
                 if retry_cut is not None:
-                    self.flows.conversations.recut(state.thread, *retry_cut)
+                    self.flows.conversations.recut(state.history_line, *retry_cut)
                     self.flows.cache_breaks.recut(record, retry_cut[1])
                 break
             if not _may_be_limit(answer.status_code):
