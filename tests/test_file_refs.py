@@ -15,14 +15,23 @@ class Clock:
 
 
 def owner(tenant: bytes) -> Owner:
-    return Owner(tenant, "anthropic", "https", "api.example", 443, "/v1/files", None, (("x-api-key", "sk-SECRET"),))
+    return Owner(
+        tenant=tenant,
+        provider="anthropic",
+        scheme="https",
+        host="api.example",
+        port=443,
+        files_path="/v1/files",
+        sni=None,
+        headers=(("x-api-key", "sk-SECRET"),),
+    )
 
 
 A, B = owner(b"a" * 16), owner(b"b" * 16)
 
 
 def entry(who: Owner, digest: bytes, file_id: str | None, size: int = 10, at: float = 1000.0) -> Entry:
-    return Entry(who, digest, file_id, size, at)
+    return Entry(owner=who, digest=digest, file_id=file_id, size=size, uploaded_at=at)
 
 
 def test_a_tenant_never_gets_anothers_file() -> None:

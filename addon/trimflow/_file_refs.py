@@ -26,7 +26,7 @@ DEFAULT_MAX_BYTES = 1 << 30  # uploaded bytes the mapping answers for at once: a
 DEFAULT_LIFETIME = 86400.0  # seconds a file is kept at the provider from its upload
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Owner:
     """Whom a file belongs to, to delete it with: the upstream (scheme://host:port), the Files API's path there, the
     server name its TLS gave, and the credential headers (in memory only: repr hides them)."""
@@ -44,7 +44,7 @@ class Owner:
         return f"Owner({self.provider} {self.scheme}://{self.host}:{self.port}{self.files_path}, tenant {self.tenant.hex()[:8]})"
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Entry:
     """One image under one tenant: its file (None: it stays inline), the bytes uploaded, when, and whose."""
 

@@ -199,7 +199,16 @@ class SendOnce:
         tenant = tenant_of(credentials, upstream)
         request = flow.request
         kept = tuple((name, headers[name]) for name in _KEPT_HEADERS if name in headers)
-        owner = Owner(tenant, api.provider, request.scheme, request.host, request.port, api.path, flow.server_conn.sni, (*credentials, *kept))
+        owner = Owner(
+            tenant=tenant,
+            provider=api.provider,
+            scheme=request.scheme,
+            host=request.host,
+            port=request.port,
+            files_path=api.path,
+            sni=flow.server_conn.sni,
+            headers=(*credentials, *kept),
+        )
         references: dict[tuple[str | int, ...], str] = {}
         to_upload: dict[bytes, Candidate] = {}
         for candidate in found:
@@ -283,7 +292,8 @@ class SendOnce:
             if self._sweeper is None:  # from the first upload on, on mitmproxy's loop
                 self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
             # An image that could not go up stays inline for this tenant, so its conversation's prefix stays as it went.
-            self._delete(self.refs.put(Entry(owner, candidate.digest, file_id, candidate.chars * 3 // 4 if file_id else 0, self.refs.clock())))
+            size = candidate.chars * 3 // 4 if file_id else 0
+            self._delete(self.refs.put(Entry(owner=owner, digest=candidate.digest, file_id=file_id, size=size, uploaded_at=self.refs.clock())))
         return file_id
 
     async def _post(self, flow: http.HTTPFlow, api: FilesApi, candidate: Candidate) -> str | None:
@@ -312,7 +322,17 @@ class SendOnce:
         headers["accept-encoding"] = "identity"  # the answer is read here: never a compressed one to inflate
         if api.provider == ANTHROPIC:
             headers[BETA_HEADER] = with_files_beta(original.headers.get(BETA_HEADER))
-        upload = _request(original.scheme, original.host, original.port, original.authority, "POST", api.path, headers, form, original.http_version)
+        upload = _request(
+            scheme=original.scheme,
+            host=original.host,
+            port=original.port,
+            authority=original.authority,
+            method="POST",
+            path=api.path,
+            headers=headers,
+            content=form,
+            http_version=original.http_version,
+        )
         answer = await resend(upload, flow.client_conn, flow.server_conn.sni, self.deadline)
         where = f"{original.pretty_host}{api.path}"
         if isinstance(answer, str):
@@ -351,7 +371,17 @@ class SendOnce:
             headers[BETA_HEADER] = with_files_beta(None)
         headers["accept-encoding"] = "identity"
         authority = dict(owner.headers).get("host", "")
-        request = _request(owner.scheme, owner.host, owner.port, authority, "DELETE", f"{owner.files_path}/{entry.file_id}", headers, b"", "HTTP/1.1")
+        request = _request(
+            scheme=owner.scheme,
+            host=owner.host,
+            port=owner.port,
+            authority=authority,
+            method="DELETE",
+            path=f"{owner.files_path}/{entry.file_id}",
+            headers=headers,
+            content=b"",
+            http_version="HTTP/1.1",
+        )
         answer = await resend(request, detached_client(), owner.sni, DELETE_DEADLINE)
         if isinstance(answer, str) or (answer.status_code >= 300 and answer.status_code != 404):
             why = answer if isinstance(answer, str) else f"status {answer.status_code}"
@@ -453,10 +483,21 @@ def _keep(flow: http.HTTPFlow, state: FlowState, record: Record) -> None:
 
 
 def _request(
-    scheme: str, host: str, port: int, authority: str, method: str, path: str, headers: http.Headers, content: bytes, http_version: str
+    *, scheme: str, host: str, port: int, authority: str, method: str, path: str, headers: http.Headers, content: bytes, http_version: str
 ) -> http.Request:
     request = http.Request(
-        host, port, method.encode(), scheme.encode(), authority.encode(), path.encode(), http_version.encode(), headers, None, None, time.time(), None
+        host=host,
+        port=port,
+        method=method.encode(),
+        scheme=scheme.encode(),
+        authority=authority.encode(),
+        path=path.encode(),
+        http_version=http_version.encode(),
+        headers=headers,
+        content=None,
+        trailers=None,
+        timestamp_start=time.time(),
+        timestamp_end=None,
     )
     request.content = content  # with its content-length
     return request

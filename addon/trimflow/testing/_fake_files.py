@@ -162,7 +162,9 @@ class FakeFiles:
                 expires_at = now + int(seconds)
         number = next(self._ids)
         file_id = f"file_{number:024d}" if flavour else f"file-{number:022d}"
-        stored = StoredFile(file_id, owner, filename, mime, data, now, purpose, expires_at)
+        stored = StoredFile(
+            file_id=file_id, owner=owner, filename=filename, mime=mime, data=data, created_at=now, purpose=purpose, expires_at=expires_at
+        )
         with self._lock:
             self._files[file_id] = stored
         return 200, "application/json", orjson.dumps(_file_object(flavour, stored))
