@@ -7,6 +7,7 @@ is answered by one inline re-send."""
 
 from __future__ import annotations
 
+import gzip
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -20,7 +21,7 @@ from trimflow.testing import FakeProvider, Received, b64
 from trimflow.testing._fake_files import owner_of
 
 from ..helpers import wait_for
-from .helpers import ANTHROPIC_KEY, OPENAI_KEY, Proxy, direct_http_client, shots, start_all, stop_all
+from .helpers import ANTHROPIC_KEY, OPENAI_KEY, Proxy, direct_http_client, post, shots, start_all, stop_all
 
 pytestmark = pytest.mark.e2e
 
@@ -266,3 +267,24 @@ def test_a_file_is_deleted_at_the_provider_when_its_lifetime_ends(tmp_path: Any)
             assert len(deletions) == 1 and owner_of(deletions[0].headers) == ANTHROPIC_KEY  # with the key that uploaded it
         finally:
             stop_all(proxy.mitm)
+
+
+def test_a_compressed_body_goes_with_its_references_compressed_as_it_came(
+    providers: tuple[FakeProvider, FakeProvider], proxies: tuple[Proxy, Proxy]
+) -> None:
+    once_provider, once = providers[0], proxies[0]
+    once_provider.clear()
+    shot = shots(1, seed=123, width=220, height=160)[0]
+    block = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(shot)}}
+    body = {
+        "model": "claude-sonnet-4-6",
+        "max_tokens": 50,
+        "messages": [{"role": "user", "content": [block, {"type": "text", "text": "What is this?"}]}],
+    }
+    headers = {"x-api-key": OTHER_KEY, "anthropic-version": "2023-06-01", "content-encoding": "gzip", "anthropic-beta": "prompt-caching-2024-07-31"}
+    status, _ = post(once.port, "/v1/messages", gzip.compress(orjson.dumps(body)), headers)
+    assert status == 200
+    (received,) = turns(once_provider, "/v1/messages")
+    assert received.headers["content-encoding"] == "gzip" and received.wire_bytes < len(b64(shot)) / 4
+    assert len(anthropic_file_ids(received)) == 1 and inline_images(received) == 0
+    assert received.headers["anthropic-beta"] == "prompt-caching-2024-07-31, files-api-2025-04-14"  # the client's betas kept
