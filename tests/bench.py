@@ -45,6 +45,7 @@ import json
 import os
 import platform
 import random
+import shutil
 import signal
 import socket
 import statistics
@@ -54,6 +55,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -1898,7 +1900,7 @@ def machine() -> dict[str, Any]:
     return info
 
 
-SECTIONS = ("engine", "text", "proxy", "learned", "recall", "shaped", "bytes", "send_once", "shrink", "cache")
+SECTIONS = ("engine", "text", "proxy", "learned", "store", "recall", "shaped", "bytes", "send_once", "shrink", "cache")
 LEARNED_ENTRIES = 10_000
 
 
@@ -2121,6 +2123,9 @@ def run(settings: Settings, say: Callable[[str], None], sections: tuple[str, ...
             figures += learned_figures(workdir, upstream, settings)
             say(f"conversations file: {CONVERSATIONS_ROWS:,} conversations, one turn's read and write")
             figures += conversations_file_figures(workdir, settings)
+        if "store" in sections:
+            say("shared store (trimflow_state): a screenshot conversation's turns with the store up, killed and hung, and none")
+            figures += store_figures(workdir, upstream, settings)
         if "recall" in sections:
             say(f"recall store: {RECALL_CONVERSATIONS:,} conversations soaked through its bounds (a process of its own)")
             figures += recall_figures(workdir)
@@ -2265,6 +2270,112 @@ def learned_figures(workdir: Path, upstream: Upstream, settings: Settings) -> li
     ]
 
 
+STORE_TURNS = 12  # turns of the screenshot conversation sent through each mitmdump, again and again
+STORE_SHOT_KB = 40
+STORE_STATES = ("none", "up", "down", "hung")
+
+
+def _redis_server(workdir: Path, name: str) -> tuple[subprocess.Popen[bytes], str]:
+    """A redis-server on a Unix socket of its own (no TCP port, nothing saved), answering; and its trimflow_state URL."""
+    binary = shutil.which("redis-server") or "/usr/bin/redis-server"
+    path = workdir / f"{name}.sock"
+    command = [binary, "--port", "0", "--unixsocket", str(path), "--unixsocketperm", "700", "--save", "", "--appendonly", "no"]
+    process = subprocess.Popen([*command, "--dir", str(workdir)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while True:
+        with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX) as probe:
+            probe.settimeout(1)
+            probe.connect(str(path))
+            probe.sendall(b"PING\r\n")
+            if probe.recv(16).startswith(b"+PONG"):
+                return process, f"unix://{path}"
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise RuntimeError("redis-server did not answer")
+        time.sleep(0.05)
+
+
+def store_figures(workdir: Path, upstream: Upstream, settings: Settings) -> list[Figure]:
+    """A request's latency through a mitmdump sharing its conversations in Redis (trimflow_state, the default deadline)
+    with the store up; killed after the warm-up (its socket refuses); hung after the warm-up (SIGSTOP: connections
+    are accepted, nothing is answered); and through one with no store at all. Turns of a screenshot conversation
+    past the default rules' 8 images (each reads the conversation's rows), interleaved over the four."""
+    if shutil.which("redis-server") is None and not os.access("/usr/bin/redis-server", os.X_OK):
+        return [Figure("store", "store: not available", None, "", note="no redis-server: scripts/setup installs it")]
+    folder = workdir / "store"
+    folder.mkdir()
+    shots = scaled_shots(STORE_TURNS, STORE_SHOT_KB)
+    bodies = [distinct_session(n, shots[:n], "image/jpeg") for n in range(1, STORE_TURNS + 1)]
+    servers: dict[str, subprocess.Popen[bytes]] = {}
+    proxies: dict[str, Proxy] = {}
+    clients: dict[str, Client] = {}
+    times: dict[str, list[float]] = {state: [] for state in STORE_STATES}
+    try:
+        options = {state: {"trimflow_conversations": ""} for state in STORE_STATES}
+        for state in STORE_STATES[1:]:
+            servers[state], options[state]["trimflow_state"] = _redis_server(folder, state)
+        with ThreadPoolExecutor(len(STORE_STATES)) as pool:  # side by side: a start is mostly importing mitmproxy
+            starting = {
+                state: pool.submit(start_proxy, folder / state, f"store-{state}", upstream, addon=True, options=options[state])
+                for state in STORE_STATES
+            }
+        for state, future in starting.items():  # every one that started is stopped below, whichever failed
+            if future.exception() is None:
+                proxies[state] = future.result()
+        for future in starting.values():
+            future.result()
+        clients = {state: Client(proxies[state].mitmdump.port) for state in STORE_STATES}
+        rounds = max(1, settings.latency_reps // 4)
+        for rep in range(1 + rounds):
+            if rep == 1:  # past the warm-up: one store killed, one hung, mid-conversation
+                servers["down"].kill()
+                servers["down"].wait(10)
+                servers["hung"].send_signal(signal.SIGSTOP)
+            for body in bodies:
+                for state, client in clients.items():
+                    gc.collect()
+                    time.sleep(LATENCY_GAP)
+                    started = time.perf_counter()
+                    status, _, _ = client.post(body)
+                    if status != 200:
+                        raise RuntimeError(f"store {state}: mitmdump answered {status}")
+                    if rep:
+                        times[state].append((time.perf_counter() - started) * 1000)
+    finally:
+        for client in clients.values():
+            client.close()
+        for proxy in proxies.values():
+            proxy.mitmdump.stop()
+        for process in servers.values():
+            with contextlib.suppress(OSError):
+                process.send_signal(signal.SIGCONT)
+            process.kill()
+            process.wait(10)
+    median = {state: statistics.median(values) for state, values in times.items()}
+    most = {state: max(values) for state, values in times.items()}
+    count = len(times["up"])
+    what = f"{STORE_SHOT_KB} KB screenshot turns 1-{STORE_TURNS}, {count} requests"
+    labels = {
+        "none": "no store",
+        "up": "store up",
+        "down": "store killed (refusing)",
+        "hung": "store hung (SIGSTOP: accepting, never answering)",
+    }
+    figures = [Figure(f"store_{state}_ms", f"latency, {what}, {labels[state]}, median", median[state], "ms") for state in STORE_STATES]
+    figures += [Figure(f"store_{state}_max_ms", f"latency, same, {labels[state]}, largest", most[state], "ms") for state in STORE_STATES]
+    figures += [
+        Figure("store_up_vs_none", "store up / no store, medians", median["up"] / median["none"], "x", 1.10),
+        Figure(
+            "store_outage_vs_up",
+            "store killed or hung (the slower) / store up, medians",
+            max(median["down"], median["hung"]) / median["up"],
+            "x",
+            1.10,
+        ),
+    ]
+    return figures
+
+
 RECALL_CONVERSATIONS = 1_000  # conversations of the recall soak, each cutting RECALL_IMAGES images
 RECALL_IMAGES = 8
 RECALL_IMAGE_KB = 48
@@ -2363,7 +2474,8 @@ def main(argv: list[str] | None = None) -> int:
         choices=SECTIONS,
         help="run only this section (repeat for several): engine (in process, scaling), text (coding agents' text bodies "
         "in process, and a 60-turn text session through the proxy), proxy (latency, throughput, streaming, memory), "
-        "learned (the learned-limits and conversations files), recall (the recall store's bounds under a soak), "
+        "learned (the learned-limits and conversations files), store (the shared store up, killed and hung), "
+        "recall (the recall store's bounds under a soak), "
         "shaped (the screenshot session over a shaped link), bytes (a Retina session to Claude with native_size on and off), "
         "send_once (a computer-use session to Claude with send_once on and off), "
         "shrink, cache; default: all",

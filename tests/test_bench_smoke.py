@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -194,6 +196,24 @@ def test_shrink_figures_or_a_not_available_row(report: dict) -> None:
     assert speeds and all(_number(f["value"]) and f["unit"] == "ms/MP" for f in speeds)
 
 
+STORE_STATES = ("none", "up", "down", "hung")
+
+
+def test_store_figures_or_a_not_available_row(report: dict) -> None:
+    """The request's latency with the shared store up, killed and hung beside none, where redis-server is installed."""
+    figures = report["figures"]
+    store = {name: f for name, f in figures.items() if name.startswith("store")}
+    if shutil.which("redis-server") is None and not os.access("/usr/bin/redis-server", os.X_OK):
+        assert list(store) == ["store"] and store["store"]["label"] == "store: not available"
+        return
+    for state in STORE_STATES:
+        for name in (f"store_{state}_ms", f"store_{state}_max_ms"):
+            assert _number(store[name]["value"]) and store[name]["unit"] == "ms" and store[name]["target"] is None, name
+    for name in ("store_up_vs_none", "store_outage_vs_up"):
+        assert _number(store[name]["value"]) and store[name]["target"] == "<= 1.1x" and isinstance(store[name]["ok"], bool), name
+    assert store["store_up_vs_none"]["value"] == pytest.approx(store["store_up_ms"]["value"] / store["store_none_ms"]["value"])
+
+
 def test_the_shaped_link_carries_fewer_bytes_through_trimflow_and_says_the_run_is_shorter(report: dict) -> None:
     figures = report["figures"]
     # Bytes, not time: the 12 turns of --quick go past the default rules' 8 images, so trimflow sends less.
@@ -245,7 +265,7 @@ def test_the_text_figures_compare_the_engine_with_both_parsers_of_the_same_body(
 
 def test_report_names_the_machine_and_the_mode(report: dict) -> None:
     assert report["mode"] == "quick"
-    assert report["sections"] == ["engine", "text", "proxy", "learned", "recall", "shaped", "bytes", "send_once", "shrink", "cache"]
+    assert report["sections"] == ["engine", "text", "proxy", "learned", "store", "recall", "shaped", "bytes", "send_once", "shrink", "cache"]
     machine = report["machine"]
     assert machine["nproc"] >= 1 and machine["python"] and machine["mitmproxy"]
     assert _number(report["seconds"])

@@ -222,6 +222,14 @@ def launcher_records(stderr: str) -> list[dict[str, Any]]:
     return [orjson.loads(line) for line in Path(path).read_bytes().splitlines() if line.strip()]
 
 
+def assert_one_conversation(records: list[dict[str, Any]], stderr: str, agent: str) -> None:
+    """The session's LLM requests are one conversation numbered 1..N in the records, and the exit summary says one."""
+    turns = [r for r in records if r.get("turn") is not None]
+    assert [r["turn"] for r in turns] == list(range(1, len(turns) + 1)), [(r["conversation"], r["turn"]) for r in turns]
+    assert len({r["conversation"] for r in turns}) == 1
+    assert re.search(rf"^trimflow: {agent} exited 0; \d+ LLM requests in 1 conversation through trimflow$", stderr, re.MULTILINE), stderr[-3000:]
+
+
 def run_session(tmp_path: Path, **session: Any) -> dict[str, Any]:
     """Run one session in a new folder of `tmp_path` (see run_in)."""
     return run_in(tmp_path / "work", **session)

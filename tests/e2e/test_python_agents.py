@@ -36,6 +36,7 @@ from .agent_session import (
     PROMPT,
     ROOT,
     VENV_COMMANDS,
+    assert_one_conversation,
     assert_summary_is_what_the_provider_received,
     launcher_records,
     need_venv,
@@ -179,8 +180,9 @@ def test_aider_through_the_launcher_keeps_the_screenshot_just_added(tmp_path: Pa
     assert (
         turns(result)[shipped_cap(MODEL, CHAT_PATH)]["images"][0] == result["shots"][shipped_cap(MODEL, CHAT_PATH)]
     )  # sent first, as the seed had it, and kept
-    # Each request rewrites aider's early history (its images reshuffled, one more among them), so the records may
-    # count several conversations: the summary's total is checked, whichever line holds it.
+    # Each request rewrites aider's early history (the time in its system prompt, its images reshuffled, one more
+    # among them): still one conversation, numbered 1..N in the records and the exit summary.
+    assert_one_conversation(records(result), result["stderr"], "aider")
     sent, pruned = summary_totals(result["stderr"], "aider", shots)
     assert sent == sum(len(r["images"]) for r in turns(result))
     assert pruned == sum(r["images_before"] - r["images_after"] for r in records(result)) > 0

@@ -69,7 +69,7 @@ def make_addons() -> list[object]:
         send_once.hold,
         Prometheus(metrics, recover),
         OpenTelemetry(metrics),
-        ShareConversations(flows),
+        ShareConversations(flows, recover),
         Recall(flows),
         KeepMemory(),
         UpstreamAuthPipe(),
