@@ -174,6 +174,9 @@ class LastTurns:
         self._back = self._front if path == ":memory:" else _Link()
         self._wake = threading.Condition()  # guards what follows
         self._pending: dict[bytes, Row] = {}  # turns waiting for the file, by conversation
+        # Those the writing thread has taken from `_pending` and is writing: still waiting (they go back if the file is
+        # held), so they count toward MAX_PENDING and a newer turn of one of them takes no more room.
+        self._in_flight: dict[bytes, Row] = {}
         self._retry_at = 0.0  # monotonic seconds before which the writing thread does not try the file again
         self._retry_delay = RETRY_FIRST
         self._written = 0  # rows written since the last checkpoint
@@ -360,11 +363,15 @@ class LastTurns:
                 if waiting is not None:
                     if not _newer(waiting, row):
                         self._pending[row[0]] = row
-                elif len(self._pending) < MAX_PENDING:
+                elif row[0] in self._in_flight or self._waiting() < MAX_PENDING:
                     self._pending[row[0]] = row
                 else:
                     self.writes_dropped += 1
             self._start()
+
+    def _waiting(self) -> int:
+        """Conversations whose turn waits for the file, in the queue or being written (under `_wake`)."""
+        return len(self._pending) + sum(1 for key in self._in_flight if key not in self._pending)
 
     def _start(self) -> None:
         """Wakes the writing thread, started on first need (under `_wake`)."""
@@ -382,7 +389,7 @@ class LastTurns:
                     self._wake.wait(max(0.0, self._retry_at - self.monotonic()) if work else None)
                 closing = self._stopping()
                 rows = list(self._pending.values())
-                self._pending = {}
+                self._in_flight, self._pending = self._pending, {}
                 upkeep = self._upkeep_due() and not closing
                 clean = upkeep and self._uncleaned >= CLEAN_EVERY
                 if upkeep:
@@ -396,6 +403,8 @@ class LastTurns:
                     self._maintain(link, clean)
                 if closing:
                     _close(link)
+            with self._wake:
+                self._in_flight = {}
             if closing:
                 return
 
