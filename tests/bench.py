@@ -207,6 +207,8 @@ class Settings:
     text_session_mbit: int  # its shaped link's rate
     text_session_runs: int  # times it is sent to both proxies (fresh ones each time over the shaped link)
     native_turns: int  # turns of the Retina computer-use session sent with native_size on and off
+    once_turns: int  # turns of the computer-use session sent with send-once on and off
+    once_shaped_turns: int  # of those, the first ones sent again over a shaped link, timed
 
 
 QUICK = Settings(
@@ -231,6 +233,8 @@ QUICK = Settings(
     text_session_mbit=100,
     text_session_runs=1,
     native_turns=8,
+    once_turns=12,
+    once_shaped_turns=12,
 )
 FULL = Settings(
     engine_reps=31,
@@ -254,6 +258,8 @@ FULL = Settings(
     text_session_mbit=100,
     text_session_runs=3,
     native_turns=24,
+    once_turns=60,
+    once_shaped_turns=60,
 )
 
 
@@ -1413,7 +1419,7 @@ class Link(_ChildOnPort):
 
     what = "shaped link"
 
-    def __init__(self, upstream: Upstream, rate_mbit: int, rtt_ms: float) -> None:
+    def __init__(self, upstream: Upstream | FakeProvider, rate_mbit: int, rtt_ms: float) -> None:
         super().__init__()
         self.upstream, self.rate_mbit, self.rtt_ms = upstream, rate_mbit, rtt_ms
 
@@ -1704,6 +1710,118 @@ def native_size_figures(workdir: Path, settings: Settings, say: Callable[[str], 
     ]
 
 
+# --- send once: each screenshot up the wire once ------------------------------------------------------------
+
+
+def send_once_figures(workdir: Path, settings: Settings, say: Callable[[str], None]) -> list[Figure]:
+    """The same Claude computer-use session (screenshots Claude sees as they are) through the shipped rules with
+    send-once on and off, each in front of a fake provider with its Files API and cache model: the bytes that reach the
+    provider per turn (uploads included), against the new screenshot and the turn's text; the prompt tokens and cache
+    reads per turn."""
+    turns = settings.once_turns
+    say(f"send once: {turns}-turn Claude computer-use session of {SCREEN[0]}x{SCREEN[1]} screenshots, send_once on and off")
+    shots = [desktop_screenshot(seed, SCREEN) for seed in range(200, 200 + turns)]
+    session = claude_computer_use(shots, SCREEN)
+    shipped = DEFAULT_RULES_PATH.read_text(encoding="utf-8")
+    lifted = shipped.replace("\n  max_body_bytes: 16MiB\n", "\n  max_body_bytes: null\n", 1)
+    if lifted == shipped:
+        raise RuntimeError("the shipped rules no longer set max_body_bytes: 16MiB under defaults; update the bench")
+    rules = {"off": lifted, "on": lifted.replace("\ndefaults:\n", "\ndefaults:\n  send_once: true\n", 1)}
+    sent: dict[str, list[int]] = {name: [] for name in rules}
+    usage: dict[str, list[tuple[int, int]]] = {name: [] for name in rules}
+    with contextlib.ExitStack() as stack:
+        providers = {name: stack.enter_context(FakeProvider(cache=True)) for name in rules}
+        proxies = {}
+        for name, text in rules.items():
+            path = workdir / f"once-{name}.yaml"
+            path.write_text(text, encoding="utf-8")
+            proxies[name] = Mitmdump(
+                workdir / f"once-{name}", "--mode", f"reverse:{providers[name].url}", options={"trimflow_rules": str(path)}
+            ).start()
+            stack.callback(proxies[name].stop)
+        for body in session:
+            for name in rules:
+                before = len(providers[name].received)
+                usage[name].append(_ask_claude(proxies[name].port, body))
+                sent[name].append(sum(r.wire_bytes for r in providers[name].received[before:]))
+    # What a turn cannot go below: its new screenshot, once, and its text (the body without its images' base64).
+    floor = [
+        len(shot) + len(body) - sum(len(m.data or "") for m in FORMATS["anthropic"].find_media(orjson.loads(body)))
+        for shot, body in zip(shots, session, strict=True)
+    ]
+    over = [on / least for on, least in zip(sent["on"][1:], floor[1:], strict=True)]
+    reads = [(on[1], off[1]) for on, off in zip(usage["on"], usage["off"], strict=True)]
+    read_gap = max((abs(on - off) / off for on, off in reads if off), default=0.0)
+    differ = sum(a[0] != b[0] for a, b in zip(usage["on"], usage["off"], strict=True))
+    on, off = sum(sent["on"]), sum(sent["off"])
+    last = f"turn {turns}: {sent['off'][-1] / MB:.2f} MB -> {sent['on'][-1] / MB:.3f} MB"
+    shaped = settings.once_shaped_turns
+    say(f"send once: the first {shaped} turns again, each proxy over a {ONCE_SHAPED_MBIT} Mbit/s {SHAPED_RTT_MS:g} ms RTT link of its own")
+    times = _send_once_over_a_link(workdir / "once-shaped", rules, session[:shaped])
+    timed = {name: statistics.median(seconds) for name, seconds in times.items()}
+    return [
+        Figure(
+            "once_shaped_on_median_s",
+            f"turn time with send_once, {ONCE_SHAPED_MBIT} Mbit/s {SHAPED_RTT_MS:g} ms RTT (median of {shaped})",
+            timed["on"],
+            "s",
+            note=f"the last turn {times['on'][-1]:.2f} s",
+        ),
+        Figure(
+            "once_shaped_off_median_s", "turn time without it, same link (median)", timed["off"], "s", note=f"the last turn {times['off'][-1]:.2f} s"
+        ),
+        Figure("once_shaped_median_ratio", "turn time without / with send_once (median)", timed["off"] / timed["on"], "x", 5.0, at_most=False),
+        Figure("once_sent_off_mb", f"to the provider, send_once off, {turns}-turn Claude computer-use session", off / MB, "MB"),
+        Figure("once_sent_on_mb", "to the provider, send_once on (uploads included), same session", on / MB, "MB", note=last),
+        Figure("once_sent_ratio", "bytes to the provider, off / on", off / on, "x"),
+        Figure(
+            "once_turn_vs_floor",
+            "bytes per turn after the first, send_once on, over the new screenshot plus the turn's text (worst turn)",
+            max(over),
+            "x",
+            1.2,
+            note=f"median {statistics.median(over):.3f}",
+        ),
+        Figure("once_tokens_differ", "turns whose prompt tokens (the fake provider's usage) differ, on against off", differ, "turns", 0),
+        Figure(
+            "once_cache_reads_gap_pct",
+            "largest gap in a turn's prompt-cache reads, on against off",
+            read_gap * 100,
+            "%",
+            1.0,
+            note=f"{sum(r for r, _ in reads):,} read on, {sum(r for _, r in reads):,} off",
+        ),
+    ]
+
+
+ONCE_SHAPED_MBIT = 50
+
+
+def _send_once_over_a_link(workdir: Path, rules: dict[str, str], session: list[bytes]) -> dict[str, list[float]]:
+    """Seconds per turn through a proxy per rules file, each in front of a fake provider of its own behind a shaped link
+    of its own (the uploads go over it too); the turns alternate between the proxies."""
+    times: dict[str, list[float]] = {name: [] for name in rules}
+    warmup = orjson.dumps({"model": NATIVE_MODEL, "max_tokens": 16, "messages": [{"role": "user", "content": "Ready?"}]})
+    with contextlib.ExitStack() as stack:
+        ports = {}
+        for name in rules:
+            provider = stack.enter_context(FakeProvider(record=False))
+            link = Link(provider, ONCE_SHAPED_MBIT, SHAPED_RTT_MS).start()
+            stack.callback(link.stop)
+            options = {"trimflow_rules": str(workdir.parent / f"once-{name}.yaml")}
+            mitmdump = Mitmdump(workdir / name, "--mode", f"reverse:{link.url}", options=options).start()
+            stack.callback(mitmdump.stop)
+            ports[name] = mitmdump.port
+            for _ in range(3):  # the addon's first imports and the link's first connection
+                _ask_claude(mitmdump.port, warmup)
+        for body in session:
+            for name, port in ports.items():
+                started = time.perf_counter()
+                _ask_claude(port, body)
+                times[name].append(time.perf_counter() - started)
+    return times
+
+
 # --- shrink -------------------------------------------------------------------------------------------------
 
 
@@ -1782,7 +1900,7 @@ def machine() -> dict[str, Any]:
     return info
 
 
-SECTIONS = ("engine", "text", "proxy", "learned", "store", "recall", "shaped", "bytes", "shrink", "cache")
+SECTIONS = ("engine", "text", "proxy", "learned", "store", "recall", "shaped", "bytes", "send_once", "shrink", "cache")
 LEARNED_ENTRIES = 10_000
 
 
@@ -2017,6 +2135,8 @@ def run(settings: Settings, say: Callable[[str], None], sections: tuple[str, ...
             figures += shaped_figures(workdir, upstream, bodies, settings, say)
         if "bytes" in sections:
             figures += native_size_figures(workdir, settings, say)
+        if "send_once" in sections:
+            figures += send_once_figures(workdir, settings, say)
     if "shrink" in sections:
         say("shrink (tests.shrink_bench)")
         figures += shrink_figures(settings)
@@ -2357,6 +2477,7 @@ def main(argv: list[str] | None = None) -> int:
         "learned (the learned-limits and conversations files), store (the shared store up, killed and hung), "
         "recall (the recall store's bounds under a soak), "
         "shaped (the screenshot session over a shaped link), bytes (a Retina session to Claude with native_size on and off), "
+        "send_once (a computer-use session to Claude with send_once on and off), "
         "shrink, cache; default: all",
     )
     parser.add_argument("--serve-upstream", action="store_true", help=argparse.SUPPRESS)

@@ -82,6 +82,11 @@ TARGETED = [
     "native_tokens_differ",
     "native_cache_reads_differ",
     "native_within_changed",
+    # The computer-use session to Claude with send_once on and off.
+    "once_turn_vs_floor",
+    "once_tokens_differ",
+    "once_cache_reads_gap_pct",
+    "once_shaped_median_ratio",
 ]
 CONTEXT = [
     "engine_prune_ms",
@@ -140,6 +145,11 @@ CONTEXT = [
     "text_session_loopback_ratio",
     "native_sent_off_mb",
     "native_sent_on_mb",
+    "once_sent_off_mb",
+    "once_sent_on_mb",
+    "once_sent_ratio",
+    "once_shaped_on_median_s",
+    "once_shaped_off_median_s",
 ]
 
 
@@ -256,7 +266,7 @@ def test_the_text_figures_compare_the_engine_with_both_parsers_of_the_same_body(
 
 def test_report_names_the_machine_and_the_mode(report: dict) -> None:
     assert report["mode"] == "quick"
-    assert report["sections"] == ["engine", "text", "proxy", "learned", "store", "recall", "shaped", "bytes", "shrink", "cache"]
+    assert report["sections"] == ["engine", "text", "proxy", "learned", "store", "recall", "shaped", "bytes", "send_once", "shrink", "cache"]
     machine = report["machine"]
     assert machine["nproc"] >= 1 and machine["python"] and machine["mitmproxy"]
     assert _number(report["seconds"])

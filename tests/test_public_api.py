@@ -98,6 +98,8 @@ PUBLIC = {
         "Prune",
         "Recall",
         "Recover",
+        "HoldRefusals",
+        "SendOnce",
         "Simulate",
         "UpstreamAuthPipe",
         "WebSocket",

@@ -46,6 +46,7 @@ from .helpers import decode_b64
 
 ROOT = Path(__file__).resolve().parents[2]
 RECALL_ID = re.compile(rb'recall_image\(\\"([a-z2-7]{10})\\"\)')  # a placeholder's id, as its text reads inside JSON
+FILE_REFERENCE = re.compile(rb'"file_id"\s*:\s*"')  # an image part that names a file at the provider instead of carrying it
 TOOLS_BIN = ROOT / ".tools" / "node_modules" / ".bin"
 AGENT_VENVS = ROOT / ".tools" / "venvs"  # the Python agents, one venv each
 # Claude Code's side traffic off: no telemetry, update check or error report tries the (absent) network.
@@ -91,6 +92,7 @@ def request_facts(received: Received) -> dict[str, Any]:
     facts["recall_ids"] = sorted({m.decode() for m in RECALL_ID.findall(received.body)})  # the ids its placeholders name
     facts["tools"] = sorted(offered_tools(fmt, body))
     facts["unknown_id_answered"] = f"no image {UNKNOWN_ID} in this run's store".encode() in received.body
+    facts["references"] = len(FILE_REFERENCE.findall(received.body))  # images sent as a file id (send-once)
     for media in FORMATS[fmt].find_media(body):
         if media.kind == "image" and media.data is not None:
             facts["images"].append(digest(decode_b64(media.data[media.data_offset :])))

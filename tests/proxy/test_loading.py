@@ -25,9 +25,11 @@ ORDER = [
     proxy.Prune,
     proxy.WebSocket,
     proxy.Simulate,
+    proxy.SendOnce,
     proxy.Clicks,
     proxy.Metrics,
     recover.HoldErrorAnswers,
+    proxy.HoldRefusals,
     proxy.Prometheus,
     proxy.OpenTelemetry,
     proxy.ShareConversations,
@@ -62,6 +64,9 @@ OPTIONS = {
     "trimflow_recall_size",
     "trimflow_recall_conversation_size",
     "trimflow_recall_lifetime",
+    "trimflow_send_once",
+    "trimflow_send_once_lifetime",
+    "trimflow_send_once_deadline",
     "trimflow_upstream_auth_fd",
 }
 

@@ -63,7 +63,9 @@ DEFAULT_RETRIES = 2
 _SENT_FIELDS = tuple(
     f.name
     for f in fields(Record)
-    if f.name.endswith("_after") or f.name.startswith(("pruned", "shrunk", "thinned", "native")) or f.name in ("over_budget", "deduplicated")
+    if f.name.endswith("_after")
+    or f.name.startswith(("pruned", "shrunk", "thinned", "native"))
+    or f.name in ("over_budget", "deduplicated", "by_reference", "reference_bytes_saved")
 )
 
 
