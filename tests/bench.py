@@ -45,6 +45,7 @@ import json
 import os
 import platform
 import random
+import shutil
 import signal
 import socket
 import statistics
@@ -54,6 +55,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -65,6 +67,9 @@ from PIL import Image
 
 from tests.bombs import blank_png
 from tests.mitmdump import Mitmdump, stop_process
+from tests.research.cache_sessions import REFERENCE_SESSIONS, SCREEN, ReferenceSession, desktop_screenshot
+from tests.research.optimum import batch_floor, price_for, priced_optima, ratios, session_cap
+from tests.research.policy_runner import POLICIES, run_policy
 from trimflow._clicks import ClickStream, Screen, map_answer
 from trimflow._conversation import Conversations
 from trimflow._engine import prune_request
@@ -76,9 +81,7 @@ from trimflow._prices import Price
 from trimflow._record import utc_timestamp
 from trimflow._rules_file import DEFAULT_RULES_PATH, load_rules
 from trimflow.formats import FORMATS
-from trimflow.testing import MIME, PATHS, POLICIES, REFERENCE_SESSIONS, FakeProvider, b64, data_url, image, run_policy, screenshot, session_body
-from trimflow.testing._cache_sessions import SCREEN, ReferenceSession, desktop_screenshot
-from trimflow.testing._optimum import batch_floor, price_for, priced_optima, ratios, session_cap
+from trimflow.testing import MIME, PATHS, FakeProvider, b64, data_url, image, screenshot, session_body
 from trimflow.testing._screens import CHANGES, agent_session, app_screen, distinct_screens, repeating_screens
 
 FORMAT = "openai-chat"
@@ -204,6 +207,8 @@ class Settings:
     text_session_mbit: int  # its shaped link's rate
     text_session_runs: int  # times it is sent to both proxies (fresh ones each time over the shaped link)
     native_turns: int  # turns of the Retina computer-use session sent with native_size on and off
+    once_turns: int  # turns of the computer-use session sent with send-once on and off
+    once_shaped_turns: int  # of those, the first ones sent again over a shaped link, timed
 
 
 QUICK = Settings(
@@ -228,6 +233,8 @@ QUICK = Settings(
     text_session_mbit=100,
     text_session_runs=1,
     native_turns=8,
+    once_turns=12,
+    once_shaped_turns=12,
 )
 FULL = Settings(
     engine_reps=31,
@@ -251,6 +258,8 @@ FULL = Settings(
     text_session_mbit=100,
     text_session_runs=3,
     native_turns=24,
+    once_turns=60,
+    once_shaped_turns=60,
 )
 
 
@@ -1453,7 +1462,7 @@ class Link(_ChildOnPort):
 
     what = "shaped link"
 
-    def __init__(self, upstream: Upstream, rate_mbit: int, rtt_ms: float) -> None:
+    def __init__(self, upstream: Upstream | FakeProvider, rate_mbit: int, rtt_ms: float) -> None:
         super().__init__()
         self.upstream, self.rate_mbit, self.rtt_ms = upstream, rate_mbit, rtt_ms
 
@@ -1744,6 +1753,118 @@ def native_size_figures(workdir: Path, settings: Settings, say: Callable[[str], 
     ]
 
 
+# --- send once: each screenshot up the wire once ------------------------------------------------------------
+
+
+def send_once_figures(workdir: Path, settings: Settings, say: Callable[[str], None]) -> list[Figure]:
+    """The same Claude computer-use session (screenshots Claude sees as they are) through the shipped rules with
+    send-once on and off, each in front of a fake provider with its Files API and cache model: the bytes that reach the
+    provider per turn (uploads included), against the new screenshot and the turn's text; the prompt tokens and cache
+    reads per turn."""
+    turns = settings.once_turns
+    say(f"send once: {turns}-turn Claude computer-use session of {SCREEN[0]}x{SCREEN[1]} screenshots, send_once on and off")
+    shots = [desktop_screenshot(seed, SCREEN) for seed in range(200, 200 + turns)]
+    session = claude_computer_use(shots, SCREEN)
+    shipped = DEFAULT_RULES_PATH.read_text(encoding="utf-8")
+    lifted = shipped.replace("\n  max_body_bytes: 16MiB\n", "\n  max_body_bytes: null\n", 1)
+    if lifted == shipped:
+        raise RuntimeError("the shipped rules no longer set max_body_bytes: 16MiB under defaults; update the bench")
+    rules = {"off": lifted, "on": lifted.replace("\ndefaults:\n", "\ndefaults:\n  send_once: true\n", 1)}
+    sent: dict[str, list[int]] = {name: [] for name in rules}
+    usage: dict[str, list[tuple[int, int]]] = {name: [] for name in rules}
+    with contextlib.ExitStack() as stack:
+        providers = {name: stack.enter_context(FakeProvider(cache=True)) for name in rules}
+        proxies = {}
+        for name, text in rules.items():
+            path = workdir / f"once-{name}.yaml"
+            path.write_text(text, encoding="utf-8")
+            proxies[name] = Mitmdump(
+                workdir / f"once-{name}", "--mode", f"reverse:{providers[name].url}", options={"trimflow_rules": str(path)}
+            ).start()
+            stack.callback(proxies[name].stop)
+        for body in session:
+            for name in rules:
+                before = len(providers[name].received)
+                usage[name].append(_ask_claude(proxies[name].port, body))
+                sent[name].append(sum(r.wire_bytes for r in providers[name].received[before:]))
+    # What a turn cannot go below: its new screenshot, once, and its text (the body without its images' base64).
+    floor = [
+        len(shot) + len(body) - sum(len(m.data or "") for m in FORMATS["anthropic"].find_media(orjson.loads(body)))
+        for shot, body in zip(shots, session, strict=True)
+    ]
+    over = [on / least for on, least in zip(sent["on"][1:], floor[1:], strict=True)]
+    reads = [(on[1], off[1]) for on, off in zip(usage["on"], usage["off"], strict=True)]
+    read_gap = max((abs(on - off) / off for on, off in reads if off), default=0.0)
+    differ = sum(a[0] != b[0] for a, b in zip(usage["on"], usage["off"], strict=True))
+    on, off = sum(sent["on"]), sum(sent["off"])
+    last = f"turn {turns}: {sent['off'][-1] / MB:.2f} MB -> {sent['on'][-1] / MB:.3f} MB"
+    shaped = settings.once_shaped_turns
+    say(f"send once: the first {shaped} turns again, each proxy over a {ONCE_SHAPED_MBIT} Mbit/s {SHAPED_RTT_MS:g} ms RTT link of its own")
+    times = _send_once_over_a_link(workdir / "once-shaped", rules, session[:shaped])
+    timed = {name: statistics.median(seconds) for name, seconds in times.items()}
+    return [
+        Figure(
+            "once_shaped_on_median_s",
+            f"turn time with send_once, {ONCE_SHAPED_MBIT} Mbit/s {SHAPED_RTT_MS:g} ms RTT (median of {shaped})",
+            timed["on"],
+            "s",
+            note=f"the last turn {times['on'][-1]:.2f} s",
+        ),
+        Figure(
+            "once_shaped_off_median_s", "turn time without it, same link (median)", timed["off"], "s", note=f"the last turn {times['off'][-1]:.2f} s"
+        ),
+        Figure("once_shaped_median_ratio", "turn time without / with send_once (median)", timed["off"] / timed["on"], "x", 5.0, at_most=False),
+        Figure("once_sent_off_mb", f"to the provider, send_once off, {turns}-turn Claude computer-use session", off / MB, "MB"),
+        Figure("once_sent_on_mb", "to the provider, send_once on (uploads included), same session", on / MB, "MB", note=last),
+        Figure("once_sent_ratio", "bytes to the provider, off / on", off / on, "x"),
+        Figure(
+            "once_turn_vs_floor",
+            "bytes per turn after the first, send_once on, over the new screenshot plus the turn's text (worst turn)",
+            max(over),
+            "x",
+            1.2,
+            note=f"median {statistics.median(over):.3f}",
+        ),
+        Figure("once_tokens_differ", "turns whose prompt tokens (the fake provider's usage) differ, on against off", differ, "turns", 0),
+        Figure(
+            "once_cache_reads_gap_pct",
+            "largest gap in a turn's prompt-cache reads, on against off",
+            read_gap * 100,
+            "%",
+            1.0,
+            note=f"{sum(r for r, _ in reads):,} read on, {sum(r for _, r in reads):,} off",
+        ),
+    ]
+
+
+ONCE_SHAPED_MBIT = 50
+
+
+def _send_once_over_a_link(workdir: Path, rules: dict[str, str], session: list[bytes]) -> dict[str, list[float]]:
+    """Seconds per turn through a proxy per rules file, each in front of a fake provider of its own behind a shaped link
+    of its own (the uploads go over it too); the turns alternate between the proxies."""
+    times: dict[str, list[float]] = {name: [] for name in rules}
+    warmup = orjson.dumps({"model": NATIVE_MODEL, "max_tokens": 16, "messages": [{"role": "user", "content": "Ready?"}]})
+    with contextlib.ExitStack() as stack:
+        ports = {}
+        for name in rules:
+            provider = stack.enter_context(FakeProvider(record=False))
+            link = Link(provider, ONCE_SHAPED_MBIT, SHAPED_RTT_MS).start()
+            stack.callback(link.stop)
+            options = {"trimflow_rules": str(workdir.parent / f"once-{name}.yaml")}
+            mitmdump = Mitmdump(workdir / name, "--mode", f"reverse:{link.url}", options=options).start()
+            stack.callback(mitmdump.stop)
+            ports[name] = mitmdump.port
+            for _ in range(3):  # the addon's first imports and the link's first connection
+                _ask_claude(mitmdump.port, warmup)
+        for body in session:
+            for name, port in ports.items():
+                started = time.perf_counter()
+                _ask_claude(port, body)
+                times[name].append(time.perf_counter() - started)
+    return times
+
+
 # --- shrink -------------------------------------------------------------------------------------------------
 
 
@@ -1822,7 +1943,7 @@ def machine() -> dict[str, Any]:
     return info
 
 
-SECTIONS = ("engine", "text", "proxy", "learned", "recall", "shaped", "bytes", "shrink", "cache")
+SECTIONS = ("engine", "text", "proxy", "learned", "store", "recall", "shaped", "bytes", "send_once", "shrink", "cache")
 LEARNED_ENTRIES = 10_000
 
 
@@ -1852,9 +1973,9 @@ def cache_price_models(reference: ReferenceSession) -> dict[str, tuple[Price, bo
 
 def cache_figures() -> list[Figure]:
     """The shipped rules against rolling keep-8 and no pruning at all on the 60-turn computer-use reference session,
-    billed by the prompt cache model (trimflow.testing: run_policy); and on every reference session and price model, the
+    billed by the prompt cache model (tests.research.policy_runner: run_policy); and on every reference session and price model, the
     shipped rules' cost over the cheapest cut schedule at the card's cap and floor (3 of 8, 5 of 10) that cuts nothing
-    before the conversation's first overflow, as the rules promise (trimflow.testing._optimum), at full length and
+    before the conversation's first overflow, as the rules promise (tests.research.optimum), at full length and
     averaged over the session's lengths, with the optimum free to cut before beside it. Deterministic: the same
     figures on any machine."""
     policies = {p.name: p for p in POLICIES}
@@ -2045,6 +2166,9 @@ def run(settings: Settings, say: Callable[[str], None], sections: tuple[str, ...
             figures += learned_figures(workdir, upstream, settings)
             say(f"conversations file: {CONVERSATIONS_ROWS:,} conversations, one turn's read and write")
             figures += conversations_file_figures(workdir, settings)
+        if "store" in sections:
+            say("shared store (trimflow_state): a screenshot conversation's turns with the store up, killed and hung, and none")
+            figures += store_figures(workdir, upstream, settings)
         if "recall" in sections:
             say(f"recall store: {RECALL_CONVERSATIONS:,} conversations soaked through its bounds (a process of its own)")
             figures += recall_figures(workdir)
@@ -2055,6 +2179,8 @@ def run(settings: Settings, say: Callable[[str], None], sections: tuple[str, ...
             figures += shaped_figures(workdir, upstream, bodies, settings, say)
         if "bytes" in sections:
             figures += native_size_figures(workdir, settings, say)
+        if "send_once" in sections:
+            figures += send_once_figures(workdir, settings, say)
     if "shrink" in sections:
         say("shrink (tests.shrink_bench)")
         figures += shrink_figures(settings)
@@ -2188,6 +2314,112 @@ def learned_figures(workdir: Path, upstream: Upstream, settings: Settings) -> li
     ]
 
 
+STORE_TURNS = 12  # turns of the screenshot conversation sent through each mitmdump, again and again
+STORE_SHOT_KB = 40
+STORE_STATES = ("none", "up", "down", "hung")
+
+
+def _redis_server(workdir: Path, name: str) -> tuple[subprocess.Popen[bytes], str]:
+    """A redis-server on a Unix socket of its own (no TCP port, nothing saved), answering; and its trimflow_state URL."""
+    binary = shutil.which("redis-server") or "/usr/bin/redis-server"
+    path = workdir / f"{name}.sock"
+    command = [binary, "--port", "0", "--unixsocket", str(path), "--unixsocketperm", "700", "--save", "", "--appendonly", "no"]
+    process = subprocess.Popen([*command, "--dir", str(workdir)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while True:
+        with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX) as probe:
+            probe.settimeout(1)
+            probe.connect(str(path))
+            probe.sendall(b"PING\r\n")
+            if probe.recv(16).startswith(b"+PONG"):
+                return process, f"unix://{path}"
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise RuntimeError("redis-server did not answer")
+        time.sleep(0.05)
+
+
+def store_figures(workdir: Path, upstream: Upstream, settings: Settings) -> list[Figure]:
+    """A request's latency through a mitmdump sharing its conversations in Redis (trimflow_state, the default deadline)
+    with the store up; killed after the warm-up (its socket refuses); hung after the warm-up (SIGSTOP: connections
+    are accepted, nothing is answered); and through one with no store at all. Turns of a screenshot conversation
+    past the default rules' 8 images (each reads the conversation's rows), interleaved over the four."""
+    if shutil.which("redis-server") is None and not os.access("/usr/bin/redis-server", os.X_OK):
+        return [Figure("store", "store: not available", None, "", note="no redis-server: scripts/setup installs it")]
+    folder = workdir / "store"
+    folder.mkdir()
+    shots = scaled_shots(STORE_TURNS, STORE_SHOT_KB)
+    bodies = [distinct_session(n, shots[:n], "image/jpeg") for n in range(1, STORE_TURNS + 1)]
+    servers: dict[str, subprocess.Popen[bytes]] = {}
+    proxies: dict[str, Proxy] = {}
+    clients: dict[str, Client] = {}
+    times: dict[str, list[float]] = {state: [] for state in STORE_STATES}
+    try:
+        options = {state: {"trimflow_conversations": ""} for state in STORE_STATES}
+        for state in STORE_STATES[1:]:
+            servers[state], options[state]["trimflow_state"] = _redis_server(folder, state)
+        with ThreadPoolExecutor(len(STORE_STATES)) as pool:  # side by side: a start is mostly importing mitmproxy
+            starting = {
+                state: pool.submit(start_proxy, folder / state, f"store-{state}", upstream, addon=True, options=options[state])
+                for state in STORE_STATES
+            }
+        for state, future in starting.items():  # every one that started is stopped below, whichever failed
+            if future.exception() is None:
+                proxies[state] = future.result()
+        for future in starting.values():
+            future.result()
+        clients = {state: Client(proxies[state].mitmdump.port) for state in STORE_STATES}
+        rounds = max(1, settings.latency_reps // 4)
+        for rep in range(1 + rounds):
+            if rep == 1:  # past the warm-up: one store killed, one hung, mid-conversation
+                servers["down"].kill()
+                servers["down"].wait(10)
+                servers["hung"].send_signal(signal.SIGSTOP)
+            for body in bodies:
+                for state, client in clients.items():
+                    gc.collect()
+                    time.sleep(LATENCY_GAP)
+                    started = time.perf_counter()
+                    status, _, _ = client.post(body)
+                    if status != 200:
+                        raise RuntimeError(f"store {state}: mitmdump answered {status}")
+                    if rep:
+                        times[state].append((time.perf_counter() - started) * 1000)
+    finally:
+        for client in clients.values():
+            client.close()
+        for proxy in proxies.values():
+            proxy.mitmdump.stop()
+        for process in servers.values():
+            with contextlib.suppress(OSError):
+                process.send_signal(signal.SIGCONT)
+            process.kill()
+            process.wait(10)
+    median = {state: statistics.median(values) for state, values in times.items()}
+    most = {state: max(values) for state, values in times.items()}
+    count = len(times["up"])
+    what = f"{STORE_SHOT_KB} KB screenshot turns 1-{STORE_TURNS}, {count} requests"
+    labels = {
+        "none": "no store",
+        "up": "store up",
+        "down": "store killed (refusing)",
+        "hung": "store hung (SIGSTOP: accepting, never answering)",
+    }
+    figures = [Figure(f"store_{state}_ms", f"latency, {what}, {labels[state]}, median", median[state], "ms") for state in STORE_STATES]
+    figures += [Figure(f"store_{state}_max_ms", f"latency, same, {labels[state]}, largest", most[state], "ms") for state in STORE_STATES]
+    figures += [
+        Figure("store_up_vs_none", "store up / no store, medians", median["up"] / median["none"], "x", 1.10),
+        Figure(
+            "store_outage_vs_up",
+            "store killed or hung (the slower) / store up, medians",
+            max(median["down"], median["hung"]) / median["up"],
+            "x",
+            1.10,
+        ),
+    ]
+    return figures
+
+
 RECALL_CONVERSATIONS = 1_000  # conversations of the recall soak, each cutting RECALL_IMAGES images
 RECALL_IMAGES = 8
 RECALL_IMAGE_KB = 48
@@ -2286,8 +2518,10 @@ def main(argv: list[str] | None = None) -> int:
         choices=SECTIONS,
         help="run only this section (repeat for several): engine (in process, scaling), text (coding agents' text bodies "
         "in process, and a 60-turn text session through the proxy), proxy (latency, throughput, streaming, memory), "
-        "learned (the learned-limits and conversations files), recall (the recall store's bounds under a soak), "
+        "learned (the learned-limits and conversations files), store (the shared store up, killed and hung), "
+        "recall (the recall store's bounds under a soak), "
         "shaped (the screenshot session over a shaped link), bytes (a Retina session to Claude with native_size on and off), "
+        "send_once (a computer-use session to Claude with send_once on and off), "
         "shrink, cache; default: all",
     )
     parser.add_argument("--serve-upstream", action="store_true", help=argparse.SUPPRESS)

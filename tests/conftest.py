@@ -13,7 +13,8 @@ from PIL import Image
 
 from trimflow import _shrink
 from trimflow.testing import b64, image
-from trimflow.testing._cache_sessions import desktop_screenshot
+
+from .research.cache_sessions import desktop_screenshot
 
 FIVE_MB = 5 * 2**20  # Anthropic's limit on one image
 RETINA = (2880, 1800)  # a 1440x900 desktop at 2x

@@ -7,6 +7,7 @@ import dataclasses
 import importlib.util
 import inspect
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -17,6 +18,7 @@ from types import FrameType
 from typing import Any, TypeVar, cast
 
 import orjson
+import pytest
 from mitmproxy import addonmanager, ctx, hooks
 from mitmproxy.proxy.layers import http as http_layer
 from mitmproxy.proxy.layers import websocket as websocket_layer
@@ -274,3 +276,48 @@ async def answer_sent() -> None:
     """Past the metrics addon's flush: it logs and writes a record FLUSH_DELAY after the answer went out.
     Timers fire in deadline order, so a later one always finds the flush done."""
     await asyncio.sleep(proxy.FLUSH_DELAY * 2)
+
+
+class RedisServer:
+    """A redis-server on a Unix socket only (`--port 0`: no TCP port to race for), nothing saved to disk."""
+
+    def __init__(self, workdir: Path, password: str | None = None) -> None:
+        binary = shutil.which("redis-server") or "/usr/bin/redis-server"
+        if not os.access(binary, os.X_OK) or importlib.util.find_spec("redis") is None:
+            message = "no redis-server or redis client: apt-get install redis-server (as root), pip install 'trimflow[team]'; or scripts/setup"
+            if os.environ.get("TRIMFLOW_REQUIRE_TEAM_SERVERS") == "1":
+                pytest.fail(message, pytrace=False)
+            pytest.skip(message)
+        self.binary, self.workdir, self.password = binary, workdir, password
+        self.socket = workdir / "redis.sock"
+        self.url = f"unix://{self.socket}"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    def start(self) -> None:
+        command = [self.binary, "--port", "0", "--unixsocket", str(self.socket), "--unixsocketperm", "700"]
+        command += ["--save", "", "--appendonly", "no", "--dir", str(self.workdir)]
+        if self.password is not None:
+            command += ["--requirepass", self.password]
+        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+        wait_for(self.answers, "redis-server answering")
+
+    def raw(self) -> Any:
+        import redis
+
+        return redis.Redis(unix_socket_path=str(self.socket), password=self.password, socket_timeout=5)
+
+    def answers(self) -> bool:
+        import redis
+
+        assert self.process is not None and self.process.poll() is None, "redis-server exited"
+        try:
+            with self.raw() as raw:
+                return bool(raw.ping())
+        except redis.RedisError:
+            return False
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)

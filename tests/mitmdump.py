@@ -7,27 +7,16 @@ way a user does.
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import tempfile
 from pathlib import Path
 
 from trimflow.cli import _mitmdump
+from trimflow.cli._mitmdump import listening_port
 
 from .helpers import wait_for
 
 ADDON = Path(__file__).resolve().parents[1] / "addon" / "mitm.py"
-# mitmproxy's line once a proxy server is bound, on 11 and 12 alike ("HTTP(S) proxy listening at 127.0.0.1:41234.",
-# "Reverse proxy to http://... listening at ..."): told port 0, it gives the port the kernel chose.
-_LISTENING = re.compile(r" listening at 127\.0\.0\.1:(\d+)\.$", re.M)
-
-
-def listening_port(log: str) -> int | None:
-    """The loopback port a mitmdump (or `trimflow run`) started with --listen-port 0 says it listens on: the port
-    stays bound from the kernel's choice on, where a port picked by binding and closing a socket could be taken by
-    another process before mitmdump binds it."""
-    found = _LISTENING.search(log)
-    return int(found.group(1)) if found else None
 
 
 def mitmdump_binary() -> str:
@@ -51,7 +40,8 @@ class Mitmdump:
         env: dict[str, str] | None = None,
     ) -> None:
         self.workdir = Path(workdir)
-        self.env = {**os.environ, **env} if env else None
+        # Its output unbuffered: the port it listens on is read from its log as it starts.
+        self.env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._port: int | None = None
         self.confdir = self.workdir / "confdir"

@@ -9,12 +9,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from trimflow.testing import REFERENCE_SESSIONS
+from .research.cache_sessions import REFERENCE_SESSIONS
 
 pytestmark = pytest.mark.e2e  # starts real mitmdump processes
 
@@ -81,6 +83,11 @@ TARGETED = [
     "native_tokens_differ",
     "native_cache_reads_differ",
     "native_within_changed",
+    # The computer-use session to Claude with send_once on and off.
+    "once_turn_vs_floor",
+    "once_tokens_differ",
+    "once_cache_reads_gap_pct",
+    "once_shaped_median_ratio",
 ]
 CONTEXT = [
     "engine_prune_ms",
@@ -144,6 +151,11 @@ CONTEXT = [
     ),
     "native_sent_off_mb",
     "native_sent_on_mb",
+    "once_sent_off_mb",
+    "once_sent_on_mb",
+    "once_sent_ratio",
+    "once_shaped_on_median_s",
+    "once_shaped_off_median_s",
 ]
 
 
@@ -153,7 +165,8 @@ def _number(value: object) -> bool:
 
 @pytest.fixture(scope="module")
 def report() -> dict:
-    done = subprocess.run([str(ROOT / "scripts" / "bench"), "--quick", "--json"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    # A guard against a hang only: a quick run takes minutes, and more beside another suite on two cores.
+    done = subprocess.run([str(ROOT / "scripts" / "bench"), "--quick", "--json"], capture_output=True, text=True, timeout=1800, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
 
@@ -188,6 +201,24 @@ def test_shrink_figures_or_a_not_available_row(report: dict) -> None:
     assert 0 <= figures["shrink_session_hit_rate"]["value"] <= 1
     speeds = [f for name, f in shrink.items() if name.endswith("_ms_per_mp")]
     assert speeds and all(_number(f["value"]) and f["unit"] == "ms/MP" for f in speeds)
+
+
+STORE_STATES = ("none", "up", "down", "hung")
+
+
+def test_store_figures_or_a_not_available_row(report: dict) -> None:
+    """The request's latency with the shared store up, killed and hung beside none, where redis-server is installed."""
+    figures = report["figures"]
+    store = {name: f for name, f in figures.items() if name.startswith("store")}
+    if shutil.which("redis-server") is None and not os.access("/usr/bin/redis-server", os.X_OK):
+        assert list(store) == ["store"] and store["store"]["label"] == "store: not available"
+        return
+    for state in STORE_STATES:
+        for name in (f"store_{state}_ms", f"store_{state}_max_ms"):
+            assert _number(store[name]["value"]) and store[name]["unit"] == "ms" and store[name]["target"] is None, name
+    for name in ("store_up_vs_none", "store_outage_vs_up"):
+        assert _number(store[name]["value"]) and store[name]["target"] == "<= 1.1x" and isinstance(store[name]["ok"], bool), name
+    assert store["store_up_vs_none"]["value"] == pytest.approx(store["store_up_ms"]["value"] / store["store_none_ms"]["value"])
 
 
 def test_the_shaped_link_carries_fewer_bytes_through_trimflow_and_says_the_run_is_shorter(report: dict) -> None:
@@ -241,7 +272,7 @@ def test_the_text_figures_compare_the_engine_with_both_parsers_of_the_same_body(
 
 def test_report_names_the_machine_and_the_mode(report: dict) -> None:
     assert report["mode"] == "quick"
-    assert report["sections"] == ["engine", "text", "proxy", "learned", "recall", "shaped", "bytes", "shrink", "cache"]
+    assert report["sections"] == ["engine", "text", "proxy", "learned", "store", "recall", "shaped", "bytes", "send_once", "shrink", "cache"]
     machine = report["machine"]
     assert machine["nproc"] >= 1 and machine["python"] and machine["mitmproxy"]
     assert _number(report["seconds"])

@@ -33,7 +33,18 @@ def turn(
     breaks: CacheBreaks, number: int, history: History, read: int, cut: frozenset[int] = frozenset(), conversation: str = "c1", mode: str = ENFORCE
 ) -> Record:
     """One turn through `breaks`: sent, then answered with `read` cache tokens; returns its record."""
-    record = Record("ts", conversation, number, "api.example", "/v1/messages", "anthropic", "m", "r", mode, segment=1)
+    record = Record(
+        ts="ts",
+        conversation=conversation,
+        turn=number,
+        host="api.example",
+        path="/v1/messages",
+        format="anthropic",
+        model="m",
+        rule="r",
+        mode=mode,
+        segment=1,
+    )
     breaks.sent(record, history, cut)
     record.usage_input_tokens, record.usage_cache_read_tokens = read + 100, read
     breaks.answered(record)
@@ -139,10 +150,12 @@ def test_a_new_conversation_that_goes_on_from_a_rewritten_one_is_the_agents_chan
 
 def test_an_answer_without_a_cache_read_or_a_request_that_is_no_turn_names_nothing() -> None:
     breaks = CacheBreaks()
-    record = Record("ts", "c1", 1, "h", "/p", "openai", None, None, ENFORCE)
+    record = Record(ts="ts", conversation="c1", turn=1, host="h", path="/p", format="openai", model=None, rule=None, mode=ENFORCE)
     breaks.sent(record, hist(["m0"]), ())
     breaks.answered(record)  # no usage: the provider said nothing of its cache
-    count = Record("ts", "c1", None, "h", "/p", "anthropic", None, None, ENFORCE, kind=COUNT_TOKENS)
+    count = Record(
+        ts="ts", conversation="c1", turn=None, host="h", path="/p", format="anthropic", model=None, rule=None, mode=ENFORCE, kind=COUNT_TOKENS
+    )
     breaks.sent(count, hist(["m0"]), ())
     count.usage_cache_read_tokens = 0
     breaks.answered(count)
@@ -163,7 +176,9 @@ def test_a_retry_that_cut_more_is_trimflows_doing_and_the_next_turn_is_compared_
     breaks = CacheBreaks()
     turn(breaks, 1, hist(["m0"]), 0)
     turn(breaks, 2, hist(["m0", "m1"]), 5000)
-    retried = Record("ts", "c1", 3, "api.example", "/v1/messages", "anthropic", "m", "r", ENFORCE, segment=1)
+    retried = Record(
+        ts="ts", conversation="c1", turn=3, host="api.example", path="/v1/messages", format="anthropic", model="m", rule="r", mode=ENFORCE, segment=1
+    )
     breaks.sent(retried, hist(["m0", "m1", "m2"]), ())
     breaks.recut(retried, frozenset({0, 1}))  # refused for too many images, sent again with the two oldest cut
     retried.usage_cache_read_tokens = 100

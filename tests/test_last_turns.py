@@ -12,9 +12,11 @@ import sqlite3
 import stat
 import subprocess
 import sys
+import threading
 import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -169,6 +171,34 @@ def test_a_write_another_process_holds_up_goes_once_the_lock_is_gone(path: Path,
             wait_for(lambda: turns.get(KEY) == TURN._replace(cut=3), "the held write, once the lock was gone")
         assert turns.writes_dropped == 0 and turns.in_use and cuts_seen_elsewhere(path) == {KEY: 3}
     assert caplog.records == []
+
+
+def test_turns_the_writing_thread_is_trying_count_toward_max_pending(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While the writing thread tries the held file, what it took from the queue still waits: a new conversation finds
+    no room, and a newer turn of one of those it holds goes in its place (not behind an older one put back)."""
+    monkeypatch.setattr(_last_turns, "MAX_PENDING", 2)
+    trying, go_on = threading.Event(), threading.Event()
+    write_waiting = LastTurns._write_waiting
+
+    def held_in_the_attempt(self: LastTurns, *args: Any) -> None:
+        trying.set()
+        go_on.wait(60)
+        write_waiting(self, *args)
+
+    monkeypatch.setattr(LastTurns, "_write_waiting", held_in_the_attempt)
+    keys = [conversation_key("h", None, bytes([i])) for i in range(3)]
+    with opened(path) as turns:
+        turns.put(keys[0], TURN)
+        with sqlite_held_by_another_process(path):
+            turns.put(keys[0], TURN._replace(cut=1))
+            assert trying.wait(60)  # the writing thread holds the turn of keys[0]
+            turns.put(keys[1], TURN._replace(cut=1))
+            turns.put(keys[2], TURN._replace(cut=1))
+            turns.put(keys[0], TURN._replace(cut=2))
+            assert turns.writes_dropped == 1
+            go_on.set()
+        wait_for(lambda: turns.get(keys[1]) is not None and turns.get(keys[0]) == TURN._replace(cut=2), "the waiting writes")
+        assert turns.get(keys[2]) is None
 
 
 def test_past_max_pending_conversations_a_held_write_is_dropped_and_counted(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,7 +18,6 @@ from trimflow._limit_errors import (
     Refused,
     Rejected,
     Tightening,
-    answer_messages,
     assess,
     load_patterns,
     parse_patterns,
@@ -428,42 +427,6 @@ def test_a_users_patterns_come_before_the_shipped_ones(tmp_path) -> None:
 
 
 # --- where the message is ----------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("body", "messages"),
-    [
-        (openai("too many images"), ["too many images"]),
-        (b'{"message":"m","param":"screenshot_0.png","input":"max 5 images"}', ["m"]),
-        (b'{"error":"Failed to read request body: length limit exceeded"}', ["Failed to read request body: length limit exceeded"]),
-        (b'{"detail":"Payload too large"}', ["Payload too large"]),
-        (
-            b'{"detail":[{"type":"string_type","loc":["body","messages",3,"content","str"],"msg":"Input should be a valid string",'
-            b'"input":"quoted"}]}',
-            ["body.messages.3.content.str: Input should be a valid string (string_type)"],
-        ),
-        (b'{"errors":[{"message":"first"},{"message":"second"}]}', ["first", "second"]),
-        (b'{"errors":{"message":"one","request_id":"x"}}', ["one"]),
-        (b'[{"error":{"code":400,"message":"streamed","status":"INVALID_ARGUMENT"}}]', ["streamed"]),
-        (
-            b'{"error":{"message":"Provider returned error","code":400,'
-            b'"metadata":{"raw":"{\\"error\\":{\\"message\\":\\"inner\\",\\"param\\":\\"input\\"}}"}}}',
-            ["Provider returned error", "inner"],
-        ),
-        (
-            openai('litellm.BadRequestError: OpenAIException - {"object":"error","message":"inner"}'),
-            ["litellm.BadRequestError: OpenAIException", "inner"],
-        ),
-        (b'{"message":"The model returned the following errors: image too big"}', ["image too big"]),
-        (b"<html><head><title>413 Request Entity Too Large</title></head><body><p>quoted prompt</p></body></html>", ["413 Request Entity Too Large"]),
-        (b"<html><body><center><h1>413 Payload Too Large</h1></center></body></html>", ["413 Payload Too Large"]),
-        (b"  Failed to buffer the request body:\n length limit exceeded\n", ["Failed to buffer the request body: length limit exceeded"]),
-        (b'{"error": {"message": "cut', []),  # JSON that does not parse: nothing is read rather than everything
-        (b'{"id":"ok","choices":[]}', []),
-    ],
-)
-def test_only_the_providers_message_is_read(body: bytes, messages: list[str]) -> None:
-    assert answer_messages(body) == messages
 
 
 def test_an_echoed_prompt_outside_the_message_is_never_a_verdict() -> None:

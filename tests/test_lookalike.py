@@ -16,8 +16,9 @@ from trimflow._media import IMAGE, TOOL, USER, Media
 from trimflow._placeholder import MediaFacts
 from trimflow._rules_file import DEFAULT_RULES_PATH, load_rules
 from trimflow.testing import b64, image
-from trimflow.testing._cache_sessions import desktop_screenshot
 from trimflow.testing._screens import CHANGES, agent_session, app_screen, distinct_screens
+
+from .research.cache_sessions import desktop_screenshot
 
 SIZES = [(640, 400), (1280, 800)]
 

@@ -20,6 +20,7 @@ REACHED = {
     "fake-provider": (["--help"], "usage: fake-provider"),
     "repair": (["--help"], "usage: scripts/repair"),
     "learned": (["--help"], "usage: python -m trimflow learned"),
+    "files": (["--help"], "usage: python -m trimflow files"),
     "mcp": (["--help"], "usage: python -m trimflow mcp"),
     "run": (["--version"], "Mitmproxy: "),  # mitmdump itself answers: run hands it the arguments
 }

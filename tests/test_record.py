@@ -20,7 +20,16 @@ SECRET_KEY = "sk-test-SECRET-record-81c2"
 
 def record(**fields) -> Record:
     return Record(
-        "2025-01-01T00:00:00.000Z", "c0ffee00", 3, "api.example.test", "/v1/messages", "anthropic", "claude-x", "defaults", "enforce", **fields
+        ts="2025-01-01T00:00:00.000Z",
+        conversation="c0ffee00",
+        turn=3,
+        host="api.example.test",
+        path="/v1/messages",
+        format="anthropic",
+        model="claude-x",
+        rule="defaults",
+        mode="enforce",
+        **fields,
     )
 
 
@@ -88,7 +97,19 @@ def test_log_line_shows_the_cache_and_output_the_provider_reported() -> None:
 
 
 def test_log_line_without_a_conversation_or_model_uses_dashes_and_the_format() -> None:
-    line = Record("t", None, None, "h", "/", "gemini", None, None, "enforce", est_tokens_before=999, est_tokens_after=999).log_line()
+    line = Record(
+        ts="t",
+        conversation=None,
+        turn=None,
+        host="h",
+        path="/",
+        format="gemini",
+        model=None,
+        rule=None,
+        mode="enforce",
+        est_tokens_before=999,
+        est_tokens_after=999,
+    ).log_line()
     assert line.startswith("conv - turn - gemini images 0->0 body ")
     assert "~999->999 tok" in line  # under a thousand: the plain count
 
@@ -114,24 +135,40 @@ def test_log_line_flags_observe_over_budget_and_untouched(fields: dict, shown: s
 
 def test_log_line_shows_the_estimate_over_the_provider_count() -> None:
     record = Record(
-        "t",
-        "c",
-        1,
-        "h",
-        "/v1/messages",
-        "anthropic",
-        "claude-x",
-        "defaults",
-        "enforce",
+        ts="t",
+        conversation="c",
+        turn=1,
+        host="h",
+        path="/v1/messages",
+        format="anthropic",
+        model="claude-x",
+        rule="defaults",
+        mode="enforce",
         est_tokens_before=3000,
         est_tokens_after=2160,
         usage_input_tokens=2000,
     )
     assert record.est_to_usage_ratio() == pytest.approx(1.08)
     assert record.log_line().endswith("in=2000 est/in=1.08")
-    observed = Record("t", "c", 1, "h", "/", "anthropic", None, None, "observe", est_tokens_before=3000, est_tokens_after=10, usage_input_tokens=2000)
+    observed = Record(
+        ts="t",
+        conversation="c",
+        turn=1,
+        host="h",
+        path="/",
+        format="anthropic",
+        model=None,
+        rule=None,
+        mode="observe",
+        est_tokens_before=3000,
+        est_tokens_after=10,
+        usage_input_tokens=2000,
+    )
     assert "est/in=1.50" in observed.log_line()  # observe sends the original: its estimate counts
-    assert "est/in" not in Record("t", None, None, "h", "/", "anthropic", None, None, "enforce").log_line()
+    assert (
+        "est/in"
+        not in Record(ts="t", conversation=None, turn=None, host="h", path="/", format="anthropic", model=None, rule=None, mode="enforce").log_line()
+    )
 
 
 def test_no_ratio_without_a_usage_or_an_estimate() -> None:

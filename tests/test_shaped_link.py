@@ -242,3 +242,5 @@ async def test_the_relay_process_frees_its_sockets() -> None:
             if process.poll() is None:
                 process.kill()
                 process.wait(5)
+            if process.stdout is not None:
+                process.stdout.close()

@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "fake-provider": ("trimflow.testing._fake_provider_cli", "run the offline fake LLM provider"),
     "learned": ("trimflow.cli._learned", "list the limits learned from providers' refusals, and forget them"),
     "repair": ("trimflow.repair._cli", "apply the rules to an agent's saved session, so that resuming it works again"),
+    "files": ("trimflow.cli._files", "list the files send-once uploaded to a provider's Files API, and delete them"),
     "mcp": ("trimflow.cli._mcp", "serve recall_image over MCP (stdio): the images a run cut, back for its agent"),
 }
 

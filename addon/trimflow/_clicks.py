@@ -317,7 +317,7 @@ class _Event:
 
 
 @dataclass(slots=True)
-class _Held:
+class _HeldToolUse:
     """An Anthropic computer tool_use block while its input streams: the raw events held back, its first delta
     (the framing the mapped one is written in), its JSON so far, the bytes all of it takes and its structure."""
 
@@ -350,7 +350,7 @@ class ClickStream:
         self._lease = (budget or HeldBytes()).lease()
         self._buffer = bytearray()  # the events not yet whole
         self._searched = 0  # how far the buffer holds no event's end
-        self._held: dict[int, _Held] = {}  # by content block index (Anthropic)
+        self._held: dict[int, _HeldToolUse] = {}  # by content block index (Anthropic)
         self._held_size = 0  # the bytes of every held block
         self._counted: set[str] = set()  # computer_call ids counted (OpenAI repeats an item in several events)
         self._passing = False  # given up: everything passes as it comes
@@ -436,7 +436,7 @@ class ClickStream:
         if kind == "content_block_start":
             block = data.get("content_block")
             if isinstance(block, dict) and block.get("type") == "tool_use" and block.get("name") == self.screen.tool and index not in self._held:
-                self._held[index] = _Held([raw], size=len(raw))
+                self._held[index] = _HeldToolUse([raw], size=len(raw))
                 self._held_size += len(raw)
                 return b""
             return raw
@@ -467,7 +467,7 @@ class ClickStream:
         self._report(why)
         return b"".join(held.events) + raw
 
-    def _pop(self, index: int) -> _Held:
+    def _pop(self, index: int) -> _HeldToolUse:
         held = self._held.pop(index)
         self._held_size -= held.size
         return held

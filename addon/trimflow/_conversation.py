@@ -23,8 +23,10 @@ Several processes behind a balancer each see only some turns of a conversation. 
 trimflow._last_turns) every turn is written there too, and `recall` takes the conversation's last turn from there
 when another process sent it after this one's own last turn, the request sends all its images again, and the row
 goes on from what this process remembers of the conversation, if anything (`_goes_on`): its cut, its time and its
-images' arrivals. A row is keyed by the conversation's opening, which two runs of one task share: each writes a row
-of its own under that key (`_row_for`), and neither takes the other's.
+images' arrivals; and from a store that keeps them (trimflow._state_store), its turn number and the conversation's
+id, so that a conversation spread over instances is numbered 1, 2, 3 under one id. A row is keyed by the
+conversation's opening, which two runs of one task share: each writes a row of its own under that key
+(`_row_for`), and neither takes the other's.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 from ._history import History, Images, digest, short_id
-from ._last_turns import MAX_IMAGES, LastTurn, LastTurns, conversation_key, row_keys
+from ._last_turns import MAX_IMAGES, LastTurn, TurnStore, conversation_key, row_keys
 from ._record import COUNT_TOKENS, TURN
 
 DEFAULT_CAPACITY = 10_000  # conversations the proxy remembers (least recently seen forgotten first)
@@ -53,10 +55,10 @@ Rows = tuple[tuple[bytes, LastTurn | None], ...]  # the shared file's rows under
 class Assignment:
     """Where a request falls: its conversation, its turn (None when it is not a turn) and segment."""
 
-    __slots__ = ("conversation", "turn", "segment", "thread")
+    __slots__ = ("conversation", "turn", "segment", "history_line")
 
-    def __init__(self, conversation: str | None, turn: int | None, segment: int | None, thread: HistoryLine | None) -> None:
-        self.conversation, self.turn, self.segment, self.thread = conversation, turn, segment, thread
+    def __init__(self, conversation: str | None, turn: int | None, segment: int | None, history_line: HistoryLine | None) -> None:
+        self.conversation, self.turn, self.segment, self.history_line = conversation, turn, segment, history_line
 
 
 class _Conversation:
@@ -73,11 +75,15 @@ class HistoryLine:
     the cache-aware cut (trimflow._policy: low_water) where its last turn's cut ended and when that turn went;
     the images its last turn sent: by key, when each copy first came, whether it was cut, and its CRC-32."""
 
-    __slots__ = ("conversation", "segment", "head", "tip", "response", "used", "cut", "sent_at", "images", "row")
+    __slots__ = ("conversation", "segment", "head", "tip", "length", "last_end", "end", "response", "used", "cut", "sent_at", "images", "row")
 
     def __init__(self, conversation: _Conversation, segment: int, head: int) -> None:
         self.conversation, self.segment, self.head = conversation, segment, head
         self.tip: int | None = None
+        self.length = 0  # messages in its last history
+        # its last history's keys in Conversations._by_end: at its last message, and at the one before it
+        self.last_end: int | None = None
+        self.end: int | None = None
         self.response: bytes | None = None  # digest of the id of its last answer (Responses)
         self.used = 0
         self.cut = 0  # how many of its last turn's images were cut: what the next turn holds
@@ -221,6 +227,23 @@ def _extent(row: tuple[bytes, LastTurn]) -> tuple[int, float]:
     return len(row[1].images), row[1].sent_at
 
 
+def _end_key(history: History, k: int) -> int:
+    """The message at position `k` of a history, after the one before it (the head, at the first position), on its
+    host: what a history that rewrites early messages is matched by (Conversations._rewritten)."""
+    messages = history.messages
+    return hash(("end", history.host, k, messages[k - 1] if k else history.head, messages[k]))
+
+
+def _id_bytes(cid: str) -> bytes:
+    """A conversation id as a shared turn holds it: the 4 bytes of a short_id (a named one's id is its session's, the
+    same on every instance: none)."""
+    try:
+        raw = bytes.fromhex(cid)
+    except ValueError:
+        return b""
+    return raw if len(raw) == 4 else b""
+
+
 def _holders(held: HistoryLine | dict[HistoryLine, None] | None) -> Sequence[HistoryLine] | dict[HistoryLine, None] | None:
     """The lines of history that remember an image (Conversations._by_image), the most recent last."""
     return (held,) if isinstance(held, HistoryLine) else held
@@ -255,7 +278,7 @@ class Conversations:
         capacity: int = DEFAULT_CAPACITY,
         salt: bytes | None = None,
         clock: Callable[[], float] = time.time,
-        shared: LastTurns | None = None,
+        shared: TurnStore | None = None,
     ) -> None:
         self.capacity = capacity
         # Seconds on the wall clock, which processes sharing a file agree on; a replay of recorded or simulated
@@ -266,9 +289,12 @@ class Conversations:
         self._salt = os.urandom(8) if salt is None else salt
         self._conversations: OrderedDict[str, _Conversation] = OrderedDict()
         self._by_tip: dict[int, list[HistoryLine]] = {}
+        # A line's last history's last message, and the one before it, each with its position, the message before it
+        # (or the head) and the host -> the line that last ended so (Conversations._rewritten)
+        self._by_end: dict[int, HistoryLine] = {}
         self._by_response: dict[bytes, HistoryLine] = {}
         self._started = 0
-        self._clock = 0
+        self._uses = 0  # requests numbered: the logical time a line was last used and an image copy came at
         self._images = 0  # image copies remembered in all lines of history
         self._cut_keys: dict[bytes, int] = {}  # image_key -> copies remembered as cut
         # image_key -> the lines of history that remember it, the most recent last (a dict: removal in constant time);
@@ -357,7 +383,7 @@ class Conversations:
         """Number a request of `kind`; a turn also leaves `cut` (the engine's Outcome.cut: which of its images, by index
         in document order, were cut; `like`: of those, the look-alikes) and its time for the next one, and its images'
         arrivals (a history the provider keeps, previous_response_id, sends only its new items: the arrivals stay)."""
-        self._clock += 1
+        self._uses += 1
         named = None
         if history.session is not None:
             named = self._conversations.get(history.session)
@@ -376,7 +402,7 @@ class Conversations:
         if thread is None:
             if kind == COUNT_TOKENS:  # never a conversation or segment of its own
                 return Assignment(named.id if named else None, None, None, None)
-            conversation = named or self._add(_Conversation(self._new_id(history), named=False))
+            conversation = named or self._add(_Conversation(self._new_id(history, taken), named=False))
             conversation.segments += 1
             thread = HistoryLine(conversation, conversation.segments, history.head)
             conversation.threads.append(thread)
@@ -384,13 +410,15 @@ class Conversations:
                 self._drop_thread(conversation.threads.pop(0))
         conversation = thread.conversation
         self._conversations.move_to_end(conversation.id)
-        thread.used = self._clock
+        thread.used = self._uses
         conversation.threads.remove(thread)
         conversation.threads.append(thread)
         turn = None
         if kind != COUNT_TOKENS:  # a turn or a warm-up moves the conversation on
-            self._move(thread, history.tip)
+            self._move(thread, history)
             if kind == TURN:
+                if taken is not None and taken[1].conversation == _id_bytes(conversation.id):
+                    conversation.turns = max(conversation.turns, taken[1].turn)  # the other instances' turns too
                 conversation.turns += 1
                 turn = conversation.turns
                 thread.cut = len(cut)
@@ -417,7 +445,8 @@ class Conversations:
         of them were cut, as `_remember` kept them."""
         if self.shared is not None and thread.sent_at is not None and thread.row is not None:
             images, cut = kept
-            self.shared.put(thread.row, LastTurn(thread.sent_at, cut, tuple(images)))
+            conversation = thread.conversation
+            self.shared.put(thread.row, LastTurn(thread.sent_at, cut, tuple(images), conversation.turns, _id_bytes(conversation.id)))
             self._read = None  # the next request reads the file again
 
     def _sent_again(self, keys: Sequence[bytes]) -> HistoryLine | None:
@@ -454,7 +483,7 @@ class Conversations:
         for rank in range(first, len(order)):
             i = order[rank]
             copy = found[i]
-            came, crc = (self._clock, images.crc(i)) if copy is None else (copy.came, copy.crc)
+            came, crc = (self._uses, images.crc(i)) if copy is None else (copy.came, copy.crc)
             table.setdefault(images.keys[i], []).append(Copy(came, i in cut, crc, i in cut and i in like))
             kept.append((images.keys[i], crc))
         for copies in table.values():
@@ -534,9 +563,31 @@ class Conversations:
                     best = thread
             if best is not None:
                 return best
+        return self._rewritten(history, kind, named)
+
+    def _rewritten(self, history: History, kind: str, named: _Conversation | None) -> HistoryLine | None:
+        """The line of history a request continues though it rewrites early messages: OpenClaw ends each request with a
+        context message the next one drops, aider rewrites its system prompt (the time) and its message of images on
+        every request. This history is longer than the line's last one, and holds that one's last message (aider's
+        question), or the one before it (OpenClaw's, whose last is dropped), at the same position after the same
+        message (or, at the first position, the same head), with messages after it. Of several, the one matched
+        furthest along."""
+        messages = history.messages
+        for k in range(len(messages) - 2, -1, -1):
+            thread = self._by_end.get(_end_key(history, k))
+            if thread is None or (named is not None and thread.conversation is not named):
+                continue
+            if named is None and (thread.conversation.named or (kind == COUNT_TOKENS and thread.head != history.head)):
+                continue
+            if len(messages) <= thread.length:  # not longer: a fork, or an edit of the last message
+                continue
+            return thread
         return None
 
-    def _new_id(self, history: History) -> str:
+    def _new_id(self, history: History, taken: tuple[bytes, LastTurn] | None = None) -> str:
+        """A new conversation's id; the one another instance gave it, where this turn continues its shared turn."""
+        if taken is not None and len(taken[1].conversation) == 4 and taken[1].conversation.hex() not in self._conversations:
+            return taken[1].conversation.hex()
         self._started += 1
         return short_id(self._salt, history.host.encode(), history.origin, str(self._started).encode())
 
@@ -548,14 +599,29 @@ class Conversations:
                 self._drop_thread(thread)
         return conversation
 
-    def _move(self, thread: HistoryLine, tip: int) -> None:
-        if thread.tip == tip:
+    def _move(self, thread: HistoryLine, history: History) -> None:
+        if thread.tip == history.tip:
             return
         self._unindex(thread)
-        thread.tip = tip
-        self._by_tip.setdefault(tip, []).append(thread)
+        thread.tip = history.tip
+        self._by_tip.setdefault(history.tip, []).append(thread)
+        thread.head = history.head
+        n = thread.length = len(history.messages)
+        thread.last_end = self._end(thread, history, n - 1)
+        thread.end = self._end(thread, history, n - 2)
+
+    def _end(self, thread: HistoryLine, history: History, k: int) -> int | None:
+        if k < 0:
+            return None
+        key = _end_key(history, k)
+        self._by_end[key] = thread
+        return key
 
     def _unindex(self, thread: HistoryLine) -> None:
+        for key in (thread.last_end, thread.end):
+            if key is not None and self._by_end.get(key) is thread:
+                del self._by_end[key]
+        thread.last_end = thread.end = None
         if thread.tip is not None:
             threads = self._by_tip.get(thread.tip)
             if threads is not None:

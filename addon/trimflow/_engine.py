@@ -225,7 +225,21 @@ def prune(
         return guarded
 
     try:
-        return _prune(doc, host, path, lowered, fmt, rules, mode, started, inline, guard if inline else None, memory, tighten, recall)
+        return _prune(
+            doc,
+            host=host,
+            path=path,
+            headers=lowered,
+            fmt=fmt,
+            rules=rules,
+            mode=mode,
+            started=started,
+            inline=inline,
+            guard=guard if inline else None,
+            memory=memory,
+            tighten=tighten,
+            recall=recall,
+        )
     except NeedsWorker:
         raise
     except Exception as exc:  # noqa: BLE001 - the request must go through whatever the body holds
@@ -247,6 +261,7 @@ def _elapsed_ms(started: float) -> float:
 
 def _prune(
     doc: _body.ParsedBody,
+    *,
     host: str,
     path: str,
     headers: Mapping[str, str],
@@ -281,7 +296,15 @@ def _prune(
         # The model name is the client's text: a control character or a lone surrogate must not reach a log or the JSONL.
         recorded_model = escape_controls(model) if model is not None else None
         record = Record(
-            utc_timestamp(), session_key(headers, module.history(parsed).request), None, host, path, fmt, recorded_model, limits.rule, mode
+            ts=utc_timestamp(),
+            conversation=session_key(headers, module.history(parsed).request),
+            turn=None,
+            host=host,
+            path=path,
+            format=fmt,
+            model=recorded_model,
+            rule=limits.rule,
+            mode=mode,
         )
         if counted is not None:
             record.kind = COUNT_TOKENS
@@ -352,11 +375,35 @@ def _prune(
         facts = [sniffed[i] for i in chosen.order]
         place = {i: k for k, i in enumerate(chosen.order)}
         marks = {place[i]: sniffed[j].ordinal for i, j in later.items()}
-        plan = Plan(facts, limits, fmt, model, inline, held, cold, computer_use, module.ACCEPTS_WEBP, chosen.protected, marks)
+        plan = Plan(
+            facts,
+            limits,
+            fmt,
+            model,
+            inline=inline,
+            held=held,
+            cold=cold,
+            computer_use=computer_use,
+            accepts_webp=module.ACCEPTS_WEBP,
+            protected=chosen.protected,
+            later=marks,
+        )
         out = plan.run(writer, media_bytes)
         if cut_before > held and any(i not in plan.dropped for i in range(cut_before)):
             # An image cut on an earlier turn would go again (the agent sent fewer): it stays cut.
-            plan = Plan(facts, limits, fmt, model, inline, cut_before, cold, computer_use, module.ACCEPTS_WEBP, chosen.protected, marks)
+            plan = Plan(
+                facts,
+                limits,
+                fmt,
+                model,
+                inline=inline,
+                held=cut_before,
+                cold=cold,
+                computer_use=computer_use,
+                accepts_webp=module.ACCEPTS_WEBP,
+                protected=chosen.protected,
+                later=marks,
+            )
             out = plan.run(writer, media_bytes)
         return plan, out
 

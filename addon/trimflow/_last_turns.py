@@ -38,7 +38,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from ._history import digest
 
@@ -62,6 +62,7 @@ LOG_LIMIT = 4 << 20
 CLOSE_WAIT = 1.0  # seconds `close` gives the writing thread to write what waits (it never waits for the file itself)
 _MAX_VALUE = 1 << 20  # the longest text or blob SQLite reads from the file at all (a row's images: 12 KiB)
 _IMAGE = struct.Struct(">8sI")  # an image's key and CRC-32
+MAX_IMAGES_BYTES = MAX_IMAGES * _IMAGE.size  # the longest images a row holds
 _SCHEMA = 1
 _TABLE = "CREATE TABLE last_turn (conversation BLOB PRIMARY KEY, sent_at REAL NOT NULL, cut INTEGER NOT NULL, images BLOB NOT NULL) WITHOUT ROWID"
 _INDEX = "CREATE INDEX last_turn_sent_at ON last_turn (sent_at)"
@@ -89,11 +90,43 @@ Row = tuple[bytes, float, int, bytes]  # a turn as written: key, time, cut, pack
 
 class LastTurn(NamedTuple):
     """A conversation's last turn: when it went (seconds on the wall clock), how many of its images were cut (the
-    first `cut` of `images`), and its images oldest first by arrival as (key, CRC-32)."""
+    first `cut` of `images`), and its images oldest first by arrival as (key, CRC-32). A store that keeps them
+    (trimflow._state_store; not the file) also holds its turn number and the conversation's id (the 4 bytes of
+    trimflow._history.short_id; empty: none), so that instances number a conversation as one."""
 
     sent_at: float
     cut: int
     images: tuple[tuple[bytes, int], ...]
+    turn: int = 0
+    conversation: bytes = b""
+
+
+class TurnStore(Protocol):
+    """Where instances share each conversation's last turn: this module's file (`LastTurns`, one host) or a Redis or
+    Valkey server (trimflow._state_store, many hosts). `get_many` and `put` are safe from any thread, never raise and
+    never wait past the store's deadline; a store that cannot be used reads nothing and writes nothing."""
+
+    writes_dropped: int
+
+    @property
+    def in_use(self) -> bool: ...
+
+    def get_many(self, keys: Sequence[bytes]) -> list[LastTurn | None]: ...
+
+    def put(self, key: bytes, turn: LastTurn) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def pack_images(images: Sequence[tuple[bytes, int]]) -> bytes:
+    """A turn's images as a row holds them: each its key and CRC-32."""
+    return b"".join(_IMAGE.pack(k, crc & 0xFFFFFFFF) for k, crc in images)
+
+
+def kept(turn: LastTurn) -> tuple[int, tuple[tuple[bytes, int], ...]]:
+    """What a row keeps of a turn: its newest MAX_IMAGES images, and the cut among them."""
+    images = turn.images[-MAX_IMAGES:]
+    return max(0, turn.cut - (len(turn.images) - len(images))), images
 
 
 def conversation_key(host: str, session: str | None, origin: bytes) -> bytes:
@@ -141,6 +174,9 @@ class LastTurns:
         self._back = self._front if path == ":memory:" else _Link()
         self._wake = threading.Condition()  # guards what follows
         self._pending: dict[bytes, Row] = {}  # turns waiting for the file, by conversation
+        # Those the writing thread has taken from `_pending` and is writing: still waiting (they go back if the file is
+        # held), so they count toward MAX_PENDING and a newer turn of one of them takes no more room.
+        self._in_flight: dict[bytes, Row] = {}
         self._retry_at = 0.0  # monotonic seconds before which the writing thread does not try the file again
         self._retry_delay = RETRY_FIRST
         self._written = 0  # rows written since the last checkpoint
@@ -175,13 +211,13 @@ class LastTurns:
                     self._fail(link, exc)
                 return [None] * len(keys)
         now = self.clock()
-        return [_checked(row, now) if row is not None else None for row in rows]
+        return [checked(row, now) if row is not None else None for row in rows]
 
     @staticmethod
     def _read(db: sqlite3.Connection, keys: Sequence[bytes]) -> list[Sequence[object] | None]:
         """The rows of these keys in one statement, or each in its own where one holds a value too long to read
         (_MAX_VALUE): that row is not what `put` writes, and the others are read."""
-        limit = MAX_IMAGES * _IMAGE.size
+        limit = MAX_IMAGES_BYTES
         try:
             found = {row[0]: row[1:] for row in db.execute(_READ.format(", ".join("?" * len(keys))), (limit, *keys))}
         except sqlite3.DataError as exc:
@@ -194,9 +230,8 @@ class LastTurns:
         """Writes the turn now if the file lets it at once, else queues it for the writing thread."""
         if not self.in_use:
             return
-        images = turn.images[-MAX_IMAGES:]
-        cut = max(0, turn.cut - (len(turn.images) - len(images)))
-        row = (key, turn.sent_at, cut, b"".join(_IMAGE.pack(k, crc & 0xFFFFFFFF) for k, crc in images))
+        cut, images = kept(turn)
+        row = (key, turn.sent_at, cut, pack_images(images))
         link = self._front
         with link.lock:
             if self._closed:
@@ -276,7 +311,7 @@ class LastTurns:
         too long to read, _MAX_VALUE, cannot be written over)."""
         db = link.db
         assert db is not None
-        until = self.clock() + 1.0  # a newer row past this is no time a reader takes (see _checked)
+        until = self.clock() + 1.0  # a newer row past this is no time a reader takes (see checked)
         written = 0
         with _transaction(db, "BEGIN IMMEDIATE"):
             if not self._ours(link):
@@ -328,11 +363,15 @@ class LastTurns:
                 if waiting is not None:
                     if not _newer(waiting, row):
                         self._pending[row[0]] = row
-                elif len(self._pending) < MAX_PENDING:
+                elif row[0] in self._in_flight or self._waiting() < MAX_PENDING:
                     self._pending[row[0]] = row
                 else:
                     self.writes_dropped += 1
             self._start()
+
+    def _waiting(self) -> int:
+        """Conversations whose turn waits for the file, in the queue or being written (under `_wake`)."""
+        return len(self._pending) + sum(1 for key in self._in_flight if key not in self._pending)
 
     def _start(self) -> None:
         """Wakes the writing thread, started on first need (under `_wake`)."""
@@ -350,7 +389,7 @@ class LastTurns:
                     self._wake.wait(max(0.0, self._retry_at - self.monotonic()) if work else None)
                 closing = self._stopping()
                 rows = list(self._pending.values())
-                self._pending = {}
+                self._in_flight, self._pending = self._pending, {}
                 upkeep = self._upkeep_due() and not closing
                 clean = upkeep and self._uncleaned >= CLEAN_EVERY
                 if upkeep:
@@ -364,6 +403,8 @@ class LastTurns:
                     self._maintain(link, clean)
                 if closing:
                     _close(link)
+            with self._wake:
+                self._in_flight = {}
             if closing:
                 return
 
@@ -531,12 +572,13 @@ def _close(link: _Link) -> None:
         link.checked = None
 
 
-def _checked(row: Sequence[object], now: float) -> LastTurn | None:
-    """The row as a LastTurn, or None where it is not what `put` writes (a file edited or written by another program)."""
+def checked(row: Sequence[object], now: float) -> LastTurn | None:
+    """The row (time, cut, packed images) as a LastTurn, or None where it is not what `put` writes (a file or store
+    edited or written by another program)."""
     sent_at, cut, images = row
     if not isinstance(sent_at, float | int) or isinstance(sent_at, bool) or not math.isfinite(sent_at):
         return None
-    if not isinstance(images, bytes) or len(images) % _IMAGE.size or len(images) > MAX_IMAGES * _IMAGE.size:
+    if not isinstance(images, bytes) or len(images) % _IMAGE.size or len(images) > MAX_IMAGES_BYTES:
         return None
     if not isinstance(cut, int) or not 0 <= cut <= len(images) // _IMAGE.size:
         return None

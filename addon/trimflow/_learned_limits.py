@@ -30,8 +30,9 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+import orjson
 import yaml
 from yaml.nodes import Node
 
@@ -159,9 +160,20 @@ def bounded(entries: Iterable[Entry], per_upstream: int = MAX_PER_UPSTREAM, tota
     return {e.key: e for group in groups.values() for e in group}
 
 
+class LearnedBackend(Protocol):
+    """Where learned limits are kept and shared, used from the worker thread only: a file (LearnedFile) or the shared
+    store of many hosts (trimflow._state_store.LearnedInStore)."""
+
+    def writable(self) -> bool: ...
+
+    def read_if_changed(self) -> dict[Key, Entry] | None: ...
+
+    def merge_and_write(self, pending: Mapping[Key, Entry], expired: Callable[[Entry], bool]) -> dict[Key, Entry] | None: ...
+
+
 class LearnedLimits:
-    """The learned limits of one file (`path`), or in memory only (`path` None). Safe to use from any thread; with a
-    file, `start` starts the worker thread that reads and writes it, and `close` stops it."""
+    """The learned limits of one file (`path`) or store (`store`), or in memory only (neither). Safe to use from any
+    thread; with a file or store, `start` starts the worker thread that reads and writes it, and `close` stops it."""
 
     def __init__(
         self,
@@ -170,6 +182,7 @@ class LearnedLimits:
         ttl: float | None = DEFAULT_TTL,
         check_interval: float = CHECK_INTERVAL,
         clock: Callable[[], float] = time.time,
+        store: LearnedBackend | None = None,
     ) -> None:
         self.path = Path(path) if path else None
         self.ttl = ttl
@@ -179,7 +192,7 @@ class LearnedLimits:
         self._entries: dict[Key, Entry] = {}
         self._pending: dict[Key, Entry] = {}  # learned here, not yet in the file
         self._index: dict[str, tuple[Entry, ...]] = {}  # replaced whole: a reader needs no lock
-        self._file = LearnedFile(self.path) if self.path is not None else None
+        self._file: LearnedBackend | None = store if store is not None else LearnedFile(self.path) if self.path is not None else None
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._loaded = threading.Event()
@@ -518,6 +531,18 @@ def _stat(path: Path) -> tuple[int, int, int] | None:
     except OSError:
         return None
     return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+def parse_learned(text: str, source: str) -> tuple[list[Entry], list[str]]:
+    """The entries of a learned-limits text and the reader's warnings; RulesError when it is not one."""
+    reader = _LearnedReader(source)
+    entries = reader.parse(text) if text.strip() else []
+    return entries, [str(warning) for warning in reader.warnings]
+
+
+def learned_text(entries: Iterable[Entry]) -> str:
+    """Entries as one line of JSON (which the YAML reader takes), ordered as the file lists them."""
+    return orjson.dumps({"learned": [e.to_yaml() for e in ordered(entries)]}).decode()
 
 
 def load_learned(path: str | os.PathLike[str]) -> list[Entry]:

@@ -61,6 +61,13 @@ class Limits:
         "an image larger than its model sees it is sent at the size the provider would scale it to (where that is documented)",
         nullable=False,
     )
+    send_once: bool = _limit(
+        False,
+        BOOL,
+        "each image goes up once: uploaded to the provider's Files API on its first appearance and referenced by file id "
+        "from then on (Anthropic direct, OpenAI Responses)",
+        nullable=False,
+    )
     repeat_placeholder: str = _limit(DEFAULT_REPEAT_PLACEHOLDER, TEMPLATE, "the text that stands where a repeated image was", nullable=False)
     low_water: float | None = _limit(
         None,

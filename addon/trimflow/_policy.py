@@ -141,6 +141,7 @@ class Plan:
         limits: Limits,
         fmt: str,
         model: str | None,
+        *,
         inline: bool = False,
         held: int = 0,
         cold: bool = False,

@@ -24,7 +24,7 @@ COUNT_TOKENS = "count_tokens"  # a token count of the next turn: never a turn, n
 WARMUP = "warmup"  # a Responses `generate: false`: prepares the next turn, answers nothing
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Record:
     ts: str
     conversation: str | None
@@ -71,6 +71,12 @@ class Record:
     thinned_bytes_saved: int = 0
     native_sized: int = 0  # sent at the size the model sees them at (native_size), over no limit
     native_bytes_saved: int = 0
+    # Send once (docs/how-it-works.md#send-once): images that went as a reference to a file at the provider, the base64
+    # bytes those references kept off the wire, and of them the images this request uploaded (once each).
+    by_reference: int = 0
+    reference_bytes_saved: int = 0
+    uploaded: int = 0
+    references_refused: int = 0  # references the provider refused (a file gone): the request went again inline
     images_rescaled: int = 0  # of the shrunk and native-sized, sent at other dimensions than they came (see Plan.notes)
     clicks_mapped: int = 0  # computer-tool calls in the answer whose coordinates were mapped back to the original screenshot
     clicks_unmapped: str | None = None  # why (some of) the answer's clicks reached the agent unmapped: the first reason
@@ -105,7 +111,18 @@ class Record:
     @classmethod
     def untouched(cls, host: str, path: str, wire_format: str, mode: str, reason: str, body_bytes: int) -> Record:
         """The record of an LLM request forwarded as it came, for `reason` (a body that could not be read)."""
-        record = cls(utc_timestamp(), None, None, host, path, wire_format, None, None, mode, reason=reason)
+        record = cls(
+            ts=utc_timestamp(),
+            conversation=None,
+            turn=None,
+            host=host,
+            path=path,
+            format=wire_format,
+            model=None,
+            rule=None,
+            mode=mode,
+            reason=reason,
+        )
         record.body_bytes_before = record.body_bytes_after = body_bytes
         return record
 
@@ -160,6 +177,9 @@ class Record:
         ]
         parts.append(f"{images} ({', '.join(done)})" if done else images)
         parts.append(f"body {format_size(self.body_bytes_before)}->{format_size(self.body_bytes_after)}")
+        if self.by_reference or self.references_refused:
+            sent = f"by reference {self.by_reference} ({self.uploaded} uploaded, {format_size(self.reference_bytes_saved)} not sent)"
+            parts.append(sent + (f" {self.references_refused} refused, sent again inline" if self.references_refused else ""))
         parts.append(f"~{format_thousands(self.est_tokens_before)}->{format_thousands(self.est_tokens_after)} tok")
         if self.mode == OBSERVE:
             parts.append("(observe)")

@@ -136,7 +136,16 @@ def test_a_bad_price_table_is_refused_with_its_file_and_line(tmp_path, capsys) -
 
 def record(turn: int, **fields) -> Record:
     return Record(
-        "2026-11-24T10:00:00.000Z", "c0ffee00", turn, "api.anthropic.com", "/v1/messages", "anthropic", MODEL, "defaults", "observe", **fields
+        ts="2026-11-24T10:00:00.000Z",
+        conversation="c0ffee00",
+        turn=turn,
+        host="api.anthropic.com",
+        path="/v1/messages",
+        format="anthropic",
+        model=MODEL,
+        rule="defaults",
+        mode="observe",
+        **fields,
     )
 
 

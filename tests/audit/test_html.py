@@ -150,15 +150,15 @@ def wide_records(turns: int) -> bytes:
     lines = []
     for turn in range(1, turns + 1):
         r = Record(
-            f"2026-12-07T10:00:{turn:02d}.000Z",
-            "c0ffee00",
-            turn,
-            "bedrock-runtime.us-east-1.amazonaws.com",
-            "/model/m/converse",
-            "bedrock-converse",
-            "us.anthropic.claude-sonnet-4-5-20250929-v1:0",
-            "defaults",
-            ENFORCE,
+            ts=f"2026-12-07T10:00:{turn:02d}.000Z",
+            conversation="c0ffee00",
+            turn=turn,
+            host="bedrock-runtime.us-east-1.amazonaws.com",
+            path="/model/m/converse",
+            format="bedrock-converse",
+            model="us.anthropic.claude-sonnet-4-5-20250929-v1:0",
+            rule="defaults",
+            mode=ENFORCE,
             segment=1,
         )
         r.images_before, r.images_after, r.pruned = 120 + turn, 20, 100 + turn

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import stat
 import tomllib
 from pathlib import Path
 
 import pytest
+import yaml
 
-from trimflow.cli._agents import agent_of, codex_overrides, proxy_environment, setup_for
+from trimflow.cli import _agents
+from trimflow.cli._agents import FORWARD_AGENTS, PENDING, agent_of, codex_overrides, proxy_environment, setup_for
 from trimflow.cli._launch_error import LaunchError
 
 LISTEN = "http://127.0.0.1:41234"
@@ -28,6 +31,9 @@ SECRET = "s3cr%40t"  # a password as a URL carries it: "s3cr@t" percent-encoded
         (["python", "agent.py"], None, "proxy"),
         (["proxy"], None, "proxy"),
         (["./my-claude-wrapper"], "claude", "claude"),
+        (["/opt/tools/bin/opencode", "run"], None, "opencode"),
+        (["qwen"], None, "qwen"),
+        (["./wrapper"], "hermes", "hermes"),
     ],
 )
 def test_the_agent_is_named_by_the_command_unless_chosen(command: list[str], chosen: str | None, agent: str) -> None:
@@ -78,6 +84,25 @@ def test_codex_gets_a_responses_provider_over_http_and_the_websocket_refused(tmp
         "supports_websockets": False,
     }
     assert setup.options == {"trimflow_websocket": "refuse"}
+
+
+@pytest.mark.parametrize(
+    ("agent", "command", "env"),
+    [
+        ("claude", ["claude", "-p", "hi"], {"ANTHROPIC_BASE_URL": f"https://user:{SECRET}@gateway.example/anthropic"}),
+        ("codex", ["codex", "exec", "--", "look"], {"OPENAI_API_KEY": "sk-x"}),
+        ("gemini", ["gemini"], {"GEMINI_API_KEY": "k"}),
+        ("proxy", ["python", "agent.py"], {}),
+    ],
+)
+def test_a_setup_made_before_the_port_is_known_is_the_setup_at_the_port(tmp_path: Path, agent: str, command: list[str], env: dict) -> None:
+    """The launcher makes the setup before mitmdump binds the port the kernel picks, and gives the agent that port."""
+    pending = setup_for(agent, command, env, PENDING, tmp_path / "pending", home=tmp_path)
+    direct = setup_for(agent, command, env, LISTEN, tmp_path / "direct", home=tmp_path)
+    bound = pending.at(LISTEN)
+    assert (bound.mode, bound.command, bound.options, bound.upstream) == (direct.mode, direct.command, direct.options, direct.upstream)
+    assert bound.env == {name: value.replace(str(tmp_path / "direct"), str(tmp_path / "pending")) for name, value in direct.env.items()}
+    assert "invalid" not in repr((bound.command, bound.env))
 
 
 @pytest.mark.parametrize(
@@ -327,3 +352,118 @@ def test_without_recall_no_agent_gets_a_server(tmp_path: Path) -> None:
     assert setup_for("claude", ["claude"], {}, LISTEN, tmp_path).command == ["claude"]
     assert not any("mcp_servers" in item for item in setup_for("codex", ["codex"], {"OPENAI_API_KEY": "k"}, LISTEN, tmp_path, home=tmp_path).command)
     assert not (tmp_path / "claude-mcp.json").exists()
+
+
+# --- recall for the coding agents in forward mode ------------------------------------------------------------
+
+
+def tree(folder: Path) -> dict[str, bytes | None]:
+    """Every file (its bytes) and folder (None) under `folder`."""
+    return {str(path.relative_to(folder)): path.read_bytes() if path.is_file() else None for path in sorted(folder.rglob("*"))}
+
+
+@pytest.mark.parametrize(("agent", "variable"), [("opencode", "OPENCODE_CONFIG_CONTENT"), ("kilo", "KILO_CONFIG_CONTENT")])
+def test_opencode_and_kilo_get_the_runs_server_in_their_inline_config_beside_the_users_own(tmp_path: Path, agent: str, variable: str) -> None:
+    theirs = '{"mcp": {"docs": {"type": "local", "command": ["docs-server"]}}, // theirs\n "share": "disabled"}'
+    (tmp_path / "run").mkdir()
+    before = tree(tmp_path)
+    setup = setup_for(agent, [agent, "run", "hi"], {variable: theirs}, LISTEN, tmp_path / "run", home=tmp_path, recall=SERVER)
+    assert setup.ca_bundle and setup.command == [agent, "run", "hi"] and not setup.notes  # forward mode, as before
+    config = json.loads(setup.env[variable])
+    assert config["mcp"] == {"docs": {"type": "local", "command": ["docs-server"]}, "trimflow": {"type": "local", "command": SERVER, "enabled": True}}
+    assert config["share"] == "disabled"
+    assert tree(tmp_path) == before  # nothing written: a variable of the agent's environment
+
+
+def test_an_inline_config_that_is_not_json_is_left_alone_and_said(tmp_path: Path) -> None:
+    setup = setup_for("opencode", ["opencode"], {"OPENCODE_CONFIG_CONTENT": "{not json"}, LISTEN, tmp_path, recall=SERVER)
+    assert "OPENCODE_CONFIG_CONTENT" not in setup.env
+    why = "OPENCODE_CONFIG_CONTENT is not a JSON object"
+    assert setup.notes == [f"trimflow run: recall_image is not registered with opencode: {why} (docs/agents.md#recall)"]
+
+
+def test_qwen_gets_the_runs_server_in_a_system_settings_file_of_the_run_keeping_the_systems_own(tmp_path: Path) -> None:
+    system = tmp_path / "etc" / "settings.json"
+    system.parent.mkdir()
+    system.write_text('{"mcpServers": {"docs": {"command": "docs-server"}}, /* the administrator */ "telemetry": {"enabled": false}}')
+    (tmp_path / "run").mkdir()
+    before = tree(tmp_path / "etc")
+    setup = setup_for("qwen", ["qwen", "mcp", "list"], {"QWEN_CODE_SYSTEM_SETTINGS_PATH": str(system)}, LISTEN, tmp_path / "run", recall=SERVER)
+    assert setup.ca_bundle and setup.command == ["qwen", "mcp", "list"] and not setup.notes  # no option its subcommands refuse
+    copy = Path(setup.env["QWEN_CODE_SYSTEM_SETTINGS_PATH"])
+    assert copy.parent == tmp_path / "run" and stat.S_IMODE(copy.stat().st_mode) == 0o600
+    written = json.loads(copy.read_text())
+    assert written["mcpServers"] == {
+        "docs": {"command": "docs-server"},
+        "trimflow": {"command": SERVER[0], "args": SERVER[1:], "trust": True, "alwaysLoadTools": True},
+    }
+    assert written["telemetry"] == {"enabled": False}
+    assert setup.env["QWEN_CODE_SYSTEM_DEFAULTS_PATH"] == str(tmp_path / "etc" / "system-defaults.json")  # where it was
+    assert tree(tmp_path / "etc") == before
+
+
+def test_qwen_without_system_settings_gets_the_server_alone_and_its_defaults_path_stays(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_agents, "QWEN_SYSTEM_SETTINGS", tmp_path / "etc" / "qwen-code" / "settings.json")
+    env = {"QWEN_CODE_SYSTEM_DEFAULTS_PATH": "/srv/defaults.json"}
+    setup = setup_for("qwen", ["qwen"], env, LISTEN, tmp_path, recall=SERVER)
+    assert json.loads(Path(setup.env["QWEN_CODE_SYSTEM_SETTINGS_PATH"]).read_text()) == {
+        "mcpServers": {"trimflow": {"command": SERVER[0], "args": SERVER[1:], "trust": True, "alwaysLoadTools": True}}
+    }
+    assert setup.env["QWEN_CODE_SYSTEM_DEFAULTS_PATH"] == "/srv/defaults.json"
+
+
+def test_qwen_with_system_settings_it_cannot_read_is_left_alone_and_said(tmp_path: Path) -> None:
+    system = tmp_path / "settings.json"
+    system.write_text("[1, 2]")  # not an object
+    (tmp_path / "run").mkdir()
+    setup = setup_for("qwen", ["qwen"], {"QWEN_CODE_SYSTEM_SETTINGS_PATH": str(system)}, LISTEN, tmp_path / "run", recall=SERVER)
+    assert "QWEN_CODE_SYSTEM_SETTINGS_PATH" not in setup.env and not list((tmp_path / "run").iterdir())
+    assert setup.notes == [f"trimflow run: recall_image is not registered with qwen: cannot read {system} (docs/agents.md#recall)"]
+
+
+def test_hermes_gets_the_runs_server_in_a_managed_scope_of_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_agents, "HERMES_MANAGED_DIR", tmp_path / "etc-hermes")  # none on this machine
+    (tmp_path / "run").mkdir()
+    setup = setup_for("hermes", ["hermes", "-z", "hi"], {"HERMES_HOME": str(tmp_path / "hermes")}, LISTEN, tmp_path / "run", recall=SERVER)
+    assert setup.ca_bundle and setup.command == ["hermes", "-z", "hi"] and not setup.notes
+    managed = Path(setup.env["HERMES_MANAGED_DIR"])
+    assert managed.parent == tmp_path / "run" and os.listdir(managed) == ["config.yaml"]
+    config = yaml.safe_load((managed / "config.yaml").read_text())
+    assert config == {"mcp_servers": {"trimflow": {"command": SERVER[0], "args": SERVER[1:]}}}  # merged over theirs by Hermes
+    assert not (tmp_path / "hermes").exists()
+
+
+@pytest.mark.parametrize("theirs", ["env", "etc"])
+def test_an_administrators_managed_scope_for_hermes_is_not_replaced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, theirs: str) -> None:
+    (tmp_path / "etc-hermes").mkdir()
+    monkeypatch.setattr(_agents, "HERMES_MANAGED_DIR", tmp_path / "etc-hermes" if theirs == "etc" else tmp_path / "none")
+    env = {"HERMES_MANAGED_DIR": str(tmp_path / "etc-hermes")} if theirs == "env" else {}
+    setup = setup_for("hermes", ["hermes"], env, LISTEN, tmp_path, recall=SERVER)
+    assert "HERMES_MANAGED_DIR" not in setup.env
+    assert setup.notes == [
+        f"trimflow run: recall_image is not registered with hermes: its managed scope ({tmp_path / 'etc-hermes'}) is an administrator's,"
+        " which the launcher does not replace (docs/agents.md#recall)"
+    ]
+
+
+@pytest.mark.parametrize("agent", ["pi", "cline", "openclaw"])
+def test_an_agent_that_takes_no_server_for_one_run_gets_one_line_and_its_setup_as_before(tmp_path: Path, agent: str) -> None:
+    setup = setup_for(agent, [agent, "-p", "hi"], {}, LISTEN, tmp_path, recall=SERVER)
+    assert setup == dataclasses.replace(setup_for(agent, [agent, "-p", "hi"], {}, LISTEN, tmp_path), notes=setup.notes)
+    (note,) = setup.notes
+    assert note.startswith(f"trimflow run: recall_image is not registered with {agent}: ") and note.endswith("(docs/agents.md#recall)")
+    assert not list(tmp_path.iterdir())
+
+
+def test_gemini_signed_in_otherwise_gets_one_line_for_recall(tmp_path: Path) -> None:
+    setup = setup_for("gemini", ["gemini"], {}, LISTEN, tmp_path, home=tmp_path, recall=SERVER)
+    why = "it signs in without an API key"
+    assert setup.ca_bundle and setup.notes[-1] == f"trimflow run: recall_image is not registered with gemini: {why} (docs/agents.md#recall)"
+
+
+@pytest.mark.parametrize("agent", FORWARD_AGENTS)
+def test_without_recall_the_forward_agents_get_forward_mode_alone(tmp_path: Path, agent: str) -> None:
+    setup = setup_for(agent, [agent], {}, LISTEN, tmp_path, home=tmp_path)
+    assert setup.mode == "regular" and setup.ca_bundle and not setup.notes
+    assert set(setup.env) == {"HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"}
+    assert not list(tmp_path.iterdir())

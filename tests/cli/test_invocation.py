@@ -45,7 +45,7 @@ def test_the_launchers_own_options_are_read_and_kept_from_mitmdump() -> None:
         (["--"], "nothing to run after --"),
         (["--mode", "reverse:https://api.openai.com", "--", "codex"], "leave --mode out"),
         (["-mregular", "--", "codex"], "leave --mode out"),
-        (["--agent", "cursor", "--", "cursor"], "--agent takes one of claude, codex, gemini, proxy, not 'cursor'"),
+        (["--agent", "cursor", "--", "cursor"], "--agent takes one of claude, codex, gemini, opencode, .*, proxy, not 'cursor'"),
         (["-p", "eighty", "--", "claude"], "the listen port must be a number, not 'eighty'"),
     ],
 )

@@ -16,7 +16,7 @@ from mitmproxy.tools.dump import DumpMaster
 from mitmproxy.tools.main import process_options
 
 from trimflow.cli._launch_error import LaunchError
-from trimflow.cli._mitmdump import AUTH_FD_OPTION, SCRIPT, auth_pipe, mitmdump_argv, mitmdump_binary, without_option
+from trimflow.cli._mitmdump import AUTH_FD_OPTION, SCRIPT, auth_pipe, listening_port, mitmdump_argv, mitmdump_binary, without_option
 from trimflow.proxy import upstream_auth
 
 DEFAULTS = ["--set", "listen_host=127.0.0.1", "--set", "listen_port=8080"]
@@ -103,3 +103,19 @@ def test_the_credentials_pipe_option_is_the_launchers_alone_to_give() -> None:
     assert AUTH_FD_OPTION == upstream_auth.OPTION  # the name the addon declares (cli may not import mitmproxy)
     args = ["--set", f"{AUTH_FD_OPTION}=7", "-q", f"--set={AUTH_FD_OPTION}=8", "--set", f"{AUTH_FD_OPTION}x=1", "--set=trimflow_mode=observe"]
     assert without_option(args, AUTH_FD_OPTION) == ["-q", "--set", f"{AUTH_FD_OPTION}x=1", "--set=trimflow_mode=observe"]
+
+
+@pytest.mark.parametrize(
+    ("log", "port"),
+    [
+        ("[10:00:00.000] HTTP(S) proxy listening at 127.0.0.1:41234.\n", 41234),
+        ("Loading script trimflow\nReverse proxy to https://api.anthropic.com listening at [::1]:8080.\n", 8080),
+        ("Upstream proxy to http://proxy.corp:3128 listening at *:5000.", 5000),
+        ("HTTP(S) proxy listening at 127.0.0.1:7000 and [::1]:7001.\n", 7000),
+        ("Web server listening at http://127.0.0.1:8081/?token=abc\n", None),  # mitmweb's UI, no proxy
+        ("HTTP(S) proxy listening at 127.0.0.1:80", None),  # the line not yet whole
+        ("", None),
+    ],
+)
+def test_the_port_mitmdump_says_it_listens_on(log: str, port: int | None) -> None:
+    assert listening_port(log) == port

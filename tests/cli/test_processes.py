@@ -13,7 +13,7 @@ import pytest
 
 from trimflow.cli._agents import CA_VARIABLES
 from trimflow.cli._launch_error import LaunchError
-from trimflow.cli._processes import Proxy, ca_bundle, check_port, free_port, unread
+from trimflow.cli._processes import Proxy, ca_bundle, check_port, unread
 
 
 def test_the_ca_bundle_holds_the_users_cas_and_mitmproxys(tmp_path: Path) -> None:
@@ -32,15 +32,26 @@ def test_the_ca_bundle_is_the_users_alone(tmp_path: Path) -> None:
     assert stat.S_IMODE(bundle.stat().st_mode) == 0o600
 
 
-def test_a_free_port_is_free_and_a_taken_one_is_refused_in_one_line() -> None:
-    port = free_port("127.0.0.1")
-    check_port("127.0.0.1", port)  # nothing listens there: no error
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", port))
-        taken.listen()
+def test_a_taken_port_is_refused_in_one_line() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
         with pytest.raises(LaunchError, match=rf"^trimflow run: 127\.0\.0\.1:{port} is taken \(.+\); leave -p out") as caught:
             check_port("127.0.0.1", port)
     assert "\n" not in str(caught.value)
+
+
+def test_started_on_port_0_it_is_ready_at_the_port_its_log_says_after_what_the_log_held(tmp_path: Path) -> None:
+    """mitmdump told port 0 binds one the kernel picks and says which: no port is picked and released before it binds."""
+    log = tmp_path / "run.log"
+    with socket.create_server(("127.0.0.1", 0)) as earlier, socket.create_server(("127.0.0.1", 0)) as listening:
+        log.write_text(f"[10:00:00.000] HTTP(S) proxy listening at 127.0.0.1:{earlier.getsockname()[1]}.\n")  # a run before
+        proxy = Proxy(["mitmdump"], log, "127.0.0.1", 0)
+        proxy._log_start = log.stat().st_size  # as start() sets it
+        assert not proxy.ready() and proxy.port == 0
+        port = listening.getsockname()[1]
+        with log.open("a") as out:
+            out.write(f"[10:00:01.000] Reverse proxy to https://api.anthropic.com listening at 127.0.0.1:{port}.\n")
+        assert proxy.ready() and proxy.port == port and proxy.listening
 
 
 def test_mitmdump_is_ready_once_it_listens_has_its_ca_and_has_read_the_pipe_it_was_handed(tmp_path: Path) -> None:

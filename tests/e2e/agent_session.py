@@ -46,6 +46,7 @@ from .helpers import decode_b64
 
 ROOT = Path(__file__).resolve().parents[2]
 RECALL_ID = re.compile(rb'recall_image\(\\"([a-z2-7]{10})\\"\)')  # a placeholder's id, as its text reads inside JSON
+FILE_REFERENCE = re.compile(rb'"file_id"\s*:\s*"')  # an image part that names a file at the provider instead of carrying it
 TOOLS_BIN = ROOT / ".tools" / "node_modules" / ".bin"
 AGENT_VENVS = ROOT / ".tools" / "venvs"  # the Python agents, one venv each
 # Claude Code's side traffic off: no telemetry, update check or error report tries the (absent) network.
@@ -91,6 +92,7 @@ def request_facts(received: Received) -> dict[str, Any]:
     facts["recall_ids"] = sorted({m.decode() for m in RECALL_ID.findall(received.body)})  # the ids its placeholders name
     facts["tools"] = sorted(offered_tools(fmt, body))
     facts["unknown_id_answered"] = f"no image {UNKNOWN_ID} in this run's store".encode() in received.body
+    facts["references"] = len(FILE_REFERENCE.findall(received.body))  # images sent as a file id (send-once)
     for media in FORMATS[fmt].find_media(body):
         if media.kind == "image" and media.data is not None:
             facts["images"].append(digest(decode_b64(media.data[media.data_offset :])))
@@ -165,19 +167,43 @@ def installed_version(prefix: Path, package: str, command: str) -> str | None:
     return str(orjson.loads(manifest.read_bytes())["version"])
 
 
-# The npm agent CLIs the launcher sets up by name, by their command.
-PACKAGES = {"claude": "@anthropic-ai/claude-code", "codex": "@openai/codex", "gemini": "@google/gemini-cli"}
+# The npm agent CLIs the launcher sets up by name, by their command (Kilo Code's on demand).
+PACKAGES = {
+    "claude": "@anthropic-ai/claude-code",
+    "codex": "@openai/codex",
+    "gemini": "@google/gemini-cli",
+    "opencode": "opencode-ai",
+    "qwen": "@qwen-code/qwen-code",
+    "kilo": "@kilocode/cli",
+}
+ON_DEMAND = {"kilo"}
+# The Python agents (scripts/setup's PYTHON_AGENTS), each in .tools/venvs/NAME, by their command.
+VENV_COMMANDS = {"aider": "aider", "hermes": "hermes"}
 
 
 def need(cli: str) -> None:
     """Skip (or fail, where CI requires the CLIs) unless `cli` is installed at the version scripts/setup pins."""
     package = PACKAGES[cli]
     version = installed_version(ROOT / ".tools", package, cli)
+    install = "scripts/setup --agent-clis=all" if cli in ON_DEMAND else "scripts/setup --agent-clis"
     why = None
     if version is None:
-        why = f"{cli} is not installed: scripts/setup --agent-clis (needs npm)"
+        why = f"{cli} is not installed: {install} (needs npm)"
     elif version != npm_pins()[package]:
-        why = f"{cli} {version} is installed, scripts/setup pins {npm_pins()[package]}: scripts/setup --agent-clis"
+        why = f"{cli} {version} is installed, scripts/setup pins {npm_pins()[package]}: {install}"
+    require_agent(why, on_demand=cli in ON_DEMAND)
+
+
+def need_venv(agent: str) -> None:
+    """need() for a Python agent: its venv in .tools/venvs at the requirement scripts/setup pins."""
+    why = None
+    venv = AGENT_VENVS / agent
+    stamp = venv / ".trimflow-stamp"
+    installed = stamp.read_text().strip() if stamp.exists() else None
+    if installed is None or not (venv / "bin" / VENV_COMMANDS[agent]).exists():
+        why = f"{agent} is not installed: scripts/setup --agent-clis (puts {python_pins()[agent]} in .tools/venvs/{agent})"
+    elif installed != python_pins()[agent]:
+        why = f"{installed} is installed, scripts/setup pins {python_pins()[agent]}: scripts/setup --agent-clis"
     require_agent(why)
 
 
@@ -194,6 +220,14 @@ def launcher_records(stderr: str) -> list[dict[str, Any]]:
     assert found is not None, stderr[-3000:]
     (path,) = shlex.split(found.group(1))
     return [orjson.loads(line) for line in Path(path).read_bytes().splitlines() if line.strip()]
+
+
+def assert_one_conversation(records: list[dict[str, Any]], stderr: str, agent: str) -> None:
+    """The session's LLM requests are one conversation numbered 1..N in the records, and the exit summary says one."""
+    turns = [r for r in records if r.get("turn") is not None]
+    assert [r["turn"] for r in turns] == list(range(1, len(turns) + 1)), [(r["conversation"], r["turn"]) for r in turns]
+    assert len({r["conversation"] for r in turns}) == 1
+    assert re.search(rf"^trimflow: {agent} exited 0; \d+ LLM requests in 1 conversation through trimflow$", stderr, re.MULTILINE), stderr[-3000:]
 
 
 def run_session(tmp_path: Path, **session: Any) -> dict[str, Any]:

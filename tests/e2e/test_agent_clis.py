@@ -4,7 +4,8 @@ new screenshot with its own image tool each turn and then answers a final text (
 
 Through `scripts/run -- <cli>` (python -m trimflow run -- <cli>): the CLI exits 0 with the final text, the provider
 never holds more images than the shipped cap, the newest screenshot arrives byte for byte, and the summary's
-figures are what the provider received. By hand (the README's recipes): the same CLI pointed at a proxy started on
+figures are what the provider received; with send-once on, Claude Code and Codex send each screenshot once, through
+the fake provider's Files API, and by reference on every turn. By hand (the README's recipes): the same CLI pointed at a proxy started on
 its own; for Codex with trimflow_websocket=refuse, which it answers by going to HTTP at once.
 
 They skip without the CLIs (scripts/setup --agent-clis installs them into .tools/) or without `unshare -n` (root);
@@ -26,6 +27,7 @@ from .agent_session import (
     ROOT,
     SIDE_TRAFFIC_OFF,
     assert_summary_is_what_the_provider_received,
+    launcher_records,
     need,
     npm_pins,
     run_session,
@@ -77,6 +79,40 @@ def test_codex_through_the_launcher_never_lets_the_provider_hold_more_than_8_ima
     assert_capped_session(result, cap=8)
     assert_summary_is_what_the_provider_received(result, "codex")
     assert all(r["method"] == "POST" for r in result["requests"])  # no WebSocket: every turn over HTTP, whole history
+
+
+def assert_sent_once(result: dict[str, Any]) -> None:
+    """Exit 0 with the final text; each screenshot uploaded once, and no image inline in any turn: every one went by
+    reference from its first request on, and none was refused."""
+    output = f"stdout:\n{result['stdout'][-2000:]}\nstderr:\n{result['stderr'][-3000:]}"
+    assert result["returncode"] == 0, output
+    assert FINAL in result["stdout"], output
+    assert result["tool_calls"] == len(result["shots"])
+    uploads = [r for r in result["requests"] if r["method"] == "POST" and r["path"].endswith("/v1/files")]
+    assert len(uploads) == len(result["shots"]), output
+    llm = turns(result)
+    assert all(r["images"] == [] for r in llm)  # nothing inline: the provider got every screenshot once, as a file
+    assert max(r["references"] for r in llm) >= min(len(result["shots"]), 8)
+    records = launcher_records(result["stderr"])
+    assert sum(r["by_reference"] for r in records) > 0 and all(r["references_refused"] == 0 for r in records)
+
+
+def test_claude_code_with_send_once_references_every_screenshot_after_its_upload(tmp_path: Path) -> None:
+    need("claude")
+    env = {**CLAUDE_ENV, "ANTHROPIC_BASE_URL": "{provider}"}
+    command = ["claude", "-p", PROMPT, "--allowedTools", "Read"]
+    result = run_session(tmp_path, shots=10, launcher_args=["--set", "trimflow_send_once=true"], command=command, env=env)
+    assert_sent_once(result)
+
+
+def test_codex_with_send_once_references_every_screenshot_after_its_upload(tmp_path: Path) -> None:
+    need("codex")
+    env = {**CODEX_ENV, "OPENAI_BASE_URL": "{provider}/v1"}
+    launcher = ["--set", "trimflow_send_once=true"]
+    result = run_session(
+        tmp_path, shots=10, launcher_args=launcher, command=["codex", *CODEX_EXEC], env=env, files={"codex/config.toml": CODEX_CONFIG}
+    )
+    assert_sent_once(result)
 
 
 def test_gemini_cli_through_the_launcher(tmp_path: Path) -> None:

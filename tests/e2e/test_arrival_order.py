@@ -82,3 +82,5 @@ def test_the_newest_image_by_arrival_goes_byte_identical_and_a_cut_one_never_com
     sent = [len(image_payloads("openai-chat", request.json())) for request in provider.received]
     assert [(r["images_before"], r["images_after"]) for r in records] == list(zip(range(1, TURNS + 1), sent, strict=True))
     assert all(r["status"] == 200 and r["reason"] is None for r in records)
+    # Every request rewrites the early history (the time, the images' message): still one conversation, turns 1..N.
+    assert [r["turn"] for r in records] == list(range(1, TURNS + 1)) and len({r["conversation"] for r in records}) == 1

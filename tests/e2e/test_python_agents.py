@@ -35,10 +35,12 @@ from .agent_session import (
     FORWARD_LAUNCHER_ARGS,
     PROMPT,
     ROOT,
+    VENV_COMMANDS,
+    assert_one_conversation,
     assert_summary_is_what_the_provider_received,
     launcher_records,
+    need_venv,
     python_pins,
-    require_agent,
     run_session,
     shipped_cap,
     summary_figures,
@@ -49,19 +51,6 @@ pytestmark = pytest.mark.e2e
 
 MODEL = "gpt-4o"
 CHAT_PATH = "/v1/chat/completions"
-EXECUTABLES = {"aider": "aider", "hermes": "hermes"}
-
-
-def need(agent: str) -> None:
-    why = None
-    venv = AGENT_VENVS / agent
-    stamp = venv / ".trimflow-stamp"
-    installed = stamp.read_text().strip() if stamp.exists() else None
-    if installed is None or not (venv / "bin" / EXECUTABLES[agent]).exists():
-        why = f"{agent} is not installed: scripts/setup --agent-clis (puts {python_pins()[agent]} in .tools/venvs/{agent})"
-    elif installed != python_pins()[agent]:
-        why = f"{installed} is installed, scripts/setup pins {python_pins()[agent]}: scripts/setup --agent-clis"
-    require_agent(why)
 
 
 def records(result: dict[str, Any]) -> list[dict[str, Any]]:
@@ -121,7 +110,7 @@ HERMES_ENV = {"HERMES_HOME": "{work}/hermes", "HERMES_DISABLE_LAZY_INSTALLS": "1
 
 
 def test_hermes_agent_through_the_launcher(tmp_path: Path) -> None:
-    need("hermes")
+    need_venv("hermes")
     shots = shipped_cap(MODEL, CHAT_PATH) + 3
     result = run_session(
         tmp_path,
@@ -169,7 +158,7 @@ def test_aider_through_the_launcher_keeps_the_screenshot_just_added(tmp_path: Pa
     """aider re-sends every added image in an order that changes as they grow: trimflow ages each by when it first
     came. The hash seed is chosen so that on the first request over the cap the screenshot just added comes first,
     where the oldest by position would be."""
-    need("aider")
+    need_venv("aider")
     shots = shipped_cap(MODEL, CHAT_PATH) + 3
     names = [f"screen-{i:02d}.png" for i in range(1, shots + 1)]
     over = [str((tmp_path / "work" / name).resolve()) for name in names[: shipped_cap(MODEL, CHAT_PATH) + 1]]
@@ -191,8 +180,9 @@ def test_aider_through_the_launcher_keeps_the_screenshot_just_added(tmp_path: Pa
     assert (
         turns(result)[shipped_cap(MODEL, CHAT_PATH)]["images"][0] == result["shots"][shipped_cap(MODEL, CHAT_PATH)]
     )  # sent first, as the seed had it, and kept
-    # Each request rewrites aider's early history (its images reshuffled, one more among them), so the records may
-    # count several conversations: the summary's total is checked, whichever line holds it.
+    # Each request rewrites aider's early history (the time in its system prompt, its images reshuffled, one more
+    # among them): still one conversation, numbered 1..N in the records and the exit summary.
+    assert_one_conversation(records(result), result["stderr"], "aider")
     sent, pruned = summary_totals(result["stderr"], "aider", shots)
     assert sent == sum(len(r["images"]) for r in turns(result))
     assert pruned == sum(r["images_before"] - r["images_after"] for r in records(result)) > 0
@@ -203,4 +193,4 @@ def test_the_versions_docs_agents_md_names_are_the_ones_scripts_setup_pins() -> 
     for requirement in python_pins().values():
         package, version = requirement.split("==")
         assert f"`{package}` {version}" in docs or f"`{package}=={version}`" in docs, requirement
-    assert set(python_pins()) == set(EXECUTABLES)
+    assert set(python_pins()) == set(VENV_COMMANDS)

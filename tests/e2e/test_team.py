@@ -5,11 +5,13 @@
 - HAProxy in front of two mitmdumps sharing one learned-limits file: a limit learned through one instance holds
   on the other's next request; balancing on the session id keeps a conversation's turn numbers, spreading it
   does not; the health check on /metrics takes a stopped instance out;
-- HAProxy's round robin in front of two mitmdumps sharing one conversations file: a reference session costs what
-  it costs through one mitmdump, and more when each keeps its own;
+- HAProxy's round robin in front of two mitmdumps sharing one conversations file, or as on two hosts (a confdir
+  each, no file) one Redis store (Debian's `redis-server`, on a Unix socket the test names): a reference session
+  costs what it costs through one mitmdump, and more when each keeps its own; through the store its turns are
+  numbered 1..N once;
 - without prometheus_client, mitmdump runs and says in one line how to add it.
 
-Where prometheus or haproxy is missing these tests skip with one line saying how to install them; with
+Where prometheus, haproxy or redis-server is missing these tests skip with one line saying how to install them; with
 TRIMFLOW_REQUIRE_TEAM_SERVERS=1 (set by .ci/run) they fail instead. Every wait is on a condition (a scrape, a
 health check, a record), never a fixed sleep.
 """
@@ -37,16 +39,20 @@ import yaml
 from trimflow._last_turns import FILE_NAME
 from trimflow._limit_profiles import load_profiles, provider_check
 from trimflow._prices import load_prices
-from trimflow.testing import REFERENCE_SESSIONS, FakeProvider, Session, replay
+from trimflow.testing import FakeProvider, Session, replay
 
-from ..helpers import wait_for
+from ..helpers import RedisServer, wait_for
 from ..mitmdump import ADDON, Mitmdump
+from ..research.cache_sessions import REFERENCE_SESSIONS
 from .helpers import ROOT, Proxy, image_payloads, post, session, shots, start_all, start_wrong, stop_all, write_rules
 
 pytestmark = pytest.mark.e2e
 
 REQUIRE_VARIABLE = "TRIMFLOW_REQUIRE_TEAM_SERVERS"
-MISSING = "{name} not installed: the team tests need Debian's prometheus and haproxy (as root: apt-get install prometheus haproxy, or scripts/setup)"
+MISSING = (
+    "{name} not installed: the team tests need Debian's prometheus, haproxy and redis-server "
+    "(as root: apt-get install prometheus haproxy redis-server, or scripts/setup)"
+)
 DEPLOYMENT = ROOT / "docs" / "deployment.md"
 
 
@@ -457,25 +463,43 @@ def billed(records: list[dict[str, Any]], model: str) -> float:
     return total
 
 
-# A reference session, or its first turns: computer use past two cuts of batches of 6 (bodies up to 5 MB); and whether
-# the pair shares the conversations file, as instances on one host do by default.
+# A reference session, or its first turns: computer use past two cuts of batches of 6 (bodies up to 5 MB); and what
+# the pair shares: the conversations file, as instances on one host do by default ("file"), a Redis store, as instances
+# on two hosts do ("store": each its own confdir and no file), or nothing (the control).
 TEAM_SESSIONS = {"chat-anthropic": None, "computer-use": 16}
-TEAM_CASES = [("chat-anthropic", True), ("computer-use", True), ("computer-use", False)]
+TEAM_CASES = [
+    ("chat-anthropic", "file"),
+    ("computer-use", "file"),
+    ("chat-anthropic", "store"),
+    ("computer-use", "store"),
+    ("computer-use", "nothing"),
+]
+# The store's deadline on the request path in the byte-for-byte runs: a read past the shipped 5 ms (a busy machine)
+# goes on with the instance's own memory, which is right for a proxy and not what these runs compare.
+PATIENT = "1"
 
 
-@pytest.mark.parametrize(("name", "shared"), TEAM_CASES, ids=["chat-anthropic", "computer-use", "computer-use-unshared"])
-def test_two_instances_behind_round_robin_cost_no_more_than_one(tmp_path: Path, name: str, shared: bool) -> None:
+@pytest.mark.parametrize(("name", "shares"), TEAM_CASES, ids=["-".join(case) for case in TEAM_CASES])
+def test_two_instances_behind_round_robin_cost_no_more_than_one(tmp_path: Path, name: str, shares: str) -> None:
     """One reference session through one trimflow, then through two behind HAProxy's round robin, each time to a
     fake provider that bills it with the prompt cache model. The shipped rules hold each conversation's cut from
-    turn to turn (low_water) and the two instances share its last turn through the conversations file, so the pair
-    forwards what the single instance forwarded, byte for byte, the provider's cache reads as much, and the pair
-    costs no more. Each with a file of its own, the two hold different cuts and forward other bodies."""
+    turn to turn (low_water) and the two instances share its last turn through the conversations file or the Redis
+    store, so the pair forwards what the single instance forwarded, byte for byte, the provider's cache reads as
+    much, and the pair costs no more; through the store they also number the turns 1..N once, under one id. Each on
+    its own, the two hold different cuts, forward other bodies and number the turns 1, 1, 2, 2."""
     server_binary("haproxy")
     reference = next(s for s in REFERENCE_SESSIONS if s.name == name)
     length = TEAM_SESSIONS[name] or reference.length
+    store = RedisServer(tmp_path) if shares == "store" else None
     one_provider, two_provider = FakeProvider(cache=True).start(), FakeProvider(cache=True).start()
     single = Proxy(tmp_path / "single", "--mode", f"reverse:{one_provider.url}", rules=None)
-    files = {instance: tmp_path / ("shared" if shared else instance) / FILE_NAME for instance in ("a", "b")}
+    files = {instance: tmp_path / ("shared" if shares == "file" else instance) / FILE_NAME for instance in ("a", "b")}
+    sharing: dict[str, dict[str, str]] = {
+        instance: {"trimflow_conversations": str(files[instance])}
+        if store is None
+        else {"trimflow_conversations": "", "trimflow_state": store.url, "trimflow_state_deadline": PATIENT}
+        for instance in ("a", "b")
+    }
     pair = {
         instance: Proxy(
             tmp_path / instance,
@@ -483,7 +507,7 @@ def test_two_instances_behind_round_robin_cost_no_more_than_one(tmp_path: Path, 
             f"reverse:{two_provider.url}",
             rules=None,
             trimflow_prometheus="127.0.0.1:0",
-            trimflow_conversations=str(files[instance]),
+            **sharing[instance],
         )
         for instance in ("a", "b")
     }
@@ -502,14 +526,20 @@ def test_two_instances_behind_round_robin_cost_no_more_than_one(tmp_path: Path, 
         one = single.records()
         by_instance = {instance: p.records() for instance, p in pair.items()}
         assert all(abs(len(records) - length / 2) <= 1 for records in by_instance.values()), {k: len(v) for k, v in by_instance.items()}
-        assert all(r["turn"] <= (length + 1) // 2 for records in by_instance.values() for r in records)  # each saw every other turn
+        in_order = sorted((r for records in by_instance.values() for r in records), key=lambda r: r["turn"])
+        if store is not None:  # numbered as one instance numbers them
+            assert [r["turn"] for r in in_order] == list(range(1, length + 1))
+            assert len({r["conversation"] for r in in_order}) == 1
+            assert not any(files[instance].exists() for instance in pair)  # no file: as on two hosts
+        else:
+            assert all(r["turn"] <= (length + 1) // 2 for r in in_order)  # each saw every other turn
         assert sum(r["pruned"] for r in one) > 0 and sum(r["usage_cache_read_tokens"] for r in one) > 0  # cuts, and a prefix read
         cost_one = billed(one, reference.model)
         cost_two = billed([r for records in by_instance.values() for r in records], reference.model)
         bodies_one, bodies_two = [r.body for r in one_provider.received], [r.body for r in two_provider.received]
-        if shared:
+        if shares != "nothing":
             # ... and forwarded what the single instance forwarded for it.
-            assert bodies_two == bodies_one and all(f.is_file() for f in files.values())
+            assert bodies_two == bodies_one and (store is not None or all(f.is_file() for f in files.values()))
             assert 0 < cost_two <= cost_one
         else:
             assert bodies_two != bodies_one and cost_two > cost_one
@@ -519,6 +549,117 @@ def test_two_instances_behind_round_robin_cost_no_more_than_one(tmp_path: Path, 
         stop_all(single.mitm, *(p.mitm for p in pair.values()))
         one_provider.stop()
         two_provider.stop()
+        if store is not None:
+            store.stop()
+
+
+def test_through_the_store_a_limit_one_instance_learns_applies_on_the_others_next_request(tmp_path: Path) -> None:
+    """As on two hosts (a confdir each, no shared file): the learned limits live in the store too."""
+    server_binary("haproxy")
+    store = RedisServer(tmp_path)
+    (tmp_path / "profiles.yaml").write_text(PROFILES)
+    write_rules(tmp_path / "rules.yaml", 8)
+    provider = FakeProvider(check=provider_check(load_profiles(tmp_path / "profiles.yaml").get("count-4"))).start()
+    options = {"trimflow_conversations": "", "trimflow_state": store.url, "trimflow_prometheus": "127.0.0.1:0"}
+    rules = tmp_path / "rules.yaml"
+    pair = {instance: Proxy(tmp_path / instance, "--mode", f"reverse:{provider.url}", rules=rules, **options) for instance in ("a", "b")}
+    start_all(*(p.mitm for p in pair.values()))
+    haproxy = None
+    try:
+        metrics_ports = {instance: p.metrics_port() for instance, p in pair.items()}
+        haproxy = HAProxy(tmp_path, (pair["a"].port, metrics_ports["a"]), (pair["b"].port, metrics_ports["b"]))
+        haproxy.wait_until({"a": "UP", "b": "UP"})
+        before = {name: len(p.records()) for name, p in pair.items()}
+        status, _ = post(haproxy.spread, "/v1/chat/completions", orjson.dumps(session("openai-chat", shots(6, seed=70), "gpt-4o")))
+        assert status == 200
+        first = wait_for(lambda: next((n for n, p in pair.items() if len(p.records()) > before[n]), None), "the first record")
+        assert pair[first].records()[-1]["retries"] == 1  # refused at 6, learned 4
+        other = next(name for name in pair if name != first)
+        wait_for(lambda: "learned limits reloaded from shared state" in pair[other].log(), "the other instance's reload")
+        provider.clear()
+        status, _ = post(haproxy.spread, "/v1/chat/completions", orjson.dumps(session("openai-chat", shots(7, seed=71), "gpt-4o")))
+        assert status == 200
+        record = wait_for(lambda: len(pair[other].records()) > before[other] and pair[other].records()[-1], "the other's record")
+        (only,) = provider.received  # on its first try
+        assert len(image_payloads("openai-chat", only.json())) == 4
+        assert (record["retries"], record["images_before"], record["images_after"]) == (0, 7, 4)
+        assert not any((tmp_path / name / "confdir" / "trimflow-learned.yaml").exists() for name in pair)
+    finally:
+        if haproxy is not None:
+            haproxy.stop()
+        stop_all(*(p.mitm for p in pair.values()))
+        provider.stop()
+        store.stop()
+
+
+def test_a_store_killed_mid_session_costs_one_warning_and_sharing_resumes_when_it_is_back(tmp_path: Path) -> None:
+    """Two instances as on two hosts behind round robin, sharing a Redis store. Killed mid-conversation: no request
+    fails, each instance says so once and goes on from what it saw itself; started again, without anyone restarting
+    an instance: each says so once, the next turn on one instance goes on from the turn the other wrote after the
+    restart (one id, numbers one apart), and a new conversation is numbered 1..N once again."""
+    server_binary("haproxy")
+    store = RedisServer(tmp_path)
+    provider = FakeProvider().start()
+    options = {"trimflow_conversations": "", "trimflow_state": store.url, "trimflow_state_deadline": PATIENT}
+    pair = {
+        instance: Proxy(tmp_path / instance, "--mode", f"reverse:{provider.url}", rules=None, trimflow_prometheus="127.0.0.1:0", **options)
+        for instance in ("a", "b")
+    }
+    start_all(*(p.mitm for p in pair.values()))
+    haproxy = None
+
+    def conversation(seed: int, turns: range) -> list[tuple[str, dict[str, Any]]]:
+        """These turns of a screenshot conversation (turn n sends n screenshots): which instance served each, and its record."""
+        assert haproxy is not None
+        images = shots(turns.stop - 1, seed=seed)
+        served = []
+        for n in turns:
+            before = {name: len(p.records()) for name, p in pair.items()}
+            status, answer = post(haproxy.spread, "/v1/chat/completions", orjson.dumps(session("openai-chat", images[:n], "gpt-4o")))
+            assert status == 200, answer[:300]  # never failed by the store
+
+            def record() -> tuple[str, dict[str, Any]] | None:
+                grown = [(name, p.records()) for name, p in pair.items() if len(p.records()) > before[name]]  # noqa: B023
+                return (grown[0][0], grown[0][1][-1]) if grown else None
+
+            served.append(wait_for(record, "the turn's record"))
+        return served
+
+    def said(text: str) -> dict[str, int]:
+        return {name: sum(text in line for line in p.log().splitlines()) for name, p in pair.items()}
+
+    try:
+        metrics_ports = {instance: p.metrics_port() for instance, p in pair.items()}
+        haproxy = HAProxy(tmp_path, (pair["a"].port, metrics_ports["a"]), (pair["b"].port, metrics_ports["b"]))
+        haproxy.wait_until({"a": "UP", "b": "UP"})
+        before = conversation(60, range(1, 5))
+        assert [r["turn"] for _, r in before] == [1, 2, 3, 4] and len({r["conversation"] for _, r in before}) == 1
+        (session_id,) = {r["conversation"] for _, r in before}
+        store.stop()  # SIGKILL, mid-session
+        during = conversation(60, range(5, 9))
+        # Each instance goes on from its own memory of the conversation: 2 turns behind on each, the numbers apart.
+        assert [r["turn"] for _, r in during] == [4, 5, 5, 6] and {r["conversation"] for _, r in during} == {session_id}
+        other = conversation(61, range(1, 5))
+        assert [r["turn"] for _, r in other] == [1, 1, 2, 2]  # a new conversation: each its own
+        wait_for(lambda: said("not answering") == {"a": 1, "b": 1}, "one warning from each instance")
+        store.start()
+        wait_for(lambda: said("answers again") == {"a": 1, "b": 1}, "each instance back on the store")
+        after = conversation(60, range(9, 13))
+        # The first turn after the restart finds the store empty; from the next, each instance goes on from the turn
+        # the other wrote: one id, each number one past the one before, on alternating instances.
+        assert [name for name, _ in after[:2]] != [after[0][0]] * 2
+        numbers = [r["turn"] for _, r in after]
+        assert numbers[1:] == list(range(numbers[0] + 1, numbers[0] + 4)) and {r["conversation"] for _, r in after} == {session_id}
+        fresh = conversation(62, range(1, 5))
+        assert [r["turn"] for _, r in fresh] == [1, 2, 3, 4] and len({r["conversation"] for _, r in fresh}) == 1
+        assert said("not answering") == {"a": 1, "b": 1}
+        assert "Traceback" not in pair["a"].log() + pair["b"].log()
+    finally:
+        if haproxy is not None:
+            haproxy.stop()
+        stop_all(*(p.mitm for p in pair.values()))
+        provider.stop()
+        store.stop()
 
 
 # --- without prometheus_client ----------------------------------------------------------------------------------

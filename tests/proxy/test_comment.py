@@ -9,7 +9,17 @@ KiB = 1024
 
 
 def record(**fields) -> Record:
-    base = Record("2026-01-01T00:00:00.000Z", "3f2a", 4, "api.anthropic.com", "/v1/messages", "anthropic", "claude-sonnet-4", "claude", "enforce")
+    base = Record(
+        ts="2026-01-01T00:00:00.000Z",
+        conversation="3f2a",
+        turn=4,
+        host="api.anthropic.com",
+        path="/v1/messages",
+        format="anthropic",
+        model="claude-sonnet-4",
+        rule="claude",
+        mode="enforce",
+    )
     for name, value in fields.items():
         setattr(base, name, value)
     return base

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+from mitmproxy import exceptions
 from mitmproxy.test import taddons
 
 from trimflow import proxy
 from trimflow._last_turns import FILE_NAME
+from trimflow._state_store import RedisState
 
-from ..helpers import TrimflowAddons, requested
+from ..helpers import RedisServer, TrimflowAddons, requested
 from .flows import llm_flow, write_rules
 
 # A cut held for the prompt cache, moved to the low-water mark when a cap breaks: where the last turn cut decides.
@@ -27,6 +30,9 @@ async def forwarded(instances: list[TrimflowAddons], turns: range) -> list[bytes
         instance.requestheaders(flow)
         await requested(instance, flow)
         bodies.append(flow.request.get_content())
+        shared = instance.flows.conversations.shared
+        if isinstance(shared, RedisState):  # its turns go from a queue: the next turn comes after the answer, by then written
+            assert shared.drained(30)
     return bodies
 
 
@@ -60,3 +66,35 @@ def test_the_option_has_a_default_in_the_confdir_and_help() -> None:
     with taddons.context(instance) as tctx:
         assert tctx.options.trimflow_conversations == "{confdir}/" + FILE_NAME
         assert "several behind a balancer" in tctx.options._options["trimflow_conversations"].help
+
+
+async def test_two_processes_on_one_shared_store_forward_what_one_forwards(tmp_path: Path) -> None:
+    """As on two hosts: no shared file, each its own confdir, one Redis store (trimflow_state)."""
+    store = RedisServer(tmp_path)
+    rules = write_rules(tmp_path / "rules.yaml", 4, HELD)
+    single, a, b = (TrimflowAddons() for _ in range(3))
+    try:
+        with taddons.context(single) as tctx:
+            tctx.options.update(trimflow_rules=str(rules), confdir=str(tmp_path / "confdir"))
+            single.configure(set(tctx.options.keys()))
+            tctx.options.update(trimflow_conversations="", trimflow_state=store.url, trimflow_state_deadline="1")
+            for instance in (a, b):
+                instance.configure(set(tctx.options.keys()))
+            stores = [instance.flows.conversations.shared for instance in (a, b)]
+            assert all(isinstance(each, RedisState) and each.wait_until_up(30) for each in stores)
+
+            one = await forwarded([single], range(2, 14))
+            assert await forwarded([a, b], range(2, 14)) == one
+            for instance in (single, a, b):
+                instance.done()
+    finally:
+        store.stop()
+
+
+def test_a_password_in_the_state_url_stops_with_one_line_that_never_shows_it() -> None:
+    instance = proxy.ShareConversations(proxy.SharedState())
+    with taddons.context(instance) as tctx, pytest.raises(exceptions.OptionsError) as refused:
+        tctx.options.update(trimflow_state="redis://team:hunter2@cache.internal:6379/0")
+    assert "hunter2" not in str(refused.value) and "trimflow_state_password_file" in str(refused.value)
+    with taddons.context(instance) as tctx, pytest.raises(exceptions.OptionsError, match="trimflow_state_deadline"):
+        tctx.options.update(trimflow_state="redis://cache.internal:6379/0", trimflow_state_deadline="soon")

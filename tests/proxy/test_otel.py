@@ -22,7 +22,18 @@ from .flows import json_answer, llm_flow
 
 
 def record(fmt: str = "anthropic", host: str = "api.anthropic.com", **fields: object) -> Record:
-    r = Record("2026-12-07T10:00:00.250Z", "c0ffee00", 3, host, "/v1/messages", fmt, "claude-sonnet-4-6", "defaults", ENFORCE, segment=1)
+    r = Record(
+        ts="2026-12-07T10:00:00.250Z",
+        conversation="c0ffee00",
+        turn=3,
+        host=host,
+        path="/v1/messages",
+        format=fmt,
+        model="claude-sonnet-4-6",
+        rule="defaults",
+        mode=ENFORCE,
+        segment=1,
+    )
     for name, value in fields.items():
         setattr(r, name, value)
     return r

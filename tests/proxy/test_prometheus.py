@@ -68,7 +68,17 @@ def test_a_model_name_falls_into_one_of_four_families(model: str | None, family:
 
 
 def record(**fields: object) -> Record:
-    base = Record("2026-11-24T12:00:00.000Z", "c", 1, "h", "/v1/chat/completions", "openai-chat", "gpt-4o", "defaults", "enforce")
+    base = Record(
+        ts="2026-11-24T12:00:00.000Z",
+        conversation="c",
+        turn=1,
+        host="h",
+        path="/v1/chat/completions",
+        format="openai-chat",
+        model="gpt-4o",
+        rule="defaults",
+        mode="enforce",
+    )
     for name, value in fields.items():
         setattr(base, name, value)
     return base

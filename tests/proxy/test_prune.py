@@ -259,7 +259,7 @@ async def test_a_turn_worked_out_after_its_answer_is_timed_as_it_was_sent(addon,
     await addon.response_async(flow)
     await answer_sent()
     state = addon.flows.get(flow)
-    assert flow.metadata["trimflow"]["turn"] == 1 and state.thread.sent_at == 1_000_000.0
+    assert flow.metadata["trimflow"]["turn"] == 1 and state.history_line.sent_at == 1_000_000.0
     assert flow.metadata["trimflow"]["ts"] == utc_timestamp(1_000_000.0)  # where its OpenTelemetry span starts
 
 

@@ -1,9 +1,13 @@
 """Shared by the repair tests: the session fixtures made by the real CLIs (tests/data/make_sessions.py), the
-shipped rules, and what a file's lines look like to compare them."""
+shipped rules, what a file's lines look like to compare them, and a process that holds a file open."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+import sqlite3
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 from trimflow._rules import Rules
@@ -48,3 +52,30 @@ def fixture(name: str, folder: Path, as_name: str | None = None) -> Path:
 
 def lines_of(path: Path) -> list[bytes]:
     return path.read_bytes().split(b"\n")
+
+
+@contextlib.contextmanager
+def held_open(path: Path, redirect: str = "<") -> Iterator[int]:
+    """A `sleep` process holding `path` open (`redirect`: the shell's "<" to read, ">>" to append) while the block runs;
+    yields its pid once the file is open, and kills it (its pipe closed) after."""
+    with subprocess.Popen(["sh", "-c", f'exec 3{redirect}"$1"; echo ready; exec sleep 30', "sh", str(path)], stdout=subprocess.PIPE) as holder:
+        try:
+            assert holder.stdout is not None and holder.stdout.readline() == b"ready\n"
+            yield holder.pid
+        finally:
+            holder.kill()
+
+
+def make_index(database: Path, threads: list[str]) -> None:
+    """A Codex thread index (its thread_history_*.sqlite) holding rows of `threads`, and a table of no thread."""
+    with contextlib.closing(sqlite3.connect(database)) as connection, connection:
+        connection.executescript(
+            "CREATE TABLE thread_turns (thread_id TEXT, turn_id TEXT, rollout_byte_offset INTEGER);"
+            "CREATE TABLE thread_items (thread_id TEXT, item_id TEXT);"
+            "CREATE TABLE thread_history_projection_state (thread_id TEXT PRIMARY KEY, next_rollout_byte_offset INTEGER);"
+            "CREATE TABLE unrelated (id TEXT);"
+        )
+        for thread in threads:
+            connection.execute("INSERT INTO thread_turns VALUES (?, 't1', 21807)", (thread,))
+            connection.execute("INSERT INTO thread_items VALUES (?, 'i1')", (thread,))
+            connection.execute("INSERT INTO thread_history_projection_state VALUES (?, 1623017)", (thread,))

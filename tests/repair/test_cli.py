@@ -18,7 +18,7 @@ from trimflow.repair import _files
 from trimflow.repair._cli import _replace_notes, main
 
 from ..helpers import wait_for
-from .helpers import FIXTURES, PROMPT, SESSIONS, fixture
+from .helpers import FIXTURES, PROMPT, SESSIONS, fixture, held_open, make_index
 
 ROOT = Path(__file__).resolve().parents[2]
 CLAUDE_ID = "b2ef49b4-fbde-4459-8911-df53861ca13b"
@@ -200,15 +200,10 @@ def test_a_file_in_a_folder_it_cannot_write_to_is_untouched(tmp_path: Path) -> N
 
 def test_a_file_an_agent_still_holds_open_is_untouched(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = fixture("codex-10.jsonl", tmp_path)
-    holder = subprocess.Popen(["sh", "-c", 'exec 3>>"$1"; echo ready; exec sleep 30', "sh", str(path)], stdout=subprocess.PIPE)
-    try:
-        assert holder.stdout is not None and holder.stdout.readline() == b"ready\n"
+    with held_open(path, ">>") as pid:
         code, _, err = run(capsys, str(path))
-    finally:
-        holder.kill()
-        holder.wait()
     assert code == 1
-    assert err == f"trimflow repair: {path}: is open in sleep (pid {holder.pid}): the agent may still be running; close it first; file untouched\n"
+    assert err == f"trimflow repair: {path}: is open in sleep (pid {pid}): the agent may still be running; close it first; file untouched\n"
 
 
 def test_a_file_an_agent_appends_to_while_it_is_repaired_loses_no_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -260,13 +255,8 @@ def test_a_bad_rules_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[
 
 
 def test_a_codex_rollout_in_its_home_says_the_index_was_dropped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    import sqlite3
-
     rollout = fixture("codex-10.jsonl", tmp_path / "sessions" / "2026" / "11" / "24", "rollout-x.jsonl")
-    thread = orjson.loads(rollout.read_bytes().split(b"\n", 1)[0])["payload"]["id"]
-    with sqlite3.connect(tmp_path / "thread_history_1.sqlite") as connection:
-        connection.execute("CREATE TABLE thread_history_projection_state (thread_id TEXT PRIMARY KEY, next_rollout_byte_offset INTEGER)")
-        connection.execute("INSERT INTO thread_history_projection_state VALUES (?, ?)", (thread, rollout.stat().st_size))
+    make_index(tmp_path / "thread_history_1.sqlite", [orjson.loads(rollout.read_bytes().split(b"\n", 1)[0])["payload"]["id"]])
     code, out, _ = run(capsys, str(rollout))
     assert code == 0
     note = "dropped the thread from Codex's index thread_history_1.sqlite: Codex rebuilds it from the file when it opens the thread"

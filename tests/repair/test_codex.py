@@ -14,7 +14,7 @@ from trimflow.repair import _codex
 from trimflow.repair._lines import Line, split_lines
 from trimflow.repair._repair import repair_lines
 
-from .helpers import SESSIONS, fixture, shipped_rules
+from .helpers import SESSIONS, fixture, make_index, shipped_rules
 
 THREAD = "01a20d5a-0fe4-7bd1-a5d3-5b1fc1f0b6b0"
 
@@ -69,20 +69,6 @@ def test_a_compaction_without_a_replacement_history_keeps_no_image() -> None:
     lines = [*load(), _compacted([])]
     lines[-1].value["payload"].pop("replacement_history")
     assert _codex.replay(lines).body["input"] == []
-
-
-def make_index(database: Path, threads: list[str]) -> None:
-    with contextlib.closing(sqlite3.connect(database)) as connection, connection:
-        connection.executescript(
-            "CREATE TABLE thread_turns (thread_id TEXT, turn_id TEXT, rollout_byte_offset INTEGER);"
-            "CREATE TABLE thread_items (thread_id TEXT, item_id TEXT);"
-            "CREATE TABLE thread_history_projection_state (thread_id TEXT PRIMARY KEY, next_rollout_byte_offset INTEGER);"
-            "CREATE TABLE unrelated (id TEXT);"
-        )
-        for thread in threads:
-            connection.execute("INSERT INTO thread_turns VALUES (?, 't1', 21807)", (thread,))
-            connection.execute("INSERT INTO thread_items VALUES (?, 'i1')", (thread,))
-            connection.execute("INSERT INTO thread_history_projection_state VALUES (?, 1623017)", (thread,))
 
 
 def rows(database: Path, thread: str) -> int:

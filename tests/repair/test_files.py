@@ -17,6 +17,7 @@ from trimflow.repair import _files
 from trimflow.repair._lines import SessionError
 
 from ..helpers import wait_for
+from .helpers import held_open
 
 NOW = datetime(2026, 11, 24, 11, 30, 5, tzinfo=UTC)
 
@@ -111,14 +112,9 @@ def test_a_read_only_file_is_not_writable(tmp_path: Path) -> None:
 def test_holders_names_a_process_that_has_the_file_open(tmp_path: Path) -> None:
     path = session(tmp_path)
     assert _files.holders(path) == []
-    holder = subprocess.Popen(["sh", "-c", 'exec 3<"$1"; echo ready; exec sleep 30', "sh", str(path)], stdout=subprocess.PIPE)
-    try:
-        assert holder.stdout is not None and holder.stdout.readline() == b"ready\n"
+    with held_open(path) as pid:
         wait_for(lambda: _files.holders(path), "holder of the file")
-        assert _files.holders(path) == [f"sleep (pid {holder.pid})"]
-    finally:
-        holder.kill()
-        holder.wait()
+        assert _files.holders(path) == [f"sleep (pid {pid})"]
 
 
 # An agent that opens, appends one line and closes (as Claude Code does per entry), with a pause of up to a
@@ -216,14 +212,9 @@ def test_a_copied_backup_is_renamed_into_place_whole_next_to_an_earlier_one(tmp_
 def test_a_process_that_still_holds_the_original_after_the_wait_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = session(tmp_path)
     snapshot = _files.read(path)
-    holder = subprocess.Popen(["sh", "-c", 'exec 3<"$1"; echo ready; exec sleep 30', "sh", str(path)], stdout=subprocess.PIPE)
-    try:
-        assert holder.stdout is not None and holder.stdout.readline() == b"ready\n"
+    with held_open(path) as pid:
         wait_for(lambda: _files.holders(path), "holder of the file")
         monkeypatch.setattr(_files, "CARRY_WAIT", 0.0)  # it opened the file after the repair's check: no waiting it out here
         done = _files.replace(snapshot, b'{"a":2}\n', NOW)
-    finally:
-        holder.kill()
-        holder.wait()
-    assert done.still_open == (f"sleep (pid {holder.pid})",) and done.carried == done.stranded == 0
+    assert done.still_open == (f"sleep (pid {pid})",) and done.carried == done.stranded == 0
     assert path.read_bytes() == b'{"a":2}\n'

@@ -172,24 +172,21 @@ def test_without_cache_the_answers_are_unchanged() -> None:
 
 
 def test_cli_cache_option() -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "trimflow", "fake-provider", "--port", "0", "--cache"],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stderr is not None
-        line = proc.stderr.readline()
-        assert "modelling prompt caching" in line
-        url = line.split("listening on ", 1)[1].split(",", 1)[0].strip()
-        body = json.dumps(claude_request("what is this?")).encode()
-        usages = []
-        for _ in range(2):
-            request = urllib.request.Request(url + "/v1/messages", data=body, headers={"content-type": "application/json"})
-            with urllib.request.urlopen(request, timeout=10) as r:
-                usages.append(json.loads(r.read())["usage"])
-        assert usages[1]["cache_read_input_tokens"] == usages[0]["cache_creation_input_tokens"] > 1024
-        assert "cache read=" in proc.stderr.readline()
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    command = [sys.executable, "-m", "trimflow", "fake-provider", "--port", "0", "--cache"]
+    with subprocess.Popen(command, stderr=subprocess.PIPE, text=True) as proc:  # leaving it closes the pipe
+        try:
+            assert proc.stderr is not None
+            line = proc.stderr.readline()
+            assert "modelling prompt caching" in line
+            url = line.split("listening on ", 1)[1].split(",", 1)[0].strip()
+            body = json.dumps(claude_request("what is this?")).encode()
+            usages = []
+            for _ in range(2):
+                request = urllib.request.Request(url + "/v1/messages", data=body, headers={"content-type": "application/json"})
+                with urllib.request.urlopen(request, timeout=10) as r:
+                    usages.append(json.loads(r.read())["usage"])
+            assert usages[1]["cache_read_input_tokens"] == usages[0]["cache_creation_input_tokens"] > 1024
+            assert "cache read=" in proc.stderr.readline()
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)

@@ -172,15 +172,15 @@ def record_from_dict(data: Any) -> Record:
             value = float(value) if isinstance(value, (int, float)) else 0.0
         values[name] = value
     record = Record(
-        values.pop("ts", None) or "",
-        values.pop("conversation", None),
-        values.pop("turn", None),
-        values.pop("host", None) or "",
-        values.pop("path", None) or "/",
-        values.pop("format"),
-        values.pop("model", None),
-        values.pop("rule", None),
-        values.pop("mode", None) or OBSERVE,
+        ts=values.pop("ts", None) or "",
+        conversation=values.pop("conversation", None),
+        turn=values.pop("turn", None),
+        host=values.pop("host", None) or "",
+        path=values.pop("path", None) or "/",
+        format=values.pop("format"),
+        model=values.pop("model", None),
+        rule=values.pop("rule", None),
+        mode=values.pop("mode", None) or OBSERVE,
     )
     for name, value in values.items():
         if value is not None or name in ("status", "usage_input_tokens", "reason"):
@@ -322,7 +322,7 @@ class Reader:
             else:
                 tally.skipped += 1
                 return []
-        thread = None if numbered else self._number(record, history, *taken)
+        history_line = None if numbered else self._number(record, history, *taken)
         causes = proxy_record is None and not self.what_if  # the usage is the recording's: its causes, of what was sent
         if causes:
             self._flow_time = request.timestamp_start
@@ -336,8 +336,8 @@ class Reader:
             content = self._answer(flow.response, tally)
             if content:
                 usage = usage_of(content)
-                if thread is not None and record.format == openai_responses.NAME:
-                    self.conversations.responded(thread, response_id_of(content[:4096]))
+                if history_line is not None and record.format == openai_responses.NAME:
+                    self.conversations.responded(history_line, response_id_of(content[:4096]))
             failure = classify_failure(status, content)
         elif flow.error is not None:
             failure = NO_RESPONSE
@@ -392,7 +392,7 @@ class Reader:
             return None
         assignment = self.conversations.assign(history, record.kind, cut, like)
         record.conversation, record.turn, record.segment = assignment.conversation, assignment.turn, assignment.segment
-        return assignment.thread
+        return assignment.history_line
 
     @staticmethod
     def _what_if_after_proxy(record: Record, proxy: Record, numbered: bool) -> None:
@@ -416,11 +416,11 @@ class Reader:
             if not message.from_client:
                 answer = openai_responses.websocket_answer(message.content) if waiting else None
                 if answer is not None:
-                    row, thread = waiting.pop(0)
+                    row, history_line = waiting.pop(0)
                     row.record.status, _, response_id = answer
                     _set_usage(row.record, usage_of(message.content))
                     row.failure = classify_failure(row.record.status, message.content)
-                    self.conversations.responded(thread, response_id)
+                    self.conversations.responded(history_line, response_id)
                 continue
             if b"response.create" not in message.content[:256]:
                 continue
@@ -430,9 +430,9 @@ class Reader:
             if outcome.record is None:
                 continue
             outcome.record.ts = _utc(message.timestamp)
-            thread = self._number(outcome.record, outcome.history, *outcome.taken)
+            history_line = self._number(outcome.record, outcome.history, *outcome.taken)
             rows.append(self._row(outcome.record, index, None, WHAT_IF if self.what_if else None))
-            waiting.append((rows[-1], thread))
+            waiting.append((rows[-1], history_line))
         if rows:
             tally.llm_requests += len(rows)
         else:

@@ -1,7 +1,8 @@
 """Each agent's setup behind the proxy: mitmdump's mode, the agent's command line and environment.
 
 Claude Code gets its base URL, Codex `-c` overrides (TOML), Gemini CLI a private copy of its settings (JSON with
-comments); any other command, or an agent that signs in without an API key, forward mode with a CA bundle."""
+comments); any other command, or an agent that signs in without an API key, forward mode with a CA bundle. The coding
+agents known by name in forward mode (FORWARD_AGENTS) get the run's MCP server each its own way (docs/agents.md#recall)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import os
 import stat
 import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -19,7 +20,9 @@ from .._recall import TOOL
 from ._launch_error import LaunchError
 from ._run_dir import PRIVATE_MODE, digest, record_private, write_private
 
-AGENTS = ("claude", "codex", "gemini", "proxy")
+# Forward mode, known by name for the run's MCP server (recall): those that take one for a run get it, the others a line.
+FORWARD_AGENTS = ("opencode", "kilo", "qwen", "hermes", "cline", "openclaw", "pi")
+AGENTS = ("claude", "codex", "gemini", *FORWARD_AGENTS, "proxy")
 PROXY = "proxy"
 CA_VARIABLES = ("NODE_EXTRA_CA_CERTS", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CODEX_CA_CERTIFICATE")
 PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy")
@@ -31,6 +34,12 @@ GEMINI_API = "https://generativelanguage.googleapis.com"
 GEMINI_API_KEY_AUTH = "gemini-api-key"
 MCP_SERVER = "trimflow"  # the name the recall server is registered under
 CLAUDE_MCP_FILE = "claude-mcp.json"  # in the run's folder
+QWEN_SETTINGS_FILE = "qwen-system-settings.json"  # in the run's folder
+QWEN_SYSTEM_SETTINGS = Path("/etc/qwen-code/settings.json")  # Qwen Code's on Linux, unless QWEN_CODE_SYSTEM_SETTINGS_PATH
+HERMES_MANAGED_DIR = Path("/etc/hermes")  # Hermes Agent's managed scope on Linux, unless HERMES_MANAGED_DIR
+# The proxy's address in a setup made before mitmdump has bound the port the kernel chose for it (Setup.at gives the
+# setup at the real one): a reserved name (RFC 2606), so no address a user gives is taken for it.
+PENDING = "http://trimflow-proxy.invalid"
 
 
 @dataclass
@@ -47,6 +56,13 @@ class Setup:
     private_dirs: list[Path] = field(default_factory=list)  # made for this run, removed after it
     upstream: str | None = None  # where the requests go on to, without credentials
     upstream_auth: str | None = None  # user:password for an upstream proxy, never on mitmdump's command line
+
+    def at(self, listen: str) -> Setup:
+        """This setup, made for the proxy at PENDING, for the proxy at `listen` (http://HOST:PORT): in the
+        command line and the environment, where the agent is told the proxy's address."""
+        pending, bound = PENDING.removeprefix("http://"), listen.removeprefix("http://")
+        command = [item.replace(pending, bound) for item in self.command]
+        return replace(self, command=command, env={name: value.replace(pending, bound) for name, value in self.env.items()})
 
 
 def agent_of(command: Sequence[str], chosen: str | None) -> str:
@@ -117,7 +133,15 @@ def setup_for(
             _codex_recall(setup, recall)
         return setup
     if agent == "gemini":
-        return _gemini(command, environ, listen, run_dir, home, recall)
+        setup = _gemini(command, environ, listen, run_dir, home, recall)
+        if recall and setup.ca_bundle:  # signed in otherwise: its own settings, which the launcher leaves alone
+            setup.notes.append("trimflow run: recall_image is not registered with gemini: it signs in without an API key (docs/agents.md#recall)")
+        return setup
+    if agent in FORWARD_AGENTS:
+        setup = forward_setup(agent, command, environ, listen)
+        if recall:
+            _forward_recall(setup, environ, run_dir, recall)
+        return setup
     return forward_setup(PROXY, command, environ, listen)
 
 
@@ -258,6 +282,11 @@ def _read_settings(path: Path) -> dict[str, Any] | None:
         return {}
     except (OSError, UnicodeDecodeError):
         return None
+    return _json_object(text)
+
+
+def _json_object(text: str) -> dict[str, Any] | None:
+    """A JSON object (with comments), or None."""
     try:
         data = json.loads(_strip_json_comments(text))
     except ValueError:
@@ -345,3 +374,70 @@ def gemini_settings(settings: dict[str, Any], user_dir: Path, private_dir: Path,
             (private_dir / entry.name).symlink_to(entry)
             entries[entry.name] = f"link:{entry}"
     return entries
+
+
+# --- recall for the coding agents in forward mode: each takes the run's server its own way, or gets one line why not
+
+
+def _forward_recall(setup: Setup, environ: Mapping[str, str], run_dir: Path, server: Sequence[str]) -> None:
+    how = {
+        "opencode": lambda: _inline_config(setup, environ, server, "OPENCODE_CONFIG_CONTENT"),
+        "kilo": lambda: _inline_config(setup, environ, server, "KILO_CONFIG_CONTENT"),
+        "qwen": lambda: _qwen_recall(setup, environ, run_dir, server),
+        "hermes": lambda: _hermes_recall(setup, environ, run_dir, server),
+    }.get(setup.agent)
+    why = how() if how is not None else NOT_REGISTERED[setup.agent]
+    if why is not None:
+        setup.notes.append(f"trimflow run: recall_image is not registered with {setup.agent}: {why} (docs/agents.md#recall)")
+
+
+NOT_REGISTERED = {
+    "pi": "pi takes no MCP server",
+    "cline": "its sessions may run in its hub, a daemon that outlives the run with the settings it started with",
+    "openclaw": "it takes MCP servers from its own config file only",
+}
+
+
+def _inline_config(setup: Setup, environ: Mapping[str, str], server: Sequence[str], variable: str) -> str | None:
+    """opencode, Kilo Code: the config in `variable` (merged over every config file; mcp servers by name), the
+    user's own inline config kept in it. The tool is allowed by default."""
+    config = _json_object(environ.get(variable) or "{}")
+    if config is None:
+        return f"{variable} is not a JSON object"
+    servers = config.get("mcp")
+    config["mcp"] = {**(servers if isinstance(servers, dict) else {}), MCP_SERVER: {"type": "local", "command": list(server), "enabled": True}}
+    setup.env[variable] = json.dumps(config)
+    return None
+
+
+def _qwen_recall(setup: Setup, environ: Mapping[str, str], run_dir: Path, server: Sequence[str]) -> str | None:
+    """Qwen Code: its system settings (merged over the user's and the project's; mcpServers by name) a copy of the
+    run, the system's own settings kept in it and its system defaults where they were. `--mcp-config` is no way:
+    Qwen Code's subcommands (`qwen mcp list`) refuse it. Trusted (it only reads images this run cut) and always
+    loaded, never deferred behind its tool search: the placeholders name it."""
+    system = Path(environ.get("QWEN_CODE_SYSTEM_SETTINGS_PATH") or QWEN_SYSTEM_SETTINGS)
+    settings = _read_settings(system)
+    if settings is None:
+        return f"cannot read {system}"
+    servers, ours = settings.get("mcpServers"), {"command": server[0], "args": list(server[1:]), "trust": True, "alwaysLoadTools": True}
+    settings["mcpServers"] = {**(servers if isinstance(servers, dict) else {}), MCP_SERVER: ours}
+    # Goes with the run, changed or not: Qwen Code adds its `$version` to the settings it reads.
+    write_private(run_dir / QWEN_SETTINGS_FILE, (json.dumps(settings, indent=2) + "\n").encode())
+    setup.env["QWEN_CODE_SYSTEM_SETTINGS_PATH"] = str(run_dir / QWEN_SETTINGS_FILE)
+    # Beside the system settings unless set: where they are, not in the run's folder.
+    setup.env["QWEN_CODE_SYSTEM_DEFAULTS_PATH"] = environ.get("QWEN_CODE_SYSTEM_DEFAULTS_PATH") or str(system.with_name("system-defaults.json"))
+    return None
+
+
+def _hermes_recall(setup: Setup, environ: Mapping[str, str], run_dir: Path, server: Sequence[str]) -> str | None:
+    """Hermes Agent: a managed scope of the run (HERMES_MANAGED_DIR, a config.yaml merged over the user's leaf by
+    leaf), holding only the server. A managed scope already there (an administrator's) is not replaced."""
+    theirs = environ.get("HERMES_MANAGED_DIR", "").strip()
+    if theirs or HERMES_MANAGED_DIR.is_dir():
+        return f"its managed scope ({theirs or HERMES_MANAGED_DIR}) is an administrator's, which the launcher does not replace"
+    folder = run_dir / "hermes-managed"
+    folder.mkdir(mode=0o700)
+    config = {"mcp_servers": {MCP_SERVER: {"command": server[0], "args": list(server[1:])}}}
+    write_private(folder / "config.yaml", json.dumps(config, indent=2).encode())  # JSON is YAML
+    setup.env["HERMES_MANAGED_DIR"] = str(folder)
+    return None

@@ -1,6 +1,6 @@
 """`python -m trimflow run [OPTIONS] -- COMMAND [ARGS...]`: run COMMAND with trimflow in front of its LLM provider.
 
-The launcher starts mitmdump with trimflow's addons on a free loopback port (in a session of its own, so
+The launcher starts mitmdump with trimflow's addons on a loopback port the kernel picks (in a session of its own, so
 the terminal's signals do not reach it), waits until it listens, runs COMMAND pointed at it, stops it when
 COMMAND ends and exits with COMMAND's status (128+N when a signal N ended it; 127 when there is no such
 command). COMMAND runs in a process group of its own that gets the terminal: Ctrl-C reaches the agent and
@@ -16,6 +16,8 @@ Known agents get their own setup, and no file of the user's is edited:
   GEMINI_API_KEY; when the user's settings select no auth type, a private GEMINI_CLI_HOME whose settings are
   theirs plus `security.auth.selectedType = "gemini-api-key"` (everything else in it links to their ~/.gemini).
   Signed in with Google or Vertex AI, forward mode.
+- The coding agents known by name (opencode, kilo, qwen, hermes, cline, openclaw, pi): forward mode, below; each
+  is given the recall server its own way, or a line says why not.
 - Anything else (or `--agent proxy`): forward mode, with HTTPS_PROXY and HTTP_PROXY pointing at the proxy and
   a CA bundle (the system's CAs and mitmproxy's) in NODE_EXTRA_CA_CERTS, SSL_CERT_FILE, REQUESTS_CA_BUNDLE and
   CODEX_CA_CERTIFICATE. An HTTPS_PROXY the user had stays their way out: mitmdump runs in upstream mode to it.
@@ -48,12 +50,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from .._recall import TOKEN_VARIABLE
-from ._agents import CA_VARIABLES, Setup, agent_of, proxy_environment, setup_for
+from ._agents import CA_VARIABLES, PENDING, Setup, agent_of, proxy_environment, setup_for
 from ._exit_summary import summary
 from ._invocation import Invocation, parse
 from ._launch_error import EXIT_NOT_FOUND, LaunchError
 from ._mitmdump import AUTH_FD_OPTION, auth_pipe, mitmdump_argv, without_option
-from ._processes import Agent, Proxy, ca_bundle, check_port, free_port
+from ._processes import Agent, Proxy, ca_bundle, check_port
 from ._recall import RunRecall, prepare
 from ._run_dir import clean_stale_runs, finish_run_dir, new_run_dir, private_folder, state_dir, write_private
 
@@ -79,8 +81,7 @@ def launch(invocation: Invocation, environ: dict[str, str]) -> int:
     host = invocation.host
     if invocation.port is not None:
         check_port(host, invocation.port)
-    port = invocation.port or free_port(host)
-    listen = f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}"
+    port = invocation.port or 0  # 0: mitmdump binds a port the kernel picks, and says which (Proxy.port)
     agent = agent_of(command, invocation.agent)
     runs = state_dir(environ)
     private_folder(runs)
@@ -93,8 +94,9 @@ def launch(invocation: Invocation, environ: dict[str, str]) -> int:
         recall, why_not = prepare(invocation.sets, confdir_of(invocation, environ), run_dir)
         if why_not is not None:
             say(why_not)
-        setup = setup_for(agent, command, environ, listen, run_dir, recall=recall.server if recall is not None else None)
-        return _run_with_proxy(invocation, environ, setup, run_dir, listen, host, port, recall)
+        # The agent is told the proxy's address once mitmdump has bound its port (Setup.at).
+        setup = setup_for(agent, command, environ, PENDING, run_dir, recall=recall.server if recall is not None else None)
+        return _run_with_proxy(invocation, environ, setup, run_dir, host, port, recall)
     finally:
         if recall is not None:
             recall.remove()
@@ -108,7 +110,7 @@ def confdir_of(invocation: Invocation, environ: Mapping[str, str]) -> Path:
 
 
 def _run_with_proxy(
-    invocation: Invocation, environ: dict[str, str], setup: Setup, run_dir: Path, listen: str, host: str, port: int, recall: RunRecall | None = None
+    invocation: Invocation, environ: dict[str, str], setup: Setup, run_dir: Path, host: str, port: int, recall: RunRecall | None = None
 ) -> int:
     stem = run_dir.parent / run_dir.name
     metrics = Path(invocation.metrics) if invocation.metrics else stem.with_suffix(".jsonl")
@@ -139,6 +141,7 @@ def _run_with_proxy(
         if auth_fd is not None:
             os.close(auth_fd)
     try:
+        setup = setup.at(f"http://{host}:{proxy.port}" if ":" not in host else f"http://[{host}]:{proxy.port}")
         env = {**environ, **setup.env, **(recall.agent_env() if recall is not None else {})}
         if setup.ca_bundle:
             env.update(dict.fromkeys(CA_VARIABLES, str(ca_bundle(ca, environ, stem.with_suffix(".ca.pem")))))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -18,6 +19,18 @@ SCRIPT = Path(__file__).resolve().parents[1] / "proxy" / "mitmdump_script.py"
 # wins over these; a --set of the same option twice is an error, so one the user gives replaces ours.
 DEFAULTS = {"listen_host": "127.0.0.1", "listen_port": "8080"}
 AUTH_FD_OPTION = "trimflow_upstream_auth_fd"  # trimflow.proxy.upstream_auth's: the pipe mitmdump reads upstream_auth from
+# mitmproxy's line once a proxy server is bound, on 11 and 12 alike ("HTTP(S) proxy listening at 127.0.0.1:41234.",
+# "Reverse proxy to http://... listening at [::1]:41234."; "*:41234" for every address): told port 0, it gives the
+# port the kernel chose. Of several addresses ("... and ..."), the first.
+_LISTENING = re.compile(r" listening at (?:\[[^\]\s]*\]|[^\s\[\]]+):(\d+)(?: and \S+)*\.$", re.M)
+
+
+def listening_port(log: str) -> int | None:
+    """The port mitmdump says it listens on in `log` (its output), or None before it says so. Told --listen-port 0,
+    it keeps the port from the kernel's choice on, where a port picked by binding and closing a socket of our own
+    could be taken by another process before mitmdump binds it."""
+    found = _LISTENING.search(log)
+    return int(found.group(1)) if found else None
 
 
 def mitmdump_binary() -> str | None:

@@ -2,7 +2,8 @@
 
 mitmdump runs in a session of its own until it listens, the agent in a process group that has the terminal
 (signals passed on, Ctrl-Z as a job), both signalled when the launcher dies (PR_SET_PDEATHSIG); and what they
-are started with: a free or checked port, the CA bundle the agent trusts."""
+are started with: a checked port (or port 0, the kernel's choice, read from mitmdump's output), the CA bundle the
+agent trusts."""
 
 from __future__ import annotations
 
@@ -23,18 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from ._launch_error import LaunchError
+from ._mitmdump import listening_port
 from ._run_dir import PRIVATE_MODE, write_private
 
 LISTEN_TIMEOUT = 30.0  # seconds mitmdump may take to listen (a cold start on a busy machine takes a few)
 STOP_TIMEOUT = 10.0
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 PR_SET_PDEATHSIG = 1  # prctl(2)
-
-
-def free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def check_port(host: str, port: int) -> None:
@@ -75,21 +71,25 @@ def _parent_death_signal(sig: signal.Signals) -> Any:
 
 
 class Proxy:
-    """mitmdump with trimflow's addons, in a session of its own (the terminal's signals never reach it)."""
+    """mitmdump with trimflow's addons, in a session of its own (the terminal's signals never reach it). Started with
+    `port` 0, it listens where the kernel chose: `port` is that port once it says so in its output (the log)."""
 
     def __init__(self, command: list[str], log: Path, host: str, port: int, env: dict[str, str] | None = None) -> None:
         self.command, self.log, self.host, self.port, self.env = command, log, host, port, env
         self.process: subprocess.Popen[bytes] | None = None
         self.listening = False
+        self._log_start = 0  # where this start's output begins in the log (a log may hold an earlier run's)
 
     def start(self, ca: Path | None = None, timeout: float = LISTEN_TIMEOUT, handed: int | None = None) -> None:
         """Start mitmdump and return once it is ready: it listens, has written its CA to `ca` (given one) and has
         read the pipe `handed` (given one, passed to it) to its end."""
         out = os.open(self.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, PRIVATE_MODE)
+        self._log_start = os.fstat(out).st_size
         try:
             self.process = subprocess.Popen(
                 self.command,
-                env=self.env,
+                # Its output unbuffered: the port it listens on is read from its log as it starts.
+                env={**(os.environ if self.env is None else self.env), "PYTHONUNBUFFERED": "1"},
                 pass_fds=() if handed is None else (handed,),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
@@ -111,16 +111,29 @@ class Proxy:
                 why = f"did not listen on {where}"
                 if self.listening:
                     why = f"listens on {where} but did not finish starting (its CA, trimflow's addons)"
+                elif self.port == 0:
+                    why = f"did not say which port it listens on at {self.host} (a quiet log: give -p PORT)"
                 raise LaunchError(f"trimflow run: the proxy {why} within {timeout:.0f} s; its log: {self.log}", 1)
             time.sleep(0.05)
 
     def ready(self, ca: Path | None = None, handed: int | None = None) -> bool:
         """It listens, its CA is in `ca` (given one), and the pipe `handed` (given one) is empty. mitmproxy loads
         trimflow's script in a task of its own, which may run after it listens; the script's addons read the pipe."""
-        if not self.listening:
+        if self.port == 0:
+            self.port = self._said_port() or 0
+        if not self.listening and self.port:
             with contextlib.suppress(OSError), socket.create_connection((self.host, self.port), timeout=0.5):
                 self.listening = True
         return self.listening and (ca is None or _written_pem(ca)) and (handed is None or unread(handed) == 0)
+
+    def _said_port(self) -> int | None:
+        """The port mitmdump says in its log it listens on, once it has."""
+        try:
+            with self.log.open("rb") as log:
+                log.seek(self._log_start)
+                return listening_port(log.read().decode(errors="replace"))
+        except OSError:
+            return None
 
     def last_line(self) -> str:
         try:

@@ -13,6 +13,9 @@
 - WebSocket: refuses Codex's WebSocket upgrade on Responses endpoints when asked (trimflow_websocket), else warns
   once per host when a WebSocket leaves images at the provider (after Prune: it reads Prune's record).
 - Simulate: answers with a limit profile's error instead of forwarding (after Prune: it checks what Prune forwards).
+- SendOnce: uploads each image once to the provider's Files API and sends a reference to it from then on
+  (trimflow_send_once; after Simulate, on the body Prune forwards); answers a refused reference by sending the
+  request again inline (response, before Metrics); its HoldRefusals, after Metrics, holds such an answer back.
 - Clicks: maps the coordinates of a computer-use answer back to the screenshot the agent took, when Prune sent it
   rescaled (before Metrics: its stream gets the events after Metrics read the usage, and its count is recorded).
 - Metrics: completes each record with the answer's status and usage; the log line and the JSONL record.
@@ -39,6 +42,7 @@ from .prometheus import Prometheus
 from .prune import Prune
 from .recall import Recall
 from .recover import Recover
+from .send_once import HoldRefusals, SendOnce
 from .simulate import Simulate
 from .state import META, FlowState, SharedState
 from .upstream_auth import UpstreamAuthPipe
@@ -51,18 +55,21 @@ def make_addons() -> list[object]:
     simulate = Simulate(flows)
     recover = Recover(flows, simulate)
     metrics = Metrics(flows)
+    send_once = SendOnce(flows)
     return [
         GeminiKeyHeader(flows),
         recover,
         Prune(flows),
         WebSocket(flows),
         simulate,
+        send_once,
         Clicks(flows),
         metrics,
         recover.hold,
+        send_once.hold,
         Prometheus(metrics, recover),
         OpenTelemetry(metrics),
-        ShareConversations(flows),
+        ShareConversations(flows, recover),
         Recall(flows),
         KeepMemory(),
         UpstreamAuthPipe(),
@@ -76,6 +83,7 @@ __all__ = [
     "Clicks",
     "FlowState",
     "GeminiKeyHeader",
+    "HoldRefusals",
     "KeepMemory",
     "Metrics",
     "OpenTelemetry",
@@ -84,6 +92,7 @@ __all__ = [
     "Prune",
     "Recall",
     "Recover",
+    "SendOnce",
     "ShareConversations",
     "SharedState",
     "Simulate",

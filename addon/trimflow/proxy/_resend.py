@@ -2,7 +2,8 @@
 
 - `resend` sends a retry upstream through mitmproxy's own connection machinery, as client replay sends a flow,
   without running the addons' HTTP hooks for it (the original flow went through them); `cancel_retries` ends
-  those in flight for a client whose connection has closed.
+  those in flight for a client whose connection has closed. The send-once addon sends its uploads this way too
+  (with a deadline), and its deletions for no client (`detached_client`).
 - `extend_size_check` makes mitmproxy's HTTP layer stream an error answer held back from the client
   (`held_answers`) once it passes ANSWER_MAX, as it streams any answer past `stream_large_bodies`. The layer is
   mitmproxy's class, shared by the whole process: it is extended while a HoldErrorAnswers addon runs (its
@@ -31,6 +32,7 @@ from .._limit_errors import ANSWER_MAX
 log = logging.getLogger("trimflow")
 
 CLIENT_GONE = "the client closed its connection; cancelled"
+TIMED_OUT = "no answer before the deadline; cancelled"
 _FLOW_HOOKS = (
     http_layers.HttpRequestHeadersHook,
     http_layers.HttpRequestHook,
@@ -49,7 +51,7 @@ class HeldAnswer:
     scanner, or True), and the originals to drop its flow from then."""
 
     stream: bool | Callable[[bytes], Iterable[bytes] | bytes]
-    originals: weakref.WeakKeyDictionary[http.HTTPFlow, bytes]
+    originals: weakref.WeakKeyDictionary[http.HTTPFlow, Any]
 
 
 held_answers: weakref.WeakKeyDictionary[http.HTTPFlow, HeldAnswer] = weakref.WeakKeyDictionary()
@@ -95,6 +97,12 @@ def extend_size_check() -> bool:
     stream_class.check_body_size = check_body_size  # type: ignore[method-assign]  # extended, see above
     _mitmproxy_check, _extended_check, _extended_by = check, check_body_size, 1
     return True
+
+
+def size_check_extended() -> bool:
+    """Whether mitmproxy's size check streams a held answer past ANSWER_MAX (a hold is running): only then may an
+    answer of unknown length be held."""
+    return _extended_by > 0
 
 
 def restore_size_check() -> None:
@@ -145,12 +153,12 @@ class _Resend(ReplayHandler):
 _retries: dict[str, set[_Resend]] = {}  # the retries in flight, by the id of the client connection they answer
 
 
-async def resend(request: http.Request, client: connection.Client, sni: str | None = None) -> http.Response | str:
+async def resend(request: http.Request, client: connection.Client, sni: str | None = None, deadline: float | None = None) -> http.Response | str:
     """The upstream's answer to `request`, sent for `client` (the original flow's), or why there is none. `sni`: the
     server name the original request's TLS connection gave and verified (mitmproxy's replay would take the Host
     header, which the client chose and the upstream's certificate need not name).
     A retry for a client that has closed its connection is not sent, and one in flight when it closes is cancelled
-    (`cancel_retries`)."""
+    (`cancel_retries`); so is one without an answer `deadline` seconds after it started (TIMED_OUT)."""
     if not client.state & ConnectionState.CAN_READ:
         return CLIENT_GONE
     retry = http.HTTPFlow(client, connection.Server(address=(request.host, request.port)))
@@ -162,17 +170,34 @@ async def resend(request: http.Request, client: connection.Client, sni: str | No
         server.sni = sni
     running = _retries.setdefault(client.id, set())
     running.add(handler)
+    timed_out = False
+    replay = asyncio.ensure_future(handler.replay())
     try:
-        await handler.replay()
+        done, _ = await asyncio.wait({replay}, timeout=deadline)
+        if not done:
+            timed_out = True
+            handler.cancel()
+        await replay
+    except asyncio.CancelledError:
+        handler.cancel()  # the hook waiting for it is cancelled: so is the request it sent
+        raise
     finally:
         running.discard(handler)
         if not running and _retries.get(client.id) is running:
             del _retries[client.id]
     if handler.cancelled:
-        return CLIENT_GONE
+        return TIMED_OUT if timed_out else CLIENT_GONE
     if retry.response is not None:
         return retry.response
     return retry.error.msg if retry.error is not None else "no answer"
+
+
+def detached_client() -> connection.Client:
+    """A client for a request trimflow sends on its own (a deletion when a file's lifetime ends): no connection of a
+    client's is behind it, so none closes it."""
+    client = connection.Client(peername=("127.0.0.1", 0), sockname=("127.0.0.1", 0))
+    client.state = ConnectionState.OPEN
+    return client
 
 
 def cancel_retries(client: connection.Client) -> None:
@@ -181,4 +206,15 @@ def cancel_retries(client: connection.Client) -> None:
         handler.cancel()
 
 
-__all__ = ["CLIENT_GONE", "HeldAnswer", "cancel_retries", "extend_size_check", "held_answers", "resend", "restore_size_check"]
+__all__ = [
+    "CLIENT_GONE",
+    "TIMED_OUT",
+    "HeldAnswer",
+    "cancel_retries",
+    "detached_client",
+    "extend_size_check",
+    "held_answers",
+    "resend",
+    "restore_size_check",
+    "size_check_extended",
+]

@@ -22,6 +22,7 @@ def flow_comment(record: Record) -> str:
         (record.deduplicated, "repeated"),
         (record.pruned_for_image_limit, "too big"),
         (record.mime_mismatches, "mime mismatch"),
+        (record.by_reference, "by reference"),
     )
     rest.extend(f"{n} {what}" for n, what in done if n)
     rest.append(f"~{format_thousands(record.est_tokens_before)}->{format_thousands(record.est_tokens_after)} tok")

@@ -118,7 +118,7 @@ class Metrics:
             except DecodeError:
                 content = b""  # usage unknown; the client gets the answer as it came
             self._set_usage(record, usage_of(content))
-        self.flows.responded(record, state.thread, content[:ANSWER_HEAD])
+        self.flows.responded(record, state.history_line, content[:ANSWER_HEAD])
         write(flow, state)  # before mitmproxy's save addon, later in its chain, writes the flow
         self._finish(record, None)
 
@@ -146,8 +146,8 @@ class Metrics:
         if state is None or flow.websocket is None:
             return
         if state.record is not None:
-            state.waiting.append((state.record, state.thread))
-            state.record = state.thread = None
+            state.waiting.append((state.record, state.history_line))
+            state.record = state.history_line = None
             return
         message = flow.websocket.messages[-1]
         if message.from_client or not state.waiting:
@@ -155,10 +155,10 @@ class Metrics:
         answer = openai_responses.websocket_answer(message.content)
         if answer is None:
             return
-        record, thread = state.waiting.pop(0)
+        record, history_line = state.waiting.pop(0)
         record.status, _, response_id = answer
         self._set_usage(record, usage_of(message.content))  # the answer event carries the response's usage, details and all
-        self.flows.conversations.responded(thread, response_id)
+        self.flows.conversations.responded(history_line, response_id)
         self._finish(record, None)
 
     def websocket_end(self, flow: http.HTTPFlow) -> None:

@@ -216,13 +216,13 @@ class _SharedConversations:
         sharing, dropped_writes = _conversations_file(self.flows)
         in_use = self.client.metrics_core.GaugeMetricFamily(
             "trimflow_conversations_file",
-            "1 when this instance shares each conversation's last turn through the conversations file, 0 when it keeps "
-            "its own only (trimflow_conversations empty, or the file could not be used: see the log).",
+            "1 when this instance shares each conversation's last turn through the conversations file or the shared "
+            "store (trimflow_state), 0 when it keeps its own only (neither set, or it cannot be used now: see the log).",
         )
         in_use.add_metric([], 1 if sharing else 0)
         dropped = self.client.metrics_core.CounterMetricFamily(
             "trimflow_conversations_writes_dropped",
-            "Turns never written to the conversations file: too many waited for it while another process held it.",
+            "Turns never written to the conversations file or the shared store: too many waited for it, or the store did not answer.",
         )
         dropped.add_metric([], dropped_writes)
         return [in_use, dropped]

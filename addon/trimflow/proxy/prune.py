@@ -253,7 +253,7 @@ class Prune:
         if outcome.changed:
             message.content = outcome.body
         self.flows.settle_all()
-        state.thread = self.flows.number(record, outcome.history, *outcome.taken)
+        state.history_line = self.flows.number(record, outcome.history, *outcome.taken)
         state.record = record  # for the metrics addon's websocket_message, next in the chain
 
 

@@ -30,7 +30,7 @@ import asyncio
 import logging
 import time
 import weakref
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, fields
 
 from mitmproxy import connection, ctx, exceptions, http
@@ -42,7 +42,7 @@ from .._decode import DecodeError, decode_body
 from .._engine import Tighten, is_sigv4
 from .._history import History
 from .._human import parse_duration
-from .._learned_limits import DEFAULT_TTL, FILE_NAME, LearnedLimits
+from .._learned_limits import DEFAULT_TTL, FILE_NAME, LearnedBackend, LearnedLimits
 from .._limit_errors import ANSWER_MAX, HOST, NEVER, LimitError, Patterns, Refused, Rejected, assess, load_patterns, scope
 from .._limit_profiles import check_request
 from .._record import TURN, Record
@@ -63,7 +63,9 @@ DEFAULT_RETRIES = 2
 _SENT_FIELDS = tuple(
     f.name
     for f in fields(Record)
-    if f.name.endswith("_after") or f.name.startswith(("pruned", "shrunk", "thinned", "native")) or f.name in ("over_budget", "deduplicated")
+    if f.name.endswith("_after")
+    or f.name.startswith(("pruned", "shrunk", "thinned", "native"))
+    or f.name in ("over_budget", "deduplicated", "by_reference", "reference_bytes_saved")
 )
 
 
@@ -84,6 +86,7 @@ class Recover:
         self.simulate = simulate  # its profile answers a retry as it answered the request
         self._patterns: Patterns | None = None  # the shipped ones until trimflow_limit_errors is configured
         self.learned = LearnedLimits(None)
+        self._learned_store: Callable[[float | None], LearnedBackend] | None = None
         self.simulated = LearnedLimits(None)  # what answers played by trimflow_simulate taught: never in the file
         self.hold = HoldErrorAnswers(self)
         self._originals: weakref.WeakKeyDictionary[http.HTTPFlow, bytes] = weakref.WeakKeyDictionary()
@@ -136,15 +139,28 @@ class Recover:
                 raise exceptions.OptionsError("trimflow: trimflow_learned_ttl must be more than 0 (or none: never expire)")
             self.learned.ttl = self.simulated.ttl = ttl
         if "trimflow_learned" in updated or "confdir" in updated:
-            path = confdir_path(ctx.options.trimflow_learned, ctx.options.confdir)
-            self.learned.close()
-            self.learned = LearnedLimits(path, ttl=self.learned.ttl)
-            # The file is read in the learned limits' own thread; a file that does not answer in time is read when it does.
-            if not self.learned.start():
-                log.warning("trimflow: learned limits file %s not read yet; its limits apply once it is", path)
-            elif path is not None and self.learned.live():
-                log.info("trimflow: %d learned limits from %s", len(self.learned.live()), path)
-            self.flows.learned = self.tighten
+            self._open_learned()
+
+    def share_learned(self, store: Callable[[float | None], LearnedBackend] | None) -> None:
+        """The shared store (trimflow_state, ShareConversations) keeps the learned limits in place of the file: `store`
+        makes its backend for a time to live; None, the file again."""
+        self._learned_store = store
+        self._open_learned()
+
+    def _open_learned(self) -> None:
+        self.learned.close()
+        if self._learned_store is not None:
+            kept_in: str | None = "the shared state"
+            self.learned = LearnedLimits(None, ttl=self.learned.ttl, store=self._learned_store(self.learned.ttl))
+        else:
+            kept_in = confdir_path(ctx.options.trimflow_learned, ctx.options.confdir)
+            self.learned = LearnedLimits(kept_in, ttl=self.learned.ttl)
+        # Read in the learned limits' own thread; a file or store that does not answer in time is read when it does.
+        if not self.learned.start():
+            log.warning("trimflow: learned limits file %s not read yet; its limits apply once it is", kept_in)
+        elif kept_in is not None and self.learned.live():
+            log.info("trimflow: %d learned limits from %s", len(self.learned.live()), kept_in)
+        self.flows.learned = self.tighten
 
     def done(self) -> None:
         self.learned.close()
@@ -257,7 +273,7 @@ class Recover:
             if 200 <= answer.status_code < 300:
                 self._learn(flow, upstream, taught, self.simulate.profile is not None)
                 if retry_cut is not None:
-                    self.flows.conversations.recut(state.thread, *retry_cut)
+                    self.flows.conversations.recut(state.history_line, *retry_cut)
                     self.flows.cache_breaks.recut(record, retry_cut[1])
                 break
             if not _may_be_limit(answer.status_code):

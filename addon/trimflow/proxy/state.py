@@ -45,20 +45,20 @@ META = "trimflow"  # flow.metadata key holding the flow's record as a dict (the 
 class FlowState:
     """One LLM flow: its Target, resolved once; its record; the outcome whose record is still to be
     worked out (Outcome.record_pending); the error that ended the flow, if one did; its place in its
-    conversation (`thread`, which learns the answer's id). For a WebSocket flow, `record` and `thread`
+    conversation (`history_line`, which learns the answer's id). For a WebSocket flow, `record` and `history_line`
     hold the last client message's until the metrics addon takes them into `waiting`, where each
     waits for the server's answer to it. `screen`: how the answer's computer-use coordinates map back
     (trimflow._clicks), set by the prune addon when the newest screenshot went rescaled. `kept`: the images its
     placeholders name for recall (trimflow._recall), handed to the store once the request is on its way."""
 
-    __slots__ = ("target", "record", "pending", "error", "thread", "waiting", "screen", "kept")
+    __slots__ = ("target", "record", "pending", "error", "history_line", "waiting", "screen", "kept")
 
     def __init__(self, target: Target) -> None:
         self.target = target
         self.record: Record | None = None
         self.pending: Outcome | None = None
         self.error: str | None = None
-        self.thread: HistoryLine | None = None
+        self.history_line: HistoryLine | None = None
         self.waiting: list[tuple[Record, HistoryLine | None]] = []
         self.screen: Screen | None = None
         self.kept: list[Kept] = []
@@ -186,7 +186,7 @@ class SharedState:
         """Make `record` the flow's record: numbered in its conversation (with the images its cut took, and of those the
         look-alikes: the engine's Outcome.taken), with the recalls answered since the previous request, written to the
         flow."""
-        state.thread = self.number(record, history, cut, like)
+        state.history_line = self.number(record, history, cut, like)
         if self.recall is not None:
             record.recalls, record.recalls_refused = self.recall.take_recalls()
         state.record = record
@@ -201,12 +201,12 @@ class SharedState:
         assignment = self.conversations.assign(history, record.kind, cut, like)
         record.conversation, record.turn, record.segment = assignment.conversation, assignment.turn, assignment.segment
         self.cache_breaks.sent(record, history, cut)
-        return assignment.thread
+        return assignment.history_line
 
-    def responded(self, record: Record, thread: HistoryLine | None, answer_head: bytes) -> None:
+    def responded(self, record: Record, history_line: HistoryLine | None, answer_head: bytes) -> None:
         """A Responses answer names its id: a later request naming it as previous_response_id continues this conversation."""
-        if thread is not None and record.format == openai_responses.NAME:
-            self.conversations.responded(thread, response_id_of(answer_head))
+        if history_line is not None and record.format == openai_responses.NAME:
+            self.conversations.responded(history_line, response_id_of(answer_head))
 
 
 class _SettledMemory:

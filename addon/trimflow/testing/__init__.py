@@ -6,33 +6,26 @@
 - `image`, `screenshot`, `session_body` and friends: real images made with Pillow and the
   whole-history request bodies agents send, in every wire format.
 - `CacheModel`: each provider's documented prompt caching, on a clock you give it (`FakeProvider(cache=True)`
-  runs it); `REFERENCE_SESSIONS`, `POLICIES` and `run_policy`: what each pruning policy costs against it.
+  runs it). What each pruning policy costs against it is research beside the bench, not in the package
+  (tests/research, `scripts/replay --policies`).
 
-`python -m trimflow fake-provider` and `python -m trimflow replay` (`--policies`: the cost tables) are the same
-tools on the command line.
+`python -m trimflow fake-provider` and `python -m trimflow replay` are the same tools on the command line.
 """
 
 from ._cache_model import CacheModel, CacheUsage
-from ._cache_sessions import REFERENCE_SESSIONS, ReferenceSession
 from ._fake_provider import FakeProvider, Received
 from ._fake_usage import REPLY_TEXT, count_images, estimate_usage
-from ._policy_runner import POLICIES, Policy, PolicyResult, run_policy
 from ._replay import ReplayedTurn, Session, replay
 from ._synthetic import MIME, PATHS, b64, data_url, image, screenshot, session_body
 
 __all__ = [
     "MIME",
     "PATHS",
-    "POLICIES",
-    "REFERENCE_SESSIONS",
     "REPLY_TEXT",
     "CacheModel",
     "CacheUsage",
     "FakeProvider",
-    "Policy",
-    "PolicyResult",
     "Received",
-    "ReferenceSession",
     "ReplayedTurn",
     "Session",
     "b64",
@@ -41,7 +34,6 @@ __all__ = [
     "estimate_usage",
     "image",
     "replay",
-    "run_policy",
     "screenshot",
     "session_body",
 ]

@@ -2,7 +2,7 @@
 
 Pure Python: no mitmproxy, no I/O, and the time comes from an injected clock, so a test or a replay of a
 recorded session runs at its own simulated time. The fake provider (`FakeProvider(cache=True)`) and the
-policy runner (trimflow.testing._policy_runner) both use it.
+policy runner beside the bench (tests/research/policy_runner.py) both use it.
 
 A request is a sequence of units in prefix order (Anthropic: tools, system, messages; a content block or
 tool is one unit), each with a digest of its canonical JSON (sorted keys, `cache_control` left out, the

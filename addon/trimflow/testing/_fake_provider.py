@@ -12,6 +12,9 @@ built-in endpoints (trimflow.formats: each format's ENDPOINTS):
 - ollama            POST */api/chat                         (NDJSON unless "stream": false)
 - bedrock-converse  POST */model/{id}/converse
 
+Anthropic's and OpenAI's Files APIs (*/v1/files: upload, list, get, delete; per API key) and file references in
+messages, answered as if the image were inline (trimflow.testing._fake_files).
+
 converse-stream and invoke-with-response-stream (AWS binary event-stream) and responses/compact are 501 here.
 Anything else is a 404 JSON error.
 
@@ -61,6 +64,7 @@ import zstandard
 
 from ..formats import FORMATS
 from ._cache_model import CacheModel, TooManyBreakpoints
+from ._fake_files import FakeFiles, ReferenceRefused
 from ._fake_usage import FakeUsage, cached_usage, count_images, estimate_usage
 from ._replies import build_json_reply, error_body, iter_stream_events, route, stream_content_type, wants_stream
 
@@ -264,6 +268,7 @@ class FakeProvider:
     (``cache_model``; see the module docstring).
     ``script(format, request, usage, stream, sse)`` may answer a request in its place, as ``(content_type, frames)``
     (trimflow.testing._agent_script plays a model that calls an agent's image tool); None leaves it to the usual reply.
+    ``files`` (a FakeFiles) holds the files uploaded to its Files APIs.
     """
 
     def __init__(
@@ -298,6 +303,7 @@ class FakeProvider:
         self.script = script
         self.record = record  # the CLI turns this off: a long session of 20 MB bodies would pile up
         self.cache_model = CacheModel(time.monotonic) if cache else None
+        self.files = FakeFiles()
         self.received: list[Received] = []
         self._received_lock = threading.Lock()
         self._server = _Server((host, port), self, tls, family)
@@ -398,6 +404,11 @@ class FakeProvider:
         if decode_error is not None:
             send(400, "application/json", error_body("invalid_request_error", f"fake-provider: {decode_error}"))
             return
+        files_answer = self.files.route(rec.method, rec.path, rec.query, rec.headers, rec.body)
+        if files_answer is not None:
+            out.fmt = "files"
+            send(*files_answer)
+            return
         r = route(rec.path) if rec.method == "POST" else None
         if r is None:
             msg = f"fake-provider: no route for {rec.method} {rec.path}"
@@ -418,7 +429,12 @@ class FakeProvider:
         if not isinstance(request_json, dict):
             send(400, "application/json", error_body("invalid_request_error", f"fake-provider: {why}"))
             return
-        usage = estimate_usage(rec.body)
+        try:
+            body, request_json = self.files.resolve(r.fmt, rec.headers, rec.body, request_json)
+        except ReferenceRefused as refused:  # a reference the key cannot use, refused as the provider refuses it
+            send(*refused.answer)
+            return
+        usage = estimate_usage(body)
         if self.cache_model is not None and r.fmt in FORMATS:
             try:
                 cached = self.cache_model.request(r.fmt, rec.path, request_json)

@@ -1,7 +1,7 @@
 """scripts/replay: drive a synthetic screenshot session through a proxy (or straight at a provider).
 
-(`replay --policies` is the other mode: trimflow.testing._policy_runner, the reference sessions through
-each pruning policy in process, against the prompt cache model.)
+(`scripts/replay --policies` is the other mode, from a source checkout: tests/research/policy_runner.py, the
+reference sessions through each pruning policy in process, against the prompt cache model.)
 
 Each turn adds one real screenshot of about --image-kb KB (a distinct image per turn) and sends the
 whole history again, as agents do, then prints one row: the turn, the body bytes sent, the images in
@@ -176,14 +176,13 @@ def _table_row(row: ReplayedTurn) -> str:
 def main(argv: list[str] | None = None) -> int:
     args_in = sys.argv[1:] if argv is None else argv
     if "--policies" in args_in:
-        # The other mode: the reference sessions through each pruning policy, in process, against the cache model.
-        from . import _policy_runner
-
-        return _policy_runner.main(args_in)
+        # The other mode is research beside the bench (tests/research), which the package does not ship.
+        return fail("replay", "--policies runs from a source checkout: scripts/replay --policies (docs/caching.md)")
     parser = argparse.ArgumentParser(
         prog="replay",
-        epilog="replay --policies [--session NAME] [--policy NAME] [--json] runs the reference sessions through "
-        "each pruning policy against a model of the providers' prompt caching instead (see docs/caching.md).",
+        epilog="scripts/replay --policies [--session NAME] [--policy NAME] [--json], from a source checkout, runs the "
+        "reference sessions through each pruning policy against a model of the providers' prompt caching instead "
+        "(see docs/caching.md).",
         description="Send a synthetic screenshot session turn by turn (one new real image per turn, the whole "
         "history every turn) and print one row per turn: body bytes sent, images, HTTP status, body bytes the "
         "upstream received. Exit status 0 when every turn succeeded, 1 when any failed.",

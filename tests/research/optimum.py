@@ -27,17 +27,17 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from .._engine import prune
-from .._limit_profiles import load_profiles
-from .._prices import Price, PriceTable, load_prices
-from .._rules import Rules
-from .._rules_file import DEFAULT_RULES_PATH, load_rules
-from ..formats import FORMATS, IMAGE
-from ._cache_model import CacheModel, CacheUsage, Prompt, prompt_of
+from trimflow._engine import prune
+from trimflow._limit_profiles import load_profiles
+from trimflow._prices import Price, PriceTable, load_prices
+from trimflow._rules import Rules
+from trimflow._rules_file import DEFAULT_RULES_PATH, load_rules
+from trimflow.formats import FORMATS, IMAGE
+from trimflow.testing._cache_model import CacheModel, CacheUsage, Prompt, prompt_of
 
 if TYPE_CHECKING:  # the policy runner prints these ratios: it imports this module
-    from ._cache_sessions import ReferenceSession
-    from ._policy_runner import PolicyResult
+    from .cache_sessions import ReferenceSession
+    from .policy_runner import PolicyResult
 
 __all__ = [
     "BATCH_FLOOR_BELOW_CAP",

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import subprocess
+from pathlib import Path
 
 import pytest
 
-from trimflow.testing._cache_sessions import REFERENCE_SESSIONS
-from trimflow.testing._policy_runner import POLICIES, PolicyResult, main, run_policy
+from .cache_sessions import REFERENCE_SESSIONS
+from .policy_runner import POLICIES, PolicyResult, main, run_policy
 
+ROOT = Path(__file__).resolve().parents[2]
 POLICY = {p.name: p for p in POLICIES}
 SESSION = {s.name: s for s in REFERENCE_SESSIONS}
 
@@ -91,11 +94,20 @@ def test_the_command_prints_one_table_per_session(capsys: pytest.CaptureFixture[
     assert row["cost_vs_optimum"] == pytest.approx(row["cost_usd"] / row["optimum_cost"], rel=0.01)
 
 
-def test_replay_hands_policies_to_the_runner(capsys: pytest.CaptureFixture[str]) -> None:
+def test_scripts_replay_hands_policies_to_the_runner_beside_the_bench() -> None:
+    done = subprocess.run(
+        [str(ROOT / "scripts" / "replay"), "--policies", "--session", "gemini", "--policy", "batch 8"], capture_output=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    assert done.stdout.decode().startswith("gemini (gemini-2.5-flash):")
+
+
+def test_the_packages_replay_says_where_the_policies_run(capsys: pytest.CaptureFixture[str]) -> None:
+    """The wheel ships no reference sessions: `python -m trimflow replay --policies` names the command that has them."""
     from trimflow.testing._replay import main as replay_main
 
-    assert replay_main(["--policies", "--session", "gemini", "--policy", "batch 8"]) == 0
-    assert capsys.readouterr().out.startswith("gemini (gemini-2.5-flash):")
+    assert replay_main(["--policies", "--session", "gemini"]) == 2
+    assert capsys.readouterr().err == "replay: --policies runs from a source checkout: scripts/replay --policies (docs/caching.md)\n"
 
 
 def test_two_instances_behind_round_robin_cut_as_one_under_the_shipped_rules() -> None:

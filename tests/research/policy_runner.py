@@ -1,10 +1,10 @@
-"""What each pruning policy costs on the reference sessions (trimflow.testing._cache_sessions), against the prompt
+"""What each pruning policy costs on the reference sessions (tests.research.cache_sessions), against the prompt
 cache model.
 
 `run_policy` sends every turn of a session through the engine under one policy (a rules file with overrides),
 in process, as one proxy remembers the conversation or as several behind a round-robin balancer do, then the
 body the engine forwards through the cache model at the session's simulated time, and adds up what the
-provider would bill. `python -m trimflow replay --policies` prints the tables (`main`).
+provider would bill. `scripts/replay --policies` prints the tables (`main`).
 """
 
 from __future__ import annotations
@@ -18,17 +18,18 @@ from typing import Any
 
 import orjson
 
-from .._conversation import Conversations
-from .._engine import prune
-from .._last_turns import LastTurns
-from .._limit_profiles import Profile, check, load_profiles
-from .._prices import Price, PriceTable, load_prices
-from .._rules import Rules
-from .._rules_file import DEFAULT_RULES_PATH, load_rules
-from ..formats import FORMATS, IMAGE
-from ._cache_model import CacheModel, CacheUsage, TooManyBreakpoints, prompt_of
-from ._cache_sessions import REFERENCE_SESSIONS, ReferenceSession
-from ._optimum import Optimum, Ratios, optima, policy_floor, price_for, ratios, session_cap
+from trimflow._conversation import Conversations
+from trimflow._engine import prune
+from trimflow._last_turns import LastTurns
+from trimflow._limit_profiles import Profile, check, load_profiles
+from trimflow._prices import Price, PriceTable, load_prices
+from trimflow._rules import Rules
+from trimflow._rules_file import DEFAULT_RULES_PATH, load_rules
+from trimflow.formats import FORMATS, IMAGE
+from trimflow.testing._cache_model import CacheModel, CacheUsage, TooManyBreakpoints, prompt_of
+
+from .cache_sessions import REFERENCE_SESSIONS, ReferenceSession
+from .optimum import Optimum, Ratios, optima, policy_floor, price_for, ratios, session_cap
 
 __all__ = ["POLICIES", "Policy", "PolicyResult", "TurnResult", "main", "run_policy", "turn_images"]
 
@@ -363,3 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         sys.stdout.buffer.write(orjson.dumps(summaries, option=orjson.OPT_INDENT_2) + b"\n")
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

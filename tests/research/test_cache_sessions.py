@@ -10,7 +10,8 @@ import pytest
 
 from trimflow._imageinfo import sniff_bytes
 from trimflow.formats import FORMATS, IMAGE
-from trimflow.testing._cache_sessions import REFERENCE_SESSIONS, SCREEN, ReferenceSession, desktop_screenshot
+
+from .cache_sessions import REFERENCE_SESSIONS, SCREEN, ReferenceSession, desktop_screenshot
 
 BY_NAME = {s.name: s for s in REFERENCE_SESSIONS}
 

@@ -11,8 +11,10 @@ import pytest
 
 from trimflow._prices import load_prices
 from trimflow._rules_file import DEFAULT_RULES_PATH, load_rules
-from trimflow.testing._cache_sessions import REFERENCE_SESSIONS, ReferenceSession, Turn
-from trimflow.testing._optimum import (
+from trimflow.testing._synthetic import b64, data_url, image
+
+from .cache_sessions import REFERENCE_SESSIONS, ReferenceSession, Turn
+from .optimum import (
     CutTurn,
     batch_floor,
     cheapest,
@@ -26,8 +28,7 @@ from trimflow.testing._optimum import (
     schedule_cost,
     simulate,
 )
-from trimflow.testing._policy_runner import POLICIES, run_policy
-from trimflow.testing._synthetic import b64, data_url, image
+from .policy_runner import POLICIES, run_policy
 
 RULES = load_rules(DEFAULT_RULES_PATH)
 CAP, FLOOR = 4, 2
@@ -87,9 +88,27 @@ def _chat_turns(seed: int, turns: int) -> Iterator[Turn]:
 def small_session(fmt: str, seed: int, turns: int = 7) -> ReferenceSession:
     if fmt == "anthropic":
         return ReferenceSession(
-            f"anthropic-{seed}", "", fmt, "api.anthropic.com", "/v1/messages", "claude-sonnet-4-6", turns, (), lambda: _anthropic_turns(seed, turns)
+            name=f"anthropic-{seed}",
+            description="",
+            fmt=fmt,
+            host="api.anthropic.com",
+            path="/v1/messages",
+            model="claude-sonnet-4-6",
+            length=turns,
+            profiles=(),
+            build=lambda: _anthropic_turns(seed, turns),
         )
-    return ReferenceSession(f"chat-{seed}", "", fmt, "api.openai.com", "/v1/chat/completions", "gpt-4o", turns, (), lambda: _chat_turns(seed, turns))
+    return ReferenceSession(
+        name=f"chat-{seed}",
+        description="",
+        fmt=fmt,
+        host="api.openai.com",
+        path="/v1/chat/completions",
+        model="gpt-4o",
+        length=turns,
+        profiles=(),
+        build=lambda: _chat_turns(seed, turns),
+    )
 
 
 def every_schedule(turns: list[CutTurn], cap: int, floor: int) -> Iterator[tuple[int, ...]]:

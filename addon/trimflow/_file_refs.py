@@ -1,0 +1,144 @@
+"""Which images went up once, and as which file: the send-once mapping (trimflow._send_once says what goes by reference).
+
+An entry is keyed by the tenant (trimflow._send_once.tenant_of: a digest of the credentials and the upstream, never a
+credential) and the digest of the image's bytes as sent, so the same image under the same credentials is the same
+file on every turn, and no request ever references a file uploaded under other credentials. An entry whose image
+could not be uploaded (`file_id` None) keeps that image inline in its conversation, so its cached prefix does not
+change when a later upload would work.
+
+Bounded together across every request: at most `max_entries` entries and `max_bytes` uploaded bytes, the least
+recently used going first (`put` returns those, for the caller to delete at the provider). An entry lives `lifetime`
+seconds from its upload (`expired` takes those out). The credentials that uploaded a file are kept beside it, in
+memory only, to delete it with: nothing here is ever written anywhere. Pure Python, no I/O; one lock, never held
+while anything but this memory is touched.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+DEFAULT_MAX_ENTRIES = 4096
+DEFAULT_MAX_BYTES = 1 << 30  # uploaded bytes the mapping answers for at once: a day of screenshots of a busy team
+DEFAULT_LIFETIME = 86400.0  # seconds a file is kept at the provider from its upload
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Owner:
+    """Whom a file belongs to, to delete it with: the upstream (scheme://host:port), the Files API's path there, the
+    server name its TLS gave, and the credential headers (in memory only: repr hides them)."""
+
+    tenant: bytes
+    provider: str
+    scheme: str
+    host: str
+    port: int
+    files_path: str
+    sni: str | None
+    headers: tuple[tuple[str, str], ...]
+
+    def __repr__(self) -> str:
+        return f"Owner({self.provider} {self.scheme}://{self.host}:{self.port}{self.files_path}, tenant {self.tenant.hex()[:8]})"
+
+
+@dataclass(slots=True, kw_only=True)
+class Entry:
+    """One image under one tenant: its file (None: it stays inline), the bytes uploaded, when, and whose."""
+
+    owner: Owner
+    digest: bytes
+    file_id: str | None
+    size: int
+    uploaded_at: float
+
+
+class FileRefs:
+    """The mapping, bounded (see the module docstring)."""
+
+    def __init__(
+        self,
+        max_entries: int = DEFAULT_MAX_ENTRIES,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        lifetime: float = DEFAULT_LIFETIME,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.max_entries, self.max_bytes, self.lifetime, self.clock = max_entries, max_bytes, lifetime, clock
+        self._entries: OrderedDict[tuple[bytes, bytes], Entry] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def size(self) -> int:
+        """Bytes of the files the mapping holds."""
+        return self._bytes
+
+    def get(self, tenant: bytes, digest: bytes) -> Entry | None:
+        """The tenant's entry for the image, made the most recently used; None when there is none or it has expired."""
+        key = (tenant, digest)
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            if self._expired(entry, self.clock()):
+                return None  # `expired` takes it out, and the file with it
+            self._entries.move_to_end(key)
+            return entry
+
+    def put(self, entry: Entry) -> list[Entry]:
+        """Add (or replace) the entry; returns the entries that had to go for it to fit, whose files the caller
+        deletes. An entry larger than the whole byte bound is not kept (and is returned)."""
+        key = (entry.owner.tenant, entry.digest)
+        with self._lock:
+            gone = []
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self._bytes -= old.size
+                if old.file_id is not None and old.file_id != entry.file_id:
+                    gone.append(old)
+            if entry.size > self.max_bytes:
+                return [*gone, entry]
+            self._entries[key] = entry
+            self._bytes += entry.size
+            while len(self._entries) > self.max_entries or self._bytes > self.max_bytes:
+                _, evicted = self._entries.popitem(last=False)
+                self._bytes -= evicted.size
+                gone.append(evicted)
+            return [e for e in gone if e.file_id is not None]
+
+    def drop(self, tenant: bytes, file_ids: frozenset[str]) -> list[Entry]:
+        """Take out the tenant's entries for these files (the provider refused them); returns them."""
+        with self._lock:
+            keys = [key for key, e in self._entries.items() if key[0] == tenant and e.file_id in file_ids]
+            return [self._pop(key) for key in keys]
+
+    def expired(self) -> list[Entry]:
+        """Take out every entry past its lifetime; returns those with a file, to delete."""
+        now = self.clock()
+        with self._lock:
+            keys = [key for key, e in self._entries.items() if self._expired(e, now)]
+            return [e for e in (self._pop(key) for key in keys) if e.file_id is not None]
+
+    def take_all(self) -> list[Entry]:
+        """Take out every entry; returns those with a file."""
+        with self._lock:
+            entries = [e for e in self._entries.values() if e.file_id is not None]
+            self._entries.clear()
+            self._bytes = 0
+            return entries
+
+    def _expired(self, entry: Entry, now: float) -> bool:
+        return now - entry.uploaded_at >= self.lifetime
+
+    def _pop(self, key: tuple[bytes, bytes]) -> Entry:
+        entry = self._entries.pop(key)
+        self._bytes -= entry.size
+        return entry
+
+
+__all__ = ["DEFAULT_LIFETIME", "DEFAULT_MAX_BYTES", "DEFAULT_MAX_ENTRIES", "Entry", "FileRefs", "Owner"]

@@ -1,0 +1,506 @@
+"""The send-once addon: each image of a conversation goes up once, to its provider's Files API, and by reference
+from then on (option trimflow_send_once, or a rule's `send_once`; docs/how-it-works.md#send-once).
+
+- `request` (after the prune addon, on the body it forwards): the images that may go by reference
+  (trimflow._send_once), each looked up in the mapping (trimflow._file_refs) under the request's tenant. An image
+  new in this request that has no file yet is uploaded first, with the request's own credentials to the Files API
+  beside its endpoint, through mitmproxy's connection machinery (trimflow.proxy._resend, as a retry goes), while the
+  hook waits (an `async` hook: the event loop serves every other flow meanwhile), at most trimflow_send_once_deadline.
+  An upload that fails or times out leaves that image inline, in this request and in the later ones of its tenant,
+  so its conversation's cached prefix never changes because of it. The same image uploaded by two requests at once
+  is uploaded once.
+- `response` (before the metrics addon): an error answer naming a file the request referenced (a file unknown,
+  expired or deleted) drops those entries and sends the request once more with its images inline, as the prune addon
+  forwarded it; the client gets that answer. `HoldRefusals`, after the metrics addon, holds such an answer back from
+  the client (as the recover addon's hold does) so that it can be replaced.
+- Every file uploaded is deleted at the end of its lifetime (trimflow_send_once_lifetime), or when the mapping's
+  bound pushes it out, with the credentials that uploaded it, which are kept in memory for that and nowhere else.
+  Files left when the proxy stops stay at the provider: `python -m trimflow files` lists and deletes them (OpenAI's
+  expire on their own, an hour after the lifetime: trimflow asks for that when it uploads).
+
+A turn never fails because of this: any error leaves the request as the prune addon forwarded it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import weakref
+from collections.abc import Coroutine, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from mitmproxy import ctx, exceptions, http
+from mitmproxy.addonmanager import Loader
+from mitmproxy.net.http.http1 import expected_http_body_size
+
+from .. import ENFORCE
+from .._decode import DecodeError, decode_body
+from .._engine import is_sigv4
+from .._file_refs import DEFAULT_LIFETIME, Entry, FileRefs, Owner
+from .._human import parse_duration
+from .._limit_errors import ANSWER_MAX
+from .._record import Record
+from .._send_once import (
+    ANTHROPIC,
+    BETA_HEADER,
+    Candidate,
+    FilesApi,
+    candidates,
+    credentials_of,
+    file_id_of,
+    files_api,
+    refused_ids,
+    tenant_of,
+    upload_form,
+    with_files_beta,
+    with_references,
+)
+from ._resend import HeldAnswer, detached_client, held_answers, resend, size_check_extended
+from .comment import flow_comment
+from .options import exits_at_startup
+from .prune import plain_headers
+from .state import FlowState, SharedState, path_of, upstream_of, write
+
+log = logging.getLogger("trimflow")
+
+DEFAULT_DEADLINE = 10.0  # seconds an upload may take before its image goes inline
+DELETE_DEADLINE = 30.0  # seconds a deletion may take (nobody waits for it)
+DONE_DEADLINE = 5.0  # seconds the proxy's exit waits for the deletion of the files still mapped
+SWEEP_EVERY = 60.0  # seconds between two looks for files past their lifetime (at most; a quarter of a short lifetime)
+MAX_UPLOADS = 8  # uploads in flight at once, across every request: each holds its image twice (decoded, and as a form)
+UPLOAD_ANSWER_MAX = 64 << 10  # an upload's answer is a few hundred bytes of JSON: a longer one is not read
+# Headers the Files API's requests carry beside the credentials: the API version Anthropic requires.
+_KEPT_HEADERS = ("anthropic-version", "host", "user-agent")
+_BODY_HEADERS = ("content-type", "content-length", "content-encoding", "transfer-encoding", "accept-encoding")
+
+
+@dataclass(slots=True)
+class _Referenced:
+    """A request that went with references: whose, the body as it went before them (decoded), the files it named,
+    and the anthropic-beta header it came with."""
+
+    tenant: bytes
+    inline: bytes
+    file_ids: frozenset[str]
+    beta: str | None
+
+
+class SendOnce:
+    name = "trimflow_send_once"
+
+    def __init__(self, flows: SharedState) -> None:
+        self.flows = flows
+        self.refs = FileRefs()
+        self.deadline = DEFAULT_DEADLINE
+        self.hold = HoldRefusals(self)
+        self.sent: weakref.WeakKeyDictionary[http.HTTPFlow, _Referenced] = weakref.WeakKeyDictionary()
+        self._uploading: dict[tuple[bytes, bytes], asyncio.Future[str | None]] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._sweeper: asyncio.Task[None] | None = None
+        self._slots: asyncio.Semaphore | None = None  # made on mitmproxy's loop, with the first upload
+        self.uploaded = self.upload_failures = self.refused = self.deleted = 0
+
+    def load(self, loader: Loader) -> None:
+        loader.add_option(
+            "trimflow_send_once",
+            bool,
+            False,
+            "Upload each image once to the provider's Files API (Anthropic direct, OpenAI Responses) with the request's own "
+            "credentials and send a reference to it from then on, for every rule (a rule's send_once: true does it for its own).",
+        )
+        loader.add_option(
+            "trimflow_send_once_lifetime",
+            str,
+            f"{DEFAULT_LIFETIME / 86400:g}d",
+            "How long a file send-once uploaded is kept at the provider before trimflow deletes it (e.g. 12h, 1d).",
+        )
+        loader.add_option(
+            "trimflow_send_once_deadline",
+            str,
+            f"{DEFAULT_DEADLINE:g}s",
+            "How long an upload may take; past it (or when it fails) the image goes inline, as without send-once.",
+        )
+
+    @exits_at_startup
+    def configure(self, updated: set[str]) -> None:
+        for option in ("trimflow_send_once_lifetime", "trimflow_send_once_deadline"):
+            if option not in updated:
+                continue
+            try:
+                seconds = parse_duration(getattr(ctx.options, option))
+            except ValueError as exc:
+                raise exceptions.OptionsError(f"trimflow: {option}: {exc}") from None
+            if seconds is None or seconds <= 0:
+                raise exceptions.OptionsError(f"trimflow: {option} needs a duration above 0")
+            if option == "trimflow_send_once_lifetime":
+                self.refs.lifetime = seconds
+            else:
+                self.deadline = seconds
+
+    def done(self) -> Coroutine[None, None, None] | None:
+        # Not `async def`: with no file left, the usual case, it makes no coroutine (and runs where a hook must be sync).
+        # mitmproxy awaits what a hook returns when it is awaitable.
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+        left = self.refs.take_all()
+        return self._delete_left(left) if left else None
+
+    async def _delete_left(self, left: list[Entry]) -> None:
+        """The mapping goes with the process, so nothing will reference its files again: they are deleted now, for at
+        most DONE_DEADLINE (mitmproxy waits for this hook before it exits)."""
+        deleted = self.deleted
+        self._delete(left)
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=DONE_DEADLINE)
+        remaining = len(left) - (self.deleted - deleted)
+        if remaining:
+            log.info("trimflow: send-once: %d uploaded files are left at their providers (python -m trimflow files deletes them)", remaining)
+
+    # -- the request
+
+    async def request(self, flow: http.HTTPFlow) -> None:
+        if flow.response is not None or flow.request.method != "POST" or flow.request.raw_content is None:
+            return
+        state = self.flows.get(flow)
+        if state is None or ctx.options.trimflow_mode != ENFORCE or not self._wanted():
+            return
+        api = files_api(state.target.format, flow.request.path)
+        if api is None:
+            return
+        headers = plain_headers(flow.request)
+        credentials = credentials_of(headers)
+        if credentials is None or is_sigv4(headers):
+            return
+        try:
+            await self._send_once(flow, state, api, headers, credentials)
+        except Exception as exc:  # noqa: BLE001 - fail open: the images go inline, as the prune addon forwarded them
+            log.warning("trimflow: %s%s images sent inline: internal error %s", flow.request.pretty_host, path_of(flow), type(exc).__name__)
+
+    def _wanted(self) -> bool:
+        """Send-once is on for some request: by the option, or by the rules' defaults or a rule."""
+        if ctx.options.trimflow_send_once:
+            return True
+        assert self.flows.rules is not None
+        rules = self.flows.rules.current()
+        return rules.defaults.send_once or any(rule.overrides.get("send_once") for rule in rules.rules)
+
+    async def _send_once(
+        self, flow: http.HTTPFlow, state: FlowState, api: FilesApi, headers: dict[str, str], credentials: tuple[tuple[str, str], ...]
+    ) -> None:
+        plan = await asyncio.to_thread(self._plan, flow, state)
+        if plan is None:
+            return
+        raw, body, found = plan
+        upstream = upstream_of(flow)
+        tenant = tenant_of(credentials, upstream)
+        request = flow.request
+        kept = tuple((name, headers[name]) for name in _KEPT_HEADERS if name in headers)
+        owner = Owner(
+            tenant=tenant,
+            provider=api.provider,
+            scheme=request.scheme,
+            host=request.host,
+            port=request.port,
+            files_path=api.path,
+            sni=flow.server_conn.sni,
+            headers=(*credentials, *kept),
+        )
+        references: dict[tuple[str | int, ...], str] = {}
+        to_upload: dict[bytes, Candidate] = {}
+        for candidate in found:
+            entry = self.refs.get(tenant, candidate.digest)
+            if entry is not None:
+                if entry.file_id is not None:
+                    references[candidate.path] = entry.file_id
+            elif candidate.new:
+                to_upload.setdefault(candidate.digest, candidate)
+        uploaded: dict[bytes, str | None] = {}
+        if to_upload:
+            ids = await asyncio.gather(*(self._upload(flow, api, owner, c) for c in to_upload.values()))
+            uploaded = dict(zip(to_upload, ids, strict=True))
+            for candidate in found:
+                file_id = uploaded.get(candidate.digest)
+                if file_id is not None:
+                    references[candidate.path] = file_id
+        if not references:
+            return
+        new_body = await asyncio.to_thread(self._rewrite, flow, raw, state, body, references)
+        beta = request.headers.get(BETA_HEADER)
+        if api.provider == ANTHROPIC:
+            request.headers[BETA_HEADER] = with_files_beta(beta)
+        self.sent[flow] = _Referenced(tenant, raw, frozenset(references.values()), beta)
+        record = state.record if state.pending is None else self.flows.settle(flow, state)
+        if record is not None:
+            record.by_reference = len(references)
+            record.uploaded = sum(1 for file_id in uploaded.values() if file_id is not None)
+            record.reference_bytes_saved = len(raw) - len(new_body)
+            record.body_bytes_after = len(new_body)
+            _keep(flow, state, record)
+
+    def _plan(self, flow: http.HTTPFlow, state: FlowState) -> tuple[bytes, dict[str, Any], list[Candidate]] | None:
+        """In a worker thread: the body as the prune addon forwards it (decoded), parsed, and its images that may go
+        by reference when send-once is on for its rule; None when there are none."""
+        assert self.flows.rules is not None
+        request, target = flow.request, state.target
+        try:
+            raw = decode_body(request.raw_content or b"", request.headers.get("content-encoding"), self.flows.max_decoded_bytes)
+            if b"base64" not in raw:
+                return None  # no image inline (a coding agent's text): not worth a parse
+            body = orjson.loads(raw)
+        except (DecodeError, orjson.JSONDecodeError):
+            return None
+        if not isinstance(body, dict) or target.format is None:
+            return None
+        if not ctx.options.trimflow_send_once:
+            model = body.get("model")
+            limits = self.flows.rules.current().limits_for(target.host, request.path, model if isinstance(model, str) else None)
+            if not limits.send_once:
+                return None
+        found = candidates(target.format, body)
+        return (raw, body, found) if found else None
+
+    @staticmethod
+    def _rewrite(flow: http.HTTPFlow, raw: bytes, state: FlowState, body: dict[str, Any], references: dict[tuple[str | int, ...], str]) -> bytes:
+        """In a worker thread: the body with its references, set on the request (encoded as it came)."""
+        assert state.target.format is not None
+        new_body = with_references(raw, state.target.format, body, references)
+        flow.request.content = new_body  # re-encodes with the request's content-encoding, fixes content-length
+        return new_body
+
+    async def _upload(self, flow: http.HTTPFlow, api: FilesApi, owner: Owner, candidate: Candidate) -> str | None:
+        """The file id of the image, uploaded now (or by the request uploading it already); None when it could not be."""
+        key = (owner.tenant, candidate.digest)
+        running = self._uploading.get(key)
+        if running is not None:
+            return await asyncio.shield(running)
+        future: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        self._uploading[key] = future
+        file_id: str | None = None
+        try:
+            file_id = await self._post(flow, api, candidate)
+        finally:
+            del self._uploading[key]
+            future.set_result(file_id)
+            if file_id is None:
+                self.upload_failures += 1
+            else:
+                self.uploaded += 1
+            if self._sweeper is None:  # from the first upload on, on mitmproxy's loop
+                self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+            # An image that could not go up stays inline for this tenant, so its conversation's prefix stays as it went.
+            size = candidate.chars * 3 // 4 if file_id else 0
+            self._delete(self.refs.put(Entry(owner=owner, digest=candidate.digest, file_id=file_id, size=size, uploaded_at=self.refs.clock())))
+        return file_id
+
+    async def _post(self, flow: http.HTTPFlow, api: FilesApi, candidate: Candidate) -> str | None:
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(MAX_UPLOADS)
+        try:
+            await asyncio.wait_for(self._slots.acquire(), self.deadline)
+        except TimeoutError:
+            log.warning("trimflow: send-once: %d uploads in flight for the deadline: the image goes inline", MAX_UPLOADS)
+            return None
+        try:
+            return await self._post_now(flow, api, candidate)
+        finally:
+            self._slots.release()
+
+    async def _post_now(self, flow: http.HTTPFlow, api: FilesApi, candidate: Candidate) -> str | None:
+        data = await asyncio.to_thread(candidate.decoded)
+        if data is None:
+            return None
+        content_type, form = upload_form(api, candidate, data, self.refs.lifetime + 3600)
+        original = flow.request
+        headers = original.headers.copy()
+        for name in _BODY_HEADERS:
+            headers.pop(name, None)
+        headers["content-type"] = content_type
+        headers["accept-encoding"] = "identity"  # the answer is read here: never a compressed one to inflate
+        if api.provider == ANTHROPIC:
+            headers[BETA_HEADER] = with_files_beta(original.headers.get(BETA_HEADER))
+        upload = _request(
+            scheme=original.scheme,
+            host=original.host,
+            port=original.port,
+            authority=original.authority,
+            method="POST",
+            path=api.path,
+            headers=headers,
+            content=form,
+            http_version=original.http_version,
+        )
+        answer = await resend(upload, flow.client_conn, flow.server_conn.sni, self.deadline)
+        where = f"{original.pretty_host}{api.path}"
+        if isinstance(answer, str):
+            log.warning("trimflow: send-once: upload to %s failed (%s): the image goes inline", where, answer)
+            return None
+        raw = answer.raw_content or b""
+        if not 200 <= answer.status_code < 300 or len(raw) > UPLOAD_ANSWER_MAX:
+            log.warning("trimflow: send-once: upload to %s answered %d: the image goes inline", where, answer.status_code)
+            return None
+        file_id = file_id_of(raw)
+        if file_id is None:
+            log.warning("trimflow: send-once: upload to %s answered no file id: the image goes inline", where)
+        return file_id
+
+    # -- deleting files
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(min(SWEEP_EVERY, max(self.refs.lifetime / 4, 0.05)))
+            self._delete(self.refs.expired())
+
+    def _delete(self, entries: Iterable[Entry]) -> None:
+        """Delete these files at their providers, in the background, each with the credentials that uploaded it."""
+        for entry in entries:
+            task = asyncio.get_running_loop().create_task(self._delete_one(entry))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _delete_one(self, entry: Entry) -> None:
+        owner = entry.owner
+        assert entry.file_id is not None
+        headers = http.Headers()
+        for name, value in owner.headers:
+            headers[name] = value
+        if owner.provider == ANTHROPIC:
+            headers[BETA_HEADER] = with_files_beta(None)
+        headers["accept-encoding"] = "identity"
+        authority = dict(owner.headers).get("host", "")
+        request = _request(
+            scheme=owner.scheme,
+            host=owner.host,
+            port=owner.port,
+            authority=authority,
+            method="DELETE",
+            path=f"{owner.files_path}/{entry.file_id}",
+            headers=headers,
+            content=b"",
+            http_version="HTTP/1.1",
+        )
+        answer = await resend(request, detached_client(), owner.sni, DELETE_DEADLINE)
+        if isinstance(answer, str) or (answer.status_code >= 300 and answer.status_code != 404):
+            why = answer if isinstance(answer, str) else f"status {answer.status_code}"
+            log.warning("trimflow: send-once: could not delete a file at %s (%s): python -m trimflow files lists it", owner.host, why)
+            return
+        self.deleted += 1
+
+    # -- the answer
+
+    def response(self, flow: http.HTTPFlow) -> Coroutine[None, None, None] | None:
+        # Not `async def`: an answer that refuses no reference, the usual case, makes no coroutine.
+        sent = self.sent.pop(flow, None)
+        response = flow.response
+        if sent is None or response is None or response.stream or response.status_code not in (400, 404):
+            return None
+        raw = response.raw_content
+        if raw is None or len(raw) > ANSWER_MAX:
+            return None
+        try:
+            answer = decode_body(raw, response.headers.get("content-encoding"), ANSWER_MAX)
+        except DecodeError:
+            return None
+        refused = refused_ids(response.status_code, answer, sent.file_ids)
+        return self._send_inline(flow, sent, refused) if refused else None
+
+    async def _send_inline(self, flow: http.HTTPFlow, sent: _Referenced, refused: frozenset[str]) -> None:
+        self.refs.drop(sent.tenant, refused)
+        self.refused += 1
+        log.info("trimflow: %s%s: the provider refused %d file references; sent again inline", flow.request.pretty_host, path_of(flow), len(refused))
+        retry = flow.request.copy()
+        retry.content = sent.inline  # encoded as the request was (content-encoding), with its content-length
+        if sent.beta is None:
+            retry.headers.pop(BETA_HEADER, None)
+        else:
+            retry.headers[BETA_HEADER] = sent.beta
+        retry.timestamp_start, retry.timestamp_end = time.time(), None
+        try:
+            answer = await resend(retry, flow.client_conn, flow.server_conn.sni)
+        except Exception as exc:  # noqa: BLE001 - the client gets the provider's refusal as it came
+            log.warning("trimflow: %s%s not sent again inline: internal error %s", flow.request.pretty_host, path_of(flow), type(exc).__name__)
+            return
+        if isinstance(answer, str):
+            log.warning("trimflow: %s%s not sent again inline: %s", flow.request.pretty_host, path_of(flow), answer)
+            return
+        flow.response = answer
+        state = self.flows.get(flow)
+        record = self.flows.settle(flow, state) if state is not None else None
+        if state is not None and record is not None:
+            record.references_refused = len(refused)
+            record.body_bytes_after += record.reference_bytes_saved
+            record.by_reference = record.uploaded = record.reference_bytes_saved = 0
+            record.status = answer.status_code
+            _keep(flow, state, record)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        self.sent.pop(flow, None)
+
+
+class HoldRefusals:
+    """After the metrics addon: holds back from the client an error answer to a request that went with references,
+    up to ANSWER_MAX bytes, so that the send-once addon can answer with the inline request's answer instead (a
+    streamed answer could not be taken back). The recover addon's hold, when it holds the same answer, governs it."""
+
+    name = "trimflow_send_once_hold"
+
+    def __init__(self, send_once: SendOnce) -> None:
+        self.send_once = send_once
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        response, sent = flow.response, self.send_once.sent
+        if response is None or flow not in sent:
+            return
+        if response.status_code not in (400, 404):
+            sent.pop(flow, None)  # the inline body can go now, not when a long answer ends
+            return
+        if flow in held_answers:
+            return
+        try:
+            length = expected_http_body_size(flow.request, response)  # None or -1: unknown until the answer ends
+        except ValueError:
+            length = None
+        if (length is not None and length > ANSWER_MAX) or (length in (None, -1) and not size_check_extended()):
+            sent.pop(flow, None)
+            response.stream = response.stream or True
+            return
+        held_answers[flow] = HeldAnswer(response.stream, sent)
+        response.stream = False
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        held_answers.pop(flow, None)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        held_answers.pop(flow, None)
+
+
+def _keep(flow: http.HTTPFlow, state: FlowState, record: Record) -> None:
+    write(flow, state)
+    flow.comment = flow_comment(record)
+
+
+def _request(
+    *, scheme: str, host: str, port: int, authority: str, method: str, path: str, headers: http.Headers, content: bytes, http_version: str
+) -> http.Request:
+    request = http.Request(
+        host=host,
+        port=port,
+        method=method.encode(),
+        scheme=scheme.encode(),
+        authority=authority.encode(),
+        path=path.encode(),
+        http_version=http_version.encode(),
+        headers=headers,
+        content=None,
+        trailers=None,
+        timestamp_start=time.time(),
+        timestamp_end=None,
+    )
+    request.content = content  # with its content-length
+    return request
+
+
+__all__ = ["DEFAULT_DEADLINE", "HoldRefusals", "SendOnce"]
