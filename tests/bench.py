@@ -209,6 +209,7 @@ class Settings:
     native_turns: int  # turns of the Retina computer-use session sent with native_size on and off
     once_turns: int  # turns of the computer-use session sent with send-once on and off
     once_shaped_turns: int  # of those, the first ones sent again over a shaped link, timed
+    soak_conversations: int  # new conversations sent through the proxy after the warm ones (its memory's soak)
 
 
 QUICK = Settings(
@@ -235,6 +236,7 @@ QUICK = Settings(
     native_turns=8,
     once_turns=12,
     once_shaped_turns=12,
+    soak_conversations=2_000,
 )
 FULL = Settings(
     engine_reps=31,
@@ -260,6 +262,7 @@ FULL = Settings(
     native_turns=24,
     once_turns=60,
     once_shaped_turns=60,
+    soak_conversations=16_000,
 )
 
 
@@ -817,6 +820,58 @@ def text_floor_figures(workdir: Path, upstream: Upstream, settings: Settings, sa
             Figure(f"text_floor_{key}_cpu_ratio", "CPU per request, addon / plain", cpu["addon"] / cpu["plain"], "x", 1.5),
         ]
     return figures
+
+
+SOAK_WARM = 1_000  # conversations sent before the warm figure
+SOAK_IMAGES = 4  # images of each conversation's one turn, each its own
+SOAK_CLIENTS = 4
+
+
+def _soak_body(n: int) -> bytes:
+    """Conversation `n`'s first turn: a system prompt of its own and SOAK_IMAGES small PNGs no other sends."""
+    parts: list[dict[str, Any]] = [{"type": "text", "text": "What changed on these screens?"}]
+    parts += [{"type": "image_url", "image_url": {"url": data_url(image(8, 8, "PNG", seed=n * SOAK_IMAGES + i), "image/png")}} for i in range(SOAK_IMAGES)]
+    messages = [{"role": "system", "content": f"You are agent {n}."}, {"role": "user", "content": parts}]
+    return orjson.dumps({"model": "gpt-4o", "messages": messages})
+
+
+def conversations_soak_figures(workdir: Path, upstream: Upstream, settings: Settings) -> list[Figure]:
+    """The conversations' memory under a soak: SOAK_WARM conversations through a fresh mitmdump with the addon, its RSS
+    then (the warm figure), then settings.soak_conversations new ones (more than the 10,000 it remembers), sent by
+    SOAK_CLIENTS clients at once; its RSS after each third."""
+    total = SOAK_WARM + settings.soak_conversations
+    bodies = [_soak_body(n) for n in range(total)]
+    proxy = start_proxy(workdir / "soak", "soak", upstream, addon=True)
+    try:
+
+        def send(first: int, last: int) -> None:
+            def part(k: int) -> None:
+                client = Client(proxy.mitmdump.port)
+                try:
+                    for n in range(first + k, last, SOAK_CLIENTS):
+                        _post_ok(client, bodies[n])
+                finally:
+                    client.close()
+
+            with ThreadPoolExecutor(SOAK_CLIENTS) as pool:
+                list(pool.map(part, range(SOAK_CLIENTS)))
+            time.sleep(0.2)  # the last records worked out after their answers
+
+        send(0, SOAK_WARM)
+        warm = _status_kb(proxy.pid, "VmRSS") / 1024
+        thirds = [SOAK_WARM + settings.soak_conversations * k // 3 for k in range(4)]
+        rss = []
+        for first, last in itertools.pairwise(thirds):
+            send(first, last)
+            rss.append(_status_kb(proxy.pid, "VmRSS") / 1024)
+    finally:
+        proxy.mitmdump.stop()
+    what = f"{settings.soak_conversations:,} conversations of {SOAK_IMAGES} images after {SOAK_WARM:,}"
+    return [
+        Figure("soak_rss_warm_mb", f"conversations soak: RSS after {SOAK_WARM:,} conversations (the warm figure)", warm, "MB"),
+        Figure("soak_rss_growth_mb", f"conversations soak: RSS over the warm figure after {what}", rss[-1] - warm, "MB", 40.0),
+        Figure("soak_rss_last_third_mb", "conversations soak: RSS growth over the last third", rss[-1] - rss[1], "MB", 4.0),
+    ]
 
 
 # --- the upstream ------------------------------------------------------------------------------------------
@@ -2174,6 +2229,8 @@ def run(settings: Settings, say: Callable[[str], None], sections: tuple[str, ...
             figures += recall_figures(workdir)
         if "text" in sections:
             figures += text_floor_figures(workdir, upstream, settings, say)
+            say(f"conversations soak: {SOAK_WARM:,} conversations, then {settings.soak_conversations:,} more, through one mitmdump")
+            figures += conversations_soak_figures(workdir, upstream, settings)
             figures += text_session_figures(workdir, upstream, settings, say)
         if "shaped" in sections:
             figures += shaped_figures(workdir, upstream, bodies, settings, say)
