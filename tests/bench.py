@@ -830,7 +830,8 @@ SOAK_CLIENTS = 4
 def _soak_body(n: int) -> bytes:
     """Conversation `n`'s first turn: a system prompt of its own and SOAK_IMAGES small PNGs no other sends."""
     parts: list[dict[str, Any]] = [{"type": "text", "text": "What changed on these screens?"}]
-    parts += [{"type": "image_url", "image_url": {"url": data_url(image(8, 8, "PNG", seed=n * SOAK_IMAGES + i), "image/png")}} for i in range(SOAK_IMAGES)]
+    shots = [image(8, 8, "PNG", seed=n * SOAK_IMAGES + i) for i in range(SOAK_IMAGES)]
+    parts += [{"type": "image_url", "image_url": {"url": data_url(shot, "image/png")}} for shot in shots]
     messages = [{"role": "system", "content": f"You are agent {n}."}, {"role": "user", "content": parts}]
     return orjson.dumps({"model": "gpt-4o", "messages": messages})
 
