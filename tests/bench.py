@@ -1858,7 +1858,25 @@ def send_once_figures(workdir: Path, settings: Settings, say: Callable[[str], No
     say(f"send once: the first {shaped} turns again, each proxy over a {ONCE_SHAPED_MBIT} Mbit/s {SHAPED_RTT_MS:g} ms RTT link of its own")
     times = _send_once_over_a_link(workdir / "once-shaped", rules, session[:shaped])
     timed = {name: statistics.median(seconds) for name, seconds in times.items()}
+    # The Retina session as trimflow sent it before the model's size and send-once (native_size off, inline) and as
+    # it does with both, over the same link: what a user on that uplink gains from the two together.
+    say(f"send once: {shaped} turns of {RETINA[0]}x{RETINA[1]} screenshots, before (native_size off, inline) and with both, same link")
+    retina = {"before": lifted.replace("\ndefaults:\n", "\ndefaults:\n  native_size: false\n", 1), "both": rules["on"]}
+    for name, text in retina.items():
+        (workdir / f"once-{name}.yaml").write_text(text, encoding="utf-8")
+    retina_session = claude_computer_use([desktop_screenshot(seed, RETINA) for seed in range(shaped)], RETINA)
+    retina_times = _send_once_over_a_link(workdir / "once-retina", retina, retina_session)
+    retina_timed = {name: statistics.median(seconds) for name, seconds in retina_times.items()}
     return [
+        Figure(
+            "once_retina_shaped_ratio",
+            f"turn time over the same link, {RETINA[0]}x{RETINA[1]} screenshots: before / with native_size and send_once (median)",
+            retina_timed["before"] / retina_timed["both"],
+            "x",
+            5.0,
+            at_most=False,
+            note=f"{retina_timed['before']:.2f} s / {retina_timed['both']:.2f} s",
+        ),
         Figure(
             "once_shaped_on_median_s",
             f"turn time with send_once, {ONCE_SHAPED_MBIT} Mbit/s {SHAPED_RTT_MS:g} ms RTT (median of {shaped})",

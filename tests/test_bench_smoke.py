@@ -90,6 +90,7 @@ TARGETED = [
     "once_tokens_differ",
     "once_cache_reads_gap_pct",
     "once_shaped_median_ratio",
+    "once_retina_shaped_ratio",
 ]
 CONTEXT = [
     "engine_prune_ms",
