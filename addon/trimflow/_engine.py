@@ -375,35 +375,27 @@ def _prune(
         facts = [sniffed[i] for i in chosen.order]
         place = {i: k for k, i in enumerate(chosen.order)}
         marks = {place[i]: sniffed[j].ordinal for i, j in later.items()}
-        plan = Plan(
-            facts,
-            limits,
-            fmt,
-            model,
-            inline=inline,
-            held=held,
-            cold=cold,
-            computer_use=computer_use,
-            accepts_webp=module.ACCEPTS_WEBP,
-            protected=chosen.protected,
-            later=marks,
-        )
-        out = plan.run(writer, media_bytes)
-        if cut_before > held and any(i not in plan.dropped for i in range(cut_before)):
-            # An image cut on an earlier turn would go again (the agent sent fewer): it stays cut.
-            plan = Plan(
+
+        def holding(cut: int) -> Plan:
+            return Plan(
                 facts,
                 limits,
                 fmt,
                 model,
                 inline=inline,
-                held=cut_before,
+                held=cut,
                 cold=cold,
                 computer_use=computer_use,
                 accepts_webp=module.ACCEPTS_WEBP,
                 protected=chosen.protected,
                 later=marks,
             )
+
+        plan = holding(held)
+        out = plan.run(writer, media_bytes)
+        if cut_before > held and any(i not in plan.dropped for i in range(cut_before)):
+            # An image cut on an earlier turn would go again (the agent sent fewer): it stays cut.
+            plan = holding(cut_before)
             out = plan.run(writer, media_bytes)
         return plan, out
 

@@ -71,6 +71,48 @@ apps = false
 """
 
 
+# opencode and Kilo Code (its fork): an OpenAI-compatible provider of their own (a bundled SDK), the model taking
+# images; `opencode_config(model, key)` fills the model and the key.
+def opencode_config(model: str, key: str) -> dict[str, Any]:
+    return {
+        "provider": {
+            "fake": {
+                "npm": "@ai-sdk/openai-compatible",
+                "name": "fake",
+                "options": {"baseURL": "{provider}/v1", "apiKey": key},
+                "models": {model: {"name": model, "attachment": True, "modalities": {"input": ["text", "image"], "output": ["text"]}}},
+            }
+        },
+        "model": f"fake/{model}",
+        "autoupdate": False,
+        "share": "disabled",
+    }
+
+
+# opencode's side traffic off: no update check, models.dev list, LSP download, default plugins (npm installs) or sharing.
+OPENCODE_ENV = {
+    "OPENCODE_DISABLE_AUTOUPDATE": "1",
+    "OPENCODE_DISABLE_MODELS_FETCH": "1",
+    "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
+    "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1",
+    "OPENCODE_DISABLE_SHARE": "1",
+    "OPENCODE_PURE": "1",
+}
+# Kilo Code's: the same, and its session ingest, codebase indexing, presence and telemetry.
+KILO_SIDE_TRAFFIC_OFF = {
+    "KILO_DISABLE_AUTOUPDATE": "1",
+    "KILO_DISABLE_MODELS_FETCH": "1",
+    "KILO_DISABLE_LSP_DOWNLOAD": "1",
+    "KILO_DISABLE_DEFAULT_PLUGINS": "1",
+    "KILO_DISABLE_SHARE": "1",
+    "KILO_DISABLE_SESSION_INGEST": "1",
+    "KILO_DISABLE_CODEBASE_INDEXING": "1",
+    "KILO_DISABLE_PRESENCE": "1",
+    "KILO_TELEMETRY_LEVEL": "off",
+    "KILO_PURE": "1",
+}
+
+
 def digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 

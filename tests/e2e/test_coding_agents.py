@@ -28,6 +28,8 @@ import pytest
 from .agent_session import (
     FINAL,
     FORWARD_LAUNCHER_ARGS,
+    KILO_SIDE_TRAFFIC_OFF,
+    OPENCODE_ENV,
     PROMPT,
     ROOT,
     assert_one_conversation,
@@ -35,6 +37,7 @@ from .agent_session import (
     installed_version,
     launcher_records,
     npm_pins,
+    opencode_config,
     require_agent,
     run_session,
     shipped_cap,
@@ -73,29 +76,7 @@ PI_MODELS = {
     }
 }
 
-# opencode and Kilo Code (its fork): an OpenAI-compatible provider of its own (a bundled SDK), the model taking images.
-OPENCODE_CONFIG = {
-    "provider": {
-        "fake": {
-            "npm": "@ai-sdk/openai-compatible",
-            "name": "fake",
-            "options": {"baseURL": "{provider}/v1", "apiKey": KEY},
-            "models": {MODEL: {"name": MODEL, "attachment": True, "modalities": {"input": ["text", "image"], "output": ["text"]}}},
-        }
-    },
-    "model": f"fake/{MODEL}",
-    "autoupdate": False,
-    "share": "disabled",
-}
-# Its side traffic off: no update check, models.dev list, LSP download, default plugins (npm installs) or sharing.
-OPENCODE_ENV = {
-    "OPENCODE_DISABLE_AUTOUPDATE": "1",
-    "OPENCODE_DISABLE_MODELS_FETCH": "1",
-    "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
-    "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1",
-    "OPENCODE_DISABLE_SHARE": "1",
-    "OPENCODE_PURE": "1",
-}
+OPENCODE_CONFIG = opencode_config(MODEL, KEY)
 
 # Qwen Code: the OpenAI auth type, its usage statistics and update check off.
 QWEN_SETTINGS = {
@@ -123,19 +104,7 @@ OPENCLAW_CONFIG = {
 OPENCLAW_ENV = {"OPENCLAW_NO_AUTO_UPDATE": "1", "OPENCLAW_DISABLE_BONJOUR": "1"}
 
 # Kilo Code CLI (an opencode fork): the same provider config, its own variables.
-KILO_ENV = {
-    "KILO_CONFIG": "{work}/kilo.json",
-    "KILO_DISABLE_AUTOUPDATE": "1",
-    "KILO_DISABLE_MODELS_FETCH": "1",
-    "KILO_DISABLE_LSP_DOWNLOAD": "1",
-    "KILO_DISABLE_DEFAULT_PLUGINS": "1",
-    "KILO_DISABLE_SHARE": "1",
-    "KILO_DISABLE_SESSION_INGEST": "1",
-    "KILO_DISABLE_CODEBASE_INDEXING": "1",
-    "KILO_DISABLE_PRESENCE": "1",
-    "KILO_TELEMETRY_LEVEL": "off",
-    "KILO_PURE": "1",
-}
+KILO_ENV = {"KILO_CONFIG": "{work}/kilo.json", **KILO_SIDE_TRAFFIC_OFF}
 
 # Cline CLI: its provider settings as `cline auth openai -k KEY -m MODEL -b URL` writes them.
 CLINE_PROVIDERS = {

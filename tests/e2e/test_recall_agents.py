@@ -21,32 +21,26 @@ from trimflow._recall import FOLDER_NAME, image_id
 from trimflow.testing._agent_script import UNKNOWN_ID
 
 from ..helpers import MCP_SDK_MISSING
-from .agent_session import FINAL, FORWARD_LAUNCHER_ARGS, PROMPT, digest, launcher_records, need, need_venv, run_session, shipped_cap, turns
+from .agent_session import (
+    FINAL,
+    FORWARD_LAUNCHER_ARGS,
+    KILO_SIDE_TRAFFIC_OFF,
+    OPENCODE_ENV,
+    PROMPT,
+    digest,
+    launcher_records,
+    need,
+    need_venv,
+    opencode_config,
+    run_session,
+    shipped_cap,
+    turns,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(bool(MCP_SDK_MISSING), reason=MCP_SDK_MISSING)]
 
 # The user's own server, disabled where the agent can say so: listed, never started.
 THEIRS = {"docs": {"type": "local", "command": ["docs-server"], "enabled": False}}
-OPENCODE_ENV = {
-    "OPENCODE_DISABLE_AUTOUPDATE": "1",
-    "OPENCODE_DISABLE_MODELS_FETCH": "1",
-    "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
-    "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1",
-    "OPENCODE_DISABLE_SHARE": "1",
-    "OPENCODE_PURE": "1",
-}
-KILO_ENV = {
-    "KILO_DISABLE_AUTOUPDATE": "1",
-    "KILO_DISABLE_MODELS_FETCH": "1",
-    "KILO_DISABLE_LSP_DOWNLOAD": "1",
-    "KILO_DISABLE_DEFAULT_PLUGINS": "1",
-    "KILO_DISABLE_SHARE": "1",
-    "KILO_DISABLE_SESSION_INGEST": "1",
-    "KILO_DISABLE_CODEBASE_INDEXING": "1",
-    "KILO_DISABLE_PRESENCE": "1",
-    "KILO_TELEMETRY_LEVEL": "off",
-    "KILO_PURE": "1",
-}
 QWEN_SETTINGS = {
     "mcpServers": {"docs": {"command": "docs-server"}},
     "privacy": {"usageStatisticsEnabled": False},
@@ -71,7 +65,7 @@ def server_line(output: str, name: str) -> str:
     return " ".join(lines)
 
 
-INLINE = [("opencode", "OPENCODE_CONFIG_CONTENT", OPENCODE_ENV), ("kilo", "KILO_CONFIG_CONTENT", KILO_ENV)]
+INLINE = [("opencode", "OPENCODE_CONFIG_CONTENT", OPENCODE_ENV), ("kilo", "KILO_CONFIG_CONTENT", KILO_SIDE_TRAFFIC_OFF)]
 
 
 @pytest.mark.parametrize(("agent", "variable", "env"), INLINE)
@@ -104,20 +98,7 @@ def test_hermes_agent_lists_the_runs_server_beside_the_users_own(tmp_path: Path)
 
 
 MODEL = "gpt-4o"
-# opencode's provider: OpenAI-compatible (a bundled SDK), the model taking images.
-OPENCODE_CONFIG = {
-    "provider": {
-        "fake": {
-            "npm": "@ai-sdk/openai-compatible",
-            "name": "fake",
-            "options": {"baseURL": "{provider}/v1", "apiKey": "sk-test-recall-opencode"},
-            "models": {MODEL: {"name": MODEL, "attachment": True, "modalities": {"input": ["text", "image"], "output": ["text"]}}},
-        }
-    },
-    "model": f"fake/{MODEL}",
-    "autoupdate": False,
-    "share": "disabled",
-}
+OPENCODE_CONFIG = opencode_config(MODEL, "sk-test-recall-opencode")
 
 
 def test_opencode_recalls_an_image_trimflow_cut(tmp_path: Path) -> None:

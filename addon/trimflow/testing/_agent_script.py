@@ -16,6 +16,8 @@ screenshot has been looked at, with the text `final`:
 With `recall`, once every screenshot has been looked at, the model calls the recall tool an MCP server offers
 (a tool named `...recall_image`, docs/how-it-works.md#recall) twice before its final text: first with an id no
 placeholder names (UNKNOWN_ID: the tool's error comes back), then with the first id a placeholder in the request names.
+An agent that starts its MCP servers beside its first turns (Codex) may not offer the tool yet: the model then looks at
+the last screenshot again, turn after turn, for at most RECALL_WAIT seconds.
 
 `AddedImagesScript` plays the model of an agent with no image tool, whose user adds the screenshots (aider's
 `/add`): it answers each chat completion with a short text, and `final` once the user's last message names the
@@ -80,6 +82,7 @@ TOOLS: dict[str, tuple[ImageTool, ...]] = {
 
 
 UNKNOWN_ID = "aaaaaaaaaa"  # an id no placeholder names
+RECALL_WAIT = 60.0  # seconds the model waits for the recall tool to be offered, looking at the last screenshot again
 _RECALL_ID = re.compile(rb'recall_image\(\\"([a-z2-7]{10})\\"\)')  # as a placeholder's text reads inside JSON
 
 
@@ -93,6 +96,7 @@ class AgentScript:
         self.calls = 0
         self.recall = recall
         self.recalled: list[str] = []
+        self._waiting_since: float | None = None
 
     def __call__(self, fmt: str, request: dict[str, Any], usage: FakeUsage, stream: bool, sse: bool) -> Scripted | None:
         tool = image_tool(fmt, request)
@@ -103,13 +107,15 @@ class AgentScript:
         if done < len(self.shots):
             call = tool.arguments(self.shots[done])
             self.calls += 1
-        elif self.recall and done < len(self.shots) + 2:
+        elif self.recall and len(self.recalled) < 2:
             recall = recall_tool(fmt, request)
             named = _RECALL_ID.findall(orjson.dumps(request))
             if recall is not None and named:
-                wanted = UNKNOWN_ID if done == len(self.shots) else named[0].decode()
+                wanted = named[0].decode() if self.recalled else UNKNOWN_ID
                 self.recalled.append(wanted)
                 tool, call = recall, {"id": wanted}
+            elif named and self._still_waiting():
+                call = tool.arguments(self.shots[-1])
         model = request.get("model")
         model = model if isinstance(model, str) else "fake-model"
         if fmt == "anthropic":
@@ -119,6 +125,13 @@ class AgentScript:
         if fmt == "openai-chat":
             return _chat(request, model, tool, call, self.final, usage, stream)
         return _gemini(model, tool, call, self.final, usage, stream, sse)
+
+    def _still_waiting(self) -> bool:
+        """Whether the model goes on waiting for the recall tool (RECALL_WAIT from the first request it waited on)."""
+        now = time.monotonic()
+        if self._waiting_since is None:
+            self._waiting_since = now
+        return now - self._waiting_since < RECALL_WAIT
 
 
 class AddedImagesScript:
