@@ -20,6 +20,7 @@ from wsproto.frame_protocol import Opcode
 
 from trimflow import proxy
 from trimflow._human import format_size_change
+from trimflow._last_turns import LastTurns
 from trimflow._record import utc_timestamp
 from trimflow._rules_file import DEFAULT_RULES_PATH, RulesFile, load_rules
 from trimflow.proxy import prune as prune_module
@@ -223,6 +224,22 @@ async def test_a_request_that_needs_the_memory_numbers_the_turns_before_it_first
     await addon.request(later)
     assert first.metadata["trimflow"]["turn"] == 1 and later.metadata["trimflow"]["turn"] == 2
     assert later.metadata["trimflow"]["pruned"] == 1
+
+
+async def test_with_a_store_other_hosts_read_a_turn_is_in_it_before_its_request_goes(addon) -> None:
+    # Behind a balancer across hosts the next turn may reach another instance as soon as this answer is back: its
+    # turn cannot wait for the answer, as it does on one host.
+    store = LastTurns(":memory:")
+    store.across_hosts = True  # as the Redis store (trimflow._state_store.RedisState)
+    addon.flows.conversations.shared = store
+    try:
+        flow = llm_flow(turns=2)
+        await addon.request(flow)
+        assert flow.metadata["trimflow"]["turn"] == 1  # before mitmproxy forwards it
+        assert addon.flows.get(flow).history_line.row is not None  # and its turn went to the store
+    finally:
+        addon.flows.conversations.shared = None
+        store.close()
 
 
 async def test_pending_records_are_bounded_and_a_streamed_answer_does_not_hold_one(addon) -> None:

@@ -129,6 +129,12 @@ class SharedState:
         """Leave the flow's record pending: worked out once its answer has gone to the client (the metrics addon), or
         sooner when a hook reads it, or when a later request needs the conversations (`settle_all`)."""
         state.pending = outcome
+        shared = self.conversations.shared
+        if shared is not None and shared.across_hosts:
+            # Another host may take the conversation's next turn as soon as this answer is back: the turn goes to the
+            # store now, before the request (the window a deferred turn leaves, docs/performance.md).
+            self.settle(flow, state)
+            return
         self._unsettled[flow] = state, time.time()
         self._unsettled_bytes += len(outcome.body)
         # Bounded across requests: a pending record holds its parsed body, so past either bound the oldest are
