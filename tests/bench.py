@@ -209,6 +209,7 @@ class Settings:
     native_turns: int  # turns of the Retina computer-use session sent with native_size on and off
     once_turns: int  # turns of the computer-use session sent with send-once on and off
     once_shaped_turns: int  # of those, the first ones sent again over a shaped link, timed
+    soak_conversations: int  # new conversations sent through the proxy after the warm ones (its memory's soak)
 
 
 QUICK = Settings(
@@ -235,6 +236,7 @@ QUICK = Settings(
     native_turns=8,
     once_turns=12,
     once_shaped_turns=12,
+    soak_conversations=2_000,
 )
 FULL = Settings(
     engine_reps=31,
@@ -260,6 +262,7 @@ FULL = Settings(
     native_turns=24,
     once_turns=60,
     once_shaped_turns=60,
+    soak_conversations=16_000,
 )
 
 
@@ -744,14 +747,17 @@ def text_session_figures(workdir: Path, upstream: Upstream, settings: Settings, 
     ]
 
 
-def _loopback_turns(workdir: Path, upstream: Upstream, session: list[bytes], runs: int) -> dict[str, list[float]]:
+def _loopback_turns(
+    workdir: Path, upstream: Upstream, session: list[bytes], runs: int, cpu: dict[str, float] | None = None
+) -> dict[str, list[float]]:
     """Turn times (ms) through a fresh mitmdump with the addon and a fresh plain one, both straight to the upstream:
-    each turn to one then the other (who goes first alternates), after the same idle time."""
+    each turn to one then the other (who goes first alternates), after the same idle time. `cpu`, when given, gets each
+    process's CPU milliseconds per request over the timed turns (what it does after an answer included)."""
     names = ("addon", "plain")
     times: dict[str, list[float]] = {name: [] for name in names}
     received: dict[str, int] = dict.fromkeys(names, 0)
     with contextlib.ExitStack() as stack:
-        clients = {}
+        clients, pids = {}, {}
         for name in names:
             proxy = start_proxy(workdir / f"text-loopback-{name}", name, upstream, addon=name == "addon")
             stack.callback(proxy.mitmdump.stop)
@@ -759,7 +765,9 @@ def _loopback_turns(workdir: Path, upstream: Upstream, session: list[bytes], run
             stack.callback(client.close)
             for _ in range(3):  # the connection to the upstream, the addon's first imports
                 _post_ok(client, session[0])
-            clients[name] = client
+            clients[name], pids[name] = client, proxy.pid
+        time.sleep(LATENCY_GAP)
+        cpu_before = {name: _cpu_seconds(pid) for name, pid in pids.items()}
         for run in range(runs):
             for turn, body in enumerate(session):
                 for name in names if (turn + run) % 2 == 0 else names[::-1]:
@@ -771,9 +779,100 @@ def _loopback_turns(workdir: Path, upstream: Upstream, session: list[bytes], run
                     if status != 200:
                         raise RuntimeError(f"{name} mitmdump answered {status} on turn {turn + 1}")
                     received[name] += got
+        time.sleep(0.2)  # what follows the last answers (the record, the log line) is done
+        if cpu is not None:
+            for name, pid in pids.items():
+                cpu[name] = (_cpu_seconds(pid) - cpu_before[name]) * 1000 / (runs * len(session))
     if received["addon"] != received["plain"]:
         raise RuntimeError("the addon changed a text session that needs nothing")
     return times
+
+
+TEXT_FLOOR_KB = 890  # the coding agent's chat body the proxy's floor is measured on
+
+
+def text_floor_figures(workdir: Path, upstream: Upstream, settings: Settings, say: Callable[[str], None]) -> list[Figure]:
+    """On loopback, where nothing hides what the addon costs: a coding agent's text body and the text session's turns
+    (nothing to change) through mitmdump with the addon, against plain mitmdump plus the engine's own time on the same
+    body (in process); and the CPU each process spends per request."""
+    body = coding_session(FORMAT, _turns_for(FORMAT, TEXT_FLOOR_KB * 1024))
+    session = [coding_session(FORMAT, turn) for turn in range(1, settings.text_session_turns + 1)]
+    figures: list[Figure] = []
+    sizes = f"{len(session[0]) // 1024} KB to {len(session[-1]) // 1024} KB"
+    for key, bodies, runs, what in (
+        ("body", [body], settings.latency_reps, f"{len(body) // 1024} KB coding-agent chat body"),
+        ("session", session, settings.text_session_runs, f"{len(session)}-turn text session, {sizes}"),
+    ):
+        say(f"text at the floor, loopback: {what}, with the addon and plain, side by side")
+        cpu: dict[str, float] = {}
+        times = _loopback_turns(workdir / f"floor-{key}", upstream, bodies, runs, cpu)
+        engine = statistics.median(
+            interleaved_ms(settings.text_reps, _text_engine(FORMAT, b), loops=[max(1, round(4 * MB / len(b)))])[0] for b in bodies
+        )
+        a, p = statistics.median(times["addon"]), statistics.median(times["plain"])
+        figures += [
+            Figure(f"text_floor_{key}_addon_ms", f"loopback with addon, {what} (median)", a, "ms"),
+            Figure(f"text_floor_{key}_plain_ms", "loopback plain mitmdump, same (median)", p, "ms"),
+            Figure(f"text_floor_{key}_engine_ms", "the engine's own time on the same, in process (median)", engine, "ms"),
+            Figure(f"text_floor_{key}_ratio", "addon / (plain + engine), medians", a / (p + engine), "x", 1.10),
+            Figure(f"text_floor_{key}_cpu_addon_ms", "CPU per request, mitmdump with addon", cpu["addon"], "ms"),
+            Figure(f"text_floor_{key}_cpu_plain_ms", "CPU per request, plain mitmdump", cpu["plain"], "ms"),
+            Figure(f"text_floor_{key}_cpu_ratio", "CPU per request, addon / plain", cpu["addon"] / cpu["plain"], "x", 1.5),
+        ]
+    return figures
+
+
+SOAK_WARM = 1_000  # conversations sent before the warm figure
+SOAK_IMAGES = 4  # images of each conversation's one turn, each its own
+SOAK_CLIENTS = 4
+
+
+def _soak_body(n: int) -> bytes:
+    """Conversation `n`'s first turn: a system prompt of its own and SOAK_IMAGES small PNGs no other sends."""
+    parts: list[dict[str, Any]] = [{"type": "text", "text": "What changed on these screens?"}]
+    shots = [image(8, 8, "PNG", seed=n * SOAK_IMAGES + i) for i in range(SOAK_IMAGES)]
+    parts += [{"type": "image_url", "image_url": {"url": data_url(shot, "image/png")}} for shot in shots]
+    messages = [{"role": "system", "content": f"You are agent {n}."}, {"role": "user", "content": parts}]
+    return orjson.dumps({"model": "gpt-4o", "messages": messages})
+
+
+def conversations_soak_figures(workdir: Path, upstream: Upstream, settings: Settings) -> list[Figure]:
+    """The conversations' memory under a soak: SOAK_WARM conversations through a fresh mitmdump with the addon, its RSS
+    then (the warm figure), then settings.soak_conversations new ones (more than the 10,000 it remembers), sent by
+    SOAK_CLIENTS clients at once; its RSS after each third."""
+    total = SOAK_WARM + settings.soak_conversations
+    bodies = [_soak_body(n) for n in range(total)]
+    proxy = start_proxy(workdir / "soak", "soak", upstream, addon=True)
+    try:
+
+        def send(first: int, last: int) -> None:
+            def part(k: int) -> None:
+                client = Client(proxy.mitmdump.port)
+                try:
+                    for n in range(first + k, last, SOAK_CLIENTS):
+                        _post_ok(client, bodies[n])
+                finally:
+                    client.close()
+
+            with ThreadPoolExecutor(SOAK_CLIENTS) as pool:
+                list(pool.map(part, range(SOAK_CLIENTS)))
+            time.sleep(0.2)  # the last records worked out after their answers
+
+        send(0, SOAK_WARM)
+        warm = _status_kb(proxy.pid, "VmRSS") / 1024
+        thirds = [SOAK_WARM + settings.soak_conversations * k // 3 for k in range(4)]
+        rss = []
+        for first, last in itertools.pairwise(thirds):
+            send(first, last)
+            rss.append(_status_kb(proxy.pid, "VmRSS") / 1024)
+    finally:
+        proxy.mitmdump.stop()
+    what = f"{settings.soak_conversations:,} conversations of {SOAK_IMAGES} images after {SOAK_WARM:,}"
+    return [
+        Figure("soak_rss_warm_mb", f"conversations soak: RSS after {SOAK_WARM:,} conversations (the warm figure)", warm, "MB"),
+        Figure("soak_rss_growth_mb", f"conversations soak: RSS over the warm figure after {what}", rss[-1] - warm, "MB", 40.0),
+        Figure("soak_rss_last_third_mb", "conversations soak: RSS growth over the last third", rss[-1] - rss[1], "MB", 4.0),
+    ]
 
 
 # --- the upstream ------------------------------------------------------------------------------------------
@@ -2148,6 +2247,9 @@ def run(settings: Settings, say: Callable[[str], None], sections: tuple[str, ...
             say(f"recall store: {RECALL_CONVERSATIONS:,} conversations soaked through its bounds (a process of its own)")
             figures += recall_figures(workdir)
         if "text" in sections:
+            figures += text_floor_figures(workdir, upstream, settings, say)
+            say(f"conversations soak: {SOAK_WARM:,} conversations, then {settings.soak_conversations:,} more, through one mitmdump")
+            figures += conversations_soak_figures(workdir, upstream, settings)
             figures += text_session_figures(workdir, upstream, settings, say)
         if "shaped" in sections:
             figures += shaped_figures(workdir, upstream, bodies, settings, say)

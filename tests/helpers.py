@@ -255,10 +255,21 @@ class TrimflowAddons:
 
 
 async def requested(addon, flow) -> None:
-    """The request hook and the turn of the event loop after it, as mitmproxy runs them: a request
-    forwarded as it came gets its record on that turn, before any answer can arrive."""
+    """The request hook and the turn of the event loop after it, as mitmproxy runs them, then the flow's record as a
+    hook that reads it gets it (a request forwarded as it came has its record worked out once its answer has gone)."""
     await addon.request(flow)
-    await asyncio.sleep(0)
+    await after_hooks()
+    state = addon.flows.get(flow)
+    if state is not None:
+        addon.flows.settle(flow, state)
+
+
+async def after_hooks() -> None:
+    """Past what the addons left for after mitmproxy forwarded a request or sent an answer (proxy.state.after_hook): a
+    timer due at once runs on the loop's next turn, after the callbacks ready then (this task's among them), so the
+    turn after that finds it done."""
+    for _ in range(2):
+        await asyncio.sleep(0)
 
 
 async def answer_sent() -> None:

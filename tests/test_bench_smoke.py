@@ -77,6 +77,9 @@ TARGETED = [
     *(f"text_{name}_vs_loads" for name in TEXT_BODIES),
     "text_worst_vs_loads",
     "text_session_ratio",
+    *(f"text_floor_{key}_{figure}" for key in ("body", "session") for figure in ("ratio", "cpu_ratio")),
+    "soak_rss_growth_mb",
+    "soak_rss_last_third_mb",
     # The Retina session to Claude with native_size on and off.
     "native_sent_ratio",
     "native_tokens_differ",
@@ -144,6 +147,12 @@ CONTEXT = [
     "text_session_loopback_addon_ms",
     "text_session_loopback_plain_ms",
     "text_session_loopback_ratio",
+    *(
+        f"text_floor_{key}_{figure}"
+        for key in ("body", "session")
+        for figure in ("addon_ms", "plain_ms", "engine_ms", "cpu_addon_ms", "cpu_plain_ms")
+    ),
+    "soak_rss_warm_mb",
     "native_sent_off_mb",
     "native_sent_on_mb",
     "once_sent_off_mb",

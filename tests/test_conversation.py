@@ -463,6 +463,25 @@ def test_memory_per_conversation_is_small_and_does_not_grow_with_the_history(mes
     assert 200 < per_conversation < 1000, per_conversation  # docs/how-it-works.md says ~800 bytes
 
 
+def test_a_remembered_image_costs_about_150_bytes() -> None:
+    # The images' arrivals are most of the memory's bound (MAX_IMAGES_REMEMBERED copies): docs/performance.md states it.
+    images = 30
+    histories = []
+    for n in range(1000):
+        keys = [(n * images + i).to_bytes(8, "big") for i in range(images)]
+        histories.append(History(HOST, None, 0, [hash((n, 0))], n.to_bytes(8, "big"), images=Images(keys, lambda i: i)))
+    conversations = Conversations(capacity=1000, salt=b"")
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for h in histories:
+            conversations.assign(h, cut=range(10))
+        per_image = (tracemalloc.get_traced_memory()[0] - before) / len(histories) / images
+    finally:
+        tracemalloc.stop()
+    assert per_image < 200, per_image  # a list of a Copy and its ints took about 300
+
+
 def test_a_session_header_with_other_headers_reads_lower_case_names() -> None:
     assert run(session("anthropic", 1), "anthropic", headers={"X-Claude-Code-Session-Id": "s"}).record.conversation == session_key(
         {"x-claude-code-session-id": "s"}, {}

@@ -88,7 +88,7 @@ class HistoryLine:
         self.used = 0
         self.cut = 0  # how many of its last turn's images were cut: what the next turn holds
         self.sent_at: float | None = None  # its last turn's time on the memory's clock
-        self.images: dict[bytes, list[Copy]] = {}  # image_key -> its copies, oldest first
+        self.images: dict[bytes, Stored] = {}  # image_key -> its copies, oldest first (packed: see Stored)
         self.row: bytes | None = None  # the shared file's row its last turn went to (trimflow._last_turns.row_keys)
 
 
@@ -101,6 +101,38 @@ class Copy(NamedTuple):
     cut: bool
     crc: int
     like: bool | None = False
+
+
+# A line of history's copies of one image, packed (`_store`): one int for a single copy, as most images have, else a
+# tuple of them. An int holds when the copy came, its CRC-32 and its two flags: about 40 bytes against some 200 for a
+# list of a Copy and its two ints, the most of what a remembered image costs.
+Stored = int | tuple[int, ...]
+_CRC_SHIFT, _CAME_SHIFT = 3, 35
+_LIKE_BITS = {False: 0, True: 2, None: 4}
+_LIKE_OF = {0: False, 2: True, 4: None}
+
+
+def _pack(copy: Copy) -> int:
+    return copy.came << _CAME_SHIFT | (copy.crc & 0xFFFFFFFF) << _CRC_SHIFT | _LIKE_BITS[copy.like] | copy.cut
+
+
+def _unpack(packed: int) -> Copy:
+    return Copy(packed >> _CAME_SHIFT, bool(packed & 1), packed >> _CRC_SHIFT & 0xFFFFFFFF, _LIKE_OF[packed & 6])
+
+
+def _store(copies: Sequence[Copy]) -> Stored:
+    return _pack(copies[0]) if len(copies) == 1 else tuple(_pack(copy) for copy in copies)
+
+
+def _unstore(stored: Stored) -> list[Copy]:
+    return [_unpack(stored)] if isinstance(stored, int) else [_unpack(packed) for packed in stored]
+
+
+def _count(stored: Stored) -> tuple[int, int]:
+    """How many copies, and of those how many were cut."""
+    if isinstance(stored, int):
+        return 1, stored & 1
+    return len(stored), sum(packed & 1 for packed in stored)
 
 
 class Recall(NamedTuple):
@@ -116,7 +148,7 @@ class Recall(NamedTuple):
     like: tuple[bool | None, ...] | None = None
 
 
-def _arrivals(remembered: Mapping[bytes, list[Copy]], images: Images) -> list[Copy | None]:
+def _arrivals(remembered: Mapping[bytes, Stored], images: Images) -> list[Copy | None]:
     """Each image's remembered copy (None: new). An image whose key is the only one on both sides is that copy; where
     a key has several (a screen sent again, or two screenshots with the same length and ends), CRC-32s tell them
     apart, and copies of one image, in the order they sit, take the newest remembered ones: a copy more is new."""
@@ -125,9 +157,10 @@ def _arrivals(remembered: Mapping[bytes, list[Copy]], images: Images) -> list[Co
     for i, key in enumerate(images.keys):
         places.setdefault(key, []).append(i)
     for key, where in places.items():
-        seen = remembered.get(key)
-        if not seen:
+        stored = remembered.get(key)
+        if stored is None:
             continue
+        seen = _unstore(stored)
         if len(where) == 1 and len(seen) == 1:
             found[where[0]] = seen[0]
             continue
@@ -141,17 +174,17 @@ def _arrivals(remembered: Mapping[bytes, list[Copy]], images: Images) -> list[Co
     return found
 
 
-def _copies(last: LastTurn) -> dict[bytes, list[Copy]]:
+def _copies(last: LastTurn) -> dict[bytes, Stored]:
     """A shared last turn's images as a line of history remembers them: each copy's rank stands for when it came,
     counted back from the memory's first request, so that every image the memory sees from now on came after them."""
     table: dict[bytes, list[Copy]] = {}
     first = -len(last.images)
     for rank, (key, crc) in enumerate(last.images):
         table.setdefault(key, []).append(Copy(first + rank, rank < last.cut, crc, None if rank < last.cut else False))
-    return table
+    return {key: _store(copies) for key, copies in table.items()}
 
 
-def _goes_on(remembered: Mapping[bytes, list[Copy]], last: LastTurn, images: Images) -> bool:
+def _goes_on(remembered: Mapping[bytes, Stored], last: LastTurn, images: Images) -> bool:
     """Whether the shared turn `last` goes on from the turn a line of history remembers (`remembered`), for a request
     sending `images`: it lists every image of that turn the request sends again, the ones cut still cut, in the order
     they came (those that came together in any order), and the images new to the line after them. A row that does
@@ -434,7 +467,7 @@ class Conversations:
         return best
 
     def _remember(
-        self, thread: HistoryLine, remembered: Mapping[bytes, list[Copy]], images: Images, cut: Collection[int], like: Collection[int] = ()
+        self, thread: HistoryLine, remembered: Mapping[bytes, Stored], images: Images, cut: Collection[int], like: Collection[int] = ()
     ) -> tuple[list[tuple[bytes, int]], int]:
         """The images of the turn `thread` just sent: when each copy came (as `remembered`; now for a new one, on the
         memory's clock, which runs on across conversations), whether it is in `cut` (indices into `images`) and in
@@ -456,7 +489,7 @@ class Conversations:
         for copies in table.values():
             copies.sort(key=lambda copy: (copy.came, not copy.cut))  # as _oldest_first: of copies that came together, the cut first
         self._forget_images(thread)
-        thread.images = table
+        thread.images = {key: _store(copies) for key, copies in table.items()}
         for key, copies in table.items():
             self._hold(key, thread)
             self._images += len(copies)
@@ -488,10 +521,10 @@ class Conversations:
             self._by_image[key] = next(iter(held))
 
     def _forget_images(self, thread: HistoryLine) -> None:
-        for key, copies in thread.images.items():
+        for key, stored in thread.images.items():
             self._release(key, thread)
-            self._images -= len(copies)
-            cuts = sum(1 for copy in copies if copy.cut)
+            copies, cuts = _count(stored)
+            self._images -= copies
             if cuts:
                 left = self._cut_keys[key] - cuts
                 if left:

@@ -107,6 +107,7 @@ class TurnStore(Protocol):
     never wait past the store's deadline; a store that cannot be used reads nothing and writes nothing."""
 
     writes_dropped: int
+    across_hosts: bool  # instances on other hosts read it: a turn must be in it before its answer is back
 
     @property
     def in_use(self) -> bool: ...
@@ -162,6 +163,8 @@ class LastTurns:
     `get` and `put` are safe from any thread, never wait for the file and never raise: a read it holds up finds
     nothing, a write waits in the writing thread's queue, and any other error of the file is logged once and the file
     is no longer used. `close` writes what waits, if the file lets it at once."""
+
+    across_hosts = False
 
     def __init__(self, path: str, clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic) -> None:
         self.path = path

@@ -237,6 +237,8 @@ class _Deadlined:
 class RedisState:
     """The shared store at `url` (see the module's docstring); a TurnStore."""
 
+    across_hosts = True
+
     def __init__(
         self,
         url: str,

@@ -131,14 +131,18 @@ async def test_the_line_and_record_come_after_the_hook_and_none_is_lost_at_exit(
 
     with caplog.at_level(logging.INFO, logger="trimflow"):
         await answered(3)
-        await answered(4)
         assert not metrics.exists() or metrics.read_bytes() == b""  # mitmproxy sends the answer first
+        await answered(4)
         await answer_sent()
         assert len(metrics.read_bytes().splitlines()) == 2
         await answered(5)
+        untouched = llm_flow(turns=2)  # nothing to change: its record is worked out once its answer has gone
+        await addon.request(untouched)
+        untouched.response = json_answer()
+        addon.response(untouched)
         addon.done()  # mitmproxy stops before the loop turns again: what is pending is written now
-    assert [orjson.loads(line)["turn"] for line in metrics.read_bytes().splitlines()] == [1, 2, 3]
-    assert sum("trimflow: conv" in r.getMessage() for r in caplog.records) == 3
+    assert [orjson.loads(line)["turn"] for line in metrics.read_bytes().splitlines()] == [1, 2, 3, 1]  # the last: a new history
+    assert sum("trimflow: conv" in r.getMessage() for r in caplog.records) == 4
 
 
 async def test_no_key_reaches_logs_or_metrics(addon, tmp_path, caplog) -> None:

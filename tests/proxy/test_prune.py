@@ -3,12 +3,12 @@ reload, and Codex's WebSocket `response.create` messages."""
 
 from __future__ import annotations
 
-import asyncio
 import gzip
 import logging
 import os
 import threading
 import time
+import types
 from pathlib import Path
 
 import orjson
@@ -20,11 +20,13 @@ from wsproto.frame_protocol import Opcode
 
 from trimflow import proxy
 from trimflow._human import format_size_change
+from trimflow._last_turns import LastTurns
+from trimflow._record import utc_timestamp
 from trimflow._rules_file import DEFAULT_RULES_PATH, RulesFile, load_rules
 from trimflow.proxy import prune as prune_module
 from trimflow.testing import PATHS, session_body
 
-from ..helpers import ROOT, TrimflowAddons, answer_sent, requested
+from ..helpers import ROOT, TrimflowAddons, after_hooks, answer_sent, requested
 from .flows import SHOT, images_in, json_answer, llm_flow, write_rules
 
 
@@ -183,23 +185,104 @@ async def test_light_work_runs_on_the_loop_and_slow_work_in_a_worker(addon, tmp_
     assert shrink.metadata["trimflow"]["shrunk"] == 2 and offloaded == ["_prune_in_worker"] * 2  # Pillow: a worker
 
 
-async def test_a_request_needing_nothing_goes_first_and_gets_its_record_on_the_next_loop_turn(addon) -> None:
+async def test_a_request_needing_nothing_goes_first_and_gets_its_record_once_its_answer_has_gone(addon) -> None:
     flow = llm_flow(turns=2)  # within the 2 images of the test rules
     original = flow.request.raw_content
     await addon.request(flow)
     assert flow.request.raw_content is original and "trimflow" not in flow.metadata  # mitmproxy forwards it now
-    await asyncio.sleep(0)
+    await after_hooks()
+    assert "trimflow" not in flow.metadata  # nothing of its record or its turn while the provider answers
+    flow.response = json_answer()
+    addon.responseheaders(flow)
+    await addon.response_async(flow)
+    assert "trimflow" not in flow.metadata  # the answer goes to the client as this hook returns
+    await after_hooks()
+    assert "trimflow" not in flow.metadata  # nor while the client reads it: with the line, FLUSH_DELAY later
+    await answer_sent()
     record = flow.metadata["trimflow"]
     assert record["images_before"] == record["images_after"] == 2 and record["pruned"] == 0 and record["turn"] == 1
-    assert record["est_tokens_before"] > 0  # the sniffed sizes and token estimates are all there
+    assert record["est_tokens_before"] > 0 and record["status"] == 200  # sniffed sizes, token estimates, the answer
 
-    fast = llm_flow(turns=2)
-    await addon.request(fast)
-    fast.response = json_answer()
-    addon.responseheaders(fast)  # an answer before the loop turned: the record is worked out then
-    assert fast.metadata["trimflow"]["turn"] == 2
-    await asyncio.sleep(0)
-    assert fast.metadata["trimflow"]["turn"] == 2  # once
+    # Turns are numbered in the order they came, whichever answer comes first.
+    second, third = llm_flow(turns=2), llm_flow(turns=2)
+    await addon.request(second)
+    await addon.request(third)
+    third.response, second.response = json_answer(), json_answer()
+    await addon.response_async(third)
+    await addon.response_async(second)
+    await answer_sent()
+    assert (second.metadata["trimflow"]["turn"], third.metadata["trimflow"]["turn"]) == (2, 3)
+
+
+async def test_a_request_that_needs_the_memory_numbers_the_turns_before_it_first(addon) -> None:
+    # A fast agent's next turn may come before the last one's answer has been accounted for: a turn with images to cut
+    # reads when they came, so every pending turn is numbered before it.
+    first = llm_flow(turns=2)
+    await requested_only(addon, first)
+    assert "trimflow" not in first.metadata
+    later = llm_flow(turns=3)  # one image more than the rules' 2: cut, by arrival
+    await addon.request(later)
+    assert first.metadata["trimflow"]["turn"] == 1 and later.metadata["trimflow"]["turn"] == 2
+    assert later.metadata["trimflow"]["pruned"] == 1
+
+
+async def test_with_a_store_other_hosts_read_a_turn_is_in_it_before_its_request_goes(addon) -> None:
+    # Behind a balancer across hosts the next turn may reach another instance as soon as this answer is back: its
+    # turn cannot wait for the answer, as it does on one host.
+    store = LastTurns(":memory:")
+    store.across_hosts = True  # as the Redis store (trimflow._state_store.RedisState)
+    addon.flows.conversations.shared = store
+    try:
+        flow = llm_flow(turns=2)
+        await addon.request(flow)
+        assert flow.metadata["trimflow"]["turn"] == 1  # before mitmproxy forwards it
+        assert addon.flows.get(flow).history_line.row is not None  # and its turn went to the store
+    finally:
+        addon.flows.conversations.shared = None
+        store.close()
+
+
+async def test_pending_records_are_bounded_and_a_streamed_answer_does_not_hold_one(addon) -> None:
+    # A pending record holds its parsed body: never more than the bound wait for their answers, and one whose answer
+    # streams (for minutes, maybe) is worked out as the answer starts.
+    flows = [llm_flow(turns=2) for _ in range(proxy.state.MAX_UNSETTLED + 1)]
+    for flow in flows:
+        await requested_only(addon, flow)
+    assert "trimflow" in flows[0].metadata and "trimflow" not in flows[-1].metadata
+    streamed = flows[-1]
+    streamed.response = tutils.tresp(content=None, headers=http.Headers(content_type="text/event-stream"))
+    addon.responseheaders(streamed)
+    assert streamed.metadata["trimflow"]["turn"] == len(flows)
+
+
+async def test_pending_bodies_are_bounded_in_bytes(addon, monkeypatch) -> None:
+    first, second, third = (llm_flow(turns=2) for _ in range(3))
+    monkeypatch.setattr(proxy.state, "MAX_UNSETTLED_BYTES", 2 * len(first.request.raw_content))
+    await requested_only(addon, first)
+    await requested_only(addon, second)
+    assert "trimflow" not in first.metadata  # two bodies wait
+    await requested_only(addon, third)
+    assert "trimflow" in first.metadata and "trimflow" not in second.metadata  # a third pushes the oldest out
+
+
+async def test_a_turn_worked_out_after_its_answer_is_timed_as_it_was_sent(addon, monkeypatch) -> None:
+    # The conversations and the cache breaks read the idle time between an agent's turns: a slow answer is not idle.
+    now = [1_000_000.0]
+    monkeypatch.setattr(proxy.state, "time", types.SimpleNamespace(time=lambda: now[0]))
+    flow = llm_flow(turns=2)
+    await requested_only(addon, flow)
+    now[0] += 600  # the provider answers ten minutes later, past any cache's lifetime
+    flow.response = json_answer()
+    await addon.response_async(flow)
+    await answer_sent()
+    state = addon.flows.get(flow)
+    assert flow.metadata["trimflow"]["turn"] == 1 and state.history_line.sent_at == 1_000_000.0
+    assert flow.metadata["trimflow"]["ts"] == utc_timestamp(1_000_000.0)  # where its OpenTelemetry span starts
+
+
+async def requested_only(addon, flow) -> None:
+    await addon.request(flow)
+    await after_hooks()
 
 
 async def test_an_undecodable_body_is_forwarded_with_one_log_line(addon, caplog) -> None:

@@ -22,7 +22,7 @@ from .._record import Record
 from .._usage import Usage, UsageScanner, usage_of
 from ..formats import openai_responses, streamed_path
 from .options import check_writable, exits_at_startup, starting
-from .state import SharedState, write
+from .state import FlowState, SharedState, write
 
 log = logging.getLogger("trimflow")
 
@@ -41,6 +41,7 @@ class Metrics:
         self.file: MetricsFile | None = None
         self._unfinished: list[tuple[Record, str | None]] = []  # finished flows not yet logged, with their error (see _finish)
         self.listeners: list[Callable[[Record, str | None], None]] = []  # each gets every record written, with its error
+        self._answering: dict[http.HTTPFlow, FlowState] = {}  # answers sent whose record is still to be completed
 
     def load(self, loader: Loader) -> None:
         loader.add_option(
@@ -63,15 +64,19 @@ class Metrics:
             self.file = MetricsFile(path) if path else None
 
     def done(self) -> None:
+        for flow in list(self._answering):  # answered as mitmproxy stops, before the loop turned again
+            self._answer_later(flow)
         self._flush()
         if self.file is not None:
             self.file.close()
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         state = self.flows.get(flow)
-        if state is None or self.flows.settle(flow, state) is None or flow.response is None:
+        if state is None or (state.pending is None and state.record is None) or flow.response is None:
             return
         if flow.response.headers.get("content-type", "").startswith(_STREAMED_TYPES) or streamed_path(flow.request.path):
+            # An answer that may stream for minutes: what a pending record holds (the parsed body) is not kept that long.
+            self.flows.settle(flow, state)
             # Pass events through as they come (mitmproxy buffers by default) and read usage on the way; an addon
             # before this one that rewrites the events (the clicks addon) gets them after they are read.
             previous = flow.response.stream
@@ -81,6 +86,23 @@ class Metrics:
         state = self.flows.get(flow)
         if state is None:
             return
+        if state.pending is not None and not getattr(ctx.options, "save_stream_file", None):
+            # A record left pending (a request nothing changed) is worked out once the answer has gone to the client,
+            # and as its line is written, FLUSH_DELAY later: worked out at once, it competed with the client reading
+            # the answer (docs/performance.md). A recording (-w) is written from this hook's round: its flows get
+            # their record here.
+            self._answering[flow] = state
+            asyncio.get_running_loop().call_later(FLUSH_DELAY, self._answer_later, flow)
+            return
+        self._answered(flow, state)
+
+    def _answer_later(self, flow: http.HTTPFlow) -> None:
+        state = self._answering.pop(flow, None)
+        if state is not None:
+            self._answered(flow, state)
+
+    def _answered(self, flow: http.HTTPFlow, state: FlowState) -> None:
+        """The record completed with the answer: status, usage, a Responses answer's id."""
         record = self.flows.settle(flow, state)
         if record is None or flow.response is None:
             return

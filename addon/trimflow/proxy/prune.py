@@ -3,8 +3,8 @@ messages) with the pure-Python engine (trimflow._engine).
 
 Light work runs on the event loop; the engine raises NeedsWorker before slow work (a large body, a full
 parse, Pillow), and so does this addon before inflating a compressed body: that run goes to a worker
-thread. A request needing no change is forwarded as soon as the hook returns and its record is worked
-out on the next turn of the loop, while the provider answers.
+thread. A request needing no change is forwarded as soon as the hook returns; its record and its turn
+(the conversation digest) are worked out once its answer has gone to the client (SharedState.defer).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from .._record import Record
 from .._rules_file import CHECK_INTERVAL, DEFAULT_RULES_PATH, RulesFile
 from ..errors import RulesError
 from .options import exits_at_startup
-from .state import FlowState, SharedState, log_reason, path_of
+from .state import FlowState, SharedState, after_hook, log_reason, path_of
 
 log = logging.getLogger("trimflow")
 
@@ -124,12 +124,12 @@ class Prune:
             try:
                 record, outcome = self._prune_flow(flow, state, inline=True)
             except NeedsWorker:
+                self.flows.settle_all()  # the worker reads the conversations: every turn before this one first
                 record, outcome, history, taken = await asyncio.to_thread(self._prune_in_worker, flow, state)
             if outcome is not None and outcome.record_pending:
-                # Nothing to change: mitmproxy forwards the request as soon as this hook returns, and the
-                # record is worked out on the next turn of the loop, while the provider answers.
-                state.pending = outcome
-                asyncio.get_running_loop().call_soon(self.flows.settle, flow, state)
+                # Nothing to change: mitmproxy forwards the request as soon as this hook returns; the record and
+                # the turn wait for the answer to have gone out (the metrics addon).
+                self.flows.defer(flow, state, outcome)
                 return
             if outcome is not None and outcome.changed:
                 # Here, not in the worker: the new body is joined in this thread (see trimflow._body.Written).
@@ -140,11 +140,12 @@ class Prune:
         if record is not None:
             if outcome is not None:
                 history, taken = outcome.history, outcome.taken
+            self.flows.settle_all()  # numbered after the turns that came before it
             self.flows.keep(flow, state, record, history, *taken)
             store = self.flows.recall
             if state.kept and store is not None:
-                # The request goes as this hook returns; its cut images are copied for the store on the next turn of the loop.
-                asyncio.get_running_loop().call_soon(store.offer, record.conversation, state.kept)
+                # Its cut images are copied for the store once the request has gone.
+                after_hook(store.offer, record.conversation, state.kept)
             state.kept = []
 
     def _prune_in_worker(self, flow: http.HTTPFlow, state: FlowState) -> tuple[Record | None, Outcome | None, History | None, Taken]:
@@ -185,7 +186,7 @@ class Prune:
             rules,
             ctx.options.trimflow_mode,
             inline=inline,
-            memory=self.flows.conversations,
+            memory=self.flows.memory if inline else self.flows.conversations,
             tighten=self.flows.tighten_for(flow),
             recall=self._recall_ids(headers, inline),
         )
@@ -236,12 +237,13 @@ class Prune:
             return
         state = self.flows.websocket(flow)
         args = (state.target, plain_headers(flow.request), message.content, self.flows.rules.current(), ctx.options.trimflow_mode)
-        memory, tighten = self.flows.conversations, self.flows.tighten_for(flow)
+        tighten = self.flows.tighten_for(flow)
         try:
             try:
-                outcome = prune(*args, inline=True, memory=memory, tighten=tighten)
+                outcome = prune(*args, inline=True, memory=self.flows.memory, tighten=tighten)
             except NeedsWorker:
-                outcome = await asyncio.to_thread(prune, *args, memory=memory, tighten=tighten)
+                self.flows.settle_all()
+                outcome = await asyncio.to_thread(prune, *args, memory=self.flows.conversations, tighten=tighten)
         except Exception as exc:  # noqa: BLE001 - fail open
             log.warning("trimflow: websocket message forwarded untouched: internal error %s", type(exc).__name__)
             return
@@ -250,6 +252,7 @@ class Prune:
             return
         if outcome.changed:
             message.content = outcome.body
+        self.flows.settle_all()
         state.history_line = self.flows.number(record, outcome.history, *outcome.taken)
         state.record = record  # for the metrics addon's websocket_message, next in the chain
 

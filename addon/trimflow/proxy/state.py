@@ -9,23 +9,26 @@ save addon (later in its chain than any script) writes the flow.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 import weakref
-from collections.abc import Callable, Collection
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Iterable
 
 from mitmproxy import http
 
 from .. import Outcome
 from .._cache_break import CacheBreaks
 from .._clicks import Screen
-from .._conversation import Conversations, HistoryLine
+from .._conversation import Conversations, HistoryLine, Recall
 from .._decode import DEFAULT_MAX_DECODED_BYTES
 from .._engine import Tighten
 from .._history import History, response_id_of
 from .._learned_limits import upstream_key
 from .._limits import Limits
 from .._recall import Kept, RecallStore
-from .._record import Record
+from .._record import Record, utc_timestamp
 from .._rules import Target
 from .._rules_file import RulesFile
 from ..formats import openai_responses
@@ -33,6 +36,9 @@ from .comment import flow_comment
 
 log = logging.getLogger("trimflow")
 
+# Flows whose record waits for their answer, at most, and their bodies in all (the oldest are worked out past either).
+MAX_UNSETTLED = 64
+MAX_UNSETTLED_BYTES = 16 * 2**20
 META = "trimflow"  # flow.metadata key holding the flow's record as a dict (the audit reads it from recordings)
 
 
@@ -65,12 +71,23 @@ class SharedState:
     def __init__(self) -> None:
         self.rules: RulesFile | None = None
         self.max_decoded_bytes = DEFAULT_MAX_DECODED_BYTES
-        self.conversations = Conversations()
-        self.cache_breaks = CacheBreaks(clock=self.conversations.clock)
+        # A turn worked out after its answer is timed as it was sent (`_settle_one`): the idle time between turns that the
+        # conversations and the cache breaks read is the agent's, not the provider's.
+        self._sent_at: float | None = None
+        self.conversations = Conversations(clock=self._clock)
+        self.cache_breaks = CacheBreaks(clock=self._clock)
         # The recover addon's learned limits for (upstream, model, limits), applied on top of the rules.
         self.learned: Callable[[str, str | None, Limits], Limits] | None = None
         self.recall: RecallStore | None = None
         self._states: weakref.WeakKeyDictionary[http.HTTPFlow, FlowState | None] = weakref.WeakKeyDictionary()
+        # Flows whose record is left pending (Outcome.record_pending), oldest first: numbered in that order.
+        self._unsettled: OrderedDict[http.HTTPFlow, tuple[FlowState, float]] = OrderedDict()  # with when each went
+        self._unsettled_bytes = 0  # their request bodies, in all
+        # What the engine asks of the conversations, once every pending turn before is numbered (on the loop only).
+        self.memory = _SettledMemory(self)
+
+    def _clock(self) -> float:
+        return time.time() if self._sent_at is None else self._sent_at
 
     def state(self, flow: http.HTTPFlow) -> FlowState | None:
         """The flow's state when it is (or may be) an LLM request, else None. Its Target is resolved on
@@ -108,21 +125,65 @@ class SharedState:
             state = self._states[flow] = FlowState(target)
         return state
 
+    def defer(self, flow: http.HTTPFlow, state: FlowState, outcome: Outcome) -> None:
+        """Leave the flow's record pending: worked out once its answer has gone to the client (the metrics addon), or
+        sooner when a hook reads it, or when a later request needs the conversations (`settle_all`)."""
+        state.pending = outcome
+        shared = self.conversations.shared
+        if shared is not None and shared.across_hosts:
+            # Another host may take the conversation's next turn as soon as this answer is back: the turn goes to the
+            # store now, before the request (the window a deferred turn leaves, docs/performance.md).
+            self.settle(flow, state)
+            return
+        self._unsettled[flow] = state, time.time()
+        self._unsettled_bytes += len(outcome.body)
+        # Bounded across requests: a pending record holds its parsed body, so past either bound the oldest are
+        # worked out now, as they come.
+        while self._unsettled and (len(self._unsettled) > MAX_UNSETTLED or self._unsettled_bytes > MAX_UNSETTLED_BYTES):
+            self._settle_oldest()
+
+    def settle_all(self) -> None:
+        """Work out every pending record, oldest first: before anything reads or moves the conversations."""
+        while self._unsettled:
+            self._settle_oldest()
+
     def settle(self, flow: http.HTTPFlow, state: FlowState) -> Record | None:
-        """The flow's record, worked out now if it was left pending (the prune addon schedules this for
-        the loop turn after the request went; the hooks that read the record call it should they come first)."""
+        """The flow's record, worked out now if it was left pending, after every record pending before it (turns
+        are numbered in the order they came)."""
+        if state.pending is None:
+            return state.record
+        while self._unsettled:
+            if self._settle_oldest() is flow:
+                break
+        if state.pending is not None:  # not queued (deferred by another SharedState's caller): as it comes
+            self._settle_one(flow, state)
+        return state.record
+
+    def _settle_oldest(self) -> http.HTTPFlow:
+        flow, (state, sent_at) = self._unsettled.popitem(last=False)
+        if state.pending is not None:
+            self._unsettled_bytes -= len(state.pending.body)
+        self._settle_one(flow, state, sent_at)
+        return flow
+
+    def _settle_one(self, flow: http.HTTPFlow, state: FlowState, sent_at: float | None = None) -> Record | None:
         outcome = state.pending
         if outcome is None:
             return state.record
         state.pending = None
         try:
             record = outcome.record
+            if record is not None:
+                log_reason(flow, record)
+                if sent_at is not None:  # the record's time is when the request came (an OTel span starts there)
+                    record.ts = utc_timestamp(sent_at)
+                self._sent_at = sent_at
+                self.keep(flow, state, record, outcome.history, *outcome.taken)
         except Exception as exc:  # noqa: BLE001 - the request is gone; only its record is lost
             log.warning("trimflow: %s%s no record: internal error %s", flow.request.pretty_host, path_of(flow), type(exc).__name__)
             return None
-        if record is not None:
-            log_reason(flow, record)
-            self.keep(flow, state, record, outcome.history, *outcome.taken)
+        finally:
+            self._sent_at = None
         return record
 
     def keep(
@@ -152,6 +213,30 @@ class SharedState:
         """A Responses answer names its id: a later request naming it as previous_response_id continues this conversation."""
         if history_line is not None and record.format == openai_responses.NAME:
             self.conversations.responded(history_line, response_id_of(answer_head))
+
+
+class _SettledMemory:
+    """The conversations as the engine reads them (trimflow._engine: CutMemory), every pending turn numbered first: a
+    request that needs its conversation's memory waits for the turns before it, one that does not never does."""
+
+    def __init__(self, flows: SharedState) -> None:
+        self._flows = flows
+
+    def recall(self, history: History) -> Recall | None:
+        self._flows.settle_all()
+        return self._flows.conversations.recall(history)
+
+    def was_cut(self, keys: Iterable[bytes]) -> bool:
+        # A pending turn changed nothing, so it cut nothing: numbering it first could not make an image cut.
+        return self._flows.conversations.was_cut(keys)
+
+
+def after_hook(callback: Callable[..., object], *args: object) -> None:
+    """Run `callback(*args)` once mitmproxy has done what the running hook lets it do (forward the request, send the
+    answer). mitmproxy ends a hook in a task that waits for its connection's lock, held while the hook began, so that
+    task goes on at the loop's next turn: a call_soon callback would run before it, a timer due now runs after it (the
+    loop runs the callbacks that were ready first, then the timers that fell due)."""
+    asyncio.get_running_loop().call_later(0, callback, *args)
 
 
 def write(flow: http.HTTPFlow, state: FlowState) -> None:
