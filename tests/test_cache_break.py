@@ -76,6 +76,20 @@ def test_the_agents_first_changed_block_is_named(changed: History, where: str) -
     assert causes([turn(breaks, 3, changed, 200)]) == [(AGENT_PREFIX, where)]
 
 
+def test_a_turn_sent_before_the_answer_to_the_one_before_is_counted_still_compares_with_its_read() -> None:
+    # A fast agent's next turn can go before the proxy has counted the last answer: the fall is read once both are in.
+    breaks = CacheBreaks()
+    turn(breaks, 1, hist(["m0"]), 0)
+    second = Record(ts="ts", conversation="c1", turn=2, host="api.example", path="/v1/messages", format="anthropic", model="m", rule="r", mode=ENFORCE, segment=1)
+    third = Record(ts="ts", conversation="c1", turn=3, host="api.example", path="/v1/messages", format="anthropic", model="m", rule="r", mode=ENFORCE, segment=1)
+    breaks.sent(second, hist(["m0", "m1"]), frozenset())
+    breaks.sent(third, hist(["m0", "m1", "m2"]), frozenset({0}))  # its cut moved
+    for record, read in ((second, 5000), (third, 200)):
+        record.usage_cache_read_tokens = read
+        breaks.answered(record)
+    assert causes([second, third]) == [(None, None), (TRIMFLOW_CUT, "image 1")]
+
+
 def test_a_moved_cut_names_the_first_image_sent_otherwise() -> None:
     """The cut takes images by value, not only the oldest: the first image the previous turn also sent whose state
     changed is named; an image new this turn, cut as it comes, moves nothing."""
