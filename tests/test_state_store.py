@@ -494,3 +494,24 @@ def test_while_the_store_is_down_files_are_neither_read_nor_written(tmp_path: Pa
         state.put_file(TENANT, IMAGE, "file_a", time.time() + 60)
         state.forget_file(TENANT, IMAGE, "file_a")
         assert state.writes_dropped == 2 and state.drained(0)
+
+
+def test_the_user_deployment_md_gives_trimflow_may_share_turns_and_files(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    documented = (Path(__file__).parent.parent / "docs" / "deployment.md").read_text()
+    (user,) = [line.strip() for line in documented.splitlines() if line.strip().startswith("user trimflow on ")]
+    acl = tmp_path / "users.acl"
+    acl.write_text("user default on nopass ~* &* +@all\n" + user.replace(">a-long-random-password", ">team-secret") + "\n")
+    server = RedisServer(tmp_path, args=("--aclfile", str(acl)))
+    try:
+        with caplog.at_level(logging.WARNING, "trimflow"), RedisState(f"unix://trimflow@{server.socket}", "team-secret", deadline=PATIENT) as state:
+            assert state.wait_until_up(30)
+            state.put(b"k" * 16, turn(time.time()))
+            state.put_file(TENANT, IMAGE, "file_a", time.time() + 60)
+            assert state.drained(30)
+            assert state.get_many([b"k" * 16])[0] is not None and state.get_files(TENANT, [IMAGE])[0] is not None
+            state.forget_file(TENANT, IMAGE, "file_a")
+            assert state.drained(30)
+            assert state.get_files(TENANT, [IMAGE]) == [None]
+        assert state.writes_dropped == 0 and not caplog.records
+    finally:
+        server.stop()
