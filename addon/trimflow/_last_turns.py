@@ -108,6 +108,7 @@ class TurnStore(Protocol):
 
     writes_dropped: int
     across_hosts: bool  # instances on other hosts read it: a turn must be in it before its answer is back
+    reads_wait: bool  # a read may wait on another machine (up to its deadline): a caller on an event loop reads in a worker thread
 
     @property
     def in_use(self) -> bool: ...
@@ -165,6 +166,9 @@ class LastTurns:
     is no longer used. `close` writes what waits, if the file lets it at once."""
 
     across_hosts = False
+    # A read is a lookup in a file on this host, in microseconds, that never waits for another process (no busy
+    # timeout: a file held up reads nothing): it stays on the event loop, where a worker thread would cost more than it.
+    reads_wait = False
 
     def __init__(self, path: str, clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic) -> None:
         self.path = path

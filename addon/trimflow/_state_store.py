@@ -238,6 +238,7 @@ class RedisState:
     """The shared store at `url` (see the module's docstring); a TurnStore."""
 
     across_hosts = True
+    reads_wait = True  # a read goes over the network: the proxy reads in a worker thread, never on its event loop
 
     def __init__(
         self,
