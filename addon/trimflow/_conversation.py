@@ -26,7 +26,9 @@ goes on from what this process remembers of the conversation, if anything (`_goe
 images' arrivals; and from a store that keeps them (trimflow._state_store), its turn number and the conversation's
 id, so that a conversation spread over instances is numbered 1, 2, 3 under one id. A row is keyed by the
 conversation's opening, which two runs of one task share: each writes a row of its own under that key
-(`_row_for`), and neither takes the other's.
+(`_row_for`), and neither takes the other's. A caller that may not wait on the store (the proxy's event loop, with a
+store on another machine: TurnStore.reads_wait) reads a request's rows in another thread (`read_rows`) and hands them
+to `recall` and `assign`.
 """
 
 from __future__ import annotations

@@ -23,9 +23,10 @@ from mitmproxy.websocket import WebSocketMessage
 from wsproto.frame_protocol import Opcode
 
 from trimflow import proxy
+from trimflow._history import History, Images
 from trimflow._human import format_size_change
 from trimflow._last_turns import LastTurns
-from trimflow._record import utc_timestamp
+from trimflow._record import Record, utc_timestamp
 from trimflow._rules_file import DEFAULT_RULES_PATH, RulesFile, load_rules
 from trimflow._state_store import RedisState
 from trimflow.proxy import prune as prune_module
@@ -332,6 +333,16 @@ async def test_a_hung_store_holds_up_only_the_request_that_reads_it(addon, redis
             redis_server.process.send_signal(signal.SIGCONT)
         await waiting
     assert store.outages == 0
+
+
+async def test_a_turn_whose_rows_were_not_read_ahead_is_numbered_without_a_read_on_the_loop(addon, redis_server) -> None:
+    # The numbering runs on the loop: a turn that comes to it with no rows read for it is numbered on this instance's
+    # own memory, as if the store had answered nothing (a read past its deadline), and the store is not read there.
+    with sharing(addon, redis_server, deadline=30.0) as store:
+        record = Record.untouched("api.example", "/v1/chat/completions", "openai-chat", "enforce", "", 10)
+        line = addon.flows.number(record, History("api.example", None, 0, [1, 2], b"\x00" * 8, images=Images([], None)))
+        assert record.turn == 1 and line is not None and line.row is not None  # its turn still goes to the store
+        assert store.threads == []
 
 
 async def test_pending_records_are_bounded_and_a_streamed_answer_does_not_hold_one(addon) -> None:
