@@ -254,10 +254,12 @@ class ReadsSeen(RedisState):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.threads: list[int] = []
+        self.thread_names: list[str] = []
         self.reading = threading.Event()
 
     def get_many(self, keys):
         self.threads.append(threading.get_ident())
+        self.thread_names.append(threading.current_thread().name)
         self.reading.set()
         return super().get_many(keys)
 
@@ -311,6 +313,9 @@ async def test_with_the_redis_store_no_read_runs_on_the_event_loop(addon, redis_
             await addon.websocket_message(socket)
             assert socket.websocket.messages[-1].content.count(b"base64,") == 2
         assert len(store.threads) >= len(flows) + 2 and loop not in store.threads
+        # Inline turns read in the store's own threads, never queued behind a shrink in the engine's (the gzipped turn's
+        # run in a worker reads there).
+        assert sum(name.startswith("trimflow-state-read") for name in store.thread_names) >= len(flows) + 1
         assert all(addon.flows.get(flow).rows is None for flow in flows)  # the rows read for a turn go with it
 
 

@@ -161,7 +161,7 @@ class Prune:
         try:
             return self._prune_flow(flow, state, inline=True)
         except NeedsRows as need:
-            state.rows = await asyncio.to_thread(self.flows.conversations.read_rows, need.history)
+            await self.flows.read_ahead(state, need.history)
         return self._prune_flow(flow, state, inline=True)  # NeedsRows again (the store changed meanwhile): a worker's run
 
     def _prune_in_worker(self, flow: http.HTTPFlow, state: FlowState) -> tuple[Record | None, Outcome | None, History | None, Taken]:
@@ -260,7 +260,7 @@ class Prune:
                 try:
                     outcome = prune(*args, inline=True, memory=self.flows.memory_for(state), tighten=tighten)
                 except NeedsRows as need:
-                    state.rows = await asyncio.to_thread(self.flows.conversations.read_rows, need.history)
+                    await self.flows.read_ahead(state, need.history)
                     outcome = prune(*args, inline=True, memory=self.flows.memory_for(state), tighten=tighten)
             except NeedsWorker:
                 self.flows.settle_all()

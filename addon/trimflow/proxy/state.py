@@ -15,6 +15,7 @@ import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable
+from concurrent.futures import ThreadPoolExecutor
 
 from mitmproxy import http
 
@@ -31,6 +32,7 @@ from .._recall import Kept, RecallStore
 from .._record import Record, utc_timestamp
 from .._rules import Target
 from .._rules_file import RulesFile
+from .._state_store import FRONT_CONNECTIONS
 from ..formats import openai_responses
 from .comment import flow_comment
 
@@ -97,6 +99,9 @@ class SharedState:
         # Flows whose record is left pending (Outcome.record_pending), oldest first: numbered in that order.
         self._unsettled: OrderedDict[http.HTTPFlow, tuple[FlowState, float]] = OrderedDict()  # with when each went
         self._unsettled_bytes = 0  # their request bodies, in all
+        # The threads reading a store whose reads wait, as many as the Redis store reads at once on (more read nothing):
+        # their own, so that no read queues behind the engine's slow work in the default executor (a shrink).
+        self._readers: ThreadPoolExecutor | None = None
 
     def memory_for(self, state: FlowState | None, on_loop: bool = True) -> _RequestMemory:
         """What the engine asks of the conversations for the request of `state` (trimflow._engine: CutMemory): on the
@@ -111,12 +116,14 @@ class SharedState:
         return shared is not None and shared.reads_wait
 
     async def read_ahead(self, state: FlowState, history: History | None) -> None:
-        """Where the store's reads wait, the rows of the request's conversation into `state.rows`, read in a worker
-        thread (the store's deadline bounds it; the loop serves other requests meanwhile), unless they were read for it
-        already: its turn is numbered on them (`keep`, `number`)."""
+        """Where the store's reads wait, the rows of the request's conversation into `state.rows`, read in one of the
+        store's reading threads (the store's deadline bounds it; the loop serves other requests meanwhile), unless they
+        were read for it already: its cut (NeedsRows) and the numbering of its turn (`keep`, `number`) take them."""
         if history is None or not self.reads_wait or _rows_of(self.conversations, state.rows, history) is not None:
             return
-        state.rows = await asyncio.to_thread(self.conversations.read_rows, history)
+        if self._readers is None:
+            self._readers = ThreadPoolExecutor(FRONT_CONNECTIONS, thread_name_prefix="trimflow-state-read")
+        state.rows = await asyncio.get_running_loop().run_in_executor(self._readers, self.conversations.read_rows, history)
 
     def _clock(self) -> float:
         return time.time() if self._sent_at is None else self._sent_at
