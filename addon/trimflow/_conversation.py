@@ -373,7 +373,7 @@ class Conversations:
     def _rows(self, history: History, fresh: bool, given: Rows | None = None) -> Rows:
         """The shared rows of the history's conversation: `given` (read ahead for this request) when they are its rows;
         else those the last read of the same request got (`recall` reads, `assign` takes them: one read a turn, and
-        the turn remembered in the order it was cut in), until a turn is written; else read now. none without a store."""
+        the turn remembered in the order it was cut in), until a turn is written; else read now (none without a store)."""
         if self.shared is None:
             return ()
         key = conversation_key(history.host, history.session, history.origin)
