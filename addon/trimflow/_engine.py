@@ -42,6 +42,7 @@ from ._policy import BODY, CACHE, COUNT_CAP, IMAGE_LIMIT, REPEAT, TOKENS, NeedsW
 from ._recall import Kept
 from ._record import COUNT_TOKENS, ENFORCE, OBSERVE, WARMUP, Record, utc_timestamp
 from ._rules import Rules, Target
+from ._send_once import files_api
 from ._text import escape_controls
 from ._tokens import text_tokens
 from ._value import CutOrder, cut_order
@@ -392,6 +393,7 @@ def _prune(
                 accepts_webp=module.ACCEPTS_WEBP,
                 protected=chosen.protected,
                 later=marks,
+                uploaded=limits.send_once and files_api(fmt, path) is not None,
             )
 
         plan = holding(held)

@@ -220,6 +220,23 @@ async def test_a_request_needing_nothing_goes_first_and_gets_its_record_once_its
     assert (second.metadata["trimflow"]["turn"], third.metadata["trimflow"]["turn"]) == (2, 3)
 
 
+async def test_an_answer_counted_at_once_comes_after_the_answers_still_waiting(addon) -> None:
+    # The cache breaks read a conversation's answers in order: a changed turn answered while the answer before it waits
+    # for its line (FLUSH_DELAY) is counted after that one, not before.
+    counted: list[int | None] = []
+    addon.get(proxy.Metrics).listeners.append(lambda record, error: counted.append(record.turn))
+    first = llm_flow(turns=2)
+    await requested_only(addon, first)
+    first.response = json_answer()
+    await addon.response_async(first)
+    later = llm_flow(turns=3)  # over the rules' 2 images: changed, its record at once
+    await addon.request(later)
+    later.response = json_answer()
+    await addon.response_async(later)
+    await answer_sent()
+    assert counted == [1, 2]
+
+
 async def test_a_request_that_needs_the_memory_numbers_the_turns_before_it_first(addon) -> None:
     # A fast agent's next turn may come before the last one's answer has been accounted for: a turn with images to cut
     # reads when they came, so every pending turn is numbered before it.
