@@ -27,7 +27,7 @@ images' arrivals; and from a store that keeps them (trimflow._state_store), its 
 id, so that a conversation spread over instances is numbered 1, 2, 3 under one id. A row is keyed by the
 conversation's opening, which two runs of one task share: each writes a row of its own under that key
 (`_row_for`), and neither takes the other's. A caller that may not wait on the store (the proxy's event loop, with a
-store on another machine: TurnStore.reads_wait) reads a request's rows in another thread (`read_rows`) and hands them
+store on another machine: TurnStore.across_hosts) reads a request's rows in another thread (`read_rows`) and hands them
 to `recall` and `assign`.
 """
 
@@ -357,7 +357,7 @@ class Conversations:
 
     def read_rows(self, history: History) -> Rows | None:
         """The shared store's rows of this history's conversation, read now, in the caller's thread (a store whose
-        reads wait on another machine, TurnStore.reads_wait, is read in a worker thread, never on an event loop), for
+        reads wait on another machine, TurnStore.across_hosts, is read in a worker thread, never on an event loop), for
         `recall` and `assign` to take; None where a turn of it reads none."""
         shared, keys = self.shared, self.row_keys_of(history)
         if shared is None or not keys:

@@ -130,7 +130,7 @@ class Prune:
                 self.flows.settle_all()  # the worker reads the conversations: every turn before this one first
                 record, outcome, history, taken = await asyncio.to_thread(self._prune_in_worker, flow, state)
             if outcome is not None and outcome.record_pending:
-                if self.flows.reads_wait and outcome.record is not None and outcome.record.kind == TURN:
+                if self.flows.across_hosts and outcome.record is not None and outcome.record.kind == TURN:
                     await self.flows.read_ahead(state, outcome.history)  # in a worker thread, for numbering its turn
                 # Nothing to change: mitmproxy forwards the request as soon as this hook returns; the record and
                 # the turn wait for the answer to have gone out (the metrics addon).

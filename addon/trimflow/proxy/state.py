@@ -71,7 +71,7 @@ class FlowState:
 
 class NeedsRows(NeedsWorker):
     """Raised on the event loop by a request's memory (`SharedState.memory_for`) when the request needs its
-    conversation's rows in a store whose reads wait (TurnStore.reads_wait) and none were read for it: the caller reads
+    conversation's rows in a store whose reads wait on the network (TurnStore.across_hosts) and none were read for it: the caller reads
     them in a worker thread (`SharedState.read_ahead`) and runs the request inline again. A NeedsWorker, so a caller
     that does not read them runs the request in a worker thread, whose memory reads them there."""
 
@@ -110,16 +110,17 @@ class SharedState:
         return _RequestMemory(self, state, on_loop)
 
     @property
-    def reads_wait(self) -> bool:
-        """Whether the shared store's reads may wait on another machine (TurnStore.reads_wait): never read on the loop."""
+    def across_hosts(self) -> bool:
+        """Whether the shared store is a server other hosts share (TurnStore.across_hosts): its reads may wait on the
+        network, so never on the loop, and a turn goes to it before its request goes (`defer`)."""
         shared = self.conversations.shared
-        return shared is not None and shared.reads_wait
+        return shared is not None and shared.across_hosts
 
     async def read_ahead(self, state: FlowState, history: History | None) -> None:
         """Where the store's reads wait, the rows of the request's conversation into `state.rows`, read in one of the
         store's reading threads (the store's deadline bounds it; the loop serves other requests meanwhile), unless they
         were read for it already: its cut (NeedsRows) and the numbering of its turn (`keep`, `number`) take them."""
-        if history is None or not self.reads_wait or _rows_of(self.conversations, state.rows, history) is not None:
+        if history is None or not self.across_hosts or _rows_of(self.conversations, state.rows, history) is not None:
             return
         if self._readers is None:
             self._readers = ThreadPoolExecutor(FRONT_CONNECTIONS, thread_name_prefix="trimflow-state-read")
@@ -168,8 +169,7 @@ class SharedState:
         """Leave the flow's record pending: worked out once its answer has gone to the client (the metrics addon), or
         sooner when a hook reads it, or when a later request needs the conversations (`settle_all`)."""
         state.pending = outcome
-        shared = self.conversations.shared
-        if shared is not None and shared.across_hosts:
+        if self.across_hosts:
             # Another host may take the conversation's next turn as soon as this answer is back: the turn goes to the
             # store now, before the request (the window a deferred turn leaves, docs/performance.md).
             self.settle(flow, state)
@@ -249,7 +249,7 @@ class SharedState:
         if history is None:
             return None
         conversations = self.conversations
-        if self.reads_wait:
+        if self.across_hosts:
             rows = _rows_of(conversations, rows, history) or conversations.nothing_read(history)
         assignment = conversations.assign(history, record.kind, cut, like, rows)
         record.conversation, record.turn, record.segment = assignment.conversation, assignment.turn, assignment.segment
@@ -276,7 +276,7 @@ class _RequestMemory:
         if self._on_loop:
             flows.settle_all()
         conversations = flows.conversations
-        if not flows.reads_wait:
+        if not flows.across_hosts:
             return conversations.recall(history)
         state = self._state
         rows = _rows_of(conversations, state.rows if state is not None else None, history)
