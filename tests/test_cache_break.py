@@ -33,7 +33,15 @@ def turn(
     breaks: CacheBreaks, number: int, history: History, read: int, cut: frozenset[int] = frozenset(), conversation: str = "c1", mode: str = ENFORCE
 ) -> Record:
     """One turn through `breaks`: sent, then answered with `read` cache tokens; returns its record."""
-    record = Record(
+    record = turn_record(number, conversation, mode)
+    breaks.sent(record, history, cut)
+    record.usage_input_tokens, record.usage_cache_read_tokens = read + 100, read
+    breaks.answered(record)
+    return record
+
+
+def turn_record(number: int, conversation: str = "c1", mode: str = ENFORCE) -> Record:
+    return Record(
         ts="ts",
         conversation=conversation,
         turn=number,
@@ -45,10 +53,6 @@ def turn(
         mode=mode,
         segment=1,
     )
-    breaks.sent(record, history, cut)
-    record.usage_input_tokens, record.usage_cache_read_tokens = read + 100, read
-    breaks.answered(record)
-    return record
 
 
 def causes(records: list[Record]) -> list[tuple[str | None, str | None]]:
@@ -74,6 +78,19 @@ def test_the_agents_first_changed_block_is_named(changed: History, where: str) -
     turn(breaks, 1, hist(["m0"]), 0)
     turn(breaks, 2, hist(["m0", "m1"]), 5000)
     assert causes([turn(breaks, 3, changed, 200)]) == [(AGENT_PREFIX, where)]
+
+
+def test_a_turn_sent_before_the_answer_to_the_one_before_is_counted_still_compares_with_its_read() -> None:
+    # A fast agent's next turn can go before the proxy has counted the last answer: the fall is read once both are in.
+    breaks = CacheBreaks()
+    turn(breaks, 1, hist(["m0"]), 0)
+    second, third = turn_record(2), turn_record(3)
+    breaks.sent(second, hist(["m0", "m1"]), frozenset())
+    breaks.sent(third, hist(["m0", "m1", "m2"]), frozenset({0}))  # its cut moved
+    for record, read in ((second, 5000), (third, 200)):
+        record.usage_cache_read_tokens = read
+        breaks.answered(record)
+    assert causes([second, third]) == [(None, None), (TRIMFLOW_CUT, "image 1")]
 
 
 def test_a_moved_cut_names_the_first_image_sent_otherwise() -> None:

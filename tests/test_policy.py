@@ -38,6 +38,7 @@ from .images import (
     sent,
     texts,
 )
+from .shrink_bench import screenshot as rendered_screen
 
 # --- the count cap --------------------------------------------------------------------------------------------
 
@@ -420,6 +421,23 @@ def test_an_image_larger_than_its_model_sees_goes_at_that_size_losslessly(
     assert b"[trimflow:" not in outcome.body  # no note: the model sees what it would have seen of the original
     # What went out is within the size the model sees: a second pass changes nothing.
     assert prune_request(url_for(fmt), {}, outcome.body, rules_with()).body is outcome.body
+
+
+def test_an_image_that_goes_up_once_is_encoded_for_its_one_upload(retina_desktop: bytes, fresh_cache: _shrink.ShrinkCache) -> None:
+    # With send_once an image's bytes go up once and its encoding delays the turn that brings it: the same pixels at the
+    # least effort where that costs most (photo-like pixels), the usual effort where it is cheap (a flat screen).
+    flat = rendered_screen("ui", scale=2).png()  # a light app window at 2880x1800
+    for shot, same_bytes in ((retina_desktop, False), (flat, True)):
+        raw = native_request("anthropic", "claude-sonnet-4-5", shot)
+        [inline] = sent("anthropic", prune_request(url_for("anthropic"), {}, raw, rules_with()).body)
+        [once] = sent("anthropic", prune_request(url_for("anthropic"), {}, raw, rules_with(send_once=True)).body)
+        assert decoded(once).size == decoded(inline).size == (1389, 868)
+        assert decoded(once).convert("RGB").tobytes() == decoded(inline).convert("RGB").tobytes()  # lossless either way
+        assert (once.data == inline.data) is same_bytes
+        # Where the route has no Files API (Vertex), the image goes inline on every turn: the usual effort.
+        vertex = "https://aiplatform.googleapis.com/v1/projects/p/locations/l/publishers/anthropic/models/claude-sonnet-4-5:rawPredict"
+        [routed] = sent("anthropic", prune_request(vertex, {}, raw, rules_with(send_once=True)).body)
+        assert routed.data == inline.data
 
 
 def test_native_size_false_sends_the_image_as_it_came(retina_desktop: bytes) -> None:

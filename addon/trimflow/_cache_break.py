@@ -53,7 +53,7 @@ class _Turn:
     """A conversation's last turn as sent: its digests, its cut, when it went, and (once answered) its cache read;
     `change`: what changed from the turn before it (a cause and where), and `previous_read` that turn's cache read."""
 
-    __slots__ = ("turn", "head", "tools", "chain", "cut", "images", "sent_at", "cache_read", "previous_read", "previous", "change")
+    __slots__ = ("turn", "head", "tools", "chain", "cut", "images", "sent_at", "cache_read", "previous_read", "unanswered", "previous", "change")
 
     def __init__(self, turn: int, history: History, cut: frozenset[int], sent_at: float) -> None:
         self.turn, self.head, self.tools, self.cut, self.sent_at = turn, history.head, history.tools, cut, sent_at
@@ -61,6 +61,9 @@ class _Turn:
         self.chain = array("q", history.prefixes)
         self.cache_read: int | None = None
         self.previous_read: int | None = None
+        # The turn before, while its answer has not been counted (a fast agent's next turn may go first): its read is
+        # taken when this one's answer comes. Only the unanswered hold one, so such links are as long as turns in flight.
+        self.unanswered: _Turn | None = None
         self.previous: tuple[frozenset[int], int] | None = None  # the turn before's cut and image count
         self.change: tuple[str, str | None] | None = None  # None: no earlier turn (a first turn)
 
@@ -119,6 +122,8 @@ class CacheBreaks:
         turn = _Turn(record.turn, history, taken, now)
         if previous is not None:
             turn.previous_read, turn.previous = previous.cache_read, (previous.cut, previous.images)
+            if previous.cache_read is None:
+                turn.unanswered = previous
             turn.change = self._change(previous, history, taken, now)
         self._put(key, turn)
 
@@ -141,10 +146,14 @@ class CacheBreaks:
         if record.kind != TURN or record.conversation is None:
             return
         turn = self._turns.get((record.conversation, record.segment))
+        while turn is not None and turn.turn != record.turn:  # a later turn went before this answer was counted
+            turn = turn.unanswered
         read = record.usage_cache_read_tokens
-        if turn is None or turn.turn != record.turn or read is None:
+        if turn is None or read is None:
             return
         turn.cache_read = read
+        if turn.unanswered is not None:
+            turn.previous_read, turn.unanswered = turn.unanswered.cache_read, None
         if turn.change is None:
             record.cache_break = FIRST_TURN
         elif turn.previous_read is not None and read < turn.previous_read:
@@ -202,3 +211,4 @@ class CacheBreaks:
             del keys[key]
             if not keys:
                 del self._by_opening[turn.chain[0]]
+            turn.chain = array("q")  # a later turn may still hold it for its cache read (`unanswered`): not its chain

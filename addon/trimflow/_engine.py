@@ -42,6 +42,7 @@ from ._policy import BODY, CACHE, COUNT_CAP, IMAGE_LIMIT, REPEAT, TOKENS, NeedsW
 from ._recall import Kept
 from ._record import COUNT_TOKENS, ENFORCE, OBSERVE, WARMUP, Record, utc_timestamp
 from ._rules import Rules, Target
+from ._send_once import files_api
 from ._text import escape_controls
 from ._tokens import text_tokens
 from ._value import CutOrder, cut_order
@@ -142,7 +143,8 @@ def is_sigv4(headers: Mapping[str, str]) -> bool:
 class CutMemory(Protocol):
     """What the cut needs to know of the conversation a request continues: trimflow._conversation.Conversations,
     as the proxy keeps it. The order of its images by arrival and which were cut before (`recall`, `was_cut`), and
-    for the cache-aware cut (the `low_water` setting) where its last cut ended and how long ago."""
+    for the cache-aware cut (the `low_water` setting) where its last cut ended and how long ago. `recall` may raise
+    NeedsWorker in an inline run (what it knows is to be read off the event loop): the engine lets it through."""
 
     def recall(self, history: History) -> Recall | None: ...
 
@@ -338,6 +340,8 @@ def _prune(
         known = history()
         try:
             recalled = memory.recall(known) if known is not None else None
+        except NeedsWorker:  # the memory's to read off the event loop (the proxy's shared store)
+            raise
         except Exception:  # noqa: BLE001 - the conversation's memory lost, never the request: it is cut on its own
             recalled = None
         if recalled is not None:
@@ -389,6 +393,7 @@ def _prune(
                 accepts_webp=module.ACCEPTS_WEBP,
                 protected=chosen.protected,
                 later=marks,
+                uploaded=limits.send_once and files_api(fmt, path) is not None,
             )
 
         plan = holding(held)

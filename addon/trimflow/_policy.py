@@ -149,6 +149,7 @@ class Plan:
         accepts_webp: bool = False,
         protected: frozenset[int] = frozenset(),
         later: Mapping[int, int] | None = None,
+        uploaded: bool = False,
     ) -> None:
         self.images, self.limits, self.fmt, self.model, self.inline = images, limits, fmt, model, inline
         self.held, self.cold = held, cold
@@ -159,6 +160,7 @@ class Plan:
         self.later = later or {}
         self.computer_use = computer_use  # the request declares a computer tool: the rescale note asks for its pixels
         self.accepts_webp = accepts_webp  # every provider behind the format decodes WebP (WireFormat.ACCEPTS_WEBP)
+        self.uploaded = uploaded  # its images go up once and by reference after (send_once where the route has a Files API)
         self.dropped: dict[int, tuple[str, str]] = {}  # image index -> (cause, placeholder text)
         self.new: dict[int, _shrink.Shrunk] = {}  # image index -> its re-encoded bytes
         self.thinned: set[int] = set()  # of `new`, the ones made thumbnails by age
@@ -274,7 +276,9 @@ class Plan:
             raise NeedsWorker("an image to re-encode")
         sides = [s for s in (side, thumb) if s is not None]
         max_side = min(sides) if sides else None
-        result = _shrink.shrink(m.data[m.data_offset :], max_side=max_side, max_bytes=max_bytes, webp=self.accepts_webp, size=native)
+        result = _shrink.shrink(
+            m.data[m.data_offset :], max_side=max_side, max_bytes=max_bytes, webp=self.accepts_webp, size=native, once=self.uploaded
+        )
         if result.data is not None:
             self.new[i] = result
             if thinning:

@@ -111,6 +111,12 @@ LOSSLESS = -1  # the quality setting that asks WebP for its lossless mode
 # for its encoding, and on photo-like pixels this takes a third less CPU for at most a few per cent more bytes (on
 # flat UI and code, the same bytes). The least effort would double the bytes of a flat screen.
 LOSSLESS_QUICK = -2
+# Its lossless mode for an image that goes up once (send_once) and is referenced after: the bytes are paid once, the
+# encoding on the turn that brings it. The least effort first, a fifth of the CPU on photo-like pixels for 10-30% more
+# bytes; a frame that comes out under ONCE_FLAT_BYTES_PER_PIXEL (flat UI, code) is encoded again at LOSSLESS_QUICK,
+# which is cheap there and up to half the bytes, and the smaller kept.
+LOSSLESS_ONCE = -3
+ONCE_FLAT_BYTES_PER_PIXEL = 0.3
 PALETTE = "PNG8"  # PNG of 256 colours (median cut, no dithering): UI and text keep their edges, at 2-3x less than PNG
 # The median cut maps each pixel to its nearest palette colour through a cache of the colours it has met: a frame of
 # millions of distinct colours (a gradient, which PNG stores in tens of KB) misses it on every pixel, at many times
@@ -205,8 +211,10 @@ def _cost(value: Shrunk) -> int:
 CACHE = ShrinkCache()
 
 
-def cache_key(payload: str, max_side: int | None, max_bytes: int | None, webp: bool = False, size: tuple[int, int] | None = None) -> bytes:
-    digest = hashlib.blake2b(f"{max_side}:{max_bytes}:{webp}:{size}:".encode(), digest_size=32)
+def cache_key(
+    payload: str, max_side: int | None, max_bytes: int | None, webp: bool = False, size: tuple[int, int] | None = None, once: bool = False
+) -> bytes:
+    digest = hashlib.blake2b(f"{max_side}:{max_bytes}:{webp}:{size}:{once}:".encode(), digest_size=32)
     digest.update(payload.encode("utf-8", "surrogatepass"))
     return digest.digest()
 
@@ -219,21 +227,23 @@ def shrink(
     webp: bool = False,
     cache: ShrinkCache | None = None,
     size: tuple[int, int] | None = None,
+    once: bool = False,
 ) -> Shrunk:
     """The image in base64 `payload` with its long side <= `max_side` and base64 length <= `max_bytes`.
 
     None means no limit. `webp`: the target decodes WebP (a WebP source stays WebP either way).
     `size`: the size the model sees the image at (its header's width and height scaled by the provider's rule): an
     image larger goes at that size, losslessly, unless it is smaller as it came (see the module docstring).
+    `once`: the image goes up once and is referenced after (send_once): at that size, the encoding effort LOSSLESS_ONCE.
     Never raises: anything that goes wrong is a Shrunk with a reason.
     """
     cache = CACHE if cache is None else cache
-    key = cache_key(payload, max_side, max_bytes, webp, size)
+    key = cache_key(payload, max_side, max_bytes, webp, size, once)
     hit = cache.get(key)
     if hit is not None:
         return hit
     try:
-        opened = _open(payload, max_side, max_bytes, webp, size)
+        opened = _open(payload, max_side, max_bytes, webp, size, once)
     except Exception as exc:  # noqa: BLE001 - a broken image is dropped, never a broken request
         opened = _could_not(exc)
     if isinstance(opened, Shrunk):
@@ -282,6 +292,7 @@ class _Opened:
     cost: int = 0  # the most memory decoding and re-encoding it can hold at once, in bytes
     native: tuple[int, int] | None = None  # the size the model sees it at, when it goes at that size
     original: int | None = None  # its base64 length and type name, when it may go as it came
+    once: bool = False  # it goes up once (send_once): LOSSLESS_ONCE at the size the model sees
 
 
 def open_image(payload: str) -> tuple[Image.Image, bytes] | str:
@@ -306,7 +317,9 @@ def open_image(payload: str) -> tuple[Image.Image, bytes] | str:
     return im, raw
 
 
-def _open(payload: str, max_side: int | None, max_bytes: int | None, webp: bool, size: tuple[int, int] | None = None) -> Shrunk | _Opened:
+def _open(
+    payload: str, max_side: int | None, max_bytes: int | None, webp: bool, size: tuple[int, int] | None = None, once: bool = False
+) -> Shrunk | _Opened:
     """The image opened and its cost worked out; or the outcome, when it needs no decoding (nothing to do, or refused)."""
     opened_image = open_image(payload)
     if isinstance(opened_image, str):
@@ -329,7 +342,7 @@ def _open(payload: str, max_side: int | None, max_bytes: int | None, webp: bool,
         # Decode at 1/2, 1/4 or 1/8 scale when that still covers the target: 4-60x less work.
         im.draft(None, _fit(width, height, long_side))
     original = len(payload) + len(_MIME.get(source, "")) if as_it_came else None
-    opened = _Opened(im, raw, len(payload), width, height, long_side, max_bytes, webp, native=native, original=original)
+    opened = _Opened(im, raw, len(payload), width, height, long_side, max_bytes, webp, native=native, original=original, once=once)
     opened.cost = _peak_bytes(opened, im)
     if opened.cost > BUDGET.limit:
         need, budget = format_size(opened.cost), format_size(BUDGET.limit)
@@ -355,7 +368,7 @@ def _shrink(opened: _Opened) -> Shrunk:
     del im  # the source's pixels, when normalising made new ones
     rescue = _rescue(opened, source, width, height, pixels.mode)
     if native is not None:
-        seen = _at_native(pixels, native, _native_step(opened.webp, native, rescue), opened.max_bytes, opened.original)
+        seen = _at_native(pixels, native, _native_step(opened, native, rescue), opened.max_bytes, opened.original)
         if seen is not None:
             return seen
     return _ladder(pixels, width, height, opened.long_side, opened.max_bytes, rescue)
@@ -368,10 +381,12 @@ def _native_target(size: tuple[int, int] | None, width: int, height: int, max_si
     return size if max_side is None or max(size) <= max_side else None
 
 
-def _native_step(webp: bool, size: tuple[int, int], rescue: _Rescue) -> tuple[str, int]:
+def _native_step(opened: _Opened, size: tuple[int, int], rescue: _Rescue) -> tuple[str, int]:
     """The lossless encoding at the size the model sees: WebP where the target takes it (and the frame is not too
     large for its encoder, which no provider's size is), else PNG."""
-    return ("WEBP", LOSSLESS_QUICK) if webp and size[0] * size[1] <= MAX_HEAVY_PIXELS else ("PNG", rescue.png_level)
+    if opened.webp and size[0] * size[1] <= MAX_HEAVY_PIXELS:
+        return "WEBP", LOSSLESS_ONCE if opened.once else LOSSLESS_QUICK
+    return "PNG", rescue.png_level
 
 
 def _at_native(pixels: Image.Image, size: tuple[int, int], step: tuple[str, int], max_bytes: int | None, original: int | None) -> Shrunk | None:
@@ -469,7 +484,7 @@ def _peak_bytes(opened: _Opened, im: Image.Image) -> int:
     max_bytes, full_size = opened.max_bytes, first == opened.width * opened.height
     steps = rescue.steps(True, full_size, first)
     if opened.native is not None:  # the lossless encoding at the size the model sees comes first
-        steps = [_native_step(opened.webp, opened.native, rescue), *steps]
+        steps = [_native_step(opened, opened.native, rescue), *steps]
     encoding = pixels + frame + _encoding_peak(steps, first, depth, alpha, max_bytes)
     if max_bytes is not None:  # without a byte limit the first encoding is the one sent
         # The later sizes: each at most 0.75^2 of the first in area (one frame at a time); the heavy encoders come
@@ -639,6 +654,12 @@ def _encode(im: Image.Image, fmt: str, setting: int | None) -> bytes:
         im.save(out, "WEBP", lossless=True, quality=80, method=4)
     elif setting == LOSSLESS_QUICK:
         im.save(out, "WEBP", lossless=True, quality=50, method=1)
+    elif setting == LOSSLESS_ONCE:
+        im.save(out, "WEBP", lossless=True, quality=50, method=0)
+        if out.tell() < ONCE_FLAT_BYTES_PER_PIXEL * im.width * im.height:
+            quick = _encode(im, fmt, LOSSLESS_QUICK)
+            if len(quick) < out.tell():
+                return quick
     else:
         im.save(out, "WEBP", quality=setting, method=4)
     return out.getvalue()

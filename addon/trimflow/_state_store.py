@@ -15,7 +15,8 @@ trimflow writes is ignored.
 
 The proxy never waits for the store past DEADLINE: a read on the request path ends by its deadline, the whole read
 (its socket calls share it, so a store that answers a byte at a time is cut off too), and only while the store is
-known to answer; it uses a connection the thread made ready, never one of its own (`_Ready`). Writes wait in a
+known to answer; it uses a connection the thread made ready, never one of its own (`_Ready`). The proxy reads in
+a worker thread, never on its event loop (`across_hosts`: trimflow.proxy.state.SharedState.read_ahead). Writes wait in a
 queue (the newest turn of each conversation, at most MAX_PENDING; as many file entries) for a thread of its own, and never put an older
 turn of a conversation over a newer one another instance wrote (`_WRITE_NEWER`, compared in the store). A store that
 is down, slow, full or answering garbage costs one warning, and the instance goes on with its own memory; the thread

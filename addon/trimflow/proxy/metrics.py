@@ -64,8 +64,7 @@ class Metrics:
             self.file = MetricsFile(path) if path else None
 
     def done(self) -> None:
-        for flow in list(self._answering):  # answered as mitmproxy stops, before the loop turned again
-            self._answer_later(flow)
+        self._answer_waiting()  # answered as mitmproxy stops, before the loop turned again
         self._flush()
         if self.file is not None:
             self.file.close()
@@ -94,12 +93,20 @@ class Metrics:
             self._answering[flow] = state
             asyncio.get_running_loop().call_later(FLUSH_DELAY, self._answer_later, flow)
             return
+        self._answer_waiting()
         self._answered(flow, state)
 
     def _answer_later(self, flow: http.HTTPFlow) -> None:
         state = self._answering.pop(flow, None)
         if state is not None:
             self._answered(flow, state)
+
+    def _answer_waiting(self) -> None:
+        """The answers still waiting for FLUSH_DELAY, now, in the order they came: before a later one is counted, since
+        the cache breaks read a conversation's answers in order (an agent's next turn may be answered within it)."""
+        while self._answering:
+            flow = next(iter(self._answering))
+            self._answered(flow, self._answering.pop(flow))
 
     def _answered(self, flow: http.HTTPFlow, state: FlowState) -> None:
         """The record completed with the answer: status, usage, a Responses answer's id."""
@@ -126,6 +133,7 @@ class Metrics:
         state = self.flows.get(flow)
         if state is None:
             return
+        self._answer_waiting()
         record = self.flows.settle(flow, state)
         if record is not None and record.status is None:
             state.error = flow.error.msg if flow.error else "error"
