@@ -281,14 +281,14 @@ async def answer_sent() -> None:
 class RedisServer:
     """A redis-server on a Unix socket only (`--port 0`: no TCP port to race for), nothing saved to disk."""
 
-    def __init__(self, workdir: Path, password: str | None = None) -> None:
+    def __init__(self, workdir: Path, password: str | None = None, args: tuple[str, ...] = ()) -> None:
         binary = shutil.which("redis-server") or "/usr/bin/redis-server"
         if not os.access(binary, os.X_OK) or importlib.util.find_spec("redis") is None:
             message = "no redis-server or redis client: apt-get install redis-server (as root), pip install 'trimflow[team]'; or scripts/setup"
             if os.environ.get("TRIMFLOW_REQUIRE_TEAM_SERVERS") == "1":
                 pytest.fail(message, pytrace=False)
             pytest.skip(message)
-        self.binary, self.workdir, self.password = binary, workdir, password
+        self.binary, self.workdir, self.password, self.args = binary, workdir, password, args
         self.socket = workdir / "redis.sock"
         self.url = f"unix://{self.socket}"
         self.process: subprocess.Popen[bytes] | None = None
@@ -299,6 +299,7 @@ class RedisServer:
         command += ["--save", "", "--appendonly", "no", "--dir", str(self.workdir)]
         if self.password is not None:
             command += ["--requirepass", self.password]
+        command += self.args
         self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
         wait_for(self.answers, "redis-server answering")
 

@@ -80,3 +80,38 @@ def test_entries_expire_after_the_lifetime_from_their_upload() -> None:
 
 def test_the_owners_repr_holds_no_credential() -> None:
     assert "SECRET" not in repr(A) and "SECRET" not in repr(entry(A, b"x", "file_x"))
+
+
+def borrowed(who: Owner, digest: bytes, file_id: str, until: float, at: float = 1000.0) -> Entry:
+    return Entry(owner=who, digest=digest, file_id=file_id, size=0, uploaded_at=at, borrowed_until=until)
+
+
+def test_a_borrowed_entry_is_referenced_until_the_stores_time_and_never_returned_for_deletion() -> None:
+    clock = Clock()
+    refs = FileRefs(max_entries=2, lifetime=60, clock=clock)
+    assert refs.put(borrowed(A, b"x", "file_x", until=clock.now + 30)) == []
+    assert refs.put(borrowed(A, b"y", "file_y", until=clock.now + 90)) == []
+    assert refs.put(entry(A, b"z", "file_z")) == []  # x pushed out: another instance's file, not deleted from here
+    assert refs.get(A.tenant, b"x") is None and len(refs) == 2
+    clock.now += 31
+    assert refs.get(A.tenant, b"y") is not None
+    clock.now += 30  # past this instance's own lifetime: never referenced longer than a file of its own
+    assert refs.get(A.tenant, b"y") is None
+    assert [e.file_id for e in refs.expired()] == ["file_z"]
+    refs.put(borrowed(A, b"w", "file_w", until=clock.now + 30))
+    assert refs.take_all() == []
+
+
+def test_a_refused_file_is_remembered_for_its_tenant_within_the_entries_bound() -> None:
+    refs = FileRefs(max_entries=2, clock=Clock())
+    refs.put(borrowed(A, b"x", "file_x", until=2000.0))
+    assert [e.file_id for e in refs.drop(A.tenant, frozenset({"file_x"}))] == ["file_x"]
+    assert refs.refused(A.tenant, "file_x") and not refs.refused(B.tenant, "file_x")
+    refs.drop(A.tenant, frozenset({"file_1"}))
+    refs.drop(A.tenant, frozenset({"file_2"}))
+    assert not refs.refused(A.tenant, "file_x") and refs.refused(A.tenant, "file_2")  # the oldest forgotten first
+
+
+def test_a_file_is_offered_to_other_instances_until_before_its_deletion_here() -> None:
+    assert FileRefs(lifetime=86400).shared_until(1000.0) == 1000.0 + 86400 - 600
+    assert FileRefs(lifetime=60).shared_until(1000.0) == 1000.0 + 45  # a short lifetime: its last quarter

@@ -28,7 +28,9 @@ from trimflow._state_store import (
     LearnedInStore,
     RedisState,
     StateRefused,
+    StoredFile,
     checked_url,
+    file_key,
     password_from,
     turn_key,
 )
@@ -412,3 +414,104 @@ def test_a_full_store_costs_one_warning_and_reads_go_on(server: RedisServer, cap
         assert state.outages == 0 and state.writes_dropped == 5
     lines = [r.getMessage() for r in caplog.records if r.name == "trimflow"]
     assert len(lines) == 2 and all("refused to keep a turn (OutOfMemoryError)" in line for line in lines), lines
+
+
+# --- send-once's files -------------------------------------------------------------------------------------------
+
+TENANT, OTHER_TENANT, IMAGE = b"t" * 16, b"o" * 16, b"i" * 16
+
+
+def test_a_file_one_instance_puts_is_what_the_other_gets_for_the_same_tenant_and_image_only(server: RedisServer) -> None:
+    now = [1000.0]
+    with RedisState(server.url, deadline=PATIENT, clock=lambda: now[0]) as a, RedisState(server.url, deadline=PATIENT, clock=lambda: now[0]) as b:
+        assert a.wait_until_up(30) and b.wait_until_up(30)
+        assert b.get_files(TENANT, [IMAGE]) == [None]
+        a.put_file(TENANT, IMAGE, "file_011CNha8iCJcU1wXNR6q4V8w", 1060.0)
+        assert a.drained(30)
+        assert b.get_files(TENANT, [b"j" * 16, IMAGE]) == [None, StoredFile("file_011CNha8iCJcU1wXNR6q4V8w", 1060.0)]
+        assert b.get_files(OTHER_TENANT, [IMAGE]) == [None]
+        now[0] = 1060.0
+        assert b.get_files(TENANT, [IMAGE]) == [None]  # its time has passed (the key expires then too)
+
+
+def test_a_files_key_names_digests_expires_with_its_time_and_holds_the_time_and_id_only(server: RedisServer) -> None:
+    with RedisState(server.url, deadline=PATIENT) as state, server.raw() as raw:
+        assert state.wait_until_up(30)
+        state.put_file(TENANT, IMAGE, "file-abc123", time.time() + 120)
+        state.put_file(TENANT, b"j" * 16, "file-gone", time.time() - 1)  # its time passed: never written
+        assert state.drained(30)
+        assert raw.keys("*") == [file_key(TENANT, IMAGE)] == [b"trimflow:v1:file:" + b"74" * 16 + b":" + b"69" * 16]
+        assert 0 < raw.pttl(file_key(TENANT, IMAGE)) <= 120_000
+        assert raw.get(file_key(TENANT, IMAGE))[8:] == b"file-abc123" and raw.strlen(file_key(TENANT, IMAGE)) == 8 + 11
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        b"",
+        struct.pack(">d", 2000.0),
+        struct.pack(">d", 2000.0) + b"file_" + b"a" * 200,
+        struct.pack(">d", 2000.0) + b"A" * (1 << 20),
+        struct.pack(">d", 2000.0) + b"file_\xc3\xa9",
+        struct.pack(">d", 2000.0) + b"abc_123",
+        struct.pack(">d", 2000.0) + b'file_a","type":"base64',
+        struct.pack(">d", 2000.0) + b"file_a\n",
+        struct.pack(">d", math.nan) + b"file_a",
+        struct.pack(">d", math.inf) + b"file_a",
+        struct.pack(">d", 999.0) + b"file_a",
+    ],
+    ids=["empty", "no-id", "id-too-long", "huge", "not-ascii", "not-a-file-id", "json", "newline", "nan", "forever", "past"],
+)
+def test_a_file_value_not_what_trimflow_writes_is_ignored(server: RedisServer, garbage: bytes) -> None:
+    with RedisState(server.url, deadline=PATIENT, clock=lambda: 1000.0) as state, server.raw() as raw:
+        assert state.wait_until_up(30)
+        raw.set(file_key(TENANT, IMAGE), garbage)
+        raw.set(file_key(TENANT, b"j" * 16), struct.pack(">d", 2000.0) + b"file_" + b"a" * 195)  # the longest taken
+        assert state.get_files(TENANT, [IMAGE, b"j" * 16]) == [None, StoredFile("file_" + "a" * 195, 2000.0)]
+        assert state.in_use
+
+
+def test_a_files_entry_is_forgotten_only_while_it_names_that_file(server: RedisServer) -> None:
+    with RedisState(server.url, deadline=PATIENT) as a, RedisState(server.url, deadline=PATIENT) as b, server.raw() as raw:
+        assert a.wait_until_up(30) and b.wait_until_up(30)
+        a.put_file(TENANT, IMAGE, "file_a", time.time() + 60)
+        assert a.drained(30)
+        b.put_file(TENANT, IMAGE, "file_b", time.time() + 60)  # another instance's upload of the same image, since
+        assert b.drained(30)
+        a.forget_file(TENANT, IMAGE, "file_a")
+        assert a.drained(30)
+        assert raw.get(file_key(TENANT, IMAGE))[8:] == b"file_b"
+        b.forget_file(TENANT, IMAGE, "file_")  # a prefix of the id is not the id
+        b.forget_file(TENANT, IMAGE, "file_b")  # the latest word on a key is the one written
+        assert b.drained(30)
+        assert raw.keys("*") == []
+
+
+def test_while_the_store_is_down_files_are_neither_read_nor_written(tmp_path: Path) -> None:
+    with RedisState(f"unix://{tmp_path}/nothing.sock", deadline=PATIENT) as state:
+        assert not state.wait_until_up(0.2)
+        assert state.get_files(TENANT, [IMAGE]) == [None]
+        state.put_file(TENANT, IMAGE, "file_a", time.time() + 60)
+        state.forget_file(TENANT, IMAGE, "file_a")
+        assert state.writes_dropped == 2 and state.drained(0)
+
+
+def test_the_user_deployment_md_gives_trimflow_may_share_turns_and_files(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    documented = (Path(__file__).parent.parent / "docs" / "deployment.md").read_text()
+    (user,) = [line.strip() for line in documented.splitlines() if line.strip().startswith("user trimflow on ")]
+    acl = tmp_path / "users.acl"
+    acl.write_text("user default on nopass ~* &* +@all\n" + user.replace(">a-long-random-password", ">team-secret") + "\n")
+    server = RedisServer(tmp_path, args=("--aclfile", str(acl)))
+    try:
+        with caplog.at_level(logging.WARNING, "trimflow"), RedisState(f"unix://trimflow@{server.socket}", "team-secret", deadline=PATIENT) as state:
+            assert state.wait_until_up(30)
+            state.put(b"k" * 16, turn(time.time()))
+            state.put_file(TENANT, IMAGE, "file_a", time.time() + 60)
+            assert state.drained(30)
+            assert state.get_many([b"k" * 16])[0] is not None and state.get_files(TENANT, [IMAGE])[0] is not None
+            state.forget_file(TENANT, IMAGE, "file_a")
+            assert state.drained(30)
+            assert state.get_files(TENANT, [IMAGE]) == [None]
+        assert state.writes_dropped == 0 and not caplog.records
+    finally:
+        server.stop()

@@ -26,7 +26,9 @@ goes on from what this process remembers of the conversation, if anything (`_goe
 images' arrivals; and from a store that keeps them (trimflow._state_store), its turn number and the conversation's
 id, so that a conversation spread over instances is numbered 1, 2, 3 under one id. A row is keyed by the
 conversation's opening, which two runs of one task share: each writes a row of its own under that key
-(`_row_for`), and neither takes the other's.
+(`_row_for`), and neither takes the other's. A caller that may not wait on the store (the proxy's event loop, with a
+store on another machine: TurnStore.across_hosts) reads a request's rows in another thread (`read_rows`) and hands them
+to `recall` and `assign`.
 """
 
 from __future__ import annotations
@@ -304,10 +306,11 @@ class Conversations:
     def __len__(self) -> int:
         return len(self._conversations)
 
-    def recall(self, history: History) -> Recall | None:
+    def recall(self, history: History, rows: Rows | None = None) -> Recall | None:
         """Where the cut of the conversation this history continues ended on its last turn, and how long ago
         that turn went; None for a new conversation or a history the provider keeps (previous_response_id),
-        whose positions are not this request's. Reads only: `assign` moves the conversation on."""
+        whose positions are not this request's. Reads only: `assign` moves the conversation on. `rows`: the shared
+        store's rows read for this request (`read_rows`), taken instead of reading the store here."""
         if history.previous_response is not None:
             return None
         named = self._conversations.get(history.session) if history.session is not None else None
@@ -316,7 +319,7 @@ class Conversations:
             thread = self._sent_again(history.images.keys)
             if thread is not None and thread.sent_at is None:
                 thread = None
-        taken = self._newer_shared_turn(history, thread, fresh=True)
+        taken = self._newer_shared_turn(history, thread, self._rows(history, fresh=True, given=rows))
         if taken is not None:  # another process sent the conversation's last turn
             last = taken[1]
             sent_at, cut, remembered = last.sent_at, last.cut, _copies(last)
@@ -332,41 +335,64 @@ class Conversations:
         like = tuple(copy.like if copy is not None and copy.cut else False for copy in found)
         return Recall(cut, idle, tuple(_oldest_first(found)), like)
 
-    def _newer_shared_turn(self, history: History, line: HistoryLine | None, fresh: bool = False) -> tuple[bytes, LastTurn] | None:
-        """The conversation's last turn in the shared file, with its row's key, when it went after `line`'s (this
-        process's own memory of it, if any) and this request continues it (`_continues`). Two runs of one task share a
-        key: a later turn of the other run sent images this one has not come to, an earlier one lacks images this one
-        remembers, and neither's cut may be held here. Of several rows, the one that holds the most images, then the
-        newest.
-
-        `recall` reads the file (`fresh`); `assign` takes the rows `recall` last read for the same request (`_read`,
-        until a turn is written): one read a turn, and the turn remembered in the order it was cut in."""
-        if self.shared is None:
-            return None
+    def _newer_shared_turn(self, history: History, line: HistoryLine | None, rows: Rows) -> tuple[bytes, LastTurn] | None:
+        """The conversation's last turn in the shared file (`rows`, its rows read for this request), with its row's key,
+        when it went after `line`'s (this process's own memory of it, if any) and this request continues it
+        (`_continues`). Two runs of one task share a key: a later turn of the other run sent images this one has not
+        come to, an earlier one lacks images this one remembers, and neither's cut may be held here. Of several rows,
+        the one that holds the most images, then the newest."""
         newer = [
             (key, last)
-            for key, last in self._rows(history, fresh)
+            for key, last in rows
             if last is not None and (line is None or line.sent_at is None or last.sent_at > line.sent_at) and _continues(line, last, history.images)
         ]
         return max(newer, key=_extent, default=None)
 
-    def _rows(self, history: History, fresh: bool) -> Rows:
+    def row_keys_of(self, history: History) -> tuple[bytes, ...]:
+        """The shared store's rows a turn of this history reads: none without a store, or for a history the provider
+        keeps (previous_response_id)."""
+        if self.shared is None or history.previous_response is not None:
+            return ()
+        return row_keys(conversation_key(history.host, history.session, history.origin))
+
+    def read_rows(self, history: History) -> Rows | None:
+        """The shared store's rows of this history's conversation, read now, in the caller's thread (a store whose
+        reads wait on another machine, TurnStore.across_hosts, is read in a worker thread, never on an event loop), for
+        `recall` and `assign` to take; None where a turn of it reads none."""
+        shared, keys = self.shared, self.row_keys_of(history)
+        if shared is None or not keys:
+            return None
+        return tuple(zip(keys, shared.get_many(keys), strict=True))
+
+    def nothing_read(self, history: History) -> Rows | None:
+        """The rows of this history's conversation as a store that answered nothing gives them (a read past its
+        deadline): for a caller that may not wait on the store, which numbers the turn on this process's memory."""
+        keys = self.row_keys_of(history)
+        return tuple((key, None) for key in keys) if keys else None
+
+    def _rows(self, history: History, fresh: bool, given: Rows | None = None) -> Rows:
+        """The shared rows of the history's conversation: `given` (read ahead for this request) when they are its rows;
+        else those the last read of the same request got (`recall` reads, `assign` takes them: one read a turn, and
+        the turn remembered in the order it was cut in), until a turn is written; else read now (none without a store)."""
+        if self.shared is None:
+            return ()
         key = conversation_key(history.host, history.session, history.origin)
+        if given is not None and given and given[0][0] == key:
+            return given
         read = self._read
         if not fresh and read is not None and read[0] == key and read[1] == history.tip:
             return read[2]
-        assert self.shared is not None
         keys = row_keys(key)
         rows = tuple(zip(keys, self.shared.get_many(keys), strict=True))
         self._read = (key, history.tip, rows)
         return rows
 
-    def _row_for(self, history: History, line: HistoryLine | None, taken: tuple[bytes, LastTurn] | None) -> bytes:
-        """The row a turn goes to: the one it took; else the one it continues, though older than `line`; else a free
-        one; else the least recently sent (another conversation that opened alike gives way)."""
+    def _row_for(self, history: History, line: HistoryLine | None, taken: tuple[bytes, LastTurn] | None, rows: Rows) -> bytes:
+        """The row a turn goes to (of `rows`, its conversation's): the one it took; else the one it continues, though
+        older than `line`; else a free one; else the least recently sent (another conversation that opened alike gives
+        way)."""
         if taken is not None:
             return taken[0]
-        rows = self._rows(history, fresh=False)
         continued = [(key, last) for key, last in rows if last is not None and _continues(line, last, history.images)]
         if continued:
             return max(continued, key=_extent)[0]
@@ -379,10 +405,13 @@ class Conversations:
         index = self._cut_keys
         return bool(index) and any(key in index for key in keys)
 
-    def assign(self, history: History, kind: str = TURN, cut: Collection[int] = (), like: Collection[int] = ()) -> Assignment:
+    def assign(
+        self, history: History, kind: str = TURN, cut: Collection[int] = (), like: Collection[int] = (), rows: Rows | None = None
+    ) -> Assignment:
         """Number a request of `kind`; a turn also leaves `cut` (the engine's Outcome.cut: which of its images, by index
         in document order, were cut; `like`: of those, the look-alikes) and its time for the next one, and its images'
-        arrivals (a history the provider keeps, previous_response_id, sends only its new items: the arrivals stay)."""
+        arrivals (a history the provider keeps, previous_response_id, sends only its new items: the arrivals stay).
+        `rows`: as for `recall`."""
         self._uses += 1
         named = None
         if history.session is not None:
@@ -395,8 +424,10 @@ class Conversations:
         source = thread if thread is not None and thread.sent_at is not None else self._sent_again(history.images.keys)
         remembered = source.images if source is not None else {}
         taken = None
+        shared_rows: Rows = ()
         if kind == TURN and history.previous_response is None:
-            taken = self._newer_shared_turn(history, source)
+            shared_rows = self._rows(history, fresh=False, given=rows)
+            taken = self._newer_shared_turn(history, source, shared_rows)
             if taken is not None:
                 remembered = _copies(taken[1])  # as `recall` took them
         if thread is None:
@@ -425,7 +456,7 @@ class Conversations:
                 thread.sent_at = self.clock()
                 if history.previous_response is None:
                     if self.shared is not None:
-                        thread.row = self._row_for(history, source, taken)
+                        thread.row = self._row_for(history, source, taken, shared_rows)
                     self._share(thread, self._remember(thread, remembered, history.images, cut, like))
         return Assignment(conversation.id, turn, thread.segment, thread)
 

@@ -143,7 +143,8 @@ def is_sigv4(headers: Mapping[str, str]) -> bool:
 class CutMemory(Protocol):
     """What the cut needs to know of the conversation a request continues: trimflow._conversation.Conversations,
     as the proxy keeps it. The order of its images by arrival and which were cut before (`recall`, `was_cut`), and
-    for the cache-aware cut (the `low_water` setting) where its last cut ended and how long ago."""
+    for the cache-aware cut (the `low_water` setting) where its last cut ended and how long ago. `recall` may raise
+    NeedsWorker in an inline run (what it knows is to be read off the event loop): the engine lets it through."""
 
     def recall(self, history: History) -> Recall | None: ...
 
@@ -339,6 +340,8 @@ def _prune(
         known = history()
         try:
             recalled = memory.recall(known) if known is not None else None
+        except NeedsWorker:  # the memory's to read off the event loop (the proxy's shared store)
+            raise
         except Exception:  # noqa: BLE001 - the conversation's memory lost, never the request: it is cut on its own
             recalled = None
         if recalled is not None:

@@ -11,6 +11,12 @@ recently used going first (`put` returns those, for the caller to delete at the 
 seconds from its upload (`expired` takes those out). The credentials that uploaded a file are kept beside it, in
 memory only, to delete it with: nothing here is ever written anywhere. Pure Python, no I/O; one lock, never held
 while anything but this memory is touched.
+
+Instances sharing a store (trimflow._state_store) share their entries: one this instance uploaded is offered to the
+others until `shared_until` (SHARE_MARGIN before its deletion here, so that no other instance references a file
+about to be deleted); one read from the store is `borrowed`: referenced until the store's time, never deleted from
+here (it is the uploader's to delete, with the credentials it holds). A file the provider refused is remembered
+(`refused`, as many as `max_entries`), so that a store still naming it is not believed again.
 """
 
 from __future__ import annotations
@@ -24,6 +30,9 @@ from dataclasses import dataclass
 DEFAULT_MAX_ENTRIES = 4096
 DEFAULT_MAX_BYTES = 1 << 30  # uploaded bytes the mapping answers for at once: a day of screenshots of a busy team
 DEFAULT_LIFETIME = 86400.0  # seconds a file is kept at the provider from its upload
+# Seconds before its deletion that a file stops being offered to other instances (at most a quarter of the lifetime):
+# a request that went with the reference is answered before the uploader deletes the file.
+SHARE_MARGIN = 600.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -46,13 +55,20 @@ class Owner:
 
 @dataclass(slots=True, kw_only=True)
 class Entry:
-    """One image under one tenant: its file (None: it stays inline), the bytes uploaded, when, and whose."""
+    """One image under one tenant: its file (None: it stays inline), the bytes uploaded, when, and whose. A borrowed
+    entry (another instance uploaded it) is referenced until `borrowed_until`, and never deleted from here."""
 
     owner: Owner
     digest: bytes
     file_id: str | None
     size: int
     uploaded_at: float
+    borrowed_until: float | None = None
+
+    @property
+    def deletable(self) -> bool:
+        """Whether this instance deletes the entry's file at the provider: it uploaded it."""
+        return self.file_id is not None and self.borrowed_until is None
 
 
 class FileRefs:
@@ -67,6 +83,7 @@ class FileRefs:
     ) -> None:
         self.max_entries, self.max_bytes, self.lifetime, self.clock = max_entries, max_bytes, lifetime, clock
         self._entries: OrderedDict[tuple[bytes, bytes], Entry] = OrderedDict()
+        self._refused: OrderedDict[tuple[bytes, str], None] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
 
@@ -99,7 +116,7 @@ class FileRefs:
             old = self._entries.pop(key, None)
             if old is not None:
                 self._bytes -= old.size
-                if old.file_id is not None and old.file_id != entry.file_id:
+                if old.file_id != entry.file_id:
                     gone.append(old)
             if entry.size > self.max_bytes:
                 return [*gone, entry]
@@ -109,30 +126,48 @@ class FileRefs:
                 _, evicted = self._entries.popitem(last=False)
                 self._bytes -= evicted.size
                 gone.append(evicted)
-            return [e for e in gone if e.file_id is not None]
+            return [e for e in gone if e.deletable]
 
     def drop(self, tenant: bytes, file_ids: frozenset[str]) -> list[Entry]:
-        """Take out the tenant's entries for these files (the provider refused them); returns them."""
+        """Take out the tenant's entries for these files (the provider refused them), and remember the files as
+        refused; returns the entries."""
         with self._lock:
+            for file_id in file_ids:
+                self._refused[(tenant, file_id)] = None
+                self._refused.move_to_end((tenant, file_id))
+            while len(self._refused) > self.max_entries:
+                self._refused.popitem(last=False)
             keys = [key for key, e in self._entries.items() if key[0] == tenant and e.file_id in file_ids]
             return [self._pop(key) for key in keys]
 
+    def refused(self, tenant: bytes, file_id: str) -> bool:
+        """Whether the provider refused this file of the tenant's (a reference to it is not believed again)."""
+        with self._lock:
+            return (tenant, file_id) in self._refused
+
     def expired(self) -> list[Entry]:
-        """Take out every entry past its lifetime; returns those with a file, to delete."""
+        """Take out every entry past its lifetime; returns those whose files this instance deletes."""
         now = self.clock()
         with self._lock:
             keys = [key for key, e in self._entries.items() if self._expired(e, now)]
-            return [e for e in (self._pop(key) for key in keys) if e.file_id is not None]
+            return [e for e in (self._pop(key) for key in keys) if e.deletable]
 
     def take_all(self) -> list[Entry]:
-        """Take out every entry; returns those with a file."""
+        """Take out every entry; returns those whose files this instance deletes."""
         with self._lock:
-            entries = [e for e in self._entries.values() if e.file_id is not None]
+            entries = [e for e in self._entries.values() if e.deletable]
             self._entries.clear()
             self._bytes = 0
             return entries
 
+    def shared_until(self, uploaded_at: float) -> float:
+        """Until when other instances may reference a file uploaded here at `uploaded_at`: SHARE_MARGIN (at most a
+        quarter of the lifetime) before its deletion."""
+        return uploaded_at + self.lifetime - min(SHARE_MARGIN, self.lifetime / 4)
+
     def _expired(self, entry: Entry, now: float) -> bool:
+        if entry.borrowed_until is not None and now >= entry.borrowed_until:
+            return True
         return now - entry.uploaded_at >= self.lifetime
 
     def _pop(self, key: tuple[bytes, bytes]) -> Entry:
@@ -141,4 +176,4 @@ class FileRefs:
         return entry
 
 
-__all__ = ["DEFAULT_LIFETIME", "DEFAULT_MAX_BYTES", "DEFAULT_MAX_ENTRIES", "Entry", "FileRefs", "Owner"]
+__all__ = ["DEFAULT_LIFETIME", "DEFAULT_MAX_BYTES", "DEFAULT_MAX_ENTRIES", "SHARE_MARGIN", "Entry", "FileRefs", "Owner"]

@@ -107,7 +107,9 @@ class TurnStore(Protocol):
     never wait past the store's deadline; a store that cannot be used reads nothing and writes nothing."""
 
     writes_dropped: int
-    across_hosts: bool  # instances on other hosts read it: a turn must be in it before its answer is back
+    # A server other hosts share: a read may wait on the network (up to its deadline), so a caller on an event loop
+    # reads in a worker thread; and instances elsewhere read it, so a turn must be in it before its answer is back.
+    across_hosts: bool
 
     @property
     def in_use(self) -> bool: ...
@@ -164,6 +166,8 @@ class LastTurns:
     nothing, a write waits in the writing thread's queue, and any other error of the file is logged once and the file
     is no longer used. `close` writes what waits, if the file lets it at once."""
 
+    # A read is a lookup in a file on this host, in microseconds, that never waits for another process (no busy
+    # timeout: a file held up reads nothing): it stays on the event loop, where a worker thread would cost more than it.
     across_hosts = False
 
     def __init__(self, path: str, clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic) -> None:

@@ -46,7 +46,9 @@ FILENAME_PREFIX = "trimflow-"  # every file trimflow uploads is named so: `pytho
 OPENAI_PURPOSE = "vision"  # images meant for model input (docs/providers.md#files-api)
 OPENAI_MIN_EXPIRY = 3600  # seconds: the least `expires_after` OpenAI takes (and at most 30 days)
 OPENAI_MAX_EXPIRY = 30 * 86400
-_FILE_ID = re.compile(r"[A-Za-z0-9_-]{1,200}")  # a file id as both providers spell them: spliced into JSON, so checked
+MAX_FILE_ID = 200  # characters of the longest file id taken
+_FILE_ID = re.compile(rf"[A-Za-z0-9_-]{{1,{MAX_FILE_ID}}}")  # a file id as both providers spell them: spliced into JSON, so checked
+FILE_ID_PREFIXES = ("file_", "file-")  # Anthropic's ids start `file_`, OpenAI's `file-`
 # Credentials a request carries, by header: the key, and the organisation or project it acts for. The digest of all of
 # them is the request's tenant: a file uploaded for one set is referenced only by requests that carry the same.
 CREDENTIAL_HEADERS = ("x-api-key", "authorization", "openai-organization", "openai-project", "anthropic-workspace")
@@ -233,6 +235,12 @@ def is_file_id(text: str) -> bool:
     return _FILE_ID.fullmatch(text) is not None
 
 
+def is_provider_file_id(text: str) -> bool:
+    """A file id as a provider hands them out: its prefix too (what another instance wrote to the shared store is held
+    to it: a value that is not one is not spliced into a request)."""
+    return text.startswith(FILE_ID_PREFIXES) and is_file_id(text)
+
+
 def refused_ids(status: int, answer: bytes, file_ids: frozenset[str]) -> frozenset[str]:
     """The file ids an error answer names, of those the request referenced: a reference the provider refuses (a file
     unknown, expired or deleted: Anthropic says 404, OpenAI 400, each naming the id). Empty for any other answer."""
@@ -286,6 +294,7 @@ __all__ = [
     "BETA_HEADER",
     "FILENAME_PREFIX",
     "IMAGE_TYPES",
+    "MAX_FILE_ID",
     "MIN_UPLOAD_CHARS",
     "OPENAI",
     "Candidate",
@@ -296,6 +305,7 @@ __all__ = [
     "file_id_of",
     "files_api",
     "is_file_id",
+    "is_provider_file_id",
     "listed_files",
     "refused_ids",
     "tenant_of",

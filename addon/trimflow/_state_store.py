@@ -2,17 +2,22 @@
 
 One store per team: each conversation's last turn (trimflow._last_turns.TurnStore, as the one-host SQLite file holds
 it), with its turn number and the conversation's id, so that instances number a conversation 1, 2, 3 as one; and
-the learned limits (LearnedInStore, in place of the learned-limits file). Keys are namespaced (`trimflow:v1:...`)
-and expire (MAX_AGE for turns, the file's bound; a learned limit's lifetime for those). A turn's value is digests
-and counts: its time, cut, number and conversation id (4 bytes), then its images' keys and CRC-32s in the file's
-encoding; never a prompt, an image or a key. Whoever else can write the store is not trusted: a value is read only
-up to the longest one trimflow writes (GETRANGE) and checked as the file's rows are (trimflow._last_turns.checked);
-one that is not what trimflow writes is ignored.
+the learned limits (LearnedInStore, in place of the learned-limits file); and send-once's files (`put_file`,
+`get_files`: trimflow._file_refs), so that an image one instance uploaded is referenced by the others. Keys are
+namespaced (`trimflow:v1:...`) and expire (MAX_AGE for turns, the file's bound; a learned limit's lifetime for those;
+a file's before its uploader deletes it). A turn's value is digests and counts: its time, cut, number and
+conversation id (4 bytes), then its images' keys and CRC-32s in the file's encoding; a file's, until when it may be
+referenced and its id, under the digests of its tenant and image; never a prompt, an image or a key. Whoever else
+can write the store is not trusted: a value is read only up to the longest one trimflow writes (GETRANGE) and
+checked as the file's rows are (trimflow._last_turns.checked), a file id as a provider's (its shape: the provider
+refuses an id not of the request's own key, and send-once sends that request inline); one that is not what
+trimflow writes is ignored.
 
 The proxy never waits for the store past DEADLINE: a read on the request path ends by its deadline, the whole read
 (its socket calls share it, so a store that answers a byte at a time is cut off too), and only while the store is
-known to answer; it uses a connection the thread made ready, never one of its own (`_Ready`). Writes wait in a
-queue (the newest turn of each conversation, at most MAX_PENDING) for a thread of its own, and never put an older
+known to answer; it uses a connection the thread made ready, never one of its own (`_Ready`). The proxy reads in
+a worker thread, never on its event loop (`across_hosts`: trimflow.proxy.state.SharedState.read_ahead). Writes wait in a
+queue (the newest turn of each conversation, at most MAX_PENDING; as many file entries) for a thread of its own, and never put an older
 turn of a conversation over a newer one another instance wrote (`_WRITE_NEWER`, compared in the store). A store that
 is down, slow, full or answering garbage costs one warning, and the instance goes on with its own memory; the thread
 connects again by itself (RETRY_FIRST, doubling to RETRY_MAX) and says so once when it answers. No request waits on
@@ -23,18 +28,20 @@ no mitmproxy.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import struct
 import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
 from ._last_turns import MAX_AGE, MAX_IMAGES_BYTES, MAX_PENDING, LastTurn, checked, kept, pack_images
 from ._learned_limits import DEFAULT_TTL, Entry, Key, bounded, learned_text, merged, parse_learned
+from ._send_once import MAX_FILE_ID, is_provider_file_id
 from .errors import RulesError
 
 log = logging.getLogger("trimflow")
@@ -54,6 +61,8 @@ _HEAD = struct.Struct(">dII4s")  # a turn's time, cut, number and conversation i
 FRONT_CONNECTIONS = 4  # the request path's connections, made ready by the thread: reads at once past these read nothing
 MAX_TURN = 1 << 24  # the highest turn number read back (a hostile store's would skip every later number past it)
 _TURN_VALUE = _HEAD.size + MAX_IMAGES_BYTES  # the longest turn value trimflow writes
+_FILE_HEAD = struct.Struct(">d")  # until when a file may be referenced, before its id
+_FILE_VALUE = _FILE_HEAD.size + MAX_FILE_ID  # the longest file value trimflow writes
 
 
 class StateRefused(ValueError):
@@ -127,6 +136,44 @@ end
 redis.call('SET', KEYS[1], new, 'EX', ARGV[2])
 return 1
 """
+
+
+# A file's entry deleted only while it still names the file this instance means (another may have written its own since).
+_FORGET_FILE = """
+if redis.call('GETRANGE', KEYS[1], 8, 8 + #ARGV[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+
+class StoredFile(NamedTuple):
+    """A file another instance uploaded, as the store holds it: its id, and until when it may be referenced."""
+
+    file_id: str
+    until: float
+
+
+def file_key(tenant: bytes, digest: bytes) -> bytes:
+    return PREFIX + b"file:" + tenant.hex().encode() + b":" + digest.hex().encode()
+
+
+def encode_file(file_id: str, until: float) -> bytes:
+    return _FILE_HEAD.pack(until) + file_id.encode("ascii")
+
+
+def decode_file(value: object, now: float) -> StoredFile | None:
+    """A file value read back, or None where it is not what `encode_file` writes, or its time has passed."""
+    if not isinstance(value, bytes) or not _FILE_HEAD.size < len(value) <= _FILE_VALUE:
+        return None
+    (until,) = _FILE_HEAD.unpack_from(value)
+    try:
+        file_id = value[_FILE_HEAD.size :].decode("ascii")
+    except UnicodeDecodeError:
+        return None
+    if not math.isfinite(until) or until <= now or not is_provider_file_id(file_id):
+        return None
+    return StoredFile(file_id, until)
 
 
 def turn_key(row: bytes) -> bytes:
@@ -262,6 +309,7 @@ class RedisState:
         self._front = client(url, password, deadline, self._call)  # the request path's
         self._back = client(url, password, WRITE_DEADLINE)  # the writing thread's
         self._write_newer = self._back.register_script(_WRITE_NEWER)
+        self._forget_file = self._back.register_script(_FORGET_FILE)
         self._wake = threading.Condition()  # guards what follows
         self._up = False  # the store answered the thread's last call: the request path may use it
         self._warned = False  # this outage was logged
@@ -269,6 +317,8 @@ class RedisState:
         self._retry_at = 0.0
         self._retry_delay = RETRY_FIRST
         self._pending: dict[bytes, tuple[float, int, bytes]] = {}  # by store key: (time, cut, value)
+        # By store key: (value, milliseconds to keep it) to set, or (file id, None) to delete if it still names that file.
+        self._file_ops: dict[bytes, tuple[bytes, int | None]] = {}
         self._writing = False  # the thread writes what it took from the queue
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="trimflow-state", daemon=True)
@@ -287,38 +337,74 @@ class RedisState:
     def drained(self, timeout: float) -> bool:
         """Whether every turn put so far was written (or dropped) within `timeout` seconds."""
         with self._wake:
-            return self._wake.wait_for(lambda: not self._pending and not self._writing, timeout)
+            return self._wake.wait_for(lambda: not self._pending and not self._file_ops and not self._writing, timeout)
 
     def get_many(self, keys: Sequence[bytes]) -> list[LastTurn | None]:
         """The turns under these row keys (None: none, or not one trimflow writes); nothing while the store is down."""
-        if not self.in_use:
-            return [None] * len(keys)
+        values = self._read([turn_key(key) for key in keys], _TURN_VALUE)
+        now = self.clock()
+        return [decode_turn(value, now) for value in values]
+
+    def get_files(self, tenant: bytes, digests: Sequence[bytes]) -> list[StoredFile | None]:
+        """The files other instances uploaded for these images of the tenant's (None: none, not one trimflow writes,
+        or past its time); nothing while the store is down. On the request path: within the deadline, as `get_many`."""
+        values = self._read([file_key(tenant, digest) for digest in digests], _FILE_VALUE)
+        now = self.clock()
+        return [decode_file(value, now) for value in values]
+
+    def _read(self, names: Sequence[bytes], longest: int) -> list[object]:
+        """The values under these store keys, each up to one byte past `longest` (too long is not ours), by the
+        deadline; None for each while the store is down or does not answer in time."""
+        if not self.in_use or not names:
+            return [None] * len(names)
         self._call.until = time.monotonic() + self.deadline
         try:
             pipe = self._front.pipeline(transaction=False)
-            for key in keys:
-                pipe.getrange(turn_key(key), 0, _TURN_VALUE)  # one byte past the longest: too long is not ours
+            for name in names:
+                pipe.getrange(name, 0, longest)
             values = pipe.execute()
         except self._busy:  # more reads at once than connections: this one goes without
             with self._wake:
                 self.unready_reads += 1
-            return [None] * len(keys)
+            return [None] * len(names)
         except NotReady as exc:
             # A connection the store closed (it went away, or came back): this read goes without, and the thread makes
             # the connections ready again (or finds the store gone, and warns).
             with self._wake:
                 self.unready_reads += 1
             self._lost(exc)
-            return [None] * len(keys)
+            return [None] * len(names)
         except self._errors as exc:
             self._lost(exc)
-            return [None] * len(keys)
+            return [None] * len(names)
         finally:
             self._call.until = None
-        now = self.clock()
-        if not isinstance(values, list) or len(values) != len(keys):
-            return [None] * len(keys)
-        return [decode_turn(value, now) for value in values]
+        if not isinstance(values, list) or len(values) != len(names):
+            return [None] * len(names)
+        return values
+
+    def put_file(self, tenant: bytes, digest: bytes, file_id: str, until: float) -> None:
+        """Queues the file this instance uploaded for the image, for the others to reference until `until` (the key
+        expires then); dropped while the store is down, or when `until` has passed."""
+        ttl = int((until - self.clock()) * 1000)
+        if ttl > 0:
+            self._queue_file(file_key(tenant, digest), (encode_file(file_id, until), ttl))
+
+    def forget_file(self, tenant: bytes, digest: bytes, file_id: str) -> None:
+        """Queues the deletion of the image's entry if it still names this file (deleted here, or refused by the
+        provider); dropped while the store is down (the key expires by itself)."""
+        self._queue_file(file_key(tenant, digest), (file_id.encode("ascii"), None))
+
+    def _queue_file(self, name: bytes, op: tuple[bytes, int | None]) -> None:
+        with self._wake:
+            if self._closed or not self._up:
+                self.writes_dropped += not self._closed
+                return
+            if name not in self._file_ops and len(self._file_ops) >= MAX_PENDING:
+                self.writes_dropped += 1
+                return
+            self._file_ops[name] = op  # this instance's latest word on the key
+            self._wake.notify_all()
 
     def put(self, key: bytes, turn: LastTurn) -> None:
         """Queues the turn for the writing thread (the newest of each conversation); dropped while the store is down."""
@@ -361,16 +447,21 @@ class RedisState:
     def _run(self) -> None:
         while True:
             with self._wake:
-                while not self._closed and not (self._up and self._pending) and not (not self._up and self.monotonic() >= self._retry_at):
+                while (
+                    not self._closed
+                    and not (self._up and (self._pending or self._file_ops))
+                    and not (not self._up and self.monotonic() >= self._retry_at)
+                ):
                     self._wake.wait(None if self._up else max(0.0, self._retry_at - self.monotonic()))
                 writes = list(self._pending.values()) if self._up else []
                 names = list(self._pending) if self._up else []
-                self._pending = {}
-                self._writing = bool(writes)
+                file_ops = list(self._file_ops.items()) if self._up else []
+                self._pending, self._file_ops = {}, {}
+                self._writing = bool(writes or file_ops)
                 connect = not self._up and not self._closed
                 closing = self._closed
-            if writes:
-                self._write(names, writes)
+            if writes or file_ops:
+                self._write(names, writes, file_ops)
                 with self._wake:
                     self._writing = False
                     self._wake.notify_all()
@@ -416,17 +507,22 @@ class RedisState:
             for connection in taken:
                 pool.release(connection)
 
-    def _write(self, names: list[bytes], writes: list[tuple[float, int, bytes]]) -> None:
+    def _write(self, names: list[bytes], writes: list[tuple[float, int, bytes]], file_ops: list[tuple[bytes, tuple[bytes, int | None]]]) -> None:
         oldest = self.clock() - MAX_AGE
         try:
             pipe = self._back.pipeline(transaction=False)
             for name, (sent_at, _, value) in zip(names, writes, strict=True):
                 if sent_at >= oldest:
                     self._write_newer(keys=[name], args=[value, int(MAX_AGE)], client=pipe)
+            for name, (value, ttl) in file_ops:
+                if ttl is None:
+                    self._forget_file(keys=[name], args=[value], client=pipe)
+                else:
+                    pipe.set(name, value, px=ttl)
             results = pipe.execute(raise_on_error=False)
         except self._errors as exc:
             with self._wake:
-                self.writes_dropped += len(writes)
+                self.writes_dropped += len(writes) + len(file_ops)
             self._lost(exc, timeout_warns=True)
             return
         refused = [result for result in results if isinstance(result, BaseException)]
@@ -451,8 +547,8 @@ class RedisState:
         slow answer costs that one read; a store that still does not answer, a warning)."""
         with self._wake:
             was_up, self._up = self._up, False
-            self.writes_dropped += len(self._pending)
-            self._pending = {}
+            self.writes_dropped += len(self._pending) + len(self._file_ops)
+            self._pending, self._file_ops = {}, {}
             self._retry_at = self.monotonic()
             self._wake.notify_all()
         if was_up and (timeout_warns or not isinstance(exc, self._timeouts)):

@@ -8,6 +8,7 @@ is answered by one inline re-send."""
 from __future__ import annotations
 
 import gzip
+import http.client
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -20,7 +21,7 @@ import pytest
 from trimflow.testing import FakeProvider, Received, b64
 from trimflow.testing._fake_files import owner_of
 
-from ..helpers import wait_for
+from ..helpers import RedisServer, wait_for
 from .helpers import ANTHROPIC_KEY, OPENAI_KEY, Proxy, direct_http_client, post, shots, start_all, stop_all
 
 pytestmark = pytest.mark.e2e
@@ -288,3 +289,141 @@ def test_a_compressed_body_goes_with_its_references_compressed_as_it_came(
     assert received.headers["content-encoding"] == "gzip" and received.wire_bytes < len(b64(shot)) / 4
     assert len(anthropic_file_ids(received)) == 1 and inline_images(received) == 0
     assert received.headers["anthropic-beta"] == "prompt-caching-2024-07-31, files-api-2025-04-14"  # the client's betas kept
+
+
+# --- instances sharing a store -----------------------------------------------------------------------------------
+
+FILE_KEYS = b"trimflow:v1:file:*"
+
+
+@pytest.fixture
+def shared_pair(tmp_path: Any) -> Iterator[tuple[FakeProvider, Proxy, Proxy, RedisServer]]:
+    """Two mitmdumps with send-once on, as on two hosts (no shared file) sharing a real redis-server, in front of one
+    fake provider; each answering through the store before the test begins."""
+    store = RedisServer(tmp_path)
+    provider = FakeProvider().start()
+    options = {
+        "trimflow_send_once": "true",
+        "trimflow_conversations": "",
+        "trimflow_state": store.url,
+        "trimflow_state_deadline": "1",  # a busy machine's slow answer is no test of sharing
+        "trimflow_prometheus": "127.0.0.1:0",
+    }
+    a, b = (Proxy(tmp_path / name, "--mode", f"reverse:{provider.url}", rules=None, **options) for name in ("a", "b"))
+    start_all(a.mitm, b.mitm)
+    try:
+        for proxy in (a, b):
+            port = proxy.metrics_port()
+            wait_for(lambda: b"trimflow_conversations_file 1" in get_metrics(port), "the instance sharing through the store")  # noqa: B023
+        yield provider, a, b, store
+    finally:
+        stop_all(a.mitm, b.mitm)
+        provider.stop()
+        store.stop()
+
+
+def get_metrics(port: int) -> bytes:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", "/metrics")
+        return conn.getresponse().read()
+    except OSError:
+        return b""
+    finally:
+        conn.close()
+
+
+def file_keys(store: RedisServer) -> list[bytes]:
+    with store.raw() as raw:
+        return sorted(raw.keys(FILE_KEYS))
+
+
+def test_an_instance_sharing_the_store_references_the_files_another_uploaded_and_never_deletes_them(
+    shared_pair: tuple[FakeProvider, Proxy, Proxy, RedisServer],
+) -> None:
+    provider, a, b, store = shared_pair
+    screens = shots(3, seed=201, width=220, height=160)
+    with a.expect_records(2):
+        claude_session(a.url, ANTHROPIC_KEY, screens[:2])
+    wait_for(lambda: len(file_keys(store)) == 2, "the first instance's files in the store")
+    # The same conversation goes on through the other instance: only the new screenshot goes up.
+    with b.expect_records(3) as records:
+        claude_session(b.url, ANTHROPIC_KEY, screens)
+    assert len(uploads(provider)) == 3  # each screenshot once, across both instances
+    ids = {f.data: f.file_id for f in provider.files.files(ANTHROPIC_KEY)}
+    assert list(ids) == screens
+    through_b = turns(provider, "/v1/messages")[2:]
+    assert [anthropic_file_ids(r) for r in through_b] == [[ids[s] for s in screens[:n]] for n in (1, 2, 3)]
+    assert all(inline_images(r) == 0 for r in through_b)
+    assert [(r["by_reference"], r["uploaded"], r["references_refused"]) for r in records] == [(1, 0, 0), (2, 0, 0), (3, 1, 0)]
+    # The store holds digests, a time and the file id: no key, no image; each key expires before its uploader deletes it.
+    wait_for(lambda: len(file_keys(store)) == 3, "the second instance's file in the store")
+    keys = file_keys(store)
+    with store.raw() as raw:
+        for key in keys:
+            value = raw.get(key)
+            assert key.startswith(b"trimflow:v1:file:") and len(key.split(b":")[3]) == 32 and len(key.split(b":")[4]) == 32
+            assert value[8:].decode() in ids.values() and len(value) < 64
+            assert 0 < raw.pttl(key) <= (86400 - 600) * 1000
+    for text in (a.log(), b.log()):
+        assert ANTHROPIC_KEY not in text and "Traceback" not in text
+    # Each instance deletes the files it uploaded, and only those (with their store entries) as it stops.
+    stop_all(a.mitm)
+    deleted = [r.path.rsplit("/", 1)[1] for r in provider.received if r.method == "DELETE"]
+    assert sorted(deleted) == sorted(ids[s] for s in screens[:2])
+    assert len(file_keys(store)) == 1
+    stop_all(b.mitm)
+    deleted = [r.path.rsplit("/", 1)[1] for r in provider.received if r.method == "DELETE"]
+    assert sorted(deleted) == sorted(ids.values()) and provider.files.files(ANTHROPIC_KEY) == []
+
+
+def test_through_the_store_a_file_is_referenced_under_the_key_that_uploaded_it_and_never_another(
+    shared_pair: tuple[FakeProvider, Proxy, Proxy, RedisServer],
+) -> None:
+    provider, a, b, store = shared_pair
+    screen = shots(1, seed=202, width=220, height=160)
+    with a.expect_records(1):
+        claude_session(a.url, ANTHROPIC_KEY, screen)
+    wait_for(lambda: len(file_keys(store)) == 1, "the first instance's file in the store")
+    with b.expect_records(2) as records:
+        claude_session(b.url, OTHER_KEY, screen)  # another key: its own upload
+        claude_session(b.url, ANTHROPIC_KEY, screen)  # the first key: the first instance's file
+    own = {key: {f.file_id for f in provider.files.files(key) if f.data == screen[0]} for key in (ANTHROPIC_KEY, OTHER_KEY)}
+    assert all(len(ids) == 1 for ids in own.values()) and not own[ANTHROPIC_KEY] & own[OTHER_KEY]
+    messages = turns(provider, "/v1/messages")
+    assert len(messages) == 3  # none refused, none sent again
+    for received in messages:
+        assert set(anthropic_file_ids(received)) == own[owner_of(received.headers)]
+    assert [(r["uploaded"], r["by_reference"], r["references_refused"]) for r in records] == [(1, 1, 0), (0, 1, 0)]
+    assert len(uploads(provider)) == 2
+
+
+def test_a_file_the_provider_refuses_is_taken_out_of_the_store_and_not_read_again(
+    shared_pair: tuple[FakeProvider, Proxy, Proxy, RedisServer],
+) -> None:
+    provider, a, b, store = shared_pair
+    screens = shots(2, seed=203, width=220, height=160)
+    with a.expect_records(1):
+        claude_session(a.url, ANTHROPIC_KEY, screens[:1])
+    wait_for(lambda: len(file_keys(store)) == 1, "the first instance's file in the store")
+    (first,) = provider.files.files(ANTHROPIC_KEY)
+    assert provider.files.delete(first.file_id)  # gone at the provider, still named in the store
+    with store.raw() as raw:
+        (key,) = file_keys(store)
+        entry = raw.get(key)
+
+        def named_again(turn: int) -> None:
+            if turn == 2:
+                wait_for(lambda: file_keys(store) == [], "the refused entry out of the store")
+                raw.set(key, entry, px=60_000)  # as a write of another instance's that came late
+
+        with b.expect_records(2) as records:
+            claude_session(b.url, ANTHROPIC_KEY, screens, between=named_again)
+    assert [(r["status"], r["references_refused"]) for r in records] == [(200, 1), (200, 0)]
+    messages = turns(provider, "/v1/messages")[1:]
+    assert len(messages) == 3  # turn 1 through the second instance went twice: with the reference (refused), then inline
+    assert anthropic_file_ids(messages[0]) == [first.file_id] and inline_images(messages[1]) == 1
+    # Turn 2: the refused file is not referenced again though the store names it; the first screenshot inline (as
+    # turn 1 finally went), the new one by reference.
+    (second,) = provider.files.files(ANTHROPIC_KEY)
+    assert anthropic_file_ids(messages[2]) == [second.file_id] and inline_images(messages[2]) == 1

@@ -3,12 +3,16 @@ reload, and Codex's WebSocket `response.create` messages."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import gzip
 import logging
 import os
+import signal
 import threading
 import time
 import types
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -19,14 +23,16 @@ from mitmproxy.websocket import WebSocketMessage
 from wsproto.frame_protocol import Opcode
 
 from trimflow import proxy
+from trimflow._history import History, Images
 from trimflow._human import format_size_change
 from trimflow._last_turns import LastTurns
-from trimflow._record import utc_timestamp
+from trimflow._record import Record, utc_timestamp
 from trimflow._rules_file import DEFAULT_RULES_PATH, RulesFile, load_rules
+from trimflow._state_store import RedisState
 from trimflow.proxy import prune as prune_module
 from trimflow.testing import PATHS, session_body
 
-from ..helpers import ROOT, TrimflowAddons, after_hooks, answer_sent, requested
+from ..helpers import ROOT, RedisServer, TrimflowAddons, after_hooks, answer_sent, requested, wait_for_async
 from .flows import SHOT, images_in, json_answer, llm_flow, write_rules
 
 
@@ -257,6 +263,108 @@ async def test_with_a_store_other_hosts_read_a_turn_is_in_it_before_its_request_
     finally:
         addon.flows.conversations.shared = None
         store.close()
+
+
+class ReadsSeen(RedisState):
+    """The Redis store, noting the thread of each read (and that one has begun, for a test that holds the server)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.threads: list[int] = []
+        self.thread_names: list[str] = []
+        self.reading = threading.Event()
+
+    def get_many(self, keys):
+        self.threads.append(threading.get_ident())
+        self.thread_names.append(threading.current_thread().name)
+        self.reading.set()
+        return super().get_many(keys)
+
+
+@pytest.fixture
+def redis_server(tmp_path) -> Iterator[RedisServer]:
+    running = RedisServer(tmp_path)
+    yield running
+    running.stop()
+
+
+@contextlib.contextmanager
+def sharing(addon, server: RedisServer, deadline: float) -> Iterator[ReadsSeen]:
+    store = ReadsSeen(server.url, deadline=deadline)
+    assert store.wait_until_up(60)
+    addon.flows.conversations.shared = store
+    try:
+        yield store
+    finally:
+        addon.flows.conversations.shared = None
+        store.close()
+
+
+def gzipped(flow: http.HTTPFlow) -> http.HTTPFlow:
+    flow.request.headers["content-encoding"] = "gzip"
+    flow.request.raw_content = gzip.compress(flow.request.raw_content)
+    return flow
+
+
+def response_create(turns: int) -> WebSocketMessage:
+    body = session_body("openai-responses", turns, SHOT, "image/png")
+    return WebSocketMessage(Opcode.TEXT, True, orjson.dumps({"type": "response.create", **body}))
+
+
+async def test_with_the_redis_store_no_read_runs_on_the_event_loop(addon, redis_server) -> None:
+    # A store on another machine may take its whole deadline to answer: the loop serves every other flow meanwhile. Turns
+    # of each kind read it: one the memory cuts (inline), one sent as it came (its turn numbered before it goes), one run
+    # in a worker (a compressed body), and Codex's WebSocket messages; each is numbered on what it read.
+    loop = threading.get_ident()
+    with sharing(addon, redis_server, deadline=30.0) as store:
+        flows = [llm_flow(turns=2), llm_flow(turns=3), gzipped(llm_flow(turns=4)), llm_flow(turns=5)]
+        for flow in flows:
+            await requested(addon, flow)
+            assert store.drained(30)
+        assert [flow.metadata["trimflow"]["turn"] for flow in flows] == [1, 2, 3, 4]
+        assert [flow.metadata["trimflow"]["pruned"] for flow in flows] == [0, 1, 2, 3]
+        socket = tflow.twebsocketflow(messages=False)
+        socket.request.path = "/backend-api/codex/responses"
+        for turns in (4, 5):
+            socket.websocket.messages.append(response_create(turns))
+            await addon.websocket_message(socket)
+            assert socket.websocket.messages[-1].content.count(b"base64,") == 2
+        assert len(store.threads) >= len(flows) + 2 and loop not in store.threads
+        # Inline turns read in the store's own threads, never queued behind a shrink in the engine's (the gzipped turn's
+        # run in a worker reads there).
+        assert sum(name.startswith("trimflow-state-read") for name in store.thread_names) >= len(flows) + 1
+        assert all(addon.flows.get(flow).rows is None for flow in flows)  # the rows read for a turn go with it
+
+
+async def test_a_hung_store_holds_up_only_the_request_that_reads_it(addon, redis_server) -> None:
+    # A store that stops answering (SIGSTOP: connected, silent), as a swapped-out or overloaded server: the turn reading
+    # it waits for it, or for its deadline; a request that reads nothing meanwhile is served at once.
+    assert redis_server.process is not None
+    with sharing(addon, redis_server, deadline=30.0) as store:
+        await requested(addon, llm_flow(turns=2))
+        assert store.drained(30)
+        redis_server.process.send_signal(signal.SIGSTOP)
+        try:
+            store.reading.clear()
+            waiting = asyncio.create_task(requested(addon, llm_flow(turns=3)))
+            await wait_for_async(store.reading.is_set, "the turn reading the hung store")
+            other = llm_flow(path="/v1/files", body=b'{"purpose": "batch"}')  # no LLM request: nothing to read
+            await requested(addon, other)
+            assert not waiting.done() and store.threads.count(threading.get_ident()) == 0
+        finally:
+            redis_server.process.send_signal(signal.SIGCONT)
+        await waiting
+    assert store.outages == 0
+
+
+async def test_a_turn_whose_rows_were_not_read_ahead_is_numbered_without_a_read_on_the_loop(addon, redis_server) -> None:
+    # The numbering runs on the loop: a turn that comes to it with no rows read for it is numbered on this instance's
+    # own memory, as if the store had answered nothing (a read past its deadline), and the store is not read there.
+    with sharing(addon, redis_server, deadline=30.0) as store:
+        record = Record.untouched("api.example", "/v1/chat/completions", "openai-chat", "enforce", "", 10)
+        line = addon.flows.number(record, History("api.example", None, 0, [1, 2], b"\x00" * 8, images=Images([], None)))
+        assert record.turn == 1 and line is not None and line.row is not None  # its turn still goes to the store
+        assert store.threads == []
 
 
 async def test_pending_records_are_bounded_and_a_streamed_answer_does_not_hold_one(addon) -> None:

@@ -3,7 +3,9 @@ messages) with the pure-Python engine (trimflow._engine).
 
 Light work runs on the event loop; the engine raises NeedsWorker before slow work (a large body, a full
 parse, Pillow), and so does this addon before inflating a compressed body: that run goes to a worker
-thread. A request needing no change is forwarded as soon as the hook returns; its record and its turn
+thread. A shared store whose reads wait on another machine (trimflow_state) is never read on the loop: a
+request's conversation rows are read in a worker thread (NeedsRows, SharedState.read_ahead), and the run goes
+on inline with them. A request needing no change is forwarded as soon as the hook returns; its record and its turn
 (the conversation digest) are worked out once its answer has gone to the client (SharedState.defer).
 """
 
@@ -21,11 +23,11 @@ from .._decode import OPTION as DECODE_OPTION
 from .._history import History
 from .._human import format_size, parse_duration, parse_size
 from .._recall import RecallIds, owner_of
-from .._record import Record
+from .._record import TURN, Record
 from .._rules_file import CHECK_INTERVAL, DEFAULT_RULES_PATH, RulesFile
 from ..errors import RulesError
 from .options import exits_at_startup
-from .state import FlowState, SharedState, after_hook, log_reason, path_of
+from .state import FlowState, NeedsRows, SharedState, after_hook, log_reason, path_of
 
 log = logging.getLogger("trimflow")
 
@@ -121,12 +123,15 @@ class Prune:
                 self._warn_streamed(flow, state)
                 return
             history, taken = None, _NOTHING_TAKEN
+            state.rows = None
             try:
-                record, outcome = self._prune_flow(flow, state, inline=True)
+                record, outcome = await self._prune_inline(flow, state)
             except NeedsWorker:
                 self.flows.settle_all()  # the worker reads the conversations: every turn before this one first
                 record, outcome, history, taken = await asyncio.to_thread(self._prune_in_worker, flow, state)
             if outcome is not None and outcome.record_pending:
+                if self.flows.across_hosts and outcome.record is not None and outcome.record.kind == TURN:
+                    await self.flows.read_ahead(state, outcome.history)  # in a worker thread, for numbering its turn
                 # Nothing to change: mitmproxy forwards the request as soon as this hook returns; the record and
                 # the turn wait for the answer to have gone out (the metrics addon).
                 self.flows.defer(flow, state, outcome)
@@ -140,6 +145,8 @@ class Prune:
         if record is not None:
             if outcome is not None:
                 history, taken = outcome.history, outcome.taken
+            if record.kind == TURN:
+                await self.flows.read_ahead(state, history)  # where the store's reads wait: in a worker thread
             self.flows.settle_all()  # numbered after the turns that came before it
             self.flows.keep(flow, state, record, history, *taken)
             store = self.flows.recall
@@ -147,6 +154,15 @@ class Prune:
                 # Its cut images are copied for the store once the request has gone.
                 after_hook(store.offer, record.conversation, state.kept)
             state.kept = []
+
+    async def _prune_inline(self, flow: http.HTTPFlow, state: FlowState) -> tuple[Record | None, Outcome | None]:
+        """`_prune_flow` on the event loop. A request whose cut needs its conversation's rows in a store whose reads
+        wait (NeedsRows) has them read in a worker thread, then runs inline again; raises NeedsWorker for slow work."""
+        try:
+            return self._prune_flow(flow, state, inline=True)
+        except NeedsRows as need:
+            await self.flows.read_ahead(state, need.history)
+        return self._prune_flow(flow, state, inline=True)  # NeedsRows again (the store changed meanwhile): a worker's run
 
     def _prune_in_worker(self, flow: http.HTTPFlow, state: FlowState) -> tuple[Record | None, Outcome | None, History | None, Taken]:
         """As `_prune_flow`, in a worker thread: also the history (digested here, off the loop) and the images the cut
@@ -186,7 +202,7 @@ class Prune:
             rules,
             ctx.options.trimflow_mode,
             inline=inline,
-            memory=self.flows.memory if inline else self.flows.conversations,
+            memory=self.flows.memory_for(state, on_loop=inline),
             tighten=self.flows.tighten_for(flow),
             recall=self._recall_ids(headers, inline),
         )
@@ -238,22 +254,31 @@ class Prune:
         state = self.flows.websocket(flow)
         args = (state.target, plain_headers(flow.request), message.content, self.flows.rules.current(), ctx.options.trimflow_mode)
         tighten = self.flows.tighten_for(flow)
+        state.rows = None  # read for each message
         try:
             try:
-                outcome = prune(*args, inline=True, memory=self.flows.memory, tighten=tighten)
+                try:
+                    outcome = prune(*args, inline=True, memory=self.flows.memory_for(state), tighten=tighten)
+                except NeedsRows as need:
+                    await self.flows.read_ahead(state, need.history)
+                    outcome = prune(*args, inline=True, memory=self.flows.memory_for(state), tighten=tighten)
             except NeedsWorker:
                 self.flows.settle_all()
-                outcome = await asyncio.to_thread(prune, *args, memory=self.flows.conversations, tighten=tighten)
+                memory = self.flows.memory_for(state, on_loop=False)
+                outcome = await asyncio.to_thread(prune, *args, memory=memory, tighten=tighten)
+            record = outcome.record
+            if record is None:
+                return
+            if record.kind == TURN:
+                await self.flows.read_ahead(state, outcome.history)
         except Exception as exc:  # noqa: BLE001 - fail open
             log.warning("trimflow: websocket message forwarded untouched: internal error %s", type(exc).__name__)
-            return
-        record = outcome.record
-        if record is None:
             return
         if outcome.changed:
             message.content = outcome.body
         self.flows.settle_all()
-        state.history_line = self.flows.number(record, outcome.history, *outcome.taken)
+        state.history_line = self.flows.number(record, outcome.history, *outcome.taken, state.rows)
+        state.rows = None
         state.record = record  # for the metrics addon's websocket_message, next in the chain
 
 

@@ -13,6 +13,11 @@ from then on (option trimflow_send_once, or a rule's `send_once`; docs/how-it-wo
   expired or deleted) drops those entries and sends the request once more with its images inline, as the prune addon
   forwarded it; the client gets that answer. `HoldRefusals`, after the metrics addon, holds such an answer back from
   the client (as the recover addon's hold does) so that it can be replaced.
+- With a shared store (trimflow_state), each file uploaded is offered to the instances sharing it (trimflow._state_store
+  `put_file`) until shortly before its deletion here, and an image this instance has no entry for is looked up there
+  (within the store's deadline, in the worker thread that reads the body): another instance's file for the same tenant
+  and image is referenced, never deleted from here. An entry the provider refused, or whose file this instance deletes,
+  is taken out of the store too.
 - Every file uploaded is deleted at the end of its lifetime (trimflow_send_once_lifetime), or when the mapping's
   bound pushes it out, with the credentials that uploaded it, which are kept in memory for that and nowhere else.
   Files left when the proxy stops stay at the provider: `python -m trimflow files` lists and deletes them (OpenAI's
@@ -58,6 +63,7 @@ from .._send_once import (
     with_files_beta,
     with_references,
 )
+from .._state_store import RedisState, StoredFile
 from ._resend import HeldAnswer, detached_client, held_answers, resend, size_check_extended
 from .comment import flow_comment
 from .options import exits_at_startup
@@ -75,6 +81,11 @@ UPLOAD_ANSWER_MAX = 64 << 10  # an upload's answer is a few hundred bytes of JSO
 # Headers the Files API's requests carry beside the credentials: the API version Anthropic requires.
 _KEPT_HEADERS = ("anthropic-version", "host", "user-agent")
 _BODY_HEADERS = ("content-type", "content-length", "content-encoding", "transfer-encoding", "accept-encoding")
+
+
+# A request's body as the prune addon forwards it (decoded), parsed, its images that may go by reference, and the files
+# the shared store holds for those of them this instance has no entry for.
+_Plan = tuple[bytes, dict[str, Any], list[Candidate], dict[bytes, StoredFile]]
 
 
 @dataclass(slots=True)
@@ -101,7 +112,7 @@ class SendOnce:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._sweeper: asyncio.Task[None] | None = None
         self._slots: asyncio.Semaphore | None = None  # made on mitmproxy's loop, with the first upload
-        self.uploaded = self.upload_failures = self.refused = self.deleted = 0
+        self.uploaded = self.upload_failures = self.refused = self.deleted = self.borrowed = 0
 
     def load(self, loader: Loader) -> None:
         loader.add_option(
@@ -188,15 +199,19 @@ class SendOnce:
         rules = self.flows.rules.current()
         return rules.defaults.send_once or any(rule.overrides.get("send_once") for rule in rules.rules)
 
+    def _store(self) -> RedisState | None:
+        """The store instances share their files through, when one is set and answers."""
+        shared = self.flows.conversations.shared
+        return shared if isinstance(shared, RedisState) and shared.in_use else None
+
     async def _send_once(
         self, flow: http.HTTPFlow, state: FlowState, api: FilesApi, headers: dict[str, str], credentials: tuple[tuple[str, str], ...]
     ) -> None:
-        plan = await asyncio.to_thread(self._plan, flow, state)
+        tenant = tenant_of(credentials, upstream_of(flow))
+        plan = await asyncio.to_thread(self._plan, flow, state, tenant)
         if plan is None:
             return
-        raw, body, found = plan
-        upstream = upstream_of(flow)
-        tenant = tenant_of(credentials, upstream)
+        raw, body, found, stored = plan
         request = flow.request
         kept = tuple((name, headers[name]) for name in _KEPT_HEADERS if name in headers)
         owner = Owner(
@@ -213,6 +228,8 @@ class SendOnce:
         to_upload: dict[bytes, Candidate] = {}
         for candidate in found:
             entry = self.refs.get(tenant, candidate.digest)
+            if entry is None and candidate.digest in stored:
+                entry = self._borrow(owner, candidate.digest, stored[candidate.digest])
             if entry is not None:
                 if entry.file_id is not None:
                     references[candidate.path] = entry.file_id
@@ -241,9 +258,21 @@ class SendOnce:
             record.body_bytes_after = len(new_body)
             _keep(flow, state, record)
 
-    def _plan(self, flow: http.HTTPFlow, state: FlowState) -> tuple[bytes, dict[str, Any], list[Candidate]] | None:
-        """In a worker thread: the body as the prune addon forwards it (decoded), parsed, and its images that may go
-        by reference when send-once is on for its rule; None when there are none."""
+    def _borrow(self, owner: Owner, digest: bytes, stored: StoredFile) -> Entry | None:
+        """The entry of a file another instance uploaded, kept here until the store's time for it (at most this
+        instance's lifetime); None when the provider refused that file here before."""
+        if self.refs.refused(owner.tenant, stored.file_id):
+            return None
+        now = self.refs.clock()
+        entry = Entry(owner=owner, digest=digest, file_id=stored.file_id, size=0, uploaded_at=now, borrowed_until=stored.until)
+        self._delete(self.refs.put(entry))
+        self.borrowed += 1
+        return entry
+
+    def _plan(self, flow: http.HTTPFlow, state: FlowState, tenant: bytes) -> _Plan | None:
+        """In a worker thread: the body as the prune addon forwards it (decoded), parsed, its images that may go by
+        reference when send-once is on for its rule (None when there are none), and the files the shared store holds
+        for those this instance has no entry for."""
         assert self.flows.rules is not None
         request, target = flow.request, state.target
         try:
@@ -261,7 +290,16 @@ class SendOnce:
             if not limits.send_once:
                 return None
         found = candidates(target.format, body)
-        return (raw, body, found) if found else None
+        if not found:
+            return None
+        stored: dict[bytes, StoredFile] = {}
+        store = self._store()
+        if store is not None:
+            missing = list(dict.fromkeys(c.digest for c in found if self.refs.get(tenant, c.digest) is None))
+            if missing:
+                files = store.get_files(tenant, missing)
+                stored = {digest: file for digest, file in zip(missing, files, strict=True) if file is not None}
+        return raw, body, found, stored
 
     @staticmethod
     def _rewrite(flow: http.HTTPFlow, raw: bytes, state: FlowState, body: dict[str, Any], references: dict[tuple[str | int, ...], str]) -> bytes:
@@ -293,7 +331,11 @@ class SendOnce:
                 self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
             # An image that could not go up stays inline for this tenant, so its conversation's prefix stays as it went.
             size = candidate.chars * 3 // 4 if file_id else 0
-            self._delete(self.refs.put(Entry(owner=owner, digest=candidate.digest, file_id=file_id, size=size, uploaded_at=self.refs.clock())))
+            uploaded_at = self.refs.clock()
+            self._delete(self.refs.put(Entry(owner=owner, digest=candidate.digest, file_id=file_id, size=size, uploaded_at=uploaded_at)))
+            store = self._store()
+            if file_id is not None and store is not None:
+                store.put_file(owner.tenant, candidate.digest, file_id, self.refs.shared_until(uploaded_at))
         return file_id
 
     async def _post(self, flow: http.HTTPFlow, api: FilesApi, candidate: Candidate) -> str | None:
@@ -355,8 +397,12 @@ class SendOnce:
             self._delete(self.refs.expired())
 
     def _delete(self, entries: Iterable[Entry]) -> None:
-        """Delete these files at their providers, in the background, each with the credentials that uploaded it."""
+        """Delete these files at their providers, in the background, each with the credentials that uploaded it, and
+        their entries in the shared store (no other instance references them from then on)."""
+        store = self._store()
         for entry in entries:
+            if store is not None and entry.file_id is not None:
+                store.forget_file(entry.owner.tenant, entry.digest, entry.file_id)
             task = asyncio.get_running_loop().create_task(self._delete_one(entry))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -408,7 +454,12 @@ class SendOnce:
         return self._send_inline(flow, sent, refused) if refused else None
 
     async def _send_inline(self, flow: http.HTTPFlow, sent: _Referenced, refused: frozenset[str]) -> None:
-        self.refs.drop(sent.tenant, refused)
+        dropped = self.refs.drop(sent.tenant, refused)
+        store = self._store()
+        if store is not None:
+            for entry in dropped:
+                assert entry.file_id is not None
+                store.forget_file(sent.tenant, entry.digest, entry.file_id)
         self.refused += 1
         log.info("trimflow: %s%s: the provider refused %d file references; sent again inline", flow.request.pretty_host, path_of(flow), len(refused))
         retry = flow.request.copy()

@@ -15,13 +15,14 @@ import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable
+from concurrent.futures import ThreadPoolExecutor
 
 from mitmproxy import http
 
-from .. import Outcome
+from .. import NeedsWorker, Outcome
 from .._cache_break import CacheBreaks
 from .._clicks import Screen
-from .._conversation import Conversations, HistoryLine, Recall
+from .._conversation import Conversations, HistoryLine, Recall, Rows
 from .._decode import DEFAULT_MAX_DECODED_BYTES
 from .._engine import Tighten
 from .._history import History, response_id_of
@@ -31,6 +32,7 @@ from .._recall import Kept, RecallStore
 from .._record import Record, utc_timestamp
 from .._rules import Target
 from .._rules_file import RulesFile
+from .._state_store import FRONT_CONNECTIONS
 from ..formats import openai_responses
 from .comment import flow_comment
 
@@ -49,9 +51,11 @@ class FlowState:
     hold the last client message's until the metrics addon takes them into `waiting`, where each
     waits for the server's answer to it. `screen`: how the answer's computer-use coordinates map back
     (trimflow._clicks), set by the prune addon when the newest screenshot went rescaled. `kept`: the images its
-    placeholders name for recall (trimflow._recall), handed to the store once the request is on its way."""
+    placeholders name for recall (trimflow._recall), handed to the store once the request is on its way. `rows`: the
+    shared store's rows of its conversation, read in a worker thread where the store's reads wait (SharedState.read_ahead),
+    for the cut and the numbering of its turn (a WebSocket flow's: its last client message's)."""
 
-    __slots__ = ("target", "record", "pending", "error", "history_line", "waiting", "screen", "kept")
+    __slots__ = ("target", "record", "pending", "error", "history_line", "waiting", "screen", "kept", "rows")
 
     def __init__(self, target: Target) -> None:
         self.target = target
@@ -62,6 +66,18 @@ class FlowState:
         self.waiting: list[tuple[Record, HistoryLine | None]] = []
         self.screen: Screen | None = None
         self.kept: list[Kept] = []
+        self.rows: Rows | None = None
+
+
+class NeedsRows(NeedsWorker):
+    """Raised on the event loop by a request's memory (`SharedState.memory_for`) when the request needs its
+    conversation's rows in a store whose reads wait on the network (TurnStore.across_hosts) and none were read for it: the caller reads
+    them in a worker thread (`SharedState.read_ahead`) and runs the request inline again. A NeedsWorker, so a caller
+    that does not read them runs the request in a worker thread, whose memory reads them there."""
+
+    def __init__(self, history: History) -> None:
+        super().__init__("the shared store's rows of the conversation")
+        self.history = history
 
 
 class SharedState:
@@ -83,8 +99,32 @@ class SharedState:
         # Flows whose record is left pending (Outcome.record_pending), oldest first: numbered in that order.
         self._unsettled: OrderedDict[http.HTTPFlow, tuple[FlowState, float]] = OrderedDict()  # with when each went
         self._unsettled_bytes = 0  # their request bodies, in all
-        # What the engine asks of the conversations, once every pending turn before is numbered (on the loop only).
-        self.memory = _SettledMemory(self)
+        # The threads reading a store whose reads wait, as many as the Redis store reads at once on (more read nothing):
+        # their own, so that no read queues behind the engine's slow work in the default executor (a shrink).
+        self._readers: ThreadPoolExecutor | None = None
+
+    def memory_for(self, state: FlowState | None, on_loop: bool = True) -> _RequestMemory:
+        """What the engine asks of the conversations for the request of `state` (trimflow._engine: CutMemory): on the
+        event loop (`on_loop`), once every pending turn before it is numbered; in a worker thread, as they stand (the
+        caller numbered them before it went there)."""
+        return _RequestMemory(self, state, on_loop)
+
+    @property
+    def across_hosts(self) -> bool:
+        """Whether the shared store is a server other hosts share (TurnStore.across_hosts): its reads may wait on the
+        network, so never on the loop, and a turn goes to it before its request goes (`defer`)."""
+        shared = self.conversations.shared
+        return shared is not None and shared.across_hosts
+
+    async def read_ahead(self, state: FlowState, history: History | None) -> None:
+        """Where the store's reads wait, the rows of the request's conversation into `state.rows`, read in one of the
+        store's reading threads (the store's deadline bounds it; the loop serves other requests meanwhile), unless they
+        were read for it already: its cut (NeedsRows) and the numbering of its turn (`keep`, `number`) take them."""
+        if history is None or not self.across_hosts or _rows_of(self.conversations, state.rows, history) is not None:
+            return
+        if self._readers is None:
+            self._readers = ThreadPoolExecutor(FRONT_CONNECTIONS, thread_name_prefix="trimflow-state-read")
+        state.rows = await asyncio.get_running_loop().run_in_executor(self._readers, self.conversations.read_rows, history)
 
     def _clock(self) -> float:
         return time.time() if self._sent_at is None else self._sent_at
@@ -129,8 +169,7 @@ class SharedState:
         """Leave the flow's record pending: worked out once its answer has gone to the client (the metrics addon), or
         sooner when a hook reads it, or when a later request needs the conversations (`settle_all`)."""
         state.pending = outcome
-        shared = self.conversations.shared
-        if shared is not None and shared.across_hosts:
+        if self.across_hosts:
             # Another host may take the conversation's next turn as soon as this answer is back: the turn goes to the
             # store now, before the request (the window a deferred turn leaves, docs/performance.md).
             self.settle(flow, state)
@@ -192,19 +231,27 @@ class SharedState:
         """Make `record` the flow's record: numbered in its conversation (with the images its cut took, and of those the
         look-alikes: the engine's Outcome.taken), with the recalls answered since the previous request, written to the
         flow."""
-        state.history_line = self.number(record, history, cut, like)
+        state.history_line = self.number(record, history, cut, like, state.rows)
+        state.rows = None  # read for this turn only
         if self.recall is not None:
             record.recalls, record.recalls_refused = self.recall.take_recalls()
         state.record = record
         write(flow, state)
         flow.comment = flow_comment(record)
 
-    def number(self, record: Record, history: History | None, cut: Collection[int] = (), like: Collection[int] = ()) -> HistoryLine | None:
+    def number(
+        self, record: Record, history: History | None, cut: Collection[int] = (), like: Collection[int] = (), rows: Rows | None = None
+    ) -> HistoryLine | None:
         """The record's conversation, turn and segment, from its history (trimflow._conversation); returns its
-        place in the conversation, for `responded`. A body that could not be read has none."""
+        place in the conversation, for `responded`. A body that could not be read has none. `rows`: the store's rows
+        read for it (`read_ahead`); where the store's reads wait, none is read here, on the loop: without them the turn
+        is numbered as if the store had answered nothing (this instance's own memory)."""
         if history is None:
             return None
-        assignment = self.conversations.assign(history, record.kind, cut, like)
+        conversations = self.conversations
+        if self.across_hosts:
+            rows = _rows_of(conversations, rows, history) or conversations.nothing_read(history)
+        assignment = conversations.assign(history, record.kind, cut, like, rows)
         record.conversation, record.turn, record.segment = assignment.conversation, assignment.turn, assignment.segment
         self.cache_breaks.sent(record, history, cut)
         return assignment.history_line
@@ -215,20 +262,41 @@ class SharedState:
             self.conversations.responded(history_line, response_id_of(answer_head))
 
 
-class _SettledMemory:
-    """The conversations as the engine reads them (trimflow._engine: CutMemory), every pending turn numbered first: a
-    request that needs its conversation's memory waits for the turns before it, one that does not never does."""
+class _RequestMemory:
+    """The conversations as the engine reads them for one request (trimflow._engine: CutMemory). On the loop, every
+    pending turn is numbered first: a request that needs its conversation's memory waits for the turns before it, one
+    that does not never does. Where the store's reads wait, the conversation's rows are the request's own
+    (FlowState.rows): on the loop, none read yet raises NeedsRows; in a worker thread, they are read there."""
 
-    def __init__(self, flows: SharedState) -> None:
-        self._flows = flows
+    def __init__(self, flows: SharedState, state: FlowState | None, on_loop: bool) -> None:
+        self._flows, self._state, self._on_loop = flows, state, on_loop
 
     def recall(self, history: History) -> Recall | None:
-        self._flows.settle_all()
-        return self._flows.conversations.recall(history)
+        flows = self._flows
+        if self._on_loop:
+            flows.settle_all()
+        conversations = flows.conversations
+        if not flows.across_hosts:
+            return conversations.recall(history)
+        state = self._state
+        rows = _rows_of(conversations, state.rows if state is not None else None, history)
+        if rows is None and conversations.row_keys_of(history):
+            if self._on_loop:
+                raise NeedsRows(history)
+            rows = conversations.read_rows(history)
+            if state is not None:
+                state.rows = rows
+        return conversations.recall(history, rows)
 
     def was_cut(self, keys: Iterable[bytes]) -> bool:
         # A pending turn changed nothing, so it cut nothing: numbering it first could not make an image cut.
         return self._flows.conversations.was_cut(keys)
+
+
+def _rows_of(conversations: Conversations, rows: Rows | None, history: History) -> Rows | None:
+    """`rows` if they are those of the history's conversation (read for this request), else None."""
+    keys = conversations.row_keys_of(history)
+    return rows if rows is not None and keys and rows[0][0] == keys[0] else None
 
 
 def after_hook(callback: Callable[..., object], *args: object) -> None:
