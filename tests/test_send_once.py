@@ -185,6 +185,7 @@ def test_the_gemini_api_has_files_and_vertex_has_none() -> None:
     expected = so.FilesApi(so.GEMINI, "/v1beta/files", "/upload/v1beta/files")
     assert so.files_api("gemini", "/v1beta/models/gemini-2.5-flash:generateContent") == expected
     assert so.files_api("gemini", "/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse") == expected
+    assert so.files_api("gemini", "/v1/models/gemini-2.5-flash:generateContent") == so.FilesApi(so.GEMINI, "/v1/files", "/upload/v1/files")
     under_proxy = so.FilesApi(so.GEMINI, "/proxy/v1beta/files", "/proxy/upload/v1beta/files")
     assert so.files_api("gemini", "/proxy/v1beta/models/m:generateContent") == under_proxy
     for path in (
@@ -220,6 +221,7 @@ def test_gemini_references_take_the_parts_own_spelling() -> None:
     raw = orjson.dumps(body)
     refs = {("contents", 0, "parts", 1): "files/abc-1", ("contents", 2, "parts", 0): "files/def"}
     out = orjson.loads(so.with_references(raw, "gemini", body, refs))
+    assert so.with_references(raw, "gemini", body, refs, "v1").count(b"https://generativelanguage.googleapis.com/v1/files/") == 2
     assert out["contents"][0]["parts"][1] == {
         "file_data": {"mime_type": "image/png", "file_uri": "https://generativelanguage.googleapis.com/v1beta/files/abc-1"}
     }
@@ -263,6 +265,9 @@ def gemini_file(**fields: Any) -> bytes:
 
 def test_a_gemini_upload_answer_names_an_active_file_by_its_own_uri() -> None:
     assert so.file_id_of(gemini_file(), so.GEMINI) == "files/abc-123"
+    assert so.file_id_of(gemini_file(), so.GEMINI, "v1") is None  # an upload to v1 answers the v1 URI
+    v1 = gemini_file(uri="https://generativelanguage.googleapis.com/v1/files/abc-123")
+    assert so.file_id_of(v1, so.GEMINI, "v1") == "files/abc-123"
     no_state = {"file": {"name": "files/abc-123", "uri": "https://generativelanguage.googleapis.com/v1beta/files/abc-123"}}
     assert so.file_id_of(orjson.dumps(no_state), so.GEMINI) == "files/abc-123"
     for hostile in (

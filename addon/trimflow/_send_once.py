@@ -56,9 +56,10 @@ _FILE_ID = re.compile(rf"[A-Za-z0-9_-]{{1,{MAX_FILE_ID}}}")  # a file id as both
 # A Gemini file's id is its resource name: `files/` and up to 40 lower-case letters, digits and dashes.
 _GEMINI_NAME = re.compile(r"files/[a-z0-9](?:[a-z0-9-]{0,38}[a-z0-9])?")
 FILE_ID_PREFIXES = ("file_", "file-", "files/")  # Anthropic's ids start `file_`, OpenAI's `file-`, Gemini's `files/`
-# What a Gemini request references a file by: its `uri`, the API's own address of the name, whatever host the request
-# went to (the upload's answer is held to it).
-GEMINI_FILE_URI = "https://generativelanguage.googleapis.com/v1beta/"
+# What a Gemini request references a file by: its `uri`, the API's own address of the name under the API version the
+# request and the upload went to (v1beta, or v1: google-genai's default), whatever host they went to (the upload's
+# answer is held to it).
+GEMINI_FILE_URI = "https://generativelanguage.googleapis.com/{version}/{name}"
 # Gemini deletes a file 48 hours after its upload, and its lifetime cannot be extended: trimflow references one for at
 # most 47 hours (an hour's margin for a request in flight, and for the clocks), then sends its image inline again.
 GEMINI_MAX_LIFETIME = 47 * 3600.0
@@ -68,7 +69,7 @@ CREDENTIAL_HEADERS = ("x-api-key", "authorization", "x-goog-api-key", "openai-or
 _KEY_HEADERS = ("x-api-key", "authorization", "x-goog-api-key")
 GEMINI_KEY_HEADER = "x-goog-api-key"  # where a Gemini key given as `?key=` goes in the Files API's requests
 # Gemini's models endpoints (the Gemini API, not Vertex: its paths name a project or a publisher, and it has no Files API).
-_GEMINI_TURN = re.compile(r"(?P<base>.*)/v1beta/models/[^/:]+:(?:generateContent|streamGenerateContent)")
+_GEMINI_TURN = re.compile(r"(?P<base>.*)/(?P<version>v1|v1beta)/models/[^/:]+:(?:generateContent|streamGenerateContent)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,11 +84,16 @@ class FilesApi:
     def upload(self) -> str:
         return self.upload_path or self.path
 
+    @property
+    def version(self) -> str:
+        """The API version in the path (Gemini's v1beta or v1: its file URIs name it)."""
+        return self.path.rsplit("/", 2)[-2]
+
 
 def files_api(wire_format: str | None, path: str) -> FilesApi | None:
     """The Files API beside a request's endpoint, or None: Anthropic's Messages API direct (`.../v1/messages`), OpenAI's
     Responses API (`.../v1/responses`), the Gemini API (`.../v1beta/models/{model}:generateContent`, and
-    `:streamGenerateContent`). Bedrock, Vertex and Codex's ChatGPT backend have none; a token count is never worth an
+    `:streamGenerateContent`; v1 as well). Bedrock, Vertex and Codex's ChatGPT backend have none; a token count is never worth an
     upload."""
     path = path.partition("?")[0]
     if wire_format == anthropic.NAME and path.endswith("/v1/messages"):
@@ -96,8 +102,8 @@ def files_api(wire_format: str | None, path: str) -> FilesApi | None:
         return FilesApi(OPENAI, path[: -len("/responses")] + "/files")
     turn = _GEMINI_TURN.fullmatch(path) if wire_format == gemini.NAME else None
     if turn is not None:
-        base = turn.group("base")
-        return FilesApi(GEMINI, f"{base}/v1beta/files", f"{base}/upload/v1beta/files")
+        base, version = turn.group("base"), turn.group("version")
+        return FilesApi(GEMINI, f"{base}/{version}/files", f"{base}/upload/{version}/files")
     return None
 
 
@@ -180,6 +186,14 @@ def candidates(wire_format: str, body: dict[str, Any]) -> list[Candidate]:
     return found
 
 
+def may_hold_images(wire_format: str, raw: bytes) -> bool:
+    """Whether a body may hold an inline image (a coding agent's text does not: not worth a parse). Gemini's base64
+    goes without a `base64` mark, in `inlineData` or `inline_data`."""
+    if wire_format == gemini.NAME:
+        return b"inlineData" in raw or b"inline_data" in raw
+    return b"base64" in raw
+
+
 def _anthropic_newest(body: dict[str, Any]) -> Any:
     """The messages after the model's last are the newest input (the user's turn, a tool's result, what the agent adds)."""
     messages = body.get("messages")
@@ -231,18 +245,19 @@ def _at(node: Any, path: JsonPath) -> Any:
 # --- the body with its references ---------------------------------------------------------------------------
 
 
-def with_references(raw: bytes, wire_format: str, body: dict[str, Any], references: Mapping[JsonPath, str]) -> bytes:
+def with_references(raw: bytes, wire_format: str, body: dict[str, Any], references: Mapping[JsonPath, str], version: str = "v1beta") -> bytes:
     """`raw` (the JSON text `body` was parsed from) with the image at each path referencing its file id: Anthropic's
     `{"type": "image", "source": {"type": "file", "file_id": ...}}`, OpenAI's `{"type": "input_image", "file_id": ...}`
     (its `detail` kept), Gemini's `{"file_data": {"mime_type": ..., "file_uri": ...}}` (spelled as the part spelled its
-    `inline_data`, in its place); every other field of the part, and every other byte of the body, as it came."""
+    `inline_data`, in its place, its URI under the API `version`); every other field of the part, and every other byte
+    of the body, as it came."""
     edits = []
     for path, file_id in references.items():
         part = _at(body, path)
         if wire_format == anthropic.NAME:
             new = {**part, "source": {"type": "file", "file_id": file_id}}
         elif wire_format == gemini.NAME:
-            new = _gemini_reference(part, file_id)
+            new = _gemini_reference(part, gemini_file_uri(file_id, version))
         else:
             new = {key: value for key, value in part.items() if key != "image_url"}
             new["file_id"] = file_id
@@ -250,19 +265,19 @@ def with_references(raw: bytes, wire_format: str, body: dict[str, Any], referenc
     return splice(raw, edits)
 
 
-def _gemini_reference(part: dict[str, Any], name: str) -> dict[str, Any]:
+def _gemini_reference(part: dict[str, Any], uri: str) -> dict[str, Any]:
     snake = "inline_data" in part
     inline_key = "inline_data" if snake else "inlineData"
     inline = part[inline_key]
     mime_key = next((key for key in ("mime_type", "mimeType") if key in inline), "mime_type" if snake else "mimeType")
-    reference = {mime_key: inline[mime_key], "file_uri" if snake else "fileUri": gemini_file_uri(name)}
+    reference = {mime_key: inline[mime_key], "file_uri" if snake else "fileUri": uri}
     file_key = "file_data" if snake else "fileData"
     return {file_key if key == inline_key else key: reference if key == inline_key else value for key, value in part.items()}
 
 
-def gemini_file_uri(name: str) -> str:
+def gemini_file_uri(name: str, version: str = "v1beta") -> str:
     """The URI a Gemini request references a file by (`files/abc` -> https://generativelanguage.googleapis.com/v1beta/files/abc)."""
-    return GEMINI_FILE_URI + name
+    return GEMINI_FILE_URI.format(version=version, name=name)
 
 
 def with_files_beta(value: str | None) -> str:
@@ -322,11 +337,11 @@ def gemini_upload_finish(upload_url: str | None, scheme: str, authority: str, up
     return target, {"x-goog-upload-command": "upload, finalize", "x-goog-upload-offset": "0"}
 
 
-def file_id_of(answer: bytes, provider: str = ANTHROPIC) -> str | None:
+def file_id_of(answer: bytes, provider: str = ANTHROPIC, version: str = "v1beta") -> str | None:
     """The id of the file an upload's answer names, or None when the answer is not one (a hostile or broken upstream
     gets no text of its own into a request: the id is checked before it is spliced in). Gemini's answer is
-    `{"file": {"name": "files/abc", "uri": ..., "state": ...}}`: its name, when its URI is the one references use and
-    the file is ready (an image is, at once)."""
+    `{"file": {"name": "files/abc", "uri": ..., "state": ...}}`: its name, when its URI is the one references use
+    (under the upload's API `version`) and the file is ready (an image is, at once)."""
     try:
         data = orjson.loads(answer)
     except orjson.JSONDecodeError:
@@ -338,7 +353,7 @@ def file_id_of(answer: bytes, provider: str = ANTHROPIC) -> str | None:
         name = file.get("name") if isinstance(file, dict) else None
         if not isinstance(file, dict) or not isinstance(name, str) or not _GEMINI_NAME.fullmatch(name):
             return None
-        if file.get("uri") != gemini_file_uri(name) or file.get("state", "ACTIVE") != "ACTIVE":
+        if file.get("uri") != gemini_file_uri(name, version) or file.get("state", "ACTIVE") != "ACTIVE":
             return None
         return name
     file_id = data.get("id")
@@ -462,6 +477,7 @@ __all__ = [
     "is_provider_file_id",
     "listed_files",
     "max_lifetime",
+    "may_hold_images",
     "refused_ids",
     "tenant_of",
     "upload_form",

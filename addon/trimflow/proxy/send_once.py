@@ -68,6 +68,7 @@ from .._send_once import (
     gemini_upload_finish,
     gemini_upload_start,
     max_lifetime,
+    may_hold_images,
     refused_ids,
     tenant_of,
     upload_form,
@@ -256,7 +257,7 @@ class SendOnce:
                     references[candidate.path] = file_id
         if not references:
             return
-        new_body = await asyncio.to_thread(self._rewrite, flow, raw, state, body, references)
+        new_body = await asyncio.to_thread(self._rewrite, flow, raw, state, body, references, api.version)
         beta = request.headers.get(BETA_HEADER)
         if api.provider == ANTHROPIC:
             request.headers[BETA_HEADER] = with_files_beta(beta)
@@ -296,12 +297,12 @@ class SendOnce:
         request, target = flow.request, state.target
         try:
             raw = decode_body(request.raw_content or b"", request.headers.get("content-encoding"), self.flows.max_decoded_bytes)
-            if b"base64" not in raw:
-                return None  # no image inline (a coding agent's text): not worth a parse
+            if target.format is None or not may_hold_images(target.format, raw):
+                return None
             body = orjson.loads(raw)
         except (DecodeError, orjson.JSONDecodeError):
             return None
-        if not isinstance(body, dict) or target.format is None:
+        if not isinstance(body, dict):
             return None
         if not ctx.options.trimflow_send_once:
             model = body.get("model")
@@ -321,10 +322,12 @@ class SendOnce:
         return raw, body, found, stored
 
     @staticmethod
-    def _rewrite(flow: http.HTTPFlow, raw: bytes, state: FlowState, body: dict[str, Any], references: dict[tuple[str | int, ...], str]) -> bytes:
+    def _rewrite(
+        flow: http.HTTPFlow, raw: bytes, state: FlowState, body: dict[str, Any], references: dict[tuple[str | int, ...], str], version: str
+    ) -> bytes:
         """In a worker thread: the body with its references, set on the request (encoded as it came)."""
         assert state.target.format is not None
-        new_body = with_references(raw, state.target.format, body, references)
+        new_body = with_references(raw, state.target.format, body, references, version)
         flow.request.content = new_body  # re-encodes with the request's content-encoding, fixes content-length
         return new_body
 
@@ -428,7 +431,7 @@ class SendOnce:
             return None
         answer = await resend(_beside(original, target, headers, data), flow.client_conn, flow.server_conn.sni, left)
         raw = _upload_answer(answer, where)
-        file_id = file_id_of(raw, GEMINI) if raw is not None else None
+        file_id = file_id_of(raw, GEMINI, api.version) if raw is not None else None
         if raw is not None and file_id is None:
             log.warning("trimflow: send-once: upload to %s answered no active file: the image goes inline", where)
         return file_id

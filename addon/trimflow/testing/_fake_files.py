@@ -13,7 +13,8 @@
   and the cache model see the same image either way. A reference to a file the key does not own is refused as the
   provider refuses it (404 for Anthropic, 400 for OpenAI, naming the id).
 
-Gemini's (its paths: */upload/v1beta/files and */v1beta/files):
+Gemini's (its paths: */upload/v1beta/files and */v1beta/files, or v1: google-genai's default; a */v1/files request is
+Gemini's when it carries `x-goog-api-key` or `?key=`):
 - POST */upload/v1beta/files with the resumable protocol: the start (`X-Goog-Upload-Protocol: resumable`,
   `X-Goog-Upload-Command: start`, the size and type in `X-Goog-Upload-Header-Content-Length`/`-Type`, a JSON body
   `{"file": {"display_name": ...}}`) is answered with an empty body and the `X-Goog-Upload-URL` to POST the bytes to
@@ -52,8 +53,9 @@ from ._replies import error_body
 
 ANTHROPIC_BETA = "files-api-2025-04-14"
 _FILES_PATH = re.compile(r"^(?P<base>.*)/v1/files(?:/(?P<id>[^/]+))?$")
-_GEMINI_FILES_PATH = re.compile(r"^(?P<base>.*?)(?P<upload>/upload)?/v1beta/files(?:/(?P<id>[^/]+))?$")
-GEMINI_URI = "https://generativelanguage.googleapis.com/v1beta/files/"  # what Gemini names a file by in a request
+_GEMINI_FILES_PATH = re.compile(r"^(?P<base>.*?)(?P<upload>/upload)?/(?P<version>v1|v1beta)/files(?:/(?P<id>[^/]+))?$")
+# What Gemini names a file by in a request: under the API version it was uploaded with (either is taken).
+GEMINI_URI = re.compile(r"https://generativelanguage\.googleapis\.com/(?:v1|v1beta)/files/(?P<id>[a-z0-9-]+)")
 GEMINI_LIFETIME = 48 * 3600  # seconds Gemini keeps a file from its upload
 
 # (status, content type, body), and the headers to send with them (Gemini's upload URL).
@@ -71,6 +73,7 @@ class StoredFile:
     created_at: float
     purpose: str | None = None
     expires_at: float | None = None
+    version: str = "v1beta"  # Gemini's: the API version of its upload, which its URI names
 
 
 def _is_anthropic(headers: dict[str, str]) -> bool:
@@ -118,7 +121,7 @@ class FakeFiles:
         self._files: dict[str, StoredFile] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
-        self._gemini_uploads: dict[str, tuple[str, str, str, int]] = {}  # upload id: (key, display name, type, size)
+        self._gemini_uploads: dict[str, tuple[str, str, str, int, str]] = {}  # upload id: (key, display name, type, size, version)
         self.scheme = "http"
 
     def files(self, owner: str | None = None) -> list[StoredFile]:
@@ -136,7 +139,8 @@ class FakeFiles:
     def route(self, method: str, path: str, query: str, headers: dict[str, str], body: bytes) -> Answer | HeadedAnswer | None:
         """The answer to a request to a Files API endpoint; None for any other path."""
         gemini_match = _GEMINI_FILES_PATH.match(path)
-        if gemini_match is not None:
+        googles = "x-goog-api-key" in headers or "key" in parse_qs(query)
+        if gemini_match is not None and (gemini_match.group("version") == "v1beta" or gemini_match.group("upload") or googles):
             return self._gemini_route(gemini_match, method, path, query, headers, body)
         match = _FILES_PATH.match(path)
         if match is None:
@@ -235,7 +239,7 @@ class FakeFiles:
                 return self._gemini_finish(params["upload_id"][0], owner, headers, body)
             if owner is None:
                 return _gemini_error(401, "no API key")
-            return self._gemini_start(path, owner, headers, body)
+            return self._gemini_start(path, owner, headers, body, match.group("version"))
         if owner is None:
             return _gemini_error(401, "no API key")
         if upload:
@@ -254,7 +258,7 @@ class FakeFiles:
             return 200, "application/json", b"{}"
         return _gemini_error(400, f"{method} not allowed here")
 
-    def _gemini_start(self, path: str, owner: str, headers: dict[str, str], body: bytes) -> Answer | HeadedAnswer:
+    def _gemini_start(self, path: str, owner: str, headers: dict[str, str], body: bytes, version: str) -> Answer | HeadedAnswer:
         if headers.get("x-goog-upload-protocol") != "resumable" or headers.get("x-goog-upload-command") != "start":
             return _gemini_error(400, "only the resumable upload protocol is served here")
         size, mime = headers.get("x-goog-upload-header-content-length", ""), headers.get("x-goog-upload-header-content-type", "")
@@ -268,7 +272,7 @@ class FakeFiles:
             return _gemini_error(400, "the upload's size and type are required")
         upload_id = f"fake-upload-{next(self._ids)}"
         with self._lock:
-            self._gemini_uploads[upload_id] = (owner, name, mime, int(size))
+            self._gemini_uploads[upload_id] = (owner, name, mime, int(size), version)
         host = headers.get("host", "")
         url = f"{self.scheme}://{host}{path}?upload_id={upload_id}&upload_protocol=resumable"
         return 200, "text/plain", b"", {"X-Goog-Upload-URL": url, "X-Goog-Upload-Status": "active"}
@@ -279,7 +283,7 @@ class FakeFiles:
             pending = self._gemini_uploads.get(upload_id)
         if pending is None:
             return _gemini_error(404, "no such upload")
-        key, name, mime, size = pending
+        key, name, mime, size, version = pending
         if owner is not None and owner != key:
             return _gemini_error(401, "the upload is another key's")
         if commands != {"upload", "finalize"} or headers.get("x-goog-upload-offset") != "0" or len(body) != size:
@@ -287,7 +291,14 @@ class FakeFiles:
         now = self.clock()
         number = next(self._ids)
         stored = StoredFile(
-            file_id=f"files/fake{number:08d}", owner=key, filename=name, mime=mime, data=body, created_at=now, expires_at=now + GEMINI_LIFETIME
+            file_id=f"files/fake{number:08d}",
+            owner=key,
+            filename=name,
+            mime=mime,
+            data=body,
+            created_at=now,
+            expires_at=now + GEMINI_LIFETIME,
+            version=version,
         )
         with self._lock:
             del self._gemini_uploads[upload_id]
@@ -342,10 +353,10 @@ class FakeFiles:
     ) -> tuple[bytes, dict[str, Any]]:
         edits: list[tuple[JsonPath, bytes]] = []
         for path, part, uri in found:
-            name = uri.removeprefix(GEMINI_URI)
-            stored = self._owned(owner, f"files/{name}") if uri.startswith(GEMINI_URI) else None
+            named = GEMINI_URI.fullmatch(uri)
+            stored = self._owned(owner, f"files/{named.group('id')}") if named is not None else None
             if stored is None:
-                raise ReferenceRefused(_gemini_refused(name))
+                raise ReferenceRefused(_gemini_refused(named.group("id") if named is not None else uri.rsplit("/", 1)[-1]))
             key = "file_data" if "file_data" in part else "fileData"
             reference = part[key]
             snake = key == "file_data"
@@ -425,7 +436,7 @@ def _gemini_file(f: StoredFile) -> dict[str, Any]:
         "updateTime": created,
         "expirationTime": _rfc3339(f.expires_at if f.expires_at is not None else f.created_at + GEMINI_LIFETIME),
         "sha256Hash": base64.b64encode(hashlib.sha256(f.data).digest()).decode(),
-        "uri": GEMINI_URI + f.file_id.removeprefix("files/"),
+        "uri": f"https://generativelanguage.googleapis.com/{f.version}/{f.file_id}",
         "state": "ACTIVE",
         "source": "UPLOADED",
     }
