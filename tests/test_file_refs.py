@@ -120,7 +120,8 @@ def test_a_file_is_offered_to_other_instances_until_before_its_deletion_here() -
 def test_an_entry_whose_provider_keeps_it_less_than_the_lifetime_goes_with_the_providers_limit() -> None:
     clock = Clock()
     refs = FileRefs(lifetime=86400 * 2, clock=clock)  # two days: longer than Gemini keeps a file
-    capped = Entry(owner=A, digest=b"g", file_id="files/g", size=10, uploaded_at=clock.now, max_lifetime=47 * 3600)
+    gemini = Owner(tenant=A.tenant, provider="gemini", scheme="https", host="g", port=443, files_path="/v1beta/files", sni=None, headers=())
+    capped = Entry(owner=gemini, digest=b"g", file_id="files/g", size=10, uploaded_at=clock.now)
     refs.put(capped)
     refs.put(entry(A, b"a", "file_a", at=clock.now))
     assert refs.shared_until(clock.now, 47 * 3600) == clock.now + 47 * 3600 - 600

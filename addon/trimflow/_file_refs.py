@@ -8,8 +8,8 @@ change when a later upload would work.
 
 Bounded together across every request: at most `max_entries` entries and `max_bytes` uploaded bytes, the least
 recently used going first (`put` returns those, for the caller to delete at the provider). An entry lives `lifetime`
-seconds from its upload, or its own `max_lifetime` when shorter (a provider that deletes its files on its own, Gemini:
-the entry goes first), and `expired` takes those out. The credentials that uploaded a file are kept beside it, in
+seconds from its upload, or its provider's `max_lifetime` when shorter (trimflow._send_once: Gemini deletes its files
+on its own, and the entry goes first), and `expired` takes those out. The credentials that uploaded a file are kept beside it, in
 memory only, to delete it with: nothing here is ever written anywhere. Pure Python, no I/O; one lock, never held
 while anything but this memory is touched.
 
@@ -27,6 +27,8 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from ._send_once import max_lifetime
 
 DEFAULT_MAX_ENTRIES = 4096
 DEFAULT_MAX_BYTES = 1 << 30  # uploaded bytes the mapping answers for at once: a day of screenshots of a busy team
@@ -65,7 +67,11 @@ class Entry:
     size: int
     uploaded_at: float
     borrowed_until: float | None = None
-    max_lifetime: float | None = None  # the longest its provider keeps the file (None: until it is deleted)
+
+    @property
+    def max_lifetime(self) -> float | None:
+        """The longest its provider keeps the file (None: until it is deleted)."""
+        return max_lifetime(self.owner.provider)
 
     @property
     def deletable(self) -> bool:

@@ -2,10 +2,12 @@
 mitmdump with send-once on, in front of the fake provider and its Gemini Files API (FakeProvider(cache=True)), beside
 the same conversation through a mitmdump without it. Each screenshot goes up once (the resumable protocol) at its first
 appearance and by `fileData.fileUri` on every later turn, with the inline run's usage and cache reads; a file deleted
-at the provider between two turns is answered by one inline re-send; two keys never share a file."""
+at the provider between two turns is answered by one inline re-send; two keys never share a file; a file is offered to
+the instances sharing a store for no longer than Gemini keeps it, whatever the lifetime option says."""
 
 from __future__ import annotations
 
+import http.client
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -16,6 +18,7 @@ from google.genai import types
 from trimflow.testing import FakeProvider, Received, b64
 from trimflow.testing._fake_files import StoredFile, owner_of
 
+from ..helpers import RedisServer, wait_for
 from .helpers import GOOGLE_KEY, Proxy, genai_client_args, shots, start_all, stop_all
 
 pytestmark = pytest.mark.e2e
@@ -166,3 +169,44 @@ def test_two_gemini_keys_sending_the_same_screenshot_never_reference_each_others
         assert set(file_uris(received)) == own[owner_of(received.headers, received.query)]
     assert [(r["uploaded"], r["by_reference"], r["references_refused"]) for r in records] == [(1, 1, 0), (1, 1, 0), (0, 1, 0), (0, 1, 0)]
     assert len(upload_starts(once_provider)) == 2
+
+
+def get_metrics(port: int) -> bytes:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", "/metrics")
+        return conn.getresponse().read()
+    except OSError:
+        return b""
+    finally:
+        conn.close()
+
+
+def test_a_gemini_file_is_shared_for_less_than_the_48_hours_gemini_keeps_it_whatever_the_lifetime(tmp_path: Any) -> None:
+    store = RedisServer(tmp_path)
+    try:
+        with FakeProvider() as provider:
+            options = {
+                "trimflow_send_once": "true",
+                "trimflow_send_once_lifetime": "3d",  # longer than Gemini keeps a file
+                "trimflow_conversations": "",
+                "trimflow_state": store.url,
+                "trimflow_state_deadline": "1",
+                "trimflow_prometheus": "127.0.0.1:0",
+            }
+            proxy = Proxy(tmp_path / "proxy", "--mode", f"reverse:{provider.url}", rules=None, **options)
+            start_all(proxy.mitm)
+            try:
+                port = proxy.metrics_port()
+                wait_for(lambda: b"trimflow_conversations_file 1" in get_metrics(port), "the instance sharing through the store")
+                with proxy.expect_records(1) as records:
+                    gemini_session(proxy.url, GOOGLE_KEY, shots(1, seed=97, width=220, height=160))
+                assert records[0]["uploaded"] == 1
+                with store.raw() as raw:
+                    wait_for(lambda: len(raw.keys(b"trimflow:v1:file:*")) == 1, "the file in the store")
+                    (key,) = raw.keys(b"trimflow:v1:file:*")
+                    assert 46 * 3600 * 1000 < raw.pttl(key) <= (47 * 3600 - 600) * 1000
+            finally:
+                stop_all(proxy.mitm)
+    finally:
+        store.stop()

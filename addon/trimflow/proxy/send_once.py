@@ -67,7 +67,6 @@ from .._send_once import (
     files_api,
     gemini_upload_finish,
     gemini_upload_start,
-    max_lifetime,
     may_hold_images,
     refused_ids,
     tenant_of,
@@ -283,7 +282,6 @@ class SendOnce:
             size=0,
             uploaded_at=now,
             borrowed_until=stored.until,
-            max_lifetime=max_lifetime(owner.provider),
         )
         self._delete(self.refs.put(entry))
         self.borrowed += 1
@@ -353,12 +351,12 @@ class SendOnce:
                 self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
             # An image that could not go up stays inline for this tenant, so its conversation's prefix stays as it went.
             size = candidate.chars * 3 // 4 if file_id else 0
-            uploaded_at, longest = self.refs.clock(), max_lifetime(api.provider)
-            entry = Entry(owner=owner, digest=candidate.digest, file_id=file_id, size=size, uploaded_at=uploaded_at, max_lifetime=longest)
+            uploaded_at = self.refs.clock()
+            entry = Entry(owner=owner, digest=candidate.digest, file_id=file_id, size=size, uploaded_at=uploaded_at)
             self._delete(self.refs.put(entry))
             store = self._store()
             if file_id is not None and store is not None:
-                store.put_file(owner.tenant, candidate.digest, file_id, self.refs.shared_until(uploaded_at, longest))
+                store.put_file(owner.tenant, candidate.digest, file_id, self.refs.shared_until(uploaded_at, entry.max_lifetime))
         return file_id
 
     async def _post(self, flow: http.HTTPFlow, api: FilesApi, owner: Owner, candidate: Candidate) -> str | None:
