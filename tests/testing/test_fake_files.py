@@ -1,6 +1,7 @@
 """The fake provider's Files APIs over HTTP: an upload per key (Anthropic's needs its beta header, Gemini's is
-resumable), list, get and delete, 404 for an id the key does not own (Gemini's 403); a message that references a file is answered with the usage, and the
-cache model's reads, of the same image inline; a reference to another key's file is refused as the provider does."""
+resumable), list, get and delete, 404 for an id the key does not own (Gemini's 403); a message that references a
+file is answered with the usage, and the cache model's reads, of the same image inline; a reference to another key's
+file is refused as the provider does."""
 
 from __future__ import annotations
 
