@@ -275,14 +275,7 @@ class SendOnce:
         if self.refs.refused(owner.tenant, stored.file_id):
             return None
         now = self.refs.clock()
-        entry = Entry(
-            owner=owner,
-            digest=digest,
-            file_id=stored.file_id,
-            size=0,
-            uploaded_at=now,
-            borrowed_until=stored.until,
-        )
+        entry = Entry(owner=owner, digest=digest, file_id=stored.file_id, size=0, uploaded_at=now, borrowed_until=stored.until)
         self._delete(self.refs.put(entry))
         self.borrowed += 1
         return entry
