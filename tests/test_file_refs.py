@@ -115,3 +115,20 @@ def test_a_refused_file_is_remembered_for_its_tenant_within_the_entries_bound() 
 def test_a_file_is_offered_to_other_instances_until_before_its_deletion_here() -> None:
     assert FileRefs(lifetime=86400).shared_until(1000.0) == 1000.0 + 86400 - 600
     assert FileRefs(lifetime=60).shared_until(1000.0) == 1000.0 + 45  # a short lifetime: its last quarter
+
+
+def test_an_entry_whose_provider_keeps_it_less_than_the_lifetime_goes_with_the_providers_limit() -> None:
+    clock = Clock()
+    refs = FileRefs(lifetime=86400 * 2, clock=clock)  # two days: longer than Gemini keeps a file
+    gemini = Owner(tenant=A.tenant, provider="gemini", scheme="https", host="g", port=443, files_path="/v1beta/files", sni=None, headers=())
+    capped = Entry(owner=gemini, digest=b"g", file_id="files/g", size=10, uploaded_at=clock.now)
+    refs.put(capped)
+    refs.put(entry(A, b"a", "file_a", at=clock.now))
+    assert refs.shared_until(clock.now, 47 * 3600) == clock.now + 47 * 3600 - 600
+    clock.now += 47 * 3600 - 1
+    assert refs.get(A.tenant, b"g") is not None
+    clock.now += 1
+    assert refs.get(A.tenant, b"g") is None and refs.get(A.tenant, b"a") is not None  # never referenced past 47 h
+    assert [e.file_id for e in refs.expired()] == ["files/g"]
+    short = FileRefs(lifetime=3600, clock=clock)  # the option's lifetime, when shorter, holds
+    assert short.lifetime_of(47 * 3600) == 3600 and short.shared_until(0, 47 * 3600) == 3600 - 600

@@ -160,3 +160,148 @@ def test_listed_files_read_both_providers_lists() -> None:
     assert [(f.file_id, f.size, f.created_at) for f in files] == [("file-1", 7, 100.0)] and after is None
     with pytest.raises(ValueError, match="not a list"):
         so.listed_files(b"{}")
+
+
+# --- Gemini ---------------------------------------------------------------------------------------------------
+
+
+def gemini_part(data: bytes, snake: bool, mime: str = "image/png") -> dict[str, Any]:
+    if snake:
+        return {"inline_data": {"mime_type": mime, "data": b64(data)}}
+    return {"inlineData": {"mimeType": mime, "data": base64.urlsafe_b64encode(data).decode()}, "thoughtSignature": "sig"}
+
+
+def gemini_body() -> dict[str, Any]:
+    return {
+        "contents": [
+            {"role": "user", "parts": [{"text": "first"}, gemini_part(BIG, snake=True)]},
+            {"role": "model", "parts": [{"text": "ok"}]},
+            {"role": "user", "parts": [gemini_part(OTHER, snake=False), gemini_part(TINY, snake=True), gemini_part(BIG, True, "image/gif")]},
+        ]
+    }
+
+
+def test_the_gemini_api_has_files_and_vertex_has_none() -> None:
+    expected = so.FilesApi(so.GEMINI, "/v1beta/files", "/upload/v1beta/files")
+    assert so.files_api("gemini", "/v1beta/models/gemini-2.5-flash:generateContent") == expected
+    assert so.files_api("gemini", "/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse") == expected
+    assert so.files_api("gemini", "/v1/models/gemini-2.5-flash:generateContent") == so.FilesApi(so.GEMINI, "/v1/files", "/upload/v1/files")
+    under_proxy = so.FilesApi(so.GEMINI, "/proxy/v1beta/files", "/proxy/upload/v1beta/files")
+    assert so.files_api("gemini", "/proxy/v1beta/models/m:generateContent") == under_proxy
+    for path in (
+        "/v1beta/models/gemini-2.5-flash:countTokens",
+        "/v1/projects/p/locations/us-central1/publishers/google/models/gemini-2.5-flash:generateContent",  # Vertex
+        "/v1beta1/projects/p/locations/global/publishers/google/models/gemini-2.5-flash:streamGenerateContent",
+        "/v1/publishers/google/models/gemini-2.5-flash:generateContent",  # Vertex express
+        "/v1internal:generateContent",  # Gemini CLI's Code Assist backend
+    ):
+        assert so.files_api("gemini", path) is None
+
+
+def test_a_gemini_key_in_the_header_or_the_query_is_the_tenant() -> None:
+    header = so.credentials_of({"x-goog-api-key": "AIza-one"})
+    query = so.credentials_of({}, "AIza-one")
+    assert header == query == (("x-goog-api-key", "AIza-one"),)
+    other = so.credentials_of({}, "AIza-two")
+    assert header is not None and other is not None and so.tenant_of(header, "https://g:443") != so.tenant_of(other, "https://g:443")
+    assert so.credentials_of({}, None) is None
+
+
+def test_gemini_candidates_are_png_jpeg_webp_after_the_models_last_content() -> None:
+    found = so.candidates("gemini", gemini_body())  # no GIF (Gemini takes none), no tiny image
+    assert [(c.path, c.new, c.mime) for c in found] == [
+        (("contents", 0, "parts", 1), False, "image/png"),
+        (("contents", 2, "parts", 0), True, "image/png"),
+    ]
+    assert found[0].decoded() == BIG and found[1].decoded() == OTHER  # urlsafe base64, as google-genai sends it
+
+
+def test_gemini_references_take_the_parts_own_spelling() -> None:
+    body = gemini_body()
+    raw = orjson.dumps(body)
+    refs = {("contents", 0, "parts", 1): "files/abc-1", ("contents", 2, "parts", 0): "files/def"}
+    out = orjson.loads(so.with_references(raw, "gemini", body, refs))
+    assert so.with_references(raw, "gemini", body, refs, "v1").count(b"https://generativelanguage.googleapis.com/v1/files/") == 2
+    assert out["contents"][0]["parts"][1] == {
+        "file_data": {"mime_type": "image/png", "file_uri": "https://generativelanguage.googleapis.com/v1beta/files/abc-1"}
+    }
+    assert out["contents"][2]["parts"][0] == {
+        "fileData": {"mimeType": "image/png", "fileUri": "https://generativelanguage.googleapis.com/v1beta/files/def"},
+        "thoughtSignature": "sig",
+    }
+    assert list(out["contents"][2]["parts"][0]) == ["fileData", "thoughtSignature"]  # in the inline part's place
+    out["contents"][0]["parts"][1], out["contents"][2]["parts"][0] = body["contents"][0]["parts"][1], body["contents"][2]["parts"][0]
+    assert out == body
+
+
+def test_gemini_upload_is_the_resumable_protocol_held_to_its_own_host() -> None:
+    (candidate,) = [c for c in so.candidates("gemini", gemini_body()) if c.new]
+    headers, metadata = so.gemini_upload_start(candidate, len(OTHER))
+    assert headers["x-goog-upload-protocol"] == "resumable" and headers["x-goog-upload-command"] == "start"
+    assert headers["x-goog-upload-header-content-length"] == str(len(OTHER)) and headers["x-goog-upload-header-content-type"] == "image/png"
+    assert orjson.loads(metadata) == {"file": {"display_name": candidate.filename}}
+    url = "https://generativelanguage.googleapis.com/upload/v1beta/files?upload_id=AB-c_1&upload_protocol=resumable"
+    finish = so.gemini_upload_finish(url, "https", "generativelanguage.googleapis.com", "/upload/v1beta/files")
+    assert finish == (
+        "/upload/v1beta/files?upload_id=AB-c_1&upload_protocol=resumable",
+        {"x-goog-upload-command": "upload, finalize", "x-goog-upload-offset": "0"},
+    )
+    for hostile in (
+        None,
+        "",
+        "https://evil.example/upload/v1beta/files?upload_id=1",
+        "http://generativelanguage.googleapis.com/upload/v1beta/files?upload_id=1",
+        "https://generativelanguage.googleapis.com/v1beta/models/m:generateContent?upload_id=1",
+        "https://generativelanguage.googleapis.com@evil.example/upload/v1beta/files",
+        "https://generativelanguage.googleapis.com/upload/v1beta/files?upload_id=1\r\nx: y",
+    ):
+        assert so.gemini_upload_finish(hostile, "https", "generativelanguage.googleapis.com", "/upload/v1beta/files") is None
+
+
+def gemini_file(**fields: Any) -> bytes:
+    file = {"name": "files/abc-123", "uri": "https://generativelanguage.googleapis.com/v1beta/files/abc-123", "state": "ACTIVE", **fields}
+    return orjson.dumps({"file": file})
+
+
+def test_a_gemini_upload_answer_names_an_active_file_by_its_own_uri() -> None:
+    assert so.file_id_of(gemini_file(), so.GEMINI) == "files/abc-123"
+    assert so.file_id_of(gemini_file(), so.GEMINI, "v1") is None  # an upload to v1 answers the v1 URI
+    v1 = gemini_file(uri="https://generativelanguage.googleapis.com/v1/files/abc-123")
+    assert so.file_id_of(v1, so.GEMINI, "v1") == "files/abc-123"
+    no_state = {"file": {"name": "files/abc-123", "uri": "https://generativelanguage.googleapis.com/v1beta/files/abc-123"}}
+    assert so.file_id_of(orjson.dumps(no_state), so.GEMINI) == "files/abc-123"
+    for hostile in (
+        gemini_file(state="PROCESSING"),
+        gemini_file(uri="https://evil.example/v1beta/files/abc-123"),
+        gemini_file(name="files/ABC", uri="https://generativelanguage.googleapis.com/v1beta/files/ABC"),
+        gemini_file(name='files/a"b'),
+        b'{"id": "file_1"}',
+        b"[]",
+    ):
+        assert so.file_id_of(hostile, so.GEMINI) is None
+    assert so.is_provider_file_id("files/abc-123") and not so.is_provider_file_id("files/../x")
+    assert so.file_path("/v1beta/files", "files/abc-123") == "/v1beta/files/abc-123"
+    assert so.file_path("/v1/files", "file_1") == "/v1/files/file_1"
+
+
+def test_gemini_refuses_a_reference_with_403_naming_the_file() -> None:
+    message = "You do not have permission to access the File abc-123 or it may not exist."
+    answer = orjson.dumps({"error": {"code": 403, "message": message, "status": "PERMISSION_DENIED"}})
+    assert so.refused_ids(403, answer, frozenset({"files/abc-123", "files/other"})) == {"files/abc-123"}
+
+
+def test_gemini_lists_files_with_page_tokens_and_leaves_empty_fields_out() -> None:
+    page = {
+        "files": [{"name": "files/a1", "displayName": "trimflow-x.png", "sizeBytes": "12", "createTime": "2026-12-07T10:00:00.123456789Z"}],
+        "nextPageToken": "t2",
+    }
+    files, token = so.listed_files(orjson.dumps(page), so.GEMINI)
+    assert [(f.file_id, f.filename, f.size) for f in files] == [("files/a1", "trimflow-x.png", 12)] and token == "t2"
+    assert files[0].created_at == pytest.approx(1796637600.123456)
+    assert so.listed_files(b"{}", so.GEMINI) == ([], None)
+    with pytest.raises(ValueError, match="not a list"):
+        so.listed_files(b'{"files": 1}', so.GEMINI)
+
+
+def test_gemini_files_are_referenced_for_at_most_47_hours() -> None:
+    assert so.max_lifetime(so.GEMINI) == 47 * 3600 and so.max_lifetime(so.ANTHROPIC) is None

@@ -8,7 +8,8 @@ change when a later upload would work.
 
 Bounded together across every request: at most `max_entries` entries and `max_bytes` uploaded bytes, the least
 recently used going first (`put` returns those, for the caller to delete at the provider). An entry lives `lifetime`
-seconds from its upload (`expired` takes those out). The credentials that uploaded a file are kept beside it, in
+seconds from its upload, or its provider's `max_lifetime` when shorter (trimflow._send_once: Gemini deletes its files
+on its own, and the entry goes first), and `expired` takes those out. The credentials that uploaded a file are kept beside it, in
 memory only, to delete it with: nothing here is ever written anywhere. Pure Python, no I/O; one lock, never held
 while anything but this memory is touched.
 
@@ -26,6 +27,8 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from ._send_once import max_lifetime
 
 DEFAULT_MAX_ENTRIES = 4096
 DEFAULT_MAX_BYTES = 1 << 30  # uploaded bytes the mapping answers for at once: a day of screenshots of a busy team
@@ -64,6 +67,11 @@ class Entry:
     size: int
     uploaded_at: float
     borrowed_until: float | None = None
+
+    @property
+    def max_lifetime(self) -> float | None:
+        """The longest its provider keeps the file (None: until it is deleted)."""
+        return max_lifetime(self.owner.provider)
 
     @property
     def deletable(self) -> bool:
@@ -160,15 +168,20 @@ class FileRefs:
             self._bytes = 0
             return entries
 
-    def shared_until(self, uploaded_at: float) -> float:
+    def lifetime_of(self, max_lifetime: float | None) -> float:
+        """The lifetime of an entry whose provider keeps its file at most `max_lifetime` (None: no limit)."""
+        return self.lifetime if max_lifetime is None else min(self.lifetime, max_lifetime)
+
+    def shared_until(self, uploaded_at: float, max_lifetime: float | None = None) -> float:
         """Until when other instances may reference a file uploaded here at `uploaded_at`: SHARE_MARGIN (at most a
         quarter of the lifetime) before its deletion."""
-        return uploaded_at + self.lifetime - min(SHARE_MARGIN, self.lifetime / 4)
+        lifetime = self.lifetime_of(max_lifetime)
+        return uploaded_at + lifetime - min(SHARE_MARGIN, lifetime / 4)
 
     def _expired(self, entry: Entry, now: float) -> bool:
         if entry.borrowed_until is not None and now >= entry.borrowed_until:
             return True
-        return now - entry.uploaded_at >= self.lifetime
+        return now - entry.uploaded_at >= self.lifetime_of(entry.max_lifetime)
 
     def _pop(self, key: tuple[bytes, bytes]) -> Entry:
         entry = self._entries.pop(key)

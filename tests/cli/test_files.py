@@ -85,3 +85,45 @@ def test_no_key_is_a_usage_error(monkeypatch: pytest.MonkeyPatch, capsys: pytest
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
     assert main(["list"]) == 2
     assert "no key: set ANTHROPIC_API_KEY" in capsys.readouterr().err
+
+
+GEMINI_KEY, GEMINI_OTHER = "AIzaSECRET-files-cli-gemini-1", "AIzaSECRET-files-cli-gemini-2"
+
+
+def gemini_upload(provider: FakeProvider, name: str, key: str) -> str:
+    data = image(8, 8)
+    start = {
+        "x-goog-api-key": key,
+        "x-goog-upload-protocol": "resumable",
+        "x-goog-upload-command": "start",
+        "x-goog-upload-header-content-length": str(len(data)),
+        "x-goog-upload-header-content-type": "image/png",
+        "content-type": "application/json",
+    }
+    metadata = orjson.dumps({"file": {"display_name": name}})
+    with urllib.request.urlopen(urllib.request.Request(f"{provider.url}/upload/v1beta/files", data=metadata, headers=start), timeout=30) as answer:
+        url = answer.headers["x-goog-upload-url"]
+    finish = {"x-goog-upload-command": "upload, finalize", "x-goog-upload-offset": "0"}
+    with urllib.request.urlopen(urllib.request.Request(url, data=data, headers=finish), timeout=30) as answer:
+        return str(orjson.loads(answer.read())["file"]["name"])
+
+
+def test_gemini_files_are_listed_over_pages_and_deleted_by_name(
+    provider: FakeProvider, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ours = [gemini_upload(provider, f"{FILENAME_PREFIX}{n}.png", GEMINI_KEY) for n in range(105)]  # two pages of a hundred
+    gemini_upload(provider, "holiday.png", GEMINI_KEY)
+    theirs = gemini_upload(provider, f"{FILENAME_PREFIX}t.png", GEMINI_OTHER)
+    monkeypatch.delenv("GEMINI_API_KEY", raising=False)
+    monkeypatch.setenv("GOOGLE_API_KEY", GEMINI_KEY)  # google-genai's other variable
+    monkeypatch.setenv("GOOGLE_GEMINI_BASE_URL", provider.url)
+    assert main(["--provider", "gemini", "list"]) == 0
+    out, err = capsys.readouterr()
+    assert sorted(line.split()[0] for line in out.splitlines()) == sorted(ours) and "105 files trimflow uploaded" in err
+    assert GEMINI_KEY not in out + err
+    assert main(["--provider", "gemini", "delete", ours[0], ours[1].removeprefix("files/")]) == 0  # its name, or its id
+    assert main(["--provider", "gemini", "delete", "--all"]) == 0
+    assert [f.filename for f in provider.files.files(GEMINI_KEY)] == ["holiday.png"]
+    assert [f.file_id for f in provider.files.files(GEMINI_OTHER)] == [theirs]
+    assert main(["--provider", "gemini", "delete", ours[0]]) == 1  # gone: Gemini's 403
+    assert "status 403" in capsys.readouterr().err

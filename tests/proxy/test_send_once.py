@@ -39,9 +39,9 @@ def test_the_lifetime_and_deadline_are_read() -> None:
         assert (instance.refs.lifetime, instance.deadline) == (7200.0, 0.5)
 
 
-def referenced(instance: SendOnce, status: int, answer: bytes) -> http.HTTPFlow:
+def referenced(instance: SendOnce, status: int, answer: bytes, file_id: str = "file_7") -> http.HTTPFlow:
     flow = llm_flow("anthropic", host="api.anthropic.com")
-    instance.sent[flow] = _Referenced(TENANT, b'{"inline": true}', frozenset({"file_7"}), None)
+    instance.sent[flow] = _Referenced(TENANT, b'{"inline": true}', frozenset({file_id}), None)
     flow.response = tutils.tresp(status_code=status, content=answer, headers=http.Headers(content_type="application/json"))
     return flow
 
@@ -56,12 +56,24 @@ def test_an_answer_refusing_no_reference_makes_no_coroutine_and_frees_the_inline
         assert instance.response(other) is None and other not in instance.sent
 
 
-def test_a_refusal_naming_a_referenced_file_is_held_back_and_answered() -> None:
+GEMINI_REFUSAL = (
+    b'{"error":{"code":403,"message":"You do not have permission to access the File abc-7 or it may not exist.","status":"PERMISSION_DENIED"}}'
+)
+
+
+@pytest.mark.parametrize(
+    ("status", "answer", "file_id"),
+    [
+        (404, b'{"type":"error","error":{"type":"not_found_error","message":"File not found: file_7"}}', "file_7"),
+        (403, GEMINI_REFUSAL, "files/abc-7"),  # Gemini's, naming the file without its `files/`
+    ],
+)
+def test_a_refusal_naming_a_referenced_file_is_held_back_and_answered(status: int, answer: bytes, file_id: str) -> None:
     instance = SendOnce(proxy.SharedState())
     extended = _resend.extend_size_check()
     try:
         with taddons.context(instance):
-            flow = referenced(instance, 404, b'{"type":"error","error":{"type":"not_found_error","message":"File not found: file_7"}}')
+            flow = referenced(instance, status, answer, file_id)
             assert flow.response is not None
             flow.response.stream = True  # as the metrics addon streams an answer on a streamed path
             instance.hold.responseheaders(flow)

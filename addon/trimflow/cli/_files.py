@@ -1,8 +1,8 @@
 """`python -m trimflow files`: list the files send-once uploaded to a provider's Files API, and delete them
 (docs/how-it-works.md#send-once). The key comes from the environment, as the provider's SDK reads it.
 
-    files [--provider anthropic|openai] [--base-url URL] [list]
-    files [--provider anthropic|openai] [--base-url URL] delete (--all | [--older-than 1d] | FILE_ID...)
+    files [--provider anthropic|openai|gemini] [--base-url URL] [list]
+    files [--provider anthropic|openai|gemini] [--base-url URL] delete (--all | [--older-than 1d] | FILE_ID...)
 
 Only the files trimflow uploaded (named trimflow-<digest>.<type>) are listed, and `--all`/`--older-than` delete only
 those; a file id given by name is deleted whatever it is. Nothing here prints a key or a file's content.
@@ -18,7 +18,18 @@ import urllib.request
 from urllib.parse import quote, urlencode
 
 from .._human import format_duration, format_size, parse_duration
-from .._send_once import ANTHROPIC, ANTHROPIC_FILES_BETA, FILENAME_PREFIX, OPENAI, ListedFile, is_file_id, listed_files
+from .._send_once import (
+    ANTHROPIC,
+    ANTHROPIC_FILES_BETA,
+    FILENAME_PREFIX,
+    GEMINI,
+    GEMINI_KEY_HEADER,
+    OPENAI,
+    ListedFile,
+    file_path,
+    is_file_id,
+    listed_files,
+)
 from .._text import for_text
 from ._status import FAILED, SUCCESS, fail, say
 
@@ -27,7 +38,9 @@ COMMAND = "files"
 _ENVIRONMENT = {
     ANTHROPIC: ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "https://api.anthropic.com"),
     OPENAI: ("OPENAI_API_KEY", "OPENAI_BASE_URL", "https://api.openai.com/v1"),
+    GEMINI: ("GEMINI_API_KEY", "GOOGLE_GEMINI_BASE_URL", "https://generativelanguage.googleapis.com"),
 }
+_FALLBACK_KEYS = {GEMINI: "GOOGLE_API_KEY"}  # google-genai reads it when GEMINI_API_KEY is not set
 ANTHROPIC_VERSION = "2023-06-01"
 TIMEOUT = 60.0
 MAX_PAGES = 1000  # pages of a listing read at most (a hundred files each): a provider that never stops paging is cut off
@@ -37,7 +50,9 @@ ANSWER_MAX = 16 << 20
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m trimflow files", description=__doc__.split("\n\n")[0])
     parser.add_argument("--provider", choices=sorted(_ENVIRONMENT), default=ANTHROPIC, help="whose Files API (default %(default)s)")
-    parser.add_argument("--base-url", help="the API's base URL (default: $ANTHROPIC_BASE_URL or $OPENAI_BASE_URL, else the provider's)")
+    parser.add_argument(
+        "--base-url", help="the API's base URL (default: $ANTHROPIC_BASE_URL, $OPENAI_BASE_URL or $GOOGLE_GEMINI_BASE_URL, else the provider's)"
+    )
     commands = parser.add_subparsers(dest="command")
     commands.add_parser("list", help="the files trimflow uploaded under the key (the default)")
     delete = commands.add_parser("delete", help="delete files: every one trimflow uploaded, those older than a duration, or those named")
@@ -46,7 +61,7 @@ def main(argv: list[str]) -> int:
     delete.add_argument("file_ids", nargs="*", metavar="FILE_ID")
     args = parser.parse_args(argv)
     key_variable, url_variable, default_url = _ENVIRONMENT[args.provider]
-    key = os.environ.get(key_variable, "").strip()
+    key = (os.environ.get(key_variable, "") or os.environ.get(_FALLBACK_KEYS.get(args.provider, ""), "")).strip()
     if not key:
         return fail(COMMAND, f"no key: set {key_variable}")
     api = _Api(args.provider, _files_url(args.provider, args.base_url or os.environ.get(url_variable) or default_url), key)
@@ -67,8 +82,10 @@ def main(argv: list[str]) -> int:
 
 
 def _files_url(provider: str, base: str) -> str:
-    """The Files API's URL under a base URL as each SDK takes it (OpenAI's ends in /v1, Anthropic's does not)."""
+    """The Files API's URL under a base URL as each SDK takes it (OpenAI's ends in /v1, Anthropic's and Gemini's do not)."""
     base = base.rstrip("/")
+    if provider == GEMINI:
+        return f"{base.removesuffix('/v1beta')}/v1beta/files"
     if provider == OPENAI:
         base = base.removesuffix("/v1")
     return f"{base}/v1/files"
@@ -79,6 +96,8 @@ class _Api:
         self.provider, self.url = provider, url
         if provider == ANTHROPIC:
             self.headers = {"x-api-key": key, "anthropic-version": ANTHROPIC_VERSION, "anthropic-beta": ANTHROPIC_FILES_BETA}
+        elif provider == GEMINI:
+            self.headers = {GEMINI_KEY_HEADER: key}
         else:
             self.headers = {"authorization": f"Bearer {key}"}
 
@@ -92,10 +111,10 @@ class _Api:
         found: list[ListedFile] = []
         after: str | None = None
         for _ in range(MAX_PAGES):
-            query = {"limit": "100"}
+            query = {"pageSize" if self.provider == GEMINI else "limit": "100"}
             if after is not None:
-                query["after_id" if self.provider == ANTHROPIC else "after"] = after
-            page, after = listed_files(self.call("GET", f"{self.url}?{urlencode(query)}"))
+                query[{ANTHROPIC: "after_id", GEMINI: "pageToken"}.get(self.provider, "after")] = after
+            page, after = listed_files(self.call("GET", f"{self.url}?{urlencode(query)}"), self.provider)
             found += [f for f in page if f.filename.startswith(FILENAME_PREFIX)]
             if after is None:
                 break
@@ -128,7 +147,7 @@ def _delete(api: _Api, named: list[str], older_than: float | None) -> int:
     failed = 0
     for file_id in unique:
         try:
-            api.call("DELETE", f"{api.url}/{quote(file_id)}")
+            api.call("DELETE", file_path(api.url, quote(file_id)))
         except (OSError, ValueError) as exc:
             failed += 1
             say(COMMAND, f"{file_id} not deleted: {_why(exc)}")

@@ -18,6 +18,9 @@ from then on (option trimflow_send_once, or a rule's `send_once`; docs/how-it-wo
   (within the store's deadline, in the worker thread that reads the body): another instance's file for the same tenant
   and image is referenced, never deleted from here. An entry the provider refused, or whose file this instance deletes,
   is taken out of the store too.
+- Gemini's upload is its resumable protocol (a start, then the bytes to the URL the start answered, which must be on
+  the same host and path); its files go by `file_data.file_uri`, and are referenced for at most 47 hours (Gemini
+  deletes them at 48), after which their images go inline again.
 - Every file uploaded is deleted at the end of its lifetime (trimflow_send_once_lifetime), or when the mapping's
   bound pushes it out, with the credentials that uploaded it, which are kept in memory for that and nowhere else.
   Files left when the proxy stops stay at the provider: `python -m trimflow files` lists and deletes them (OpenAI's
@@ -51,12 +54,20 @@ from .._record import Record
 from .._send_once import (
     ANTHROPIC,
     BETA_HEADER,
+    GEMINI,
+    GEMINI_KEY_HEADER,
+    REFUSAL_STATUSES,
+    UPLOAD_URL_HEADER,
     Candidate,
     FilesApi,
     candidates,
     credentials_of,
     file_id_of,
+    file_path,
     files_api,
+    gemini_upload_finish,
+    gemini_upload_start,
+    may_hold_images,
     refused_ids,
     tenant_of,
     upload_form,
@@ -119,14 +130,14 @@ class SendOnce:
             "trimflow_send_once",
             bool,
             False,
-            "Upload each image once to the provider's Files API (Anthropic direct, OpenAI Responses) with the request's own "
+            "Upload each image once to the provider's Files API (Anthropic direct, OpenAI Responses, the Gemini API) with the request's own "
             "credentials and send a reference to it from then on, for every rule (a rule's send_once: true does it for its own).",
         )
         loader.add_option(
             "trimflow_send_once_lifetime",
             str,
             f"{DEFAULT_LIFETIME / 86400:g}d",
-            "How long a file send-once uploaded is kept at the provider before trimflow deletes it (e.g. 12h, 1d).",
+            "How long a file send-once uploaded is kept at the provider before trimflow deletes it (e.g. 12h, 1d; Gemini's at most 47h).",
         )
         loader.add_option(
             "trimflow_send_once_deadline",
@@ -183,7 +194,7 @@ class SendOnce:
         if api is None:
             return
         headers = plain_headers(flow.request)
-        credentials = credentials_of(headers)
+        credentials = credentials_of(headers, flow.request.query.get("key") if api.provider == GEMINI else None)
         if credentials is None or is_sigv4(headers):
             return
         try:
@@ -245,7 +256,7 @@ class SendOnce:
                     references[candidate.path] = file_id
         if not references:
             return
-        new_body = await asyncio.to_thread(self._rewrite, flow, raw, state, body, references)
+        new_body = await asyncio.to_thread(self._rewrite, flow, raw, state, body, references, api.version)
         beta = request.headers.get(BETA_HEADER)
         if api.provider == ANTHROPIC:
             request.headers[BETA_HEADER] = with_files_beta(beta)
@@ -277,12 +288,12 @@ class SendOnce:
         request, target = flow.request, state.target
         try:
             raw = decode_body(request.raw_content or b"", request.headers.get("content-encoding"), self.flows.max_decoded_bytes)
-            if b"base64" not in raw:
-                return None  # no image inline (a coding agent's text): not worth a parse
+            if target.format is None or not may_hold_images(target.format, raw):
+                return None
             body = orjson.loads(raw)
         except (DecodeError, orjson.JSONDecodeError):
             return None
-        if not isinstance(body, dict) or target.format is None:
+        if not isinstance(body, dict):
             return None
         if not ctx.options.trimflow_send_once:
             model = body.get("model")
@@ -302,10 +313,12 @@ class SendOnce:
         return raw, body, found, stored
 
     @staticmethod
-    def _rewrite(flow: http.HTTPFlow, raw: bytes, state: FlowState, body: dict[str, Any], references: dict[tuple[str | int, ...], str]) -> bytes:
+    def _rewrite(
+        flow: http.HTTPFlow, raw: bytes, state: FlowState, body: dict[str, Any], references: dict[tuple[str | int, ...], str], version: str
+    ) -> bytes:
         """In a worker thread: the body with its references, set on the request (encoded as it came)."""
         assert state.target.format is not None
-        new_body = with_references(raw, state.target.format, body, references)
+        new_body = with_references(raw, state.target.format, body, references, version)
         flow.request.content = new_body  # re-encodes with the request's content-encoding, fixes content-length
         return new_body
 
@@ -319,7 +332,7 @@ class SendOnce:
         self._uploading[key] = future
         file_id: str | None = None
         try:
-            file_id = await self._post(flow, api, candidate)
+            file_id = await self._post(flow, api, owner, candidate)
         finally:
             del self._uploading[key]
             future.set_result(file_id)
@@ -332,13 +345,14 @@ class SendOnce:
             # An image that could not go up stays inline for this tenant, so its conversation's prefix stays as it went.
             size = candidate.chars * 3 // 4 if file_id else 0
             uploaded_at = self.refs.clock()
-            self._delete(self.refs.put(Entry(owner=owner, digest=candidate.digest, file_id=file_id, size=size, uploaded_at=uploaded_at)))
+            entry = Entry(owner=owner, digest=candidate.digest, file_id=file_id, size=size, uploaded_at=uploaded_at)
+            self._delete(self.refs.put(entry))
             store = self._store()
             if file_id is not None and store is not None:
-                store.put_file(owner.tenant, candidate.digest, file_id, self.refs.shared_until(uploaded_at))
+                store.put_file(owner.tenant, candidate.digest, file_id, self.refs.shared_until(uploaded_at, entry.max_lifetime))
         return file_id
 
-    async def _post(self, flow: http.HTTPFlow, api: FilesApi, candidate: Candidate) -> str | None:
+    async def _post(self, flow: http.HTTPFlow, api: FilesApi, owner: Owner, candidate: Candidate) -> str | None:
         if self._slots is None:
             self._slots = asyncio.Semaphore(MAX_UPLOADS)
         try:
@@ -347,46 +361,70 @@ class SendOnce:
             log.warning("trimflow: send-once: %d uploads in flight for the deadline: the image goes inline", MAX_UPLOADS)
             return None
         try:
-            return await self._post_now(flow, api, candidate)
+            return await self._post_now(flow, api, owner, candidate)
         finally:
             self._slots.release()
 
-    async def _post_now(self, flow: http.HTTPFlow, api: FilesApi, candidate: Candidate) -> str | None:
+    async def _post_now(self, flow: http.HTTPFlow, api: FilesApi, owner: Owner, candidate: Candidate) -> str | None:
         data = await asyncio.to_thread(candidate.decoded)
         if data is None:
             return None
-        content_type, form = upload_form(api, candidate, data, self.refs.lifetime + 3600)
         original = flow.request
         headers = original.headers.copy()
         for name in _BODY_HEADERS:
             headers.pop(name, None)
-        headers["content-type"] = content_type
         headers["accept-encoding"] = "identity"  # the answer is read here: never a compressed one to inflate
+        where = f"{original.pretty_host}{api.upload}"
+        if api.provider == GEMINI:
+            return await self._post_gemini(flow, api, owner, candidate, data, headers, where)
+        content_type, form = upload_form(api, candidate, data, self.refs.lifetime + 3600)
+        headers["content-type"] = content_type
         if api.provider == ANTHROPIC:
             headers[BETA_HEADER] = with_files_beta(original.headers.get(BETA_HEADER))
-        upload = _request(
-            scheme=original.scheme,
-            host=original.host,
-            port=original.port,
-            authority=original.authority,
-            method="POST",
-            path=api.path,
-            headers=headers,
-            content=form,
-            http_version=original.http_version,
-        )
-        answer = await resend(upload, flow.client_conn, flow.server_conn.sni, self.deadline)
-        where = f"{original.pretty_host}{api.path}"
-        if isinstance(answer, str):
-            log.warning("trimflow: send-once: upload to %s failed (%s): the image goes inline", where, answer)
-            return None
-        raw = answer.raw_content or b""
-        if not 200 <= answer.status_code < 300 or len(raw) > UPLOAD_ANSWER_MAX:
-            log.warning("trimflow: send-once: upload to %s answered %d: the image goes inline", where, answer.status_code)
-            return None
-        file_id = file_id_of(raw)
-        if file_id is None:
+        answer = await resend(_beside(original, api.upload, headers, form), flow.client_conn, flow.server_conn.sni, self.deadline)
+        raw = _upload_answer(answer, where)
+        file_id = file_id_of(raw) if raw is not None else None
+        if raw is not None and file_id is None:
             log.warning("trimflow: send-once: upload to %s answered no file id: the image goes inline", where)
+        return file_id
+
+    async def _post_gemini(
+        self, flow: http.HTTPFlow, api: FilesApi, owner: Owner, candidate: Candidate, data: bytes, headers: http.Headers, where: str
+    ) -> str | None:
+        """Gemini's resumable upload: the start (the file's metadata), answered with the URL to send the bytes to, then
+        the bytes in one request that finalizes it; both within the one deadline. The key goes as its header (a `?key=`
+        of the request's own included), never in a URL."""
+        original = flow.request
+        key = dict(owner.headers).get(GEMINI_KEY_HEADER)
+        if key is not None:
+            headers[GEMINI_KEY_HEADER] = key
+        start_headers, metadata = gemini_upload_start(candidate, len(data))
+        start = headers.copy()
+        for name, value in start_headers.items():
+            start[name] = value
+        ends = asyncio.get_running_loop().time() + self.deadline
+        answer = await resend(_beside(original, api.upload, start, metadata), flow.client_conn, flow.server_conn.sni, self.deadline)
+        if _upload_answer(answer, where) is None:
+            return None
+        assert not isinstance(answer, str)
+        authority = original.host_header or f"{original.host}:{original.port}"
+        finish = gemini_upload_finish(answer.headers.get(UPLOAD_URL_HEADER), original.scheme, authority, api.upload)
+        if finish is None:
+            log.warning("trimflow: send-once: upload to %s answered no upload URL on its own host: the image goes inline", where)
+            return None
+        target, finish_headers = finish
+        for name, value in finish_headers.items():
+            headers[name] = value
+        headers["content-type"] = candidate.mime
+        left = ends - asyncio.get_running_loop().time()
+        if left <= 0:
+            log.warning("trimflow: send-once: upload to %s failed (%s): the image goes inline", where, "timed out")
+            return None
+        answer = await resend(_beside(original, target, headers, data), flow.client_conn, flow.server_conn.sni, left)
+        raw = _upload_answer(answer, where)
+        file_id = file_id_of(raw, GEMINI, api.version) if raw is not None else None
+        if raw is not None and file_id is None:
+            log.warning("trimflow: send-once: upload to %s answered no active file: the image goes inline", where)
         return file_id
 
     # -- deleting files
@@ -423,13 +461,15 @@ class SendOnce:
             port=owner.port,
             authority=authority,
             method="DELETE",
-            path=f"{owner.files_path}/{entry.file_id}",
+            path=file_path(owner.files_path, entry.file_id),
             headers=headers,
             content=b"",
             http_version="HTTP/1.1",
         )
         answer = await resend(request, detached_client(), owner.sni, DELETE_DEADLINE)
-        if isinstance(answer, str) or (answer.status_code >= 300 and answer.status_code != 404):
+        # A file already gone is deleted: Anthropic and OpenAI say 404, Gemini 403.
+        gone = (404, 403) if owner.provider == GEMINI else (404,)
+        if isinstance(answer, str) or (answer.status_code >= 300 and answer.status_code not in gone):
             why = answer if isinstance(answer, str) else f"status {answer.status_code}"
             log.warning("trimflow: send-once: could not delete a file at %s (%s): python -m trimflow files lists it", owner.host, why)
             return
@@ -441,7 +481,7 @@ class SendOnce:
         # Not `async def`: an answer that refuses no reference, the usual case, makes no coroutine.
         sent = self.sent.pop(flow, None)
         response = flow.response
-        if sent is None or response is None or response.stream or response.status_code not in (400, 404):
+        if sent is None or response is None or response.stream or response.status_code not in REFUSAL_STATUSES:
             return None
         raw = response.raw_content
         if raw is None or len(raw) > ANSWER_MAX:
@@ -505,7 +545,7 @@ class HoldRefusals:
         response, sent = flow.response, self.send_once.sent
         if response is None or flow not in sent:
             return
-        if response.status_code not in (400, 404):
+        if response.status_code not in REFUSAL_STATUSES:
             sent.pop(flow, None)  # the inline body can go now, not when a long answer ends
             return
         if flow in held_answers:
@@ -531,6 +571,33 @@ class HoldRefusals:
 def _keep(flow: http.HTTPFlow, state: FlowState, record: Record) -> None:
     write(flow, state)
     flow.comment = flow_comment(record)
+
+
+def _beside(original: http.Request, path: str, headers: http.Headers, content: bytes) -> http.Request:
+    """A POST to `path` on the original request's upstream, as the original went (scheme, host, HTTP version)."""
+    return _request(
+        scheme=original.scheme,
+        host=original.host,
+        port=original.port,
+        authority=original.authority,
+        method="POST",
+        path=path,
+        headers=headers,
+        content=content,
+        http_version=original.http_version,
+    )
+
+
+def _upload_answer(answer: http.Response | str, where: str) -> bytes | None:
+    """The body of an upload's answer when it is a success of a sane size; None (and a log line) when not."""
+    if isinstance(answer, str):
+        log.warning("trimflow: send-once: upload to %s failed (%s): the image goes inline", where, answer)
+        return None
+    raw = answer.raw_content or b""
+    if not 200 <= answer.status_code < 300 or len(raw) > UPLOAD_ANSWER_MAX:
+        log.warning("trimflow: send-once: upload to %s answered %d: the image goes inline", where, answer.status_code)
+        return None
+    return raw
 
 
 def _request(

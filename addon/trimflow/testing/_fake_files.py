@@ -1,4 +1,4 @@
-"""The fake provider's Files APIs, Anthropic's and OpenAI's, as the real ones behave (docs/providers.md#files-api):
+"""The fake provider's Files APIs, Anthropic's, OpenAI's and Gemini's, as the real ones behave (docs/providers.md#files-api):
 
 - POST */v1/files: a multipart upload (`file`; OpenAI's also `purpose` and optionally `expires_after[...]`); Anthropic's
   needs the `anthropic-beta: files-api-2025-04-14` header (400 without it). The answer is the file object each
@@ -13,14 +13,28 @@
   and the cache model see the same image either way. A reference to a file the key does not own is refused as the
   provider refuses it (404 for Anthropic, 400 for OpenAI, naming the id).
 
-Files are per API key (`x-api-key`, else `Authorization`): a key cannot see, reference or delete another key's
-file. The Flavour (Anthropic's or OpenAI's) is the request's: `x-api-key` or `anthropic-version` make it Anthropic's.
-Nothing is written to disk; `FakeFiles.files()` lets a test look.
+Gemini's (its paths: */upload/v1beta/files and */v1beta/files, or v1: google-genai's default; a */v1/files request is
+Gemini's when it carries `x-goog-api-key` or `?key=`):
+- POST */upload/v1beta/files with the resumable protocol: the start (`X-Goog-Upload-Protocol: resumable`,
+  `X-Goog-Upload-Command: start`, the size and type in `X-Goog-Upload-Header-Content-Length`/`-Type`, a JSON body
+  `{"file": {"display_name": ...}}`) is answered with an empty body and the `X-Goog-Upload-URL` to POST the bytes to
+  (`X-Goog-Upload-Command: upload, finalize`, `X-Goog-Upload-Offset: 0`); that answers `{"file": File}` (`name`
+  `files/...`, `uri` https://generativelanguage.googleapis.com/v1beta/files/..., `mimeType`, `sizeBytes` as a string,
+  `createTime`, `expirationTime` 48 hours on, `state` ACTIVE). Any other protocol is a 400 here.
+- GET */v1beta/files (`pageSize`, `pageToken`; `{}` when there is none), GET and DELETE */v1beta/files/{id}
+  (DELETE answers `{}`). A file unknown, expired, deleted or another key's is a 403 PERMISSION_DENIED naming its id,
+  as Gemini answers it, here and for a reference to it in generateContent (`file_data.file_uri`, or `fileData.fileUri`).
+
+Files are per API key (`x-api-key`, else `x-goog-api-key`, else a `?key=` query, else `Authorization`): a key cannot
+see, reference or delete another key's file. The Flavour (Anthropic's or OpenAI's) is the request's: `x-api-key` or
+`anthropic-version` make it Anthropic's; Gemini's is by its paths. Nothing is written to disk; `FakeFiles.files()`
+lets a test look.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import itertools
 import re
 import threading
@@ -34,13 +48,19 @@ import orjson
 
 from .._jsonsplice import splice
 from .._media import JsonPath
-from ..formats import anthropic, openai_responses
+from ..formats import anthropic, gemini, openai_responses
 from ._replies import error_body
 
 ANTHROPIC_BETA = "files-api-2025-04-14"
 _FILES_PATH = re.compile(r"^(?P<base>.*)/v1/files(?:/(?P<id>[^/]+))?$")
+_GEMINI_FILES_PATH = re.compile(r"^(?P<base>.*?)(?P<upload>/upload)?/(?P<version>v1|v1beta)/files(?:/(?P<id>[^/]+))?$")
+# What Gemini names a file by in a request: under the API version it was uploaded with (either is taken).
+GEMINI_URI = re.compile(r"https://generativelanguage\.googleapis\.com/(?:v1|v1beta)/files/(?P<id>[a-z0-9-]+)")
+GEMINI_LIFETIME = 48 * 3600  # seconds Gemini keeps a file from its upload
 
+# (status, content type, body), and the headers to send with them (Gemini's upload URL).
 Answer = tuple[int, str, bytes]
+HeadedAnswer = tuple[int, str, bytes, dict[str, str]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,16 +73,29 @@ class StoredFile:
     created_at: float
     purpose: str | None = None
     expires_at: float | None = None
+    version: str = "v1beta"  # Gemini's: the API version of its upload, which its URI names
 
 
 def _is_anthropic(headers: dict[str, str]) -> bool:
     return "x-api-key" in headers or "anthropic-version" in headers
 
 
-def owner_of(headers: dict[str, str]) -> str | None:
-    """The API key a request carries (`x-api-key`, else a bearer token), whose files it may use."""
-    key = headers.get("x-api-key") or headers.get("authorization", "").removeprefix("Bearer ").strip()
+def owner_of(headers: dict[str, str], query: str = "") -> str | None:
+    """The API key a request carries (`x-api-key`, else `x-goog-api-key`, else a `?key=`, else a bearer token), whose
+    files it may use."""
+    key = headers.get("x-api-key") or headers.get("x-goog-api-key") or (parse_qs(query).get("key") or [""])[0]
+    key = key or headers.get("authorization", "").removeprefix("Bearer ").strip()
     return key or None
+
+
+def _gemini_refused(file_id: str) -> Answer:
+    message = f"You do not have permission to access the File {file_id} or it may not exist."
+    return 403, "application/json", orjson.dumps({"error": {"code": 403, "message": message, "status": "PERMISSION_DENIED"}})
+
+
+def _gemini_error(status: int, message: str) -> Answer:
+    state = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 404: "NOT_FOUND"}.get(status, "FAILED_PRECONDITION")
+    return status, "application/json", orjson.dumps({"error": {"code": status, "message": f"fake-provider: {message}", "status": state}})
 
 
 def _not_found(anthropic_flavour: bool, file_id: str, status: int = 404) -> Answer:
@@ -88,6 +121,8 @@ class FakeFiles:
         self._files: dict[str, StoredFile] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
+        self._gemini_uploads: dict[str, tuple[str, str, str, int, str]] = {}  # upload id: (key, display name, type, size, version)
+        self.scheme = "http"
 
     def files(self, owner: str | None = None) -> list[StoredFile]:
         """The files stored (one key's when given), oldest first."""
@@ -101,8 +136,12 @@ class FakeFiles:
 
     # --- the Files API's own endpoints
 
-    def route(self, method: str, path: str, query: str, headers: dict[str, str], body: bytes) -> Answer | None:
+    def route(self, method: str, path: str, query: str, headers: dict[str, str], body: bytes) -> Answer | HeadedAnswer | None:
         """The answer to a request to a Files API endpoint; None for any other path."""
+        gemini_match = _GEMINI_FILES_PATH.match(path)
+        googles = "x-goog-api-key" in headers or "key" in parse_qs(query)
+        if gemini_match is not None and (gemini_match.group("version") == "v1beta" or gemini_match.group("upload") or googles):
+            return self._gemini_route(gemini_match, method, path, query, headers, body)
         match = _FILES_PATH.match(path)
         if match is None:
             return None
@@ -189,14 +228,107 @@ class FakeFiles:
             answer = {"object": "list", **answer}
         return 200, "application/json", orjson.dumps(answer)
 
+    # --- Gemini's
+
+    def _gemini_route(self, match: re.Match[str], method: str, path: str, query: str, headers: dict[str, str], body: bytes) -> Answer | HeadedAnswer:
+        upload, file_id = match.group("upload") is not None, match.group("id")
+        owner = owner_of(headers, query)
+        params = parse_qs(query)
+        if upload and file_id is None and method == "POST":
+            if "upload_id" in params:
+                return self._gemini_finish(params["upload_id"][0], owner, headers, body)
+            if owner is None:
+                return _gemini_error(401, "no API key")
+            return self._gemini_start(path, owner, headers, body, match.group("version"))
+        if owner is None:
+            return _gemini_error(401, "no API key")
+        if upload:
+            return _gemini_error(404, f"no route for {method} {path}")
+        if file_id is None:
+            if method == "GET":
+                return self._gemini_list(owner, params)
+            return _gemini_error(400, f"{method} not allowed here")
+        found = self._owned(owner, f"files/{file_id}")
+        if found is None:
+            return _gemini_refused(file_id)
+        if method == "GET":
+            return 200, "application/json", orjson.dumps(_gemini_file(found))
+        if method == "DELETE":
+            self.delete(found.file_id)
+            return 200, "application/json", b"{}"
+        return _gemini_error(400, f"{method} not allowed here")
+
+    def _gemini_start(self, path: str, owner: str, headers: dict[str, str], body: bytes, version: str) -> Answer | HeadedAnswer:
+        if headers.get("x-goog-upload-protocol") != "resumable" or headers.get("x-goog-upload-command") != "start":
+            return _gemini_error(400, "only the resumable upload protocol is served here")
+        size, mime = headers.get("x-goog-upload-header-content-length", ""), headers.get("x-goog-upload-header-content-type", "")
+        try:
+            metadata = orjson.loads(body) if body else {}
+        except orjson.JSONDecodeError:
+            return _gemini_error(400, "the metadata is not JSON")
+        file = metadata.get("file") if isinstance(metadata, dict) else None
+        name = (file.get("display_name") or file.get("displayName") or "") if isinstance(file, dict) else ""
+        if not size.isdigit() or not mime or not isinstance(name, str):
+            return _gemini_error(400, "the upload's size and type are required")
+        upload_id = f"fake-upload-{next(self._ids)}"
+        with self._lock:
+            self._gemini_uploads[upload_id] = (owner, name, mime, int(size), version)
+        host = headers.get("host", "")
+        url = f"{self.scheme}://{host}{path}?upload_id={upload_id}&upload_protocol=resumable"
+        return 200, "text/plain", b"", {"X-Goog-Upload-URL": url, "X-Goog-Upload-Status": "active"}
+
+    def _gemini_finish(self, upload_id: str, owner: str | None, headers: dict[str, str], body: bytes) -> Answer:
+        commands = {c.strip() for c in headers.get("x-goog-upload-command", "").split(",")}
+        with self._lock:
+            pending = self._gemini_uploads.get(upload_id)
+        if pending is None:
+            return _gemini_error(404, "no such upload")
+        key, name, mime, size, version = pending
+        if owner is not None and owner != key:
+            return _gemini_error(401, "the upload is another key's")
+        if commands != {"upload", "finalize"} or headers.get("x-goog-upload-offset") != "0" or len(body) != size:
+            return _gemini_error(400, "the bytes of a resumable upload go in one upload, finalize at offset 0")
+        now = self.clock()
+        number = next(self._ids)
+        stored = StoredFile(
+            file_id=f"files/fake{number:08d}",
+            owner=key,
+            filename=name,
+            mime=mime,
+            data=body,
+            created_at=now,
+            expires_at=now + GEMINI_LIFETIME,
+            version=version,
+        )
+        with self._lock:
+            del self._gemini_uploads[upload_id]
+            self._files[stored.file_id] = stored
+        return 200, "application/json", orjson.dumps({"file": _gemini_file(stored)})
+
+    def _gemini_list(self, owner: str, query: dict[str, list[str]]) -> Answer:
+        files = [f for f in self.files(owner) if f.file_id.startswith("files/") and (f.expires_at is None or f.expires_at > self.clock())]
+        files.reverse()
+        token = (query.get("pageToken") or [""])[0]
+        start = int(token) if token.isdigit() else 0
+        size = min(int((query.get("pageSize") or ["10"])[0]), 100)
+        page = files[start : start + size]
+        answer: dict[str, Any] = {}
+        if page:
+            answer["files"] = [_gemini_file(f) for f in page]
+        if start + size < len(files):
+            answer["nextPageToken"] = str(start + size)
+        return 200, "application/json", orjson.dumps(answer)
+
     # --- references in messages
 
-    def resolve(self, fmt: str, headers: dict[str, str], raw: bytes, body: dict[str, Any]) -> tuple[bytes, dict[str, Any]]:
+    def resolve(self, fmt: str, headers: dict[str, str], raw: bytes, body: dict[str, Any], query: str = "") -> tuple[bytes, dict[str, Any]]:
         """The body with each file reference replaced by its image inline, as the provider reads it (a body that
         references no file comes back as it is). ReferenceRefused for a reference the key cannot use."""
         found = _references(fmt, body)
         if not found:
             return raw, body
+        if fmt == gemini.NAME:
+            return self._gemini_resolve(owner_of(headers, query) or "", raw, body, found)
         flavour = fmt == anthropic.NAME
         if flavour and ANTHROPIC_BETA not in headers.get("anthropic-beta", ""):
             raise ReferenceRefused((400, "application/json", error_body("invalid_request_error", "source type file needs the Files API beta header")))
@@ -216,6 +348,25 @@ class FakeFiles:
         resolved = splice(raw, edits)
         return resolved, orjson.loads(resolved)
 
+    def _gemini_resolve(
+        self, owner: str, raw: bytes, body: dict[str, Any], found: list[tuple[JsonPath, dict[str, Any], str]]
+    ) -> tuple[bytes, dict[str, Any]]:
+        edits: list[tuple[JsonPath, bytes]] = []
+        for path, part, uri in found:
+            named = GEMINI_URI.fullmatch(uri)
+            stored = self._owned(owner, f"files/{named.group('id')}") if named is not None else None
+            if stored is None:
+                raise ReferenceRefused(_gemini_refused(named.group("id") if named is not None else uri.rsplit("/", 1)[-1]))
+            key = "file_data" if "file_data" in part else "fileData"
+            reference = part[key]
+            snake = key == "file_data"
+            mime = reference.get("mime_type", reference.get("mimeType", stored.mime))
+            inline = {"mime_type" if snake else "mimeType": mime, "data": base64.b64encode(stored.data).decode()}
+            new = {("inline_data" if snake else "inlineData") if k == key else k: inline if k == key else v for k, v in part.items()}
+            edits.append((path, orjson.dumps(new)))
+        resolved = splice(raw, edits)
+        return resolved, orjson.loads(resolved)
+
 
 def _references(fmt: str, body: dict[str, Any]) -> list[tuple[JsonPath, dict[str, Any], str]]:
     """(path, part, file id) of each image that references a file."""
@@ -231,6 +382,13 @@ def _references(fmt: str, body: dict[str, Any]) -> list[tuple[JsonPath, dict[str
             part = _at(body, media.path)
             if part.get("type") == "input_image" and isinstance(part.get("file_id"), str) and "image_url" not in part:
                 found.append((media.path, part, part["file_id"]))
+    elif fmt == gemini.NAME:
+        for media in gemini.find_media(body):
+            part = _at(body, media.path)
+            reference = part.get("file_data", part.get("fileData"))
+            uri = reference.get("file_uri", reference.get("fileUri")) if isinstance(reference, dict) else None
+            if isinstance(uri, str):
+                found.append((media.path, part, uri))
     return found
 
 
@@ -263,6 +421,27 @@ def _file_object(flavour: bool, f: StoredFile) -> dict[str, Any]:
     }
 
 
+def _rfc3339(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def _gemini_file(f: StoredFile) -> dict[str, Any]:
+    created = _rfc3339(f.created_at)
+    return {
+        "name": f.file_id,
+        "displayName": f.filename,
+        "mimeType": f.mime,
+        "sizeBytes": str(len(f.data)),
+        "createTime": created,
+        "updateTime": created,
+        "expirationTime": _rfc3339(f.expires_at if f.expires_at is not None else f.created_at + GEMINI_LIFETIME),
+        "sha256Hash": base64.b64encode(hashlib.sha256(f.data).digest()).decode(),
+        "uri": f"https://generativelanguage.googleapis.com/{f.version}/{f.file_id}",
+        "state": "ACTIVE",
+        "source": "UPLOADED",
+    }
+
+
 def _multipart(content_type: str, body: bytes) -> tuple[dict[str, str], tuple[str, str, bytes] | None]:
     """The text fields of a multipart/form-data body, and its file part (filename, type, bytes). ValueError when the
     body is not one."""
@@ -292,4 +471,4 @@ def _multipart(content_type: str, body: bytes) -> tuple[dict[str, str], tuple[st
     return fields, upload
 
 
-__all__ = ["ANTHROPIC_BETA", "FakeFiles", "ReferenceRefused", "StoredFile", "owner_of"]
+__all__ = ["ANTHROPIC_BETA", "GEMINI_URI", "FakeFiles", "ReferenceRefused", "StoredFile", "owner_of"]

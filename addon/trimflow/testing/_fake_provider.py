@@ -12,8 +12,8 @@ built-in endpoints (trimflow.formats: each format's ENDPOINTS):
 - ollama            POST */api/chat                         (NDJSON unless "stream": false)
 - bedrock-converse  POST */model/{id}/converse
 
-Anthropic's and OpenAI's Files APIs (*/v1/files: upload, list, get, delete; per API key) and file references in
-messages, answered as if the image were inline (trimflow.testing._fake_files).
+Anthropic's and OpenAI's Files APIs (*/v1/files: upload, list, get, delete; per API key), Gemini's (*/upload/v1beta/files,
+*/v1beta/files), and file references in messages, answered as if the image were inline (trimflow.testing._fake_files).
 
 converse-stream and invoke-with-response-stream (AWS binary event-stream) and responses/compact are 501 here.
 Anything else is a 404 JSON error.
@@ -226,9 +226,11 @@ class _Handler(BaseHTTPRequestHandler):
         if self.received_bytes is not None:
             self.send_header(RECEIVED_BYTES_HEADER, str(self.received_bytes))
 
-    def send_body(self, status: int, content_type: str, body: bytes) -> None:
+    def send_body(self, status: int, content_type: str, body: bytes, headers: dict[str, str] | None = None) -> None:
         self.send_response(status)
         self.send_header("Content-Type", content_type)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.send_received_bytes()
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -311,6 +313,7 @@ class FakeProvider:
         self.port: int = self._server.server_port
         url_host = f"[{host}]" if family == socket.AF_INET6 else host
         self.url = f"{'https' if tls else 'http'}://{url_host}:{self.port}"
+        self.files.scheme = "https" if tls else "http"  # of the upload URL Gemini's resumable start answers
         self._thread: threading.Thread | None = None
 
     def start(self) -> FakeProvider:
@@ -393,9 +396,9 @@ class FakeProvider:
     def _answer(self, h: _Handler, rec: Received, decode_error: str | None, out: _Outcome) -> None:
         """Send the answer, noting in ``out`` what was sent (for the log line)."""
 
-        def send(status: int, content_type: str, body: bytes) -> None:
+        def send(status: int, content_type: str, body: bytes, headers: dict[str, str] | None = None) -> None:
             out.status, out.sent = status, True
-            h.send_body(status, content_type, body)
+            h.send_body(status, content_type, body, headers)
 
         if self.check is not None and (answer := self.check(rec)) is not None:
             out.fmt = "check"
@@ -430,7 +433,7 @@ class FakeProvider:
             send(400, "application/json", error_body("invalid_request_error", f"fake-provider: {why}"))
             return
         try:
-            body, request_json = self.files.resolve(r.fmt, rec.headers, rec.body, request_json)
+            body, request_json = self.files.resolve(r.fmt, rec.headers, rec.body, request_json, rec.query)
         except ReferenceRefused as refused:  # a reference the key cannot use, refused as the provider refuses it
             send(*refused.answer)
             return
