@@ -214,15 +214,15 @@ def history_of(
             media.setdefault(index, []).append(tuple(path[root + 1 :]))
     canonical = _Canonical(unstub)
     head = canonical.of(parts.head, None)
-    messages = canonical.all(parts.items, media)
+    messages, first = canonical.digests(parts.items, media)
     previous = parts.request.get("previous_response_id")
     tools = next((parts.request[name] for name in TOOLS_FIELDS if parts.request.get(name)), None)
     return History(
         host,
         session_key(headers, parts.request),
         hash(head),
-        [hash(raw) for raw in messages],
-        hashlib.blake2b(head + b"\0" + (messages[0] if messages else b""), digest_size=8).digest(),
+        messages,
+        hashlib.blake2b(head + b"\0" + first, digest_size=8).digest(),
         digest(b"r", previous.encode()) if isinstance(previous, str) and previous else None,
         images,
         _tools_digest(tools) if tools is not None else 0,
@@ -263,17 +263,26 @@ class _Canonical:
             return self._unstub(_dumps(self._canonical(_without(item, media) if media else item)))
         return self._unstub(raw)
 
-    def all(self, items: list[Any], media: Mapping[int, list[JsonPath]]) -> list[bytes]:
-        """Every message's JSON. The usual history needs no message looked into: checked once for all of them."""
-        try:
-            raws = [orjson.dumps(_without(item, media[i]) if i in media else item) for i, item in enumerate(items)]
-        except (orjson.JSONEncodeError, TypeError):
-            return [self.of(item, media.get(i)) for i, item in enumerate(items)]
-        # Agents send the whole history every turn: a message's JSON seen clean before is clean again, and only
-        # the new ones are searched (hash(raw) is kept in the bytes object: the digest reads it again for free).
-        if all(hash(raw) in _CLEAN or _clean(raw) for raw in raws):
-            return [self._unstub(raw) for raw in raws]
-        return [self.of(item, media.get(i), raw) for i, (item, raw) in enumerate(zip(items, raws, strict=True))]
+    def digests(self, items: list[Any], media: Mapping[int, list[JsonPath]]) -> tuple[list[int], bytes]:
+        """Every message's digest, and the first message's JSON (the origin's). Each message is written and hashed in
+        turn: its JSON is hashed while the CPU's cache still holds it, and its buffer is reused for the next one (writing
+        them all first, then hashing, read every byte back from memory)."""
+        digests: list[int] = []
+        first = b""
+        for i, item in enumerate(items):
+            paths = media.get(i)
+            try:
+                raw = orjson.dumps(_without(item, paths) if paths else item)
+            except (orjson.JSONEncodeError, TypeError):
+                raw = self.of(item, paths)
+            else:
+                # Agents send the whole history every turn: a message's JSON seen clean before is clean again, and only
+                # the new ones are searched (hash(raw) is kept in the bytes object: the digest reads it again for free).
+                raw = self._unstub(raw) if hash(raw) in _CLEAN or _clean(raw) else self.of(item, paths, raw)
+            digests.append(hash(raw))
+            if i == 0:
+                first = raw
+        return digests, first
 
     def _canonical(self, node: Any) -> Any:
         if isinstance(node, dict):
