@@ -200,12 +200,13 @@ def history_of(
     headers: Mapping[str, str],
     parts: HistoryParts,
     media_paths: Iterable[JsonPath],
-    unstub: Unstub,
+    unstub: Unstub | None,
     images: Images | None = None,
 ) -> History:
     """A request's History: `parts` is its format's view of the body (formats' `history`), `media_paths` every
     media part the format found (left out of the digests), `unstub` puts the payloads a skeleton left out back
-    into JSON written from it (trimflow._body: ParsedBody.unstubbed) and `images` are its images."""
+    into JSON written from it (trimflow._body: ParsedBody.unstubbed; None for a body parsed whole, which has none) and
+    `images` are its images."""
     root = len(parts.path)
     media: dict[int, list[JsonPath]] = {}
     for path in media_paths:
@@ -247,8 +248,9 @@ def _without_breakpoints(tools: list[Any]) -> list[Any]:
 class _Canonical:
     """A message (or head) as the JSON its digest is taken of, as the module's docstring says."""
 
-    def __init__(self, unstub: Unstub) -> None:
-        self._unstub = unstub
+    def __init__(self, unstub: Unstub | None) -> None:
+        self._unstub: Unstub = unstub if unstub is not None else _as_written
+        self._whole = unstub is None
 
     def of(self, item: Any, media: list[JsonPath] | None, raw: bytes | None = None) -> bytes:
         if raw is None:
@@ -267,22 +269,36 @@ class _Canonical:
         """Every message's digest, and the first message's JSON (the origin's). Each message is written and hashed in
         turn: its JSON is hashed while the CPU's cache still holds it, and its buffer is reused for the next one (writing
         them all first, then hashing, read every byte back from memory)."""
-        digests: list[int] = []
+        if self._whole and not media:
+            # A body parsed whole, no media in it (a text body): a message's JSON as orjson writes it is what is hashed,
+            # unless it holds what a digest leaves out. Agents send the whole history every turn: a message whose JSON
+            # was seen clean before is clean again, and only the others (the new ones) take the general path.
+            try:
+                digests = [hash(orjson.dumps(item)) for item in items]
+            except (orjson.JSONEncodeError, TypeError):
+                pass
+            else:
+                for i, value in enumerate(digests):
+                    if value not in _CLEAN:
+                        digests[i] = hash(self._message(items[i], None))
+                return digests, self._message(items[0], None) if items else b""
+        digests = []
         first = b""
         for i, item in enumerate(items):
-            paths = media.get(i)
-            try:
-                raw = orjson.dumps(_without(item, paths) if paths else item)
-            except (orjson.JSONEncodeError, TypeError):
-                raw = self.of(item, paths)
-            else:
-                # Agents send the whole history every turn: a message's JSON seen clean before is clean again, and only
-                # the new ones are searched (hash(raw) is kept in the bytes object: the digest reads it again for free).
-                raw = self._unstub(raw) if hash(raw) in _CLEAN or _clean(raw) else self.of(item, paths, raw)
+            raw = self._message(item, media.get(i))
             digests.append(hash(raw))
             if i == 0:
                 first = raw
         return digests, first
+
+    def _message(self, item: Any, media: list[JsonPath] | None) -> bytes:
+        """A message's JSON as its digest reads it."""
+        try:
+            raw = orjson.dumps(_without(item, media) if media else item)
+        except (orjson.JSONEncodeError, TypeError):
+            return self.of(item, media)
+        # hash(raw) is kept in the bytes object: the digest reads it again for free.
+        return self._unstub(raw) if hash(raw) in _CLEAN or _clean(raw) else self.of(item, media, raw)
 
     def _canonical(self, node: Any) -> Any:
         if isinstance(node, dict):
@@ -292,6 +308,10 @@ class _Canonical:
         if isinstance(node, str):
             return _without_placeholder(node)
         return node
+
+
+def _as_written(raw: bytes) -> bytes:
+    return raw
 
 
 def _without_placeholder(text: str) -> str:
