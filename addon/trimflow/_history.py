@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import re
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -274,14 +275,19 @@ class _Canonical:
             # unless it holds what a digest leaves out. Agents send the whole history every turn: a message whose JSON
             # was seen clean before is clean again, and only the others (the new ones) take the general path.
             try:
-                digests = [hash(orjson.dumps(item)) for item in items]
+                first = orjson.dumps(items[0]) if items else b""
+                digests = [hash(first)] if items else []
+                digests += [hash(orjson.dumps(item)) for item in itertools.islice(items, 1, None)]
             except (orjson.JSONEncodeError, TypeError):
                 pass
             else:
                 for i, value in enumerate(digests):
                     if value not in _CLEAN:
-                        digests[i] = hash(self._message(items[i], None))
-                return digests, self._message(items[0], None) if items else b""
+                        raw = self._message(items[i], None)
+                        digests[i] = hash(raw)
+                        if i == 0:
+                            first = raw
+                return digests, first
         digests = []
         first = b""
         for i, item in enumerate(items):
