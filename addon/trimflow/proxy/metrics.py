@@ -99,7 +99,7 @@ class Metrics:
     def _answer_later(self, flow: http.HTTPFlow) -> None:
         state = self._answering.pop(flow, None)
         if state is not None:
-            # Already FLUSH_DELAY after its answer: its line goes now, with any waiting (no second timer, no second wakeup).
+            # Already FLUSH_DELAY after its answer: its line goes now (no second timer, no second wakeup of the loop).
             self._answered(flow, state, at_once=True)
 
     def _answer_waiting(self) -> None:
@@ -187,7 +187,8 @@ class Metrics:
 
     def _finish(self, record: Record, error: str | None, at_once: bool = False) -> None:
         """Logs the flow's line and writes its record shortly after the answer has gone out (see FLUSH_DELAY), or
-        `at_once` (with those waiting) where that time has passed."""
+        `at_once` where that time has passed (unless others wait: then with them, in order, as their flush comes)."""
+        at_once = at_once and not self._unfinished
         self._unfinished.append((record, error))
         if at_once:
             self._flush()
