@@ -269,7 +269,7 @@ class _Canonical:
     def digests(self, items: list[Any], media: Mapping[int, list[JsonPath]]) -> tuple[list[int], bytes]:
         """Every message's digest, and the first message's JSON (the origin's). Each message is written and hashed in
         turn: its JSON is hashed while the CPU's cache still holds it, and its buffer is reused for the next one (writing
-        them all first, then hashing, read every byte back from memory)."""
+        them all, then hashing them, would read every byte back from memory)."""
         if self._whole and not media:
             # A body parsed whole, no media in it (a text body): a message's JSON as orjson writes it is what is hashed,
             # unless it holds what a digest leaves out. Agents send the whole history every turn: a message whose JSON
