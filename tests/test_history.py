@@ -12,8 +12,9 @@ import pytest
 from trimflow import prune_request
 from trimflow._body import Payload, parse
 from trimflow._history import History, history_of, image_crc, image_key, response_id_of, session_key
+from trimflow._placeholder import PLACEHOLDER_PREFIX
 from trimflow.formats import HistoryParts, Media
-from trimflow.testing import PATHS, b64, image, session_body
+from trimflow.testing import PATHS, b64, data_url, image, session_body
 
 from .helpers import rules_with
 
@@ -128,3 +129,22 @@ def test_a_message_seen_before_still_leaves_out_a_breakpoint_it_gains() -> None:
     message["content"][0]["cache_control"] = {"type": "ephemeral"}
     marked = history(body, "anthropic")
     assert first.messages == again.messages == marked.messages
+
+
+def test_a_text_body_digests_its_messages_as_a_body_with_media_does() -> None:
+    # A body parsed whole with no media (a text body) has its messages written and hashed in one pass; the same
+    # messages in a body with an image take the general path: their digests agree, a breakpoint and trimflow's
+    # placeholder for the image left out alike.
+    def text(n: int) -> dict:
+        return {"role": "tool", "tool_call_id": f"call_{n}", "content": json.dumps({"n": n, "lines": ['a\n"b"'] * 40})}
+
+    shot = {"type": "image_url", "image_url": {"url": data_url(SHOT, "image/png")}}
+    placeholder = {"type": "text", "text": PLACEHOLDER_PREFIX + " image 1 removed]"}
+    marked = {"type": "text", "text": "look", "cache_control": {"type": "ephemeral"}}
+    plain = {"type": "text", "text": "look"}
+    with_media = {"model": "m", "messages": [text(1), {"role": "user", "content": [plain, shot]}, text(2)]}
+    as_text = {"model": "m", "messages": [text(1), {"role": "user", "content": [marked, placeholder]}, text(2)]}
+    assert not parse(orjson.dumps(as_text)).is_skeleton
+    for _ in range(2):  # messages new, then seen clean before
+        assert history(as_text, "openai-chat").messages == history(with_media, "openai-chat").messages
+    assert history(as_text, "openai-chat").origin == history(with_media, "openai-chat").origin

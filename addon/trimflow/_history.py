@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import re
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -200,12 +201,13 @@ def history_of(
     headers: Mapping[str, str],
     parts: HistoryParts,
     media_paths: Iterable[JsonPath],
-    unstub: Unstub,
+    unstub: Unstub | None,
     images: Images | None = None,
 ) -> History:
     """A request's History: `parts` is its format's view of the body (formats' `history`), `media_paths` every
     media part the format found (left out of the digests), `unstub` puts the payloads a skeleton left out back
-    into JSON written from it (trimflow._body: ParsedBody.unstubbed) and `images` are its images."""
+    into JSON written from it (trimflow._body: ParsedBody.unstubbed; None for a body parsed whole, which has none) and
+    `images` are its images."""
     root = len(parts.path)
     media: dict[int, list[JsonPath]] = {}
     for path in media_paths:
@@ -214,15 +216,15 @@ def history_of(
             media.setdefault(index, []).append(tuple(path[root + 1 :]))
     canonical = _Canonical(unstub)
     head = canonical.of(parts.head, None)
-    messages = canonical.all(parts.items, media)
+    messages, first = canonical.digests(parts.items, media)
     previous = parts.request.get("previous_response_id")
     tools = next((parts.request[name] for name in TOOLS_FIELDS if parts.request.get(name)), None)
     return History(
         host,
         session_key(headers, parts.request),
         hash(head),
-        [hash(raw) for raw in messages],
-        hashlib.blake2b(head + b"\0" + (messages[0] if messages else b""), digest_size=8).digest(),
+        messages,
+        hashlib.blake2b(head + b"\0" + first, digest_size=8).digest(),
         digest(b"r", previous.encode()) if isinstance(previous, str) and previous else None,
         images,
         _tools_digest(tools) if tools is not None else 0,
@@ -247,8 +249,9 @@ def _without_breakpoints(tools: list[Any]) -> list[Any]:
 class _Canonical:
     """A message (or head) as the JSON its digest is taken of, as the module's docstring says."""
 
-    def __init__(self, unstub: Unstub) -> None:
-        self._unstub = unstub
+    def __init__(self, unstub: Unstub | None) -> None:
+        self._unstub: Unstub = unstub if unstub is not None else _as_written
+        self._whole = unstub is None
 
     def of(self, item: Any, media: list[JsonPath] | None, raw: bytes | None = None) -> bytes:
         if raw is None:
@@ -263,17 +266,45 @@ class _Canonical:
             return self._unstub(_dumps(self._canonical(_without(item, media) if media else item)))
         return self._unstub(raw)
 
-    def all(self, items: list[Any], media: Mapping[int, list[JsonPath]]) -> list[bytes]:
-        """Every message's JSON. The usual history needs no message looked into: checked once for all of them."""
+    def digests(self, items: list[Any], media: Mapping[int, list[JsonPath]]) -> tuple[list[int], bytes]:
+        """Every message's digest, and the first message's JSON (the origin's). Each message is written and hashed in
+        turn: its JSON is hashed while the CPU's cache still holds it, and its buffer is reused for the next one (writing
+        them all, then hashing them, would read every byte back from memory)."""
+        if self._whole and not media:
+            # A body parsed whole, no media in it (a text body): a message's JSON as orjson writes it is what is hashed,
+            # unless it holds what a digest leaves out. Agents send the whole history every turn: a message whose JSON
+            # was seen clean before is clean again, and only the others (the new ones) take the general path.
+            try:
+                first = orjson.dumps(items[0]) if items else b""
+                digests = [hash(first)] if items else []
+                digests += [hash(orjson.dumps(item)) for item in itertools.islice(items, 1, None)]
+            except (orjson.JSONEncodeError, TypeError):
+                pass
+            else:
+                for i, value in enumerate(digests):
+                    if value not in _CLEAN:
+                        raw = self._message(items[i], None)
+                        digests[i] = hash(raw)
+                        if i == 0:
+                            first = raw
+                return digests, first
+        digests = []
+        first = b""
+        for i, item in enumerate(items):
+            raw = self._message(item, media.get(i))
+            digests.append(hash(raw))
+            if i == 0:
+                first = raw
+        return digests, first
+
+    def _message(self, item: Any, media: list[JsonPath] | None) -> bytes:
+        """A message's JSON as its digest reads it."""
         try:
-            raws = [orjson.dumps(_without(item, media[i]) if i in media else item) for i, item in enumerate(items)]
+            raw = orjson.dumps(_without(item, media) if media else item)
         except (orjson.JSONEncodeError, TypeError):
-            return [self.of(item, media.get(i)) for i, item in enumerate(items)]
-        # Agents send the whole history every turn: a message's JSON seen clean before is clean again, and only
-        # the new ones are searched (hash(raw) is kept in the bytes object: the digest reads it again for free).
-        if all(hash(raw) in _CLEAN or _clean(raw) for raw in raws):
-            return [self._unstub(raw) for raw in raws]
-        return [self.of(item, media.get(i), raw) for i, (item, raw) in enumerate(zip(items, raws, strict=True))]
+            return self.of(item, media)
+        # hash(raw) is kept in the bytes object: the digest reads it again for free.
+        return self._unstub(raw) if hash(raw) in _CLEAN or _clean(raw) else self.of(item, media, raw)
 
     def _canonical(self, node: Any) -> Any:
         if isinstance(node, dict):
@@ -283,6 +314,10 @@ class _Canonical:
         if isinstance(node, str):
             return _without_placeholder(node)
         return node
+
+
+def _as_written(raw: bytes) -> bytes:
+    return raw
 
 
 def _without_placeholder(text: str) -> str:

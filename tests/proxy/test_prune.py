@@ -220,6 +220,19 @@ async def test_a_request_needing_nothing_goes_first_and_gets_its_record_once_its
     assert (second.metadata["trimflow"]["turn"], third.metadata["trimflow"]["turn"]) == (2, 3)
 
 
+async def test_a_deferred_record_is_logged_on_the_timer_that_completes_it(addon) -> None:
+    # The record of a request that needed nothing is completed FLUSH_DELAY after its answer, and its line and JSONL
+    # record go then, on that one timer: not FLUSH_DELAY later again.
+    written: list[int | None] = []
+    addon.get(proxy.Metrics).listeners.append(lambda record, error: written.append(record.turn))
+    flow = llm_flow(turns=2)
+    await requested_only(addon, flow)
+    flow.response = json_answer()
+    await addon.response_async(flow)
+    await asyncio.sleep(proxy.FLUSH_DELAY)  # due after the addon's timer: timers fire in deadline order
+    assert "trimflow" in flow.metadata and written == [1]
+
+
 async def test_an_answer_counted_at_once_comes_after_the_answers_still_waiting(addon) -> None:
     # The cache breaks read a conversation's answers in order: a changed turn answered while the answer before it waits
     # for its line (FLUSH_DELAY) is counted after that one, not before.

@@ -99,7 +99,8 @@ class Metrics:
     def _answer_later(self, flow: http.HTTPFlow) -> None:
         state = self._answering.pop(flow, None)
         if state is not None:
-            self._answered(flow, state)
+            # Already FLUSH_DELAY after its answer: its line goes now (no second timer, no second wakeup of the loop).
+            self._answered(flow, state, at_once=True)
 
     def _answer_waiting(self) -> None:
         """The answers still waiting for FLUSH_DELAY, now, in the order they came: before a later one is counted, since
@@ -108,8 +109,9 @@ class Metrics:
             flow = next(iter(self._answering))
             self._answered(flow, self._answering.pop(flow))
 
-    def _answered(self, flow: http.HTTPFlow, state: FlowState) -> None:
-        """The record completed with the answer: status, usage, a Responses answer's id."""
+    def _answered(self, flow: http.HTTPFlow, state: FlowState, at_once: bool = False) -> None:
+        """The record completed with the answer: status, usage, a Responses answer's id; logged and written FLUSH_DELAY
+        later, or `at_once`."""
         record = self.flows.settle(flow, state)
         if record is None or flow.response is None:
             return
@@ -127,7 +129,7 @@ class Metrics:
             self._set_usage(record, usage_of(content))
         self.flows.responded(record, state.history_line, content[:ANSWER_HEAD])
         write(flow, state)  # before mitmproxy's save addon, later in its chain, writes the flow
-        self._finish(record, None)
+        self._finish(record, None, at_once)
 
     def error(self, flow: http.HTTPFlow) -> None:
         state = self.flows.get(flow)
@@ -183,9 +185,14 @@ class Metrics:
             setattr(record, name, value)
         self.flows.cache_breaks.answered(record)
 
-    def _finish(self, record: Record, error: str | None) -> None:
-        """Logs the flow's line and writes its record shortly after the answer has gone out (see FLUSH_DELAY)."""
+    def _finish(self, record: Record, error: str | None, at_once: bool = False) -> None:
+        """Logs the flow's line and writes its record shortly after the answer has gone out (see FLUSH_DELAY), or
+        `at_once` where that time has passed (unless others wait: then with them, in order, as their flush comes)."""
+        at_once = at_once and not self._unfinished
         self._unfinished.append((record, error))
+        if at_once:
+            self._flush()
+            return
         if len(self._unfinished) > 1:
             return  # a flush is already scheduled
         try:
