@@ -247,6 +247,11 @@ class Proxy:
 
         return wait_for(logged, "line saying where the Prometheus endpoint serves")
 
+    def wait_sharing(self) -> None:
+        """Until it says it shares through the store (started with trimflow_prometheus=127.0.0.1:0)."""
+        port = self.metrics_port()
+        wait_for(lambda: b"trimflow_conversations_file 1" in prometheus_page(port), "the instance sharing through the store")
+
     def records(self) -> list[dict[str, Any]]:
         try:
             lines = self.metrics.read_bytes().splitlines()
@@ -359,6 +364,18 @@ def post(
         conn.request("POST", path, body, {"Content-Type": "application/json", **(headers or {})})
         response = conn.getresponse()
         return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def prometheus_page(port: int) -> bytes:
+    """The Prometheus endpoint's page at `port`; b"" while it does not answer."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", "/metrics")
+        return conn.getresponse().read()
+    except OSError:
+        return b""
     finally:
         conn.close()
 

@@ -8,7 +8,6 @@ is answered by one inline re-send."""
 from __future__ import annotations
 
 import gzip
-import http.client
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -31,28 +30,6 @@ SYSTEM = "You are a careful desktop assistant. Read the screen before you act, t
 EPHEMERAL = {"type": "ephemeral"}
 OTHER_KEY = "sk-ant-test-SECRET-other-tenant-4c2d9e"
 SCREENS = shots(TURNS, seed=41, width=220, height=160)  # noisy PNGs of ~100 KB: within Claude's native size
-
-
-def send_once_rules(path: Any) -> Any:
-    path.write_text("defaults:\n  send_once: true\n")
-    return path
-
-
-@pytest.fixture(scope="module")
-def providers() -> Iterator[tuple[FakeProvider, FakeProvider]]:
-    with FakeProvider(cache=True) as once, FakeProvider(cache=True) as inline:
-        yield once, inline
-
-
-@pytest.fixture(scope="module")
-def proxies(tmp_path_factory: pytest.TempPathFactory, providers: tuple[FakeProvider, FakeProvider]) -> Iterator[tuple[Proxy, Proxy]]:
-    once_provider, inline_provider = providers
-    work = tmp_path_factory.mktemp("send-once")
-    once = Proxy(work / "once", "--mode", f"reverse:{once_provider.url}", rules=send_once_rules(work / "rules.yaml"))
-    inline = Proxy(work / "inline", "--mode", f"reverse:{inline_provider.url}", rules=None)
-    start_all(once.mitm, inline.mitm)
-    yield once, inline
-    stop_all(once.mitm, inline.mitm)
 
 
 def claude_session(url: str, key: str, screens: list[bytes], between: Callable[[int], None] = lambda turn: None) -> list[str]:
@@ -98,9 +75,9 @@ def inline_images(received: Received) -> int:
 
 
 def test_a_claude_session_uploads_each_screenshot_once_and_references_it_on_every_later_turn(
-    providers: tuple[FakeProvider, FakeProvider], proxies: tuple[Proxy, Proxy]
+    send_once_providers: tuple[FakeProvider, FakeProvider], send_once_proxies: tuple[Proxy, Proxy]
 ) -> None:
-    (once_provider, inline_provider), (once, inline) = providers, proxies
+    (once_provider, inline_provider), (once, inline) = send_once_providers, send_once_proxies
     once_provider.clear()
     inline_provider.clear()
     with once.expect_records(TURNS) as once_records, inline.expect_records(TURNS) as inline_records:
@@ -132,9 +109,9 @@ def test_a_claude_session_uploads_each_screenshot_once_and_references_it_on_ever
 
 
 def test_two_keys_sending_the_same_screenshot_never_reference_each_others_files(
-    providers: tuple[FakeProvider, FakeProvider], proxies: tuple[Proxy, Proxy]
+    send_once_providers: tuple[FakeProvider, FakeProvider], send_once_proxies: tuple[Proxy, Proxy]
 ) -> None:
-    once_provider, once = providers[0], proxies[0]
+    once_provider, once = send_once_providers[0], send_once_proxies[0]
     screen = shots(1, seed=77, width=220, height=160)
     once_provider.clear()
     with once.expect_records(2) as records:
@@ -148,9 +125,9 @@ def test_two_keys_sending_the_same_screenshot_never_reference_each_others_files(
 
 
 def test_a_file_deleted_at_the_provider_between_turns_is_answered_by_one_inline_resend(
-    providers: tuple[FakeProvider, FakeProvider], proxies: tuple[Proxy, Proxy]
+    send_once_providers: tuple[FakeProvider, FakeProvider], send_once_proxies: tuple[Proxy, Proxy]
 ) -> None:
-    once_provider, once = providers[0], proxies[0]
+    once_provider, once = send_once_providers[0], send_once_proxies[0]
     screens = shots(3, seed=91, width=220, height=160)
     once_provider.clear()
 
@@ -227,9 +204,9 @@ def openai_session(url: str, screens: list[bytes]) -> list[str]:
 
 
 def test_an_openai_responses_session_references_each_screenshot_by_file_id_keeping_its_detail(
-    tmp_path: Any, providers: tuple[FakeProvider, FakeProvider]
+    tmp_path: Any, send_once_providers: tuple[FakeProvider, FakeProvider]
 ) -> None:
-    once_provider, inline_provider = providers
+    once_provider, inline_provider = send_once_providers
     once = Proxy(tmp_path / "once", "--mode", f"reverse:{once_provider.url}", rules=None, trimflow_send_once="true")
     inline = Proxy(tmp_path / "inline", "--mode", f"reverse:{inline_provider.url}", rules=None)
     start_all(once.mitm, inline.mitm)
@@ -271,9 +248,9 @@ def test_a_file_is_deleted_at_the_provider_when_its_lifetime_ends(tmp_path: Any)
 
 
 def test_a_compressed_body_goes_with_its_references_compressed_as_it_came(
-    providers: tuple[FakeProvider, FakeProvider], proxies: tuple[Proxy, Proxy]
+    send_once_providers: tuple[FakeProvider, FakeProvider], send_once_proxies: tuple[Proxy, Proxy]
 ) -> None:
-    once_provider, once = providers[0], proxies[0]
+    once_provider, once = send_once_providers[0], send_once_proxies[0]
     once_provider.clear()
     shot = shots(1, seed=123, width=220, height=160)[0]
     block = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(shot)}}
@@ -313,24 +290,12 @@ def shared_pair(tmp_path: Any) -> Iterator[tuple[FakeProvider, Proxy, Proxy, Red
     start_all(a.mitm, b.mitm)
     try:
         for proxy in (a, b):
-            port = proxy.metrics_port()
-            wait_for(lambda: b"trimflow_conversations_file 1" in get_metrics(port), "the instance sharing through the store")  # noqa: B023
+            proxy.wait_sharing()
         yield provider, a, b, store
     finally:
         stop_all(a.mitm, b.mitm)
         provider.stop()
         store.stop()
-
-
-def get_metrics(port: int) -> bytes:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        conn.request("GET", "/metrics")
-        return conn.getresponse().read()
-    except OSError:
-        return b""
-    finally:
-        conn.close()
 
 
 def file_keys(store: RedisServer) -> list[bytes]:

@@ -7,8 +7,7 @@ the instances sharing a store for no longer than Gemini keeps it, whatever the l
 
 from __future__ import annotations
 
-import http.client
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -28,28 +27,6 @@ MODEL = "gemini-2.5-flash"
 SYSTEM = "You are a careful desktop assistant. Read the screen before you act, then say which control to use. " * 150
 OTHER_KEY = "AIzaSECRET-google-other-tenant-7e1f"
 SCREENS = shots(TURNS, seed=43, width=220, height=160)  # noisy PNGs of ~100 KB
-
-
-def send_once_rules(path: Any) -> Any:
-    path.write_text("defaults:\n  send_once: true\n")
-    return path
-
-
-@pytest.fixture(scope="module")
-def providers() -> Iterator[tuple[FakeProvider, FakeProvider]]:
-    with FakeProvider(cache=True) as once, FakeProvider(cache=True) as inline:
-        yield once, inline
-
-
-@pytest.fixture(scope="module")
-def proxies(tmp_path_factory: pytest.TempPathFactory, providers: tuple[FakeProvider, FakeProvider]) -> Iterator[tuple[Proxy, Proxy]]:
-    once_provider, inline_provider = providers
-    work = tmp_path_factory.mktemp("send-once-gemini")
-    once = Proxy(work / "once", "--mode", f"reverse:{once_provider.url}", rules=send_once_rules(work / "rules.yaml"))
-    inline = Proxy(work / "inline", "--mode", f"reverse:{inline_provider.url}", rules=None)
-    start_all(once.mitm, inline.mitm)
-    yield once, inline
-    stop_all(once.mitm, inline.mitm)
 
 
 def gemini_session(url: str, key: str, screens: list[bytes], stream: bool = False, between: Callable[[int], None] = lambda turn: None) -> list[str]:
@@ -100,9 +77,9 @@ def uri_of(file: StoredFile) -> str:
 
 
 def test_a_gemini_session_uploads_each_screenshot_once_and_references_it_on_every_later_turn(
-    providers: tuple[FakeProvider, FakeProvider], proxies: tuple[Proxy, Proxy]
+    send_once_providers: tuple[FakeProvider, FakeProvider], send_once_proxies: tuple[Proxy, Proxy]
 ) -> None:
-    (once_provider, inline_provider), (once, inline) = providers, proxies
+    (once_provider, inline_provider), (once, inline) = send_once_providers, send_once_proxies
     once_provider.clear()
     inline_provider.clear()
     with once.expect_records(TURNS) as once_records, inline.expect_records(TURNS) as inline_records:
@@ -130,9 +107,9 @@ def test_a_gemini_session_uploads_each_screenshot_once_and_references_it_on_ever
 
 
 def test_a_gemini_file_deleted_at_the_provider_between_turns_is_answered_by_one_inline_resend(
-    providers: tuple[FakeProvider, FakeProvider], proxies: tuple[Proxy, Proxy]
+    send_once_providers: tuple[FakeProvider, FakeProvider], send_once_proxies: tuple[Proxy, Proxy]
 ) -> None:
-    once_provider, once = providers[0], proxies[0]
+    once_provider, once = send_once_providers[0], send_once_proxies[0]
     screens = shots(3, seed=93, width=220, height=160)
     once_provider.clear()
 
@@ -155,9 +132,9 @@ def test_a_gemini_file_deleted_at_the_provider_between_turns_is_answered_by_one_
 
 
 def test_two_gemini_keys_sending_the_same_screenshot_never_reference_each_others_files(
-    providers: tuple[FakeProvider, FakeProvider], proxies: tuple[Proxy, Proxy]
+    send_once_providers: tuple[FakeProvider, FakeProvider], send_once_proxies: tuple[Proxy, Proxy]
 ) -> None:
-    once_provider, once = providers[0], proxies[0]
+    once_provider, once = send_once_providers[0], send_once_proxies[0]
     screen = shots(1, seed=79, width=220, height=160)
     once_provider.clear()
     with once.expect_records(4) as records:
@@ -169,17 +146,6 @@ def test_two_gemini_keys_sending_the_same_screenshot_never_reference_each_others
         assert set(file_uris(received)) == own[owner_of(received.headers, received.query)]
     assert [(r["uploaded"], r["by_reference"], r["references_refused"]) for r in records] == [(1, 1, 0), (1, 1, 0), (0, 1, 0), (0, 1, 0)]
     assert len(upload_starts(once_provider)) == 2
-
-
-def get_metrics(port: int) -> bytes:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        conn.request("GET", "/metrics")
-        return conn.getresponse().read()
-    except OSError:
-        return b""
-    finally:
-        conn.close()
 
 
 def test_a_gemini_file_is_shared_for_less_than_the_48_hours_gemini_keeps_it_whatever_the_lifetime(tmp_path: Any) -> None:
@@ -197,8 +163,7 @@ def test_a_gemini_file_is_shared_for_less_than_the_48_hours_gemini_keeps_it_what
             proxy = Proxy(tmp_path / "proxy", "--mode", f"reverse:{provider.url}", rules=None, **options)
             start_all(proxy.mitm)
             try:
-                port = proxy.metrics_port()
-                wait_for(lambda: b"trimflow_conversations_file 1" in get_metrics(port), "the instance sharing through the store")
+                proxy.wait_sharing()
                 with proxy.expect_records(1) as records:
                     gemini_session(proxy.url, GOOGLE_KEY, shots(1, seed=97, width=220, height=160))
                 assert records[0]["uploaded"] == 1
