@@ -368,6 +368,18 @@ def post(
         conn.close()
 
 
+def deleting_before_turn_two(provider: FakeProvider, key: str, screen: bytes) -> Callable[[int], None]:
+    """A session's `between` callback that deletes the file `key` uploaded for `screen` at the provider before turn 2,
+    as a provider that lost or expired it."""
+
+    def delete(turn: int) -> None:
+        if turn == 2:
+            (uploaded,) = [f for f in provider.files.files(key) if f.data == screen]
+            assert provider.files.delete(uploaded.file_id)
+
+    return delete
+
+
 def prometheus_page(port: int) -> bytes:
     """The Prometheus endpoint's page at `port`; b"" while it does not answer."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)

@@ -21,7 +21,7 @@ from trimflow.testing import FakeProvider, Received, b64
 from trimflow.testing._fake_files import owner_of
 
 from ..helpers import RedisServer, wait_for
-from .helpers import ANTHROPIC_KEY, OPENAI_KEY, Proxy, direct_http_client, post, shots, start_all, stop_all
+from .helpers import ANTHROPIC_KEY, OPENAI_KEY, Proxy, deleting_before_turn_two, direct_http_client, post, shots, start_all, stop_all
 
 pytestmark = pytest.mark.e2e
 
@@ -131,13 +131,8 @@ def test_a_file_deleted_at_the_provider_between_turns_is_answered_by_one_inline_
     screens = shots(3, seed=91, width=220, height=160)
     once_provider.clear()
 
-    def delete_the_first(turn: int) -> None:
-        if turn == 2:
-            (first,) = [f for f in once_provider.files.files(ANTHROPIC_KEY) if f.data == screens[0]]
-            assert once_provider.files.delete(first.file_id)
-
     with once.expect_records(3) as records:
-        claude_session(once.url, ANTHROPIC_KEY, screens, between=delete_the_first)
+        claude_session(once.url, ANTHROPIC_KEY, screens, between=deleting_before_turn_two(once_provider, ANTHROPIC_KEY, screens[0]))
     assert [r["status"] for r in records] == [200, 200, 200]
     assert records[1]["references_refused"] == 1 and records[1]["by_reference"] == 0
     messages = turns(once_provider, "/v1/messages")

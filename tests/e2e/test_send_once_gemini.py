@@ -18,7 +18,7 @@ from trimflow.testing import FakeProvider, Received, b64
 from trimflow.testing._fake_files import StoredFile, owner_of
 
 from ..helpers import RedisServer, wait_for
-from .helpers import GOOGLE_KEY, Proxy, genai_client_args, shots, start_all, stop_all
+from .helpers import GOOGLE_KEY, Proxy, deleting_before_turn_two, genai_client_args, shots, start_all, stop_all
 
 pytestmark = pytest.mark.e2e
 
@@ -113,13 +113,8 @@ def test_a_gemini_file_deleted_at_the_provider_between_turns_is_answered_by_one_
     screens = shots(3, seed=93, width=220, height=160)
     once_provider.clear()
 
-    def delete_the_first(turn: int) -> None:
-        if turn == 2:
-            (first,) = [f for f in once_provider.files.files(GOOGLE_KEY) if f.data == screens[0]]
-            assert once_provider.files.delete(first.file_id)
-
     with once.expect_records(3) as records:
-        answers = gemini_session(once.url, GOOGLE_KEY, screens, stream=True, between=delete_the_first)
+        answers = gemini_session(once.url, GOOGLE_KEY, screens, stream=True, between=deleting_before_turn_two(once_provider, GOOGLE_KEY, screens[0]))
     assert all(answers)
     assert [r["status"] for r in records] == [200, 200, 200]
     assert records[1]["references_refused"] == 1 and records[1]["by_reference"] == 0

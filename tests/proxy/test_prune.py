@@ -223,8 +223,7 @@ async def test_a_request_needing_nothing_goes_first_and_gets_its_record_once_its
 async def test_a_deferred_record_is_logged_on_the_timer_that_completes_it(addon) -> None:
     # The record of a request that needed nothing is completed FLUSH_DELAY after its answer, and its line and JSONL
     # record go then, on that one timer: not FLUSH_DELAY later again.
-    written: list[int | None] = []
-    addon.get(proxy.Metrics).listeners.append(lambda record, error: written.append(record.turn))
+    written = turns_written(addon)
     flow = llm_flow(turns=2)
     await requested_only(addon, flow)
     flow.response = json_answer()
@@ -236,8 +235,7 @@ async def test_a_deferred_record_is_logged_on_the_timer_that_completes_it(addon)
 async def test_an_answer_counted_at_once_comes_after_the_answers_still_waiting(addon) -> None:
     # The cache breaks read a conversation's answers in order: a changed turn answered while the answer before it waits
     # for its line (FLUSH_DELAY) is counted after that one, not before.
-    counted: list[int | None] = []
-    addon.get(proxy.Metrics).listeners.append(lambda record, error: counted.append(record.turn))
+    counted = turns_written(addon)
     first = llm_flow(turns=2)
     await requested_only(addon, first)
     first.response = json_answer()
@@ -416,6 +414,13 @@ async def test_a_turn_worked_out_after_its_answer_is_timed_as_it_was_sent(addon,
     state = addon.flows.get(flow)
     assert flow.metadata["trimflow"]["turn"] == 1 and state.history_line.sent_at == 1_000_000.0
     assert flow.metadata["trimflow"]["ts"] == utc_timestamp(1_000_000.0)  # where its OpenTelemetry span starts
+
+
+def turns_written(addon) -> list[int | None]:
+    """The turns of the records the metrics addon writes from now on, in the order it writes them."""
+    written: list[int | None] = []
+    addon.get(proxy.Metrics).listeners.append(lambda record, error: written.append(record.turn))
+    return written
 
 
 async def requested_only(addon, flow) -> None:
