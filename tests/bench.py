@@ -70,7 +70,8 @@ from tests.mitmdump import Mitmdump, stop_process
 from tests.research.cache_sessions import REFERENCE_SESSIONS, SCREEN, ReferenceSession, desktop_screenshot
 from tests.research.optimum import batch_floor, price_for, priced_optima, ratios, session_cap
 from tests.research.policy_runner import POLICIES, run_policy
-from trimflow._clicks import ClickStream, Screen, map_answer
+from trimflow._click_stream import ClickStream
+from trimflow._clicks import Screen, map_answer
 from trimflow._conversation import Conversations
 from trimflow._engine import prune_request
 from trimflow._imageinfo import ImageInfo, sniff_base64

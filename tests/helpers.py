@@ -24,6 +24,7 @@ from mitmproxy.proxy.layers import http as http_layer
 from mitmproxy.proxy.layers import websocket as websocket_layer
 
 from trimflow import Limits, proxy
+from trimflow._clicks import Screen
 from trimflow._rules import Rules, builtin_rules
 from trimflow._rules_file import RulesFile
 from trimflow.testing import PATHS
@@ -322,3 +323,8 @@ class RedisServer:
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait(10)
+
+
+# Computer-use screens the clicks tests map through (trimflow._clicks.Screen): the screenshot went at 2000x1125.
+CLAUDE_SCREEN = Screen("anthropic", "computer", (2000, 1125), (2560, 1440))  # x and y times 1.28
+OPENAI_SCREEN = Screen("openai-responses", None, (2000, 1125), (5120, 2880))  # times 2.56

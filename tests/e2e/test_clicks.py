@@ -22,7 +22,7 @@ import orjson
 import pytest
 from PIL import Image, ImageDraw
 
-from trimflow._clicks import OVER_ANSWER
+from trimflow._click_stream import OVER_ANSWER
 from trimflow.testing import FakeProvider, b64, image
 from trimflow.testing._clicking import OTHER_TOOL, SAYS, SSE, ClickingModel, find
 from trimflow.testing._fake_usage import FakeUsage

@@ -14,7 +14,7 @@ from mitmproxy import flow as mitmproxy_flow
 from mitmproxy import http
 from mitmproxy.test import tutils
 
-from trimflow import _clicks, proxy
+from trimflow import _click_stream, _clicks, proxy
 from trimflow.testing import b64, image
 
 from ..helpers import answer_sent, requested
@@ -196,9 +196,9 @@ async def test_answers_past_the_budget_pass_unmapped_with_one_line_and_the_recor
             shrinking.response(flow)
     await answer_sent()
     assert clicks.held.held == 0
-    assert [(r["clicks_mapped"], r["clicks_unmapped"]) for r in records_of(shrinking)] == [(1, None), (1, None), (0, _clicks.OVER_BUDGET)]
+    assert [(r["clicks_mapped"], r["clicks_unmapped"]) for r in records_of(shrinking)] == [(1, None), (1, None), (0, _click_stream.OVER_BUDGET)]
     lines = [r.getMessage() for r in caplog.records if "unmapped" in r.getMessage()]
-    assert lines == [f"trimflow: api.anthropic.com/v1/messages computer-use answer passed unmapped: {_clicks.OVER_BUDGET}"]
+    assert lines == [f"trimflow: api.anthropic.com/v1/messages computer-use answer passed unmapped: {_click_stream.OVER_BUDGET}"]
 
 
 async def test_an_answer_that_fails_midway_gives_its_share_back(shrinking) -> None:

@@ -6,7 +6,7 @@ it to the provider's successful answer on its way to the agent: a streamed one (
 ClickStream set as the response's stream callable in `responseheaders` (before the metrics addon, which reads the
 usage first and hands it the events), a JSON one in `response` (before the metrics addon, which then records
 `clicks_mapped`), in a worker thread when it is large or compressed. What the mapping holds is bounded per answer
-and by one budget across all answers (`held`, trimflow._clicks.HeldBytes). An answer it cannot read, or past
+and by one budget across all answers (`held`, trimflow._click_stream.HeldBytes). An answer it cannot read, or past
 those bounds, passes as it came, with one log line and the reason in the record's `clicks_unmapped`. Nothing from
 the answer outlives the flow. `trimflow_clicks=false` turns the mapping off (for an agent that maps coordinates
 itself).
@@ -22,7 +22,8 @@ from collections.abc import Coroutine
 from mitmproxy import ctx, http
 from mitmproxy.addonmanager import Loader
 
-from .._clicks import OVER_BUDGET, ClickStream, HeldBytes, Malformed, map_answer
+from .._click_stream import OVER_BUDGET, ClickStream, HeldBytes
+from .._clicks import Malformed, map_answer
 from .._decode import DecodeError, decode_body, is_identity
 from .state import SharedState, path_of
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from mitmproxy import ctx, http
 from mitmproxy.addonmanager import Loader
 
-from .._clicks import ClickStream
+from .._click_stream import ClickStream
 from .._decode import DecodeError, decode_body
 from .._metrics_file import MetricsFile
 from .._record import Record
