@@ -748,19 +748,25 @@ def text_session_figures(workdir: Path, upstream: Upstream, settings: Settings, 
     ]
 
 
+FLOOR_ADDON = Path(__file__).with_name("floor_addon.py")  # a body-reading addon at its floor (its docstring)
+
+
 def _loopback_turns(
-    workdir: Path, upstream: Upstream, session: list[bytes], runs: int, cpu: dict[str, float] | None = None
+    workdir: Path, upstream: Upstream, session: list[bytes], runs: int, cpu: dict[str, float] | None = None, *, floor: bool = False
 ) -> dict[str, list[float]]:
-    """Turn times (ms) through a fresh mitmdump with the addon and a fresh plain one, both straight to the upstream:
-    each turn to one then the other (who goes first alternates), after the same idle time. `cpu`, when given, gets each
-    process's CPU milliseconds per request over the timed turns (what it does after an answer included)."""
-    names = ("addon", "plain")
+    """Turn times (ms) through a fresh mitmdump with the addon and a fresh plain one (and with `floor`, a third running
+    FLOOR_ADDON), all straight to the upstream: each turn to one then the next (the order reverses every turn), after
+    the same idle time. `cpu`, when given, gets each process's CPU milliseconds per request over the timed turns (what
+    it does after an answer included)."""
+    names = ("addon", "plain", "floor") if floor else ("addon", "plain")
     times: dict[str, list[float]] = {name: [] for name in names}
     received: dict[str, int] = dict.fromkeys(names, 0)
     with contextlib.ExitStack() as stack:
         clients, pids = {}, {}
         for name in names:
-            proxy = start_proxy(workdir / f"text-loopback-{name}", name, upstream, addon=name == "addon")
+            scripts = ["-s", str(FLOOR_ADDON)] if name == "floor" else []
+            mitmdump = Mitmdump(workdir / f"text-loopback-{name}", "--mode", f"reverse:{upstream.url}", *scripts, addon=name == "addon")
+            proxy = Proxy(name, mitmdump.start())
             stack.callback(proxy.mitmdump.stop)
             client = Client(proxy.mitmdump.port)
             stack.callback(client.close)
@@ -784,7 +790,7 @@ def _loopback_turns(
         if cpu is not None:
             for name, pid in pids.items():
                 cpu[name] = (_cpu_seconds(pid) - cpu_before[name]) * 1000 / (runs * len(session))
-    if received["addon"] != received["plain"]:
+    if len(set(received.values())) != 1:
         raise RuntimeError("the addon changed a text session that needs nothing")
     return times
 
@@ -795,7 +801,8 @@ TEXT_FLOOR_KB = 890  # the coding agent's chat body the proxy's floor is measure
 def text_floor_figures(workdir: Path, upstream: Upstream, settings: Settings, say: Callable[[str], None]) -> list[Figure]:
     """On loopback, where nothing hides what the addon costs: a coding agent's text body and the text session's turns
     (nothing to change) through mitmdump with the addon, against plain mitmdump plus the engine's own time on the same
-    body (in process); and the CPU each process spends per request."""
+    body (in process); and the CPU each process spends per request, beside a third mitmdump running FLOOR_ADDON (what
+    any addon that reads the body pays)."""
     body = coding_session(FORMAT, _turns_for(FORMAT, TEXT_FLOOR_KB * 1024))
     session = [coding_session(FORMAT, turn) for turn in range(1, settings.text_session_turns + 1)]
     figures: list[Figure] = []
@@ -804,21 +811,25 @@ def text_floor_figures(workdir: Path, upstream: Upstream, settings: Settings, sa
         ("body", [body], settings.latency_reps, f"{len(body) // 1024} KB coding-agent chat body"),
         ("session", session, settings.text_session_runs, f"{len(session)}-turn text session, {sizes}"),
     ):
-        say(f"text at the floor, loopback: {what}, with the addon and plain, side by side")
+        say(f"text at the floor, loopback: {what}, with the addon, plain and the floor addon, side by side")
         cpu: dict[str, float] = {}
-        times = _loopback_turns(workdir / f"floor-{key}", upstream, bodies, runs, cpu)
+        times = _loopback_turns(workdir / f"floor-{key}", upstream, bodies, runs, cpu, floor=True)
         engine = statistics.median(
             interleaved_ms(settings.text_reps, _text_engine(FORMAT, b), loops=[max(1, round(4 * MB / len(b)))])[0] for b in bodies
         )
-        a, p = statistics.median(times["addon"]), statistics.median(times["plain"])
+        a, p, f = (statistics.median(times[name]) for name in ("addon", "plain", "floor"))
         figures += [
             Figure(f"text_floor_{key}_addon_ms", f"loopback with addon, {what} (median)", a, "ms"),
             Figure(f"text_floor_{key}_plain_ms", "loopback plain mitmdump, same (median)", p, "ms"),
+            Figure(f"text_floor_{key}_floor_ms", "loopback, mitmdump with an addon that parses the body, logs a line (median)", f, "ms"),
             Figure(f"text_floor_{key}_engine_ms", "the engine's own time on the same, in process (median)", engine, "ms"),
             Figure(f"text_floor_{key}_ratio", "addon / (plain + engine), medians", a / (p + engine), "x", 1.10),
             Figure(f"text_floor_{key}_cpu_addon_ms", "CPU per request, mitmdump with addon", cpu["addon"], "ms"),
             Figure(f"text_floor_{key}_cpu_plain_ms", "CPU per request, plain mitmdump", cpu["plain"], "ms"),
             Figure(f"text_floor_{key}_cpu_ratio", "CPU per request, addon / plain", cpu["addon"] / cpu["plain"], "x", 1.5),
+            Figure(f"text_floor_{key}_cpu_floor_ms", "CPU per request, mitmdump with an addon that parses the body, logs a line", cpu["floor"], "ms"),
+            Figure(f"text_floor_{key}_cpu_floor_ratio", "CPU per request, that addon / plain", cpu["floor"] / cpu["plain"], "x"),
+            Figure(f"text_floor_{key}_cpu_over_floor", "CPU per request, trimflow / that addon", cpu["addon"] / cpu["floor"], "x"),
         ]
     return figures
 
