@@ -187,6 +187,7 @@ def apply(raw: bytes, edits: list[Edit]) -> bytes:
 
 
 def read_json(data: bytes | str) -> Any:
+    """An answer's JSON (or an event's, or a tool input's); Malformed when it is not JSON."""
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError as exc:
