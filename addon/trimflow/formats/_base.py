@@ -127,6 +127,16 @@ def replace_parts(body: dict[str, Any], texts: Mapping[JsonPath, str], make_part
     return rebuild(body, edits)
 
 
+def text_part(old: Any, text: str) -> dict[str, Any]:
+    """A `{"type": "text"}` part in place of `old` (Anthropic's blocks, OpenAI chat's content parts), keeping the
+    `cache_control` breakpoint `old` carried, so that the cached prefix ends where it did. Gateways that route chat
+    requests to Claude (OpenRouter, LiteLLM) take Anthropic's breakpoints on chat content parts too."""
+    part: dict[str, Any] = {"type": "text", "text": text}
+    if isinstance(old, dict) and "cache_control" in old:
+        part["cache_control"] = old["cache_control"]
+    return part
+
+
 def replace_images(body: dict[str, Any], images: Mapping[JsonPath, tuple[str, str]], make_part: Callable[[Any, str, str], Any]) -> dict[str, Any]:
     """Replace each part at a path of `images` with make_part(old_part, base64, mime)."""
     edits = {path: (lambda old, new=new: make_part(old, *new)) for path, new in images.items()}

@@ -23,6 +23,7 @@ from ._base import (
     never,
     replace_images,
     replace_parts,
+    text_part,
 )
 
 NAME = "anthropic"
@@ -82,15 +83,8 @@ def _add(found: list[Media], path: JsonPath, block: dict[str, Any], origin: str)
         found.append(Media(kind, path, None, 0, None, None, origin))  # url or file id: fetched by the provider
 
 
-def _text_block(old: Any, text: str) -> dict[str, Any]:
-    block: dict[str, Any] = {"type": "text", "text": text}
-    if isinstance(old, dict) and "cache_control" in old:
-        block["cache_control"] = old["cache_control"]
-    return block
-
-
 def replace_media(body: dict[str, Any], texts: Mapping[JsonPath, str]) -> dict[str, Any]:
-    return replace_parts(body, texts, _text_block)
+    return replace_parts(body, texts, text_part)
 
 
 def _with_image(block: Any, data: str, mime: str) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._media import AGENT, DOCUMENT, IMAGE, TOOL, USER, JsonPath, Media, data_url
-from ._base import HistoryParts, append_notes, dicts, listed, never, replace_images, replace_parts, url_media, user_or_agent
+from ._base import HistoryParts, append_notes, dicts, listed, never, replace_images, replace_parts, text_part, url_media, user_or_agent
 
 NAME = "openai-chat"
 
@@ -82,17 +82,8 @@ def _part_media(path: JsonPath, part: dict[str, Any], origin: str = USER) -> Med
     return None
 
 
-def _text_part(old: Any, text: str) -> dict[str, Any]:
-    part: dict[str, Any] = {"type": "text", "text": text}
-    # Gateways that route chat requests to Claude (OpenRouter, LiteLLM) take Anthropic's cache breakpoints
-    # on content parts: the placeholder keeps the one its image carried, so the cached prefix ends where it did.
-    if isinstance(old, dict) and "cache_control" in old:
-        part["cache_control"] = old["cache_control"]
-    return part
-
-
 def replace_media(body: dict[str, Any], texts: Mapping[JsonPath, str]) -> dict[str, Any]:
-    return replace_parts(body, texts, _text_part)
+    return replace_parts(body, texts, text_part)
 
 
 def _with_image(part: Any, data: str, mime: str) -> dict[str, Any]:
