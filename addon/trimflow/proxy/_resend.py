@@ -5,10 +5,10 @@
   those in flight for a client whose connection has closed. The send-once addon sends its uploads this way too
   (with a deadline), and its deletions for no client (`detached_client`).
 - `extend_size_check` makes mitmproxy's HTTP layer stream an error answer held back from the client
-  (`held_answers`) once it passes ANSWER_MAX, as it streams any answer past `stream_large_bodies`. The layer is
-  mitmproxy's class, shared by the whole process: it is extended while a HoldErrorAnswers addon runs (its
-  `running` hook) and mitmproxy's own method is put back when the last one is done (`restore_size_check`);
-  nothing here changes mitmproxy when imported.
+  (`held_answers`) once it passes ANSWER_MAX, as it streams any answer past `stream_large_bodies`
+  (`held_answer_body` reads one that stayed within it). The layer is mitmproxy's class, shared by the whole
+  process: it is extended while a HoldErrorAnswers addon runs (its `running` hook) and mitmproxy's own method is
+  put back when the last one is done (`restore_size_check`); nothing here changes mitmproxy when imported.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from mitmproxy.connection import ConnectionState
 from mitmproxy.proxy import commands
 from mitmproxy.proxy.layers import http as http_layers
 
+from .._decode import DecodeError, decode_body
 from .._limit_errors import ANSWER_MAX
 
 log = logging.getLogger("trimflow")
@@ -55,6 +56,19 @@ class HeldAnswer:
 
 
 held_answers: weakref.WeakKeyDictionary[http.HTTPFlow, HeldAnswer] = weakref.WeakKeyDictionary()
+
+
+def held_answer_body(response: http.Response) -> bytes | None:
+    """A held error answer's body, decoded within ANSWER_MAX; None when it passed that (it went on streamed, or is
+    too long to read) or cannot be decoded."""
+    raw = response.raw_content
+    if raw is None or len(raw) > ANSWER_MAX:
+        return None
+    try:
+        return decode_body(raw, response.headers.get("content-encoding"), ANSWER_MAX)
+    except DecodeError:
+        return None
+
 
 _extended_by = 0  # the addons running with the size check extended: mitmproxy's is back when none is left
 _mitmproxy_check: Callable[..., Any] | None = None  # HttpStream's own size check, while extended

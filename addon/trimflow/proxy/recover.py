@@ -48,7 +48,7 @@ from .._limit_profiles import check_request
 from .._record import TURN, Record
 from ..errors import RulesError
 from ..formats import counted_turn_path
-from ._resend import HeldAnswer, cancel_retries, extend_size_check, held_answers, resend, restore_size_check
+from ._resend import HeldAnswer, cancel_retries, extend_size_check, held_answer_body, held_answers, resend, restore_size_check
 from .comment import flow_comment
 from .options import confdir_path, exits_at_startup
 from .prune import plain_headers
@@ -312,14 +312,8 @@ class Recover:
                 log.info("trimflow: %s %s=%d for %s at %s (%s)", where, lesson.limit, lesson.value, for_what, upstream, lesson.source)
 
     def _limit_error(self, response: http.Response, host: str) -> LimitError | None:
-        raw = response.raw_content
-        if raw is None or len(raw) > ANSWER_MAX:
-            return None
-        try:
-            body = decode_body(raw, response.headers.get("content-encoding"), ANSWER_MAX)
-        except DecodeError:
-            return None
-        return self.patterns.recognise(response.status_code, body, host)
+        body = held_answer_body(response)
+        return None if body is None else self.patterns.recognise(response.status_code, body, host)
 
     def _rule_limits(self, state: FlowState, model: str | None) -> Limits:
         """The limits the request's rule gives (a token count's: its turn's)."""

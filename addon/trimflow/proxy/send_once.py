@@ -75,7 +75,7 @@ from .._send_once import (
     with_references,
 )
 from .._state_store import RedisState, StoredFile
-from ._resend import HeldAnswer, detached_client, held_answers, resend, size_check_extended
+from ._resend import HeldAnswer, detached_client, held_answer_body, held_answers, resend, size_check_extended
 from .comment import flow_comment
 from .options import exits_at_startup
 from .prune import plain_headers
@@ -483,12 +483,8 @@ class SendOnce:
         response = flow.response
         if sent is None or response is None or response.stream or response.status_code not in REFUSAL_STATUSES:
             return None
-        raw = response.raw_content
-        if raw is None or len(raw) > ANSWER_MAX:
-            return None
-        try:
-            answer = decode_body(raw, response.headers.get("content-encoding"), ANSWER_MAX)
-        except DecodeError:
+        answer = held_answer_body(response)
+        if answer is None:
             return None
         refused = refused_ids(response.status_code, answer, sent.file_ids)
         return self._send_inline(flow, sent, refused) if refused else None
