@@ -253,11 +253,12 @@ class Proxy:
         wait_for(lambda: b"trimflow_conversations_file 1" in prometheus_page(port), "the instance sharing through the store")
 
     def records(self) -> list[dict[str, Any]]:
+        """The records whose lines are whole: mitmdump may be writing the next one as it is read."""
         try:
-            lines = self.metrics.read_bytes().splitlines()
+            data = self.metrics.read_bytes()
         except FileNotFoundError:
             return []
-        return [orjson.loads(line) for line in lines if line.strip()]
+        return [orjson.loads(line) for line in data[: data.rfind(b"\n") + 1].splitlines() if line.strip()]
 
     def settled_records(self, quiet: float = 0.1, timeout: float = 10.0) -> list[dict[str, Any]]:
         """The records once none has come for `quiet` seconds: the addon writes a flow's record just
