@@ -250,7 +250,7 @@ class Proxy:
     def wait_sharing(self) -> None:
         """Until it says it shares through the store (started with trimflow_prometheus=127.0.0.1:0)."""
         port = self.metrics_port()
-        wait_for(lambda: b"trimflow_conversations_file 1" in prometheus_page(port), "the instance sharing through the store")
+        wait_for(lambda: b"trimflow_conversations_file 1" in loopback_get(port, "/metrics")[1], "the instance sharing through the store")
 
     def records(self) -> list[dict[str, Any]]:
         """The records whose lines are whole: mitmdump may be writing the next one as it is read."""
@@ -381,14 +381,15 @@ def deleting_before_turn_two(provider: FakeProvider, key: str, screen: bytes) ->
     return delete
 
 
-def prometheus_page(port: int) -> bytes:
-    """The Prometheus endpoint's page at `port`; b"" while it does not answer."""
+def loopback_get(port: int, path: str) -> tuple[int, bytes]:
+    """GET on loopback, never through a proxy the environment names: (status, body), (0, b"") while nothing answers."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     try:
-        conn.request("GET", "/metrics")
-        return conn.getresponse().read()
+        conn.request("GET", path)
+        response = conn.getresponse()
+        return response.status, response.read()
     except OSError:
-        return b""
+        return 0, b""
     finally:
         conn.close()
 

@@ -19,7 +19,6 @@ health check, a record), never a fixed sleep.
 from __future__ import annotations
 
 import csv
-import http.client
 import io
 import itertools
 import os
@@ -44,7 +43,7 @@ from trimflow.testing import FakeProvider, Session, replay
 from ..helpers import RedisServer, wait_for
 from ..mitmdump import ADDON, Mitmdump
 from ..research.cache_sessions import REFERENCE_SESSIONS
-from .helpers import ROOT, Proxy, image_payloads, post, session, shots, start_all, start_wrong, stop_all, write_rules
+from .helpers import ROOT, Proxy, image_payloads, loopback_get, post, session, shots, start_all, start_wrong, stop_all, write_rules
 
 pytestmark = pytest.mark.e2e
 
@@ -64,19 +63,6 @@ def server_binary(name: str) -> str:
     if os.environ.get(REQUIRE_VARIABLE) == "1":
         pytest.fail(f"{MISSING.format(name=name)} ({REQUIRE_VARIABLE}=1)", pytrace=False)
     pytest.skip(MISSING.format(name=name))
-
-
-def get(port: int, path: str) -> tuple[int, bytes]:
-    """GET on loopback, never through a proxy the environment names."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        conn.request("GET", path)
-        response = conn.getresponse()
-        return response.status, response.read()
-    except OSError:
-        return 0, b""
-    finally:
-        conn.close()
 
 
 class Server:
@@ -140,10 +126,10 @@ class Prometheus(Server):
             return int(found.group(1)) if found else None
 
         self.port = wait_for(listening, "Prometheus listening")
-        wait_for(lambda: self.alive() and get(self.port, "/-/ready")[0] == 200, "ready Prometheus")
+        wait_for(lambda: self.alive() and loopback_get(self.port, "/-/ready")[0] == 200, "ready Prometheus")
 
     def query(self, promql: str) -> list[dict[str, Any]]:
-        status, body = get(self.port, "/api/v1/query?" + urlencode({"query": promql}))
+        status, body = loopback_get(self.port, "/api/v1/query?" + urlencode({"query": promql}))
         assert status == 200, body
         answer = orjson.loads(body)
         assert answer["status"] == "success", answer
@@ -306,7 +292,7 @@ class HAProxy(Server):
 
     def states(self) -> dict[tuple[str, str], str]:
         """(backend, server) -> UP, DOWN, ... from the stats page's CSV."""
-        status, body = get(self.stats, "/stats;csv")
+        status, body = loopback_get(self.stats, "/stats;csv")
         if status != 200:
             return {}
         rows = csv.DictReader(io.StringIO(body.decode().lstrip("# ")))
@@ -404,7 +390,7 @@ def test_a_limit_learned_through_one_instance_holds_on_the_other(team: Team) -> 
     # Each instance's /metrics says the limit holds (the file), and which one learned it.
     learned = {}
     for name, port in team.metrics_ports.items():
-        text = get(port, "/metrics")[1].decode()
+        text = loopback_get(port, "/metrics")[1].decode()
         held = re.search(r"^trimflow_learned_limits (\S+)$", text, re.M)
         by_this = re.search(r"^trimflow_limits_learned_total (\S+)$", text, re.M)
         assert held is not None and by_this is not None
