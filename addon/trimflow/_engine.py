@@ -326,7 +326,8 @@ def _prune(
 
     def history() -> History | None:
         try:
-            made = history_of(host, headers, module.history(parsed), [m.path for m in media], doc.unstubbed if doc.is_skeleton else None, arrivals)
+            unstub, whole = (doc.unstubbed, None) if doc.is_skeleton else (None, body)
+            made = history_of(host, headers, module.history(parsed), [m.path for m in media], unstub, arrivals, body=whole)
         except Exception:  # noqa: BLE001 - a request left unnumbered, never a request lost
             return None
         made.asked_lifetime = functools.partial(_asked_lifetime, module, parsed)

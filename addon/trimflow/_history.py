@@ -36,6 +36,7 @@ import orjson
 from ._body import Payload
 from ._media import JsonPath, Media
 from ._placeholder import PLACEHOLDER_PREFIX
+from ._seen_prefixes import SeenPrefixes
 from .formats import HistoryParts
 
 # Headers agents use for a session id (lower case).
@@ -203,11 +204,13 @@ def history_of(
     media_paths: Iterable[JsonPath],
     unstub: Unstub | None,
     images: Images | None = None,
+    *,
+    body: bytes | None = None,
 ) -> History:
     """A request's History: `parts` is its format's view of the body (formats' `history`), `media_paths` every
     media part the format found (left out of the digests), `unstub` puts the payloads a skeleton left out back
-    into JSON written from it (trimflow._body: ParsedBody.unstubbed; None for a body parsed whole, which has none) and
-    `images` are its images."""
+    into JSON written from it (trimflow._body: ParsedBody.unstubbed; None for a body parsed whole, which has none),
+    `images` are its images and `body` the bytes `parts` were parsed from (None: not known)."""
     root = len(parts.path)
     media: dict[int, list[JsonPath]] = {}
     for path in media_paths:
@@ -216,7 +219,18 @@ def history_of(
             media.setdefault(index, []).append(tuple(path[root + 1 :]))
     canonical = _Canonical(unstub)
     head = canonical.of(parts.head, None)
-    messages, first = canonical.digests(parts.items, media)
+    items = parts.items
+    if body is not None and unstub is None and not media and items:
+        # A text body parsed whole: the messages it shares with a body seen before keep their digests (trimflow._seen_prefixes).
+        first = canonical.message(items[0], None)
+        origin = _origin(head, first)
+        key = (host, parts.path, origin)
+        match = SEEN.match(key, body, len(items))
+        messages, _ = canonical.digests(items, media, match.digests, first)
+        SEEN.remember(key, body, items, messages, _written(items), match)
+    else:
+        messages, first = canonical.digests(items, media)
+        origin = _origin(head, first)
     previous = parts.request.get("previous_response_id")
     tools = next((parts.request[name] for name in TOOLS_FIELDS if parts.request.get(name)), None)
     return History(
@@ -224,11 +238,25 @@ def history_of(
         session_key(headers, parts.request),
         hash(head),
         messages,
-        hashlib.blake2b(head + b"\0" + first, digest_size=8).digest(),
+        origin,
         digest(b"r", previous.encode()) if isinstance(previous, str) and previous else None,
         images,
         _tools_digest(tools) if tools is not None else 0,
     )
+
+
+def _origin(head: bytes, first: bytes) -> bytes:
+    return hashlib.blake2b(head + b"\0" + first, digest_size=8).digest()
+
+
+def _written(items: list[Any]) -> Callable[[int], bytes | None]:
+    def written(i: int) -> bytes | None:
+        try:
+            return orjson.dumps(items[i])
+        except (orjson.JSONEncodeError, TypeError):
+            return None
+
+    return written
 
 
 def _tools_digest(tools: Any) -> int:
@@ -266,38 +294,45 @@ class _Canonical:
             return self._unstub(_dumps(self._canonical(_without(item, media) if media else item)))
         return self._unstub(raw)
 
-    def digests(self, items: list[Any], media: Mapping[int, list[JsonPath]]) -> tuple[list[int], bytes]:
-        """Every message's digest, and the first message's JSON (the origin's). Each message is written and hashed in
-        turn: its JSON is hashed while the CPU's cache still holds it, and its buffer is reused for the next one (writing
-        them all, then hashing them, would read every byte back from memory)."""
+    def digests(
+        self, items: list[Any], media: Mapping[int, list[JsonPath]], shared: Sequence[int] = (), first: bytes | None = None
+    ) -> tuple[list[int], bytes]:
+        """Every message's digest, and the first message's JSON (the origin's; `first` when given). `shared`: the
+        digests of the first messages, known already. Each message is written and hashed in turn: its JSON is hashed
+        while the CPU's cache still holds it, and its buffer is reused for the next one (writing them all, then hashing
+        them, would read every byte back from memory)."""
+        known = len(shared)
         if self._whole and not media:
             # A body parsed whole, no media in it (a text body): a message's JSON as orjson writes it is what is hashed,
             # unless it holds what a digest leaves out. Agents send the whole history every turn: a message whose JSON
             # was seen clean before is clean again, and only the others (the new ones) take the general path.
+            checked = known or int(first is not None)  # digests known to be what the general path gives
             try:
-                first = orjson.dumps(items[0]) if items else b""
-                digests = [hash(first)] if items else []
-                digests += [hash(orjson.dumps(item)) for item in itertools.islice(items, 1, None)]
+                if known or not items:
+                    digests = list(shared)
+                else:
+                    first = first if first is not None else orjson.dumps(items[0])
+                    digests = [hash(first)]
+                digests += [hash(orjson.dumps(item)) for item in itertools.islice(items, len(digests), None)]
             except (orjson.JSONEncodeError, TypeError):
                 pass
             else:
-                for i, value in enumerate(digests):
-                    if value not in _CLEAN:
-                        raw = self._message(items[i], None)
+                for i in range(checked, len(digests)):
+                    if digests[i] not in _CLEAN:
+                        raw = self.message(items[i], None)
                         digests[i] = hash(raw)
                         if i == 0:
                             first = raw
-                return digests, first
-        digests = []
-        first = b""
-        for i, item in enumerate(items):
-            raw = self._message(item, media.get(i))
+                return digests, first if first is not None else b""
+        digests = list(shared)
+        for i in range(known, len(items)):
+            raw = self.message(items[i], media.get(i))
             digests.append(hash(raw))
             if i == 0:
                 first = raw
-        return digests, first
+        return digests, first if first is not None else b""
 
-    def _message(self, item: Any, media: list[JsonPath] | None) -> bytes:
+    def message(self, item: Any, media: list[JsonPath] | None) -> bytes:
         """A message's JSON as its digest reads it."""
         try:
             raw = orjson.dumps(_without(item, media) if media else item)
@@ -330,6 +365,7 @@ def _without_placeholder(text: str) -> str:
     return text
 
 
+SEEN = SeenPrefixes()  # the text bodies seen lately, whose messages a later body may share
 _CLEAN: dict[int, None] = {}  # hashes of message JSON found holding nothing to leave out, the oldest first
 _CLEAN_MAX = 1 << 14  # about 1.5 MiB
 

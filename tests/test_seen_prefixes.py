@@ -1,0 +1,185 @@
+"""trimflow._seen_prefixes: a text body's messages it shares with a body seen before keep their digests, found from
+its raw bytes; every digest is the one a body digested in full gets, whatever changed, moved or was written otherwise."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable, Iterator
+
+import orjson
+import pytest
+
+from trimflow import prune_request
+from trimflow._history import SEEN, History
+from trimflow._seen_prefixes import MAX_BOUNDS, SeenPrefixes
+from trimflow.testing import PATHS
+
+from .helpers import rules_with
+
+HOST = "api.example.test"
+SYSTEM = "You are a coding agent. Read, run and change the repository. " * 10
+
+
+@pytest.fixture(autouse=True)
+def _no_body_seen() -> Iterator[None]:
+    SEEN.clear()
+    yield
+    SEEN.clear()
+
+
+def history(body: bytes, fmt: str = "openai-chat") -> History:
+    outcome = prune_request(f"https://{HOST}{PATHS[fmt]}", {}, body, rules_with())
+    assert outcome.history is not None
+    return outcome.history
+
+
+def digested_in_full(body: bytes, fmt: str = "openai-chat") -> tuple[int, ...]:
+    """The digests of `body` with no body seen before it (the remembered ones put back after)."""
+    kept = dict(SEEN._seen)
+    SEEN.clear()
+    try:
+        return history(body, fmt).messages
+    finally:
+        SEEN.clear()
+        for key, bodies in kept.items():
+            for seen in reversed(bodies):
+                SEEN._seen.setdefault(key, []).insert(0, seen)
+
+
+def reused(body: bytes, fmt: str = "openai-chat") -> int:
+    """How many of the body's messages the bodies seen before give their digests to."""
+    hist = history_without_remembering(body, fmt)
+    key = next(k for k in SEEN._seen if k[2] == hist.origin)
+    return len(SEEN.match(key, body, len(hist.messages)).digests)
+
+
+def history_without_remembering(body: bytes, fmt: str) -> History:
+    kept = {key: list(bodies) for key, bodies in SEEN._seen.items()}
+    try:
+        return history(body, fmt)
+    finally:
+        SEEN._seen.clear()
+        SEEN._seen.update(kept)
+
+
+def tool_turn(n: int, rng: random.Random) -> list[dict]:
+    output = json.dumps({"file": f"src/m{n}.py", "lines": [f'def f{i}(x):\n    return "{rng.random()}"' for i in range(30)]})
+    call = {"id": f"call_{n}", "type": "function", "function": {"name": "run", "arguments": json.dumps({"cmd": f"cat src/m{n}.py"})}}
+    return [{"role": "assistant", "content": None, "tool_calls": [call]}, {"role": "tool", "tool_call_id": f"call_{n}", "content": output}]
+
+
+def chat_session(turns: int, seed: int = 0, task: str = "Fix the failing test.") -> list[bytes]:
+    rng = random.Random(seed)
+    messages: list[dict] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task}]
+    bodies = []
+    for n in range(turns):
+        messages += tool_turn(n, rng)
+        bodies.append(orjson.dumps({"model": "gpt-4o", "messages": messages, "stream": True}))
+    return bodies
+
+
+def test_a_session_reuses_what_each_turn_shares_and_digests_as_in_full() -> None:
+    bodies = chat_session(30)
+    for n, body in enumerate(bodies):
+        if n:
+            assert reused(body) == 2 + 2 * n  # every message of the turn before
+        assert history(body).messages == digested_in_full(body)
+    assert history(bodies[-1]).messages == digested_in_full(bodies[-1])  # the same body again: all of it
+    assert reused(bodies[-1]) == 2 + 2 * 30
+
+
+def test_a_message_changed_in_place_is_digested_again() -> None:
+    first, second = chat_session(8)[6:8]
+    history(first)
+    # The same length, one byte: the tails around it and every end stay where they were.
+    at = second.index(b"src/m3.py") + len("src/m")
+    edited = second[:at] + b"4" + second[at + 1 :]
+    assert len(edited) == len(second)
+    got = history(edited).messages
+    assert got == digested_in_full(edited) != digested_in_full(second)
+    changed = 2 + 2 * 3  # the call that reads src/m3.py
+    assert got[:changed] == digested_in_full(second)[:changed] and got[changed] != digested_in_full(second)[changed]
+
+
+def test_a_moved_cache_breakpoint_keeps_what_comes_before_it() -> None:
+    # Anthropic clients mark the last message, then the new last one: the message marked before is written otherwise.
+    def body(turns: int) -> bytes:
+        rng, messages = random.Random(1), [{"role": "user", "content": [{"type": "text", "text": "Fix the failing test."}]}]
+        for n in range(turns):
+            messages.append({"role": "assistant", "content": [{"type": "tool_use", "id": f"t{n}", "name": "run", "input": {"cmd": f"cat m{n}"}}]})
+            messages.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"t{n}", "content": str(rng.random()) * 40}]})
+        marked = json.loads(json.dumps(messages))
+        marked[-1]["content"][-1]["cache_control"] = {"type": "ephemeral"}
+        return orjson.dumps({"model": "claude-sonnet-4-5", "max_tokens": 4096, "system": SYSTEM, "messages": marked})
+
+    for turns in range(1, 12):
+        if turns > 1:
+            assert reused(body(turns), "anthropic") == 1 + 2 * (turns - 1) - 1  # all but the one marked before
+        assert history(body(turns), "anthropic").messages == digested_in_full(body(turns), "anthropic")
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        pytest.param(lambda value: json.dumps(value).encode(), id="spaces and ASCII escapes"),
+        pytest.param(lambda value: json.dumps(value, indent=1).encode(), id="indented"),
+    ],
+)
+def test_json_written_otherwise_than_orjson_is_digested_in_full(write: Callable[[object], bytes]) -> None:
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Corrige le test qui échoue."}]
+    for n in range(4):
+        messages += tool_turn(n, random.Random(n))
+        body = write({"model": "gpt-4o", "messages": messages})
+        assert history(body).messages == digested_in_full(body)
+    assert SEEN.kept == 0
+
+
+def test_conversations_that_open_alike_each_reuse_their_own() -> None:
+    # Sub-agents with the same system prompt and first message, taking turns.
+    ours, theirs = chat_session(6, seed=1), chat_session(6, seed=2)
+    for n in range(6):
+        for bodies in (ours, theirs):
+            if n:
+                assert reused(bodies[n]) == 2 + 2 * n
+            assert history(bodies[n]).messages == digested_in_full(bodies[n])
+
+
+def test_a_long_session_hashes_its_bounds_again_as_one_and_stays_right() -> None:
+    rng, messages, bodies = random.Random(3), [{"role": "system", "content": SYSTEM}], []
+    for n in range(3 * MAX_BOUNDS):
+        messages.append({"role": "user" if n % 2 else "assistant", "content": f"step {n}: {rng.random()}"})
+        bodies.append(orjson.dumps({"model": "gpt-4o", "messages": messages}))
+    for n, body in enumerate(bodies):
+        if n:
+            assert reused(body) == n + 1
+        assert history(body).messages == digested_in_full(body)
+        assert all(len(seen.bounds) <= MAX_BOUNDS for bodies_seen in SEEN._seen.values() for seen in bodies_seen)
+
+
+def test_what_is_kept_is_bounded_over_all_conversations() -> None:
+    seen = SeenPrefixes(max_digests=40, per_origin=2)
+
+    def remember(origin: bytes, messages: list[dict], digests: list[int]) -> None:
+        body = orjson.dumps({"messages": messages})
+        seen.remember(("h", ("messages",), origin), body, messages, digests, lambda i: orjson.dumps(messages[i]))
+
+    for n in range(50):
+        remember(bytes([n]), [{"role": "user", "content": f"task {n}"}, {"role": "assistant", "content": "ok"}], [n, n + 1])
+        assert seen.kept <= 40
+    for n in range(5):  # one origin, many bodies: the oldest go
+        remember(b"same", [{"role": "user", "content": "same"}, {"role": "assistant", "content": str(n)}], [1, n])
+    assert len(seen._seen[("h", ("messages",), b"same")]) == 2
+    assert seen.kept == sum(len(s.digests) for bodies in seen._seen.values() for s in bodies) <= 40
+
+
+def test_a_body_with_a_second_messages_array_is_digested_as_parsed() -> None:
+    # orjson keeps the last of two equal keys: the bytes of the first array prove nothing about the messages parsed.
+    first = chat_session(3)[2]
+    history(first)
+    messages = orjson.loads(first)["messages"]
+    other = messages[:2] + [{"role": "user", "content": f"something else {n}"} for n in range(10)]  # the same origin
+    doubled = first[:-1] + b',"messages":' + orjson.dumps(other) + b"}"
+    assert orjson.loads(doubled)["messages"] == other
+    assert history(doubled).messages == digested_in_full(doubled)
+    assert history(doubled).messages[:2] == history(first).messages[:2]
