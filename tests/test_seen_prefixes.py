@@ -87,6 +87,7 @@ def test_a_session_reuses_what_each_turn_shares_and_digests_as_in_full() -> None
         assert history(body).messages == digested_in_full(body)
     assert history(bodies[-1]).messages == digested_in_full(bodies[-1])  # the same body again: all of it
     assert reused(bodies[-1]) == 2 + 2 * 30
+    assert sum(map(len, SEEN._seen.values())) == 1  # each turn took the place of the one it extends
 
 
 def test_a_message_changed_in_place_is_digested_again() -> None:
@@ -117,6 +118,7 @@ def test_a_moved_cache_breakpoint_keeps_what_comes_before_it() -> None:
         if turns > 1:
             assert reused(body(turns), "anthropic") == 1 + 2 * (turns - 1) - 1  # all but the one marked before
         assert history(body(turns), "anthropic").messages == digested_in_full(body(turns), "anthropic")
+    assert sum(map(len, SEEN._seen.values())) == 1
 
 
 @pytest.mark.parametrize(
@@ -143,6 +145,7 @@ def test_conversations_that_open_alike_each_reuse_their_own() -> None:
             if n:
                 assert reused(bodies[n]) == 2 + 2 * n
             assert history(bodies[n]).messages == digested_in_full(bodies[n])
+    assert sum(map(len, SEEN._seen.values())) == 2
 
 
 def test_a_long_session_hashes_its_bounds_again_as_one_and_stays_right() -> None:
@@ -158,7 +161,7 @@ def test_a_long_session_hashes_its_bounds_again_as_one_and_stays_right() -> None
 
 
 def test_what_is_kept_is_bounded_over_all_conversations() -> None:
-    seen = SeenPrefixes(max_digests=40, per_origin=2)
+    seen = SeenPrefixes(max_digests=40, max_bodies=12, per_origin=2)
 
     def remember(origin: bytes, messages: list[dict], digests: list[int]) -> None:
         body = orjson.dumps({"messages": messages})
@@ -166,7 +169,13 @@ def test_what_is_kept_is_bounded_over_all_conversations() -> None:
 
     for n in range(50):
         remember(bytes([n]), [{"role": "user", "content": f"task {n}"}, {"role": "assistant", "content": "ok"}], [n, n + 1])
+        assert seen.kept <= 40 and sum(map(len, seen._seen.values())) <= 12
+    assert sum(map(len, seen._seen.values())) == 12  # bodies of two messages: the bodies' bound holds first
+    for n in range(50):
+        many = [{"role": "user", "content": f"long task {n} {i}"} for i in range(15)]
+        remember(bytes([n, n]), many, list(range(15)))
         assert seen.kept <= 40
+    assert seen.kept == 30  # two bodies of 15
     for n in range(5):  # one origin, many bodies: the oldest go
         remember(b"same", [{"role": "user", "content": "same"}, {"role": "assistant", "content": str(n)}], [1, n])
     assert len(seen._seen[("h", ("messages",), b"same")]) == 2

@@ -18,7 +18,7 @@ A found end is taken only where what follows it is the next message's comma or t
 The last few ends are kept, not only the last: Anthropic clients move a cache breakpoint from the last message to
 the new last one, so the last messages of a turn are seldom written the same in the next.
 
-Bounded: at most MAX_DIGESTS message digests are kept over all bodies (the oldest forgotten first), and
+Bounded: at most MAX_BODIES bodies and MAX_DIGESTS message digests over all of them (the oldest forgotten first), and
 PER_ORIGIN bodies per conversation origin (agents' sub-conversations often share a system prompt and first message).
 The hashes are Python's keyed hash, like the digests they stand for: 64 bits, process-local, never written.
 """
@@ -32,7 +32,8 @@ from typing import Any, NamedTuple
 ENDS_KEPT = 4  # the last messages whose ends a body remembers
 MAX_BOUNDS = 16  # bounds a body remembers: more are hashed again as one
 PER_ORIGIN = 4  # bodies remembered per conversation origin
-MAX_DIGESTS = 1 << 15  # message digests kept over all bodies: about 1.3 MiB
+MAX_DIGESTS = 1 << 15  # message digests kept over all bodies
+MAX_BODIES = 256  # bodies kept over all origins: with MAX_DIGESTS, at most about 2.5 MiB (docs/performance.md)
 _TAIL = 32  # bytes before a bound compared before anything is hashed
 _SEPARATORS = b" \t\r\n"
 
@@ -67,10 +68,10 @@ class SeenPrefixes:
     """Bodies seen lately, by key: what a new body of the same key shares with them (`match`) and what it leaves
     for the next one (`remember`). Safe to call from several threads."""
 
-    def __init__(self, max_digests: int = MAX_DIGESTS, per_origin: int = PER_ORIGIN) -> None:
-        self._max_digests, self._per_origin = max_digests, per_origin
+    def __init__(self, max_digests: int = MAX_DIGESTS, max_bodies: int = MAX_BODIES, per_origin: int = PER_ORIGIN) -> None:
+        self._max_digests, self._max_bodies, self._per_origin = max_digests, max_bodies, per_origin
         self._seen: dict[Key, list[_Seen]] = {}
-        self._kept = 0
+        self._kept = self._bodies = 0
         self._lock = threading.Lock()
 
     def match(self, key: Key, body: bytes, count: int) -> Match:
@@ -93,20 +94,23 @@ class SeenPrefixes:
         if seen is None:
             return
         with self._lock:
-            bodies = self._seen.pop(key, [])
-            bodies.insert(0, seen)
-            self._kept += len(seen.digests)
-            for dropped in bodies[self._per_origin :]:
-                self._kept -= len(dropped.digests)
-            self._seen[key] = bodies[: self._per_origin]  # the newest key last: the oldest are dropped first
-            while self._kept > self._max_digests and self._seen:
-                oldest = next(iter(self._seen))
-                self._kept -= sum(len(s.digests) for s in self._seen.pop(oldest))
+            before = self._seen.pop(key, [])
+            self._count(before, -1)
+            # A body this one extends (the same messages, digested: breakpoints moved or not) is this conversation's past.
+            bodies = [seen, *(other for other in before if seen.digests[: len(other.digests)] != other.digests)][: self._per_origin]
+            self._seen[key] = bodies  # the newest key last: the oldest are dropped first
+            self._count(bodies, 1)
+            while (self._kept > self._max_digests or self._bodies > self._max_bodies) and self._seen:
+                self._count(self._seen.pop(next(iter(self._seen))), -1)
+
+    def _count(self, bodies: list[_Seen], sign: int) -> None:
+        self._kept += sign * sum(len(seen.digests) for seen in bodies)
+        self._bodies += sign * len(bodies)
 
     def clear(self) -> None:
         with self._lock:
             self._seen.clear()
-            self._kept = 0
+            self._kept = self._bodies = 0
 
     @property
     def kept(self) -> int:
