@@ -184,19 +184,26 @@ class SendOnce:
 
     # -- the request
 
-    async def request(self, flow: http.HTTPFlow) -> None:
+    def request(self, flow: http.HTTPFlow) -> Coroutine[None, None, None] | None:
+        # Not `async def`: with send-once off, the usual case, no coroutine is made per request. mitmproxy awaits what a
+        # hook returns when it is awaitable.
         if flow.response is not None or flow.request.method != "POST" or flow.request.raw_content is None:
-            return
+            return None
         state = self.flows.get(flow)
         if state is None or ctx.options.trimflow_mode != ENFORCE or not self._wanted():
-            return
+            return None
         api = files_api(state.target.format, flow.request.path)
         if api is None:
-            return
+            return None
         headers = plain_headers(flow.request)
         credentials = credentials_of(headers, flow.request.query.get("key") if api.provider == GEMINI else None)
         if credentials is None or is_sigv4(headers):
-            return
+            return None
+        return self._send_once_failing_open(flow, state, api, headers, credentials)
+
+    async def _send_once_failing_open(
+        self, flow: http.HTTPFlow, state: FlowState, api: FilesApi, headers: dict[str, str], credentials: tuple[tuple[str, str], ...]
+    ) -> None:
         try:
             await self._send_once(flow, state, api, headers, credentials)
         except Exception as exc:  # noqa: BLE001 - fail open: the images go inline, as the prune addon forwarded them
