@@ -36,7 +36,7 @@ import orjson
 from ._body import Payload
 from ._media import JsonPath, Media
 from ._placeholder import PLACEHOLDER_PREFIX
-from ._seen_prefixes import SeenPrefixes
+from ._seen_prefixes import SeenPrefixes, Written
 from .formats import HistoryParts
 
 # Headers agents use for a session id (lower case).
@@ -249,7 +249,7 @@ def _origin(head: bytes, first: bytes) -> bytes:
     return hashlib.blake2b(head + b"\0" + first, digest_size=8).digest()
 
 
-def _written(items: list[Any]) -> Callable[[int], bytes | None]:
+def _written(items: list[Any]) -> Written:
     def written(i: int) -> bytes | None:
         try:
             return orjson.dumps(items[i])
