@@ -192,3 +192,18 @@ def test_a_body_with_a_second_messages_array_is_digested_as_parsed() -> None:
     assert orjson.loads(doubled)["messages"] == other
     assert history(doubled).messages == digested_in_full(doubled)
     assert history(doubled).messages[:2] == history(first).messages[:2]
+
+
+def test_the_messages_key_in_a_new_message_leaves_its_turn_sharing() -> None:
+    # Codex's freeform tools answer with custom_tool_call items whose "input" is a string: not a second array of items.
+    def body(turns: int) -> bytes:
+        items: list[dict] = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Fix the test."}]}]
+        for n in range(turns):
+            items.append({"type": "custom_tool_call", "call_id": f"c{n}", "name": "apply_patch", "input": f"*** Begin Patch {n}"})
+            items.append({"type": "custom_tool_call_output", "call_id": f"c{n}", "output": f"patched {n}"})
+        return orjson.dumps({"model": "gpt-5-codex", "instructions": SYSTEM, "input": items, "store": False})
+
+    for turns in range(1, 6):
+        if turns > 1:
+            assert reused(body(turns), "openai-responses") == 1 + 2 * (turns - 1)
+        assert history(body(turns), "openai-responses").messages == digested_in_full(body(turns), "openai-responses")

@@ -25,6 +25,8 @@ The hashes are Python's keyed hash, like the digests they stand for: 64 bits, pr
 
 from __future__ import annotations
 
+import functools
+import re
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -78,9 +80,9 @@ class SeenPrefixes:
         """What `body`, holding `count` messages, shares with the bodies seen under `key`: the most messages."""
         with self._lock:
             candidates = list(self._seen.get(key, ()))
-        best, needle = _NOTHING, b'"%s"' % str(key[1][-1]).encode()
+        best, second = _NOTHING, _array_key(str(key[1][-1]))
         for seen in candidates:
-            found = _shared(seen, body, count, needle)
+            found = _shared(seen, body, count, second)
             if len(found.digests) > len(best.digests):
                 best = found
                 if len(best.digests) == count:
@@ -118,17 +120,23 @@ class SeenPrefixes:
         return self._kept
 
 
-def _shared(seen: _Seen, body: bytes, count: int, needle: bytes) -> Match:
+@functools.lru_cache(maxsize=16)
+def _array_key(name: str) -> re.Pattern[bytes]:
+    """The messages' key opening an array, as JSON writes it: a second one is a second array of messages."""
+    return re.compile(rb'"%s"\s*:\s*\[' % re.escape(name.encode()))
+
+
+def _shared(seen: _Seen, body: bytes, count: int, second: re.Pattern[bytes]) -> Match:
     """The bounds of `seen` that `body` shares, in order: each one's tail the same, then the bytes since the bound
-    before hashed the same. None if `needle` (the key of the messages, quoted) comes after them: a second array of
-    messages there, which a parser takes instead of the first. (An escaped key is not looked for: such a body misleads
-    its own conversation's digests, no other.)"""
+    before hashed the same. Nothing if `second` (the messages' key opening an array) comes after them: a second array
+    of messages there, which a parser takes instead of the first. (A key written with escapes is not looked for: such
+    a body misleads its own conversation's digests, no other's.)"""
     start, shared = 0, 0
     for bound, tail, value in zip(seen.bounds, seen.tails, seen.hashes, strict=True):
         if bound > len(body) or seen.counts[shared] > count or body[bound - _TAIL : bound] != tail or hash(body[start:bound]) != value:
             break
         start, shared = bound, shared + 1
-    if not shared or body.find(needle, seen.bounds[shared - 1]) >= 0:
+    if not shared or second.search(body, seen.bounds[shared - 1]) is not None:
         return _NOTHING
     return Match(seen.digests[: seen.counts[shared - 1]], seen.bounds[:shared], seen.counts[:shared], seen.hashes[:shared])
 
