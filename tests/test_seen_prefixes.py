@@ -3,6 +3,7 @@ its raw bytes; every digest is the one a body digested in full gets, whatever ch
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 from collections.abc import Callable, Iterator
@@ -34,33 +35,31 @@ def history(body: bytes, fmt: str = "openai-chat") -> History:
     return outcome.history
 
 
-def digested_in_full(body: bytes, fmt: str = "openai-chat") -> tuple[int, ...]:
-    """The digests of `body` with no body seen before it (the remembered ones put back after)."""
-    kept = dict(SEEN._seen)
-    SEEN.clear()
+@contextlib.contextmanager
+def seen_kept() -> Iterator[None]:
+    """What SEEN remembers now, put back as it was on leaving."""
+    kept = ({key: list(bodies) for key, bodies in SEEN._seen.items()}, SEEN._kept, SEEN._bodies)
     try:
-        return history(body, fmt).messages
+        yield
     finally:
+        SEEN._seen.clear()
+        SEEN._seen.update(kept[0])
+        SEEN._kept, SEEN._bodies = kept[1], kept[2]
+
+
+def digested_in_full(body: bytes, fmt: str = "openai-chat") -> tuple[int, ...]:
+    """The digests of `body` with no body seen before it."""
+    with seen_kept():
         SEEN.clear()
-        for key, bodies in kept.items():
-            for seen in reversed(bodies):
-                SEEN._seen.setdefault(key, []).insert(0, seen)
+        return history(body, fmt).messages
 
 
 def reused(body: bytes, fmt: str = "openai-chat") -> int:
     """How many of the body's messages the bodies seen before give their digests to."""
-    hist = history_without_remembering(body, fmt)
+    with seen_kept():
+        hist = history(body, fmt)
     key = next(k for k in SEEN._seen if k[2] == hist.origin)
     return len(SEEN.match(key, body, len(hist.messages)).digests)
-
-
-def history_without_remembering(body: bytes, fmt: str) -> History:
-    kept = {key: list(bodies) for key, bodies in SEEN._seen.items()}
-    try:
-        return history(body, fmt)
-    finally:
-        SEEN._seen.clear()
-        SEEN._seen.update(kept)
 
 
 def tool_turn(n: int, rng: random.Random) -> list[dict]:
@@ -88,6 +87,7 @@ def test_a_session_reuses_what_each_turn_shares_and_digests_as_in_full() -> None
     assert history(bodies[-1]).messages == digested_in_full(bodies[-1])  # the same body again: all of it
     assert reused(bodies[-1]) == 2 + 2 * 30
     assert sum(map(len, SEEN._seen.values())) == 1  # each turn took the place of the one it extends
+    assert SEEN.kept == 2 + 2 * 30
 
 
 def test_a_message_changed_in_place_is_digested_again() -> None:
