@@ -147,25 +147,23 @@ def _seen_of(body: bytes, items: Sequence[Any], digests: tuple[int, ...], writte
     not even the last one is found so."""
     if not items or len(digests) != len(items):
         return None
+    shared_end, shared_count = (match.bounds[-1], match.counts[-1]) if match.bounds else (0, 0)
     ends: list[tuple[int, int]] = []  # (end, messages up to it), the last first
     limit, follows = len(body), b"]"
-    for i in range(len(items) - 1, max(-1, len(items) - 1 - ENDS_KEPT), -1):
-        if match.counts and i + 1 <= match.counts[-1]:
-            break  # a bound it shares already
+    for i in range(len(items) - 1, max(shared_count, len(items) - ENDS_KEPT) - 1, -1):  # not the messages it shares
         raw = written(i)
         if not raw:
             break
         start = body.rfind(raw, 0, limit)
         end = start + len(raw)
-        if start < 0 or start < (match.bounds[-1] if match.bounds else 0) or end < _TAIL or body[end : end + 64].lstrip(_SEPARATORS)[:1] != follows:
+        if start < shared_end or end < _TAIL or body[end : end + 64].lstrip(_SEPARATORS)[:1] != follows:
             break
         if follows == b"," and body[end:limit].strip(_SEPARATORS) != b",":
             break
         ends.append((end, i + 1))
         limit, follows = start, b","
-    if not ends or ends[0][1] != len(items):
-        if not (match.counts and match.counts[-1] == len(items)):
-            return None  # the last message's end unknown: nothing to match a next body against
+    if not ends and shared_count != len(items):
+        return None  # the last message's end unknown: nothing to match a next body against
     ends.reverse()
     bounds, counts, hashes = list(match.bounds), list(match.counts), list(match.hashes)
     for end, messages in ends:
