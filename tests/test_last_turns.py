@@ -72,6 +72,24 @@ def test_what_one_process_writes_another_reads(path: Path) -> None:
         assert second.get(KEY) == LastTurn(1000.5, 3, (*TURN.images, (b"key-0004", 7)))
 
 
+def test_a_read_is_what_this_connection_read_or_wrote_last_until_another_one_writes(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    reads: list[int] = []
+    read = LastTurns._read
+    monkeypatch.setattr(LastTurns, "_read", staticmethod(lambda db, keys: reads.append(len(keys)) or read(db, keys)))
+    newer = TURN._replace(sent_at=1000.5)
+    with opened(path, now=1000.5) as turns, opened(path, now=1000.5) as other:
+        turns.put(KEY, TURN)
+        assert turns.get_many([KEY, OTHER]) == [TURN, None] and reads == [2]  # OTHER not known yet
+        assert turns.get_many([KEY, OTHER]) == [TURN, None] and reads == [2]
+        turns.put(KEY, newer)
+        assert turns.get(KEY) == newer and reads == [2]  # its own write
+        turns.put(KEY, TURN)  # an older turn: the file keeps the newer, and so does what it knows
+        assert turns.get(KEY) == newer and reads == [2]
+        other.put(OTHER, TURN)  # another connection wrote: everything is read again
+        assert turns.get_many([KEY, OTHER]) == [newer, TURN] and reads == [2, 2]
+        assert rows(path) == 2
+
+
 def test_the_file_is_made_on_first_use_and_private(tmp_path: Path) -> None:
     path = tmp_path / "confdir" / "conversations.sqlite3"
     with opened(path) as turns:

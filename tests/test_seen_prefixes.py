@@ -1,9 +1,11 @@
-"""trimflow._seen_prefixes: a text body's messages it shares with a body seen before keep their digests, found from
-its raw bytes; every digest is the one a body digested in full gets, whatever changed, moved or was written otherwise."""
+"""trimflow._seen_prefixes: a text body's messages it shares with a body seen before keep their digests and are not
+read again, found from its raw bytes; every digest and record is the one a body read in full gets, whatever changed,
+moved or was written otherwise, and a body whose new messages hold media is read in full."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import random
 from collections.abc import Callable, Iterator
@@ -11,55 +13,100 @@ from collections.abc import Callable, Iterator
 import orjson
 import pytest
 
-from trimflow import prune_request
+from trimflow import _engine, prune_request
+from trimflow._engine import Outcome
 from trimflow._history import SEEN, History
-from trimflow._seen_prefixes import MAX_BOUNDS, SeenPrefixes
-from trimflow.testing import PATHS
+from trimflow._record import Record
+from trimflow._seen_prefixes import MAX_BOUNDS, SeenPrefixes, key_of
+from trimflow.testing import PATHS, data_url, image
 
+from .bench import coding_session
 from .helpers import rules_with
 
 HOST = "api.example.test"
 SYSTEM = "You are a coding agent. Read, run and change the repository. " * 10
 
 
-@pytest.fixture(autouse=True)
-def _no_body_seen() -> Iterator[None]:
+@pytest.fixture(autouse=True, params=["compared", "hashed"])
+def _no_body_seen(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every test twice: with the bodies seen kept as they came (compared byte for byte), and with none kept (hashed)."""
+    if request.param == "hashed":
+        monkeypatch.setattr(SEEN, "_max_retained", 0)
     SEEN.clear()
     yield
     SEEN.clear()
 
 
+def outcome(body: bytes, fmt: str = "openai-chat", **limits: object) -> Outcome:
+    return prune_request(f"https://{HOST}{PATHS[fmt]}", {}, body, rules_with(**limits))
+
+
 def history(body: bytes, fmt: str = "openai-chat") -> History:
-    outcome = prune_request(f"https://{HOST}{PATHS[fmt]}", {}, body, rules_with())
-    assert outcome.history is not None
-    return outcome.history
+    made = outcome(body, fmt).history
+    assert made is not None
+    return made
 
 
 @contextlib.contextmanager
 def seen_kept() -> Iterator[None]:
     """What SEEN remembers now, put back as it was on leaving."""
-    kept = ({key: list(bodies) for key, bodies in SEEN._seen.items()}, SEEN._kept, SEEN._bodies)
+    kept = (
+        {key: list(bodies) for key, bodies in SEEN._seen.items()},
+        dict(SEEN._retained),
+        (SEEN._kept, SEEN._bodies, SEEN._retained_bytes),
+    )
     try:
         yield
     finally:
         SEEN._seen.clear()
         SEEN._seen.update(kept[0])
-        SEEN._kept, SEEN._bodies = kept[1], kept[2]
+        SEEN._retained.clear()
+        SEEN._retained.update(kept[1])
+        SEEN._kept, SEEN._bodies, SEEN._retained_bytes = kept[2]
+
+
+def read_in_full(body: bytes, fmt: str = "openai-chat", **limits: object) -> Outcome:
+    """The outcome of `body` with no body seen before it, its history worked out."""
+    with seen_kept():
+        SEEN.clear()
+        made = outcome(body, fmt, **limits)
+        assert made.history is not None
+        return made
+
+
+def same_record(a: Record | None, b: Record | None) -> bool:
+    """Records alike but for when they were made and how long that took."""
+    assert a is not None and b is not None
+    return dataclasses.replace(a, ts="", overhead_ms=0.0) == dataclasses.replace(b, ts="", overhead_ms=0.0)
+
+
+@contextlib.contextmanager
+def counting_spliced() -> Iterator[list[int]]:
+    """How many requests the engine read from their spliced document (one entry each)."""
+    read: list[int] = []
+    spliced = _engine._prune_spliced
+
+    def counted(*args: object, **kwargs: object) -> Outcome | None:
+        made = spliced(*args, **kwargs)  # type: ignore[arg-type]
+        if made is not None:
+            read.append(1)
+        return made
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_engine, "_prune_spliced", counted)
+        yield read
 
 
 def digested_in_full(body: bytes, fmt: str = "openai-chat") -> tuple[int, ...]:
     """The digests of `body` with no body seen before it."""
-    with seen_kept():
-        SEEN.clear()
-        return history(body, fmt).messages
+    made = read_in_full(body, fmt).history
+    assert made is not None
+    return made.messages
 
 
 def reused(body: bytes, fmt: str = "openai-chat") -> int:
     """How many of the body's messages the bodies seen before give their digests to."""
-    with seen_kept():
-        hist = history(body, fmt)
-    key = next(k for k in SEEN._seen if k[2] == hist.origin)
-    return len(SEEN.match(key, body, len(hist.messages)).digests)
+    return len(SEEN.match(key_of(HOST, body), body).digests)
 
 
 def tool_turn(n: int, rng: random.Random) -> list[dict]:
@@ -161,11 +208,12 @@ def test_a_long_session_hashes_its_bounds_again_as_one_and_stays_right() -> None
 
 
 def test_what_is_kept_is_bounded_over_all_conversations() -> None:
-    seen = SeenPrefixes(max_digests=40, max_bodies=12, per_origin=2)
+    seen = SeenPrefixes(max_digests=40, max_bodies=12, per_key=2, max_retained=2000)
 
-    def remember(origin: bytes, messages: list[dict], digests: list[int]) -> None:
+    def remember(opening: bytes, messages: list[dict], digests: list[int]) -> None:
         body = orjson.dumps({"messages": messages})
-        seen.remember(("h", ("messages",), origin), body, messages, digests, lambda i: orjson.dumps(messages[i]))
+        seen.remember(("h", hash(opening)), body, messages, digests, lambda i: orjson.dumps(messages[i]), items_path=("messages",))
+        assert seen.retained == sum(len(body) for _, body in seen._retained.values()) <= 2000
 
     for n in range(50):
         remember(bytes([n]), [{"role": "user", "content": f"task {n}"}, {"role": "assistant", "content": "ok"}], [n, n + 1])
@@ -178,7 +226,7 @@ def test_what_is_kept_is_bounded_over_all_conversations() -> None:
     assert seen.kept == 30  # two bodies of 15
     for n in range(5):  # one origin, many bodies: the oldest go
         remember(b"same", [{"role": "user", "content": "same"}, {"role": "assistant", "content": str(n)}], [1, n])
-    assert len(seen._seen[("h", ("messages",), b"same")]) == 2
+    assert len(seen._seen[("h", hash(b"same"))]) == 2
     assert seen.kept == sum(len(s.digests) for bodies in seen._seen.values() for s in bodies) <= 40
 
 
@@ -207,3 +255,70 @@ def test_the_messages_key_in_a_new_message_leaves_its_turn_sharing() -> None:
         if turns > 1:
             assert reused(body(turns), "openai-responses") == 1 + 2 * (turns - 1)
         assert history(body(turns), "openai-responses").messages == digested_in_full(body(turns), "openai-responses")
+
+
+FORMATS = ("openai-chat", "openai-responses", "anthropic", "gemini", "bedrock-converse", "ollama")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_turn_is_read_from_what_it_shares_as_in_full(fmt: str) -> None:
+    turns = [coding_session(fmt, n, lines=20, seed=4) for n in range(1, 9)]
+    with counting_spliced() as spliced:
+        for body in [*turns, turns[-1]]:  # the last one again: a retry shares all of it
+            got, full = outcome(body, fmt), read_in_full(body, fmt)
+            assert got.body is body and not got.changed
+            assert same_record(got.record, full.record)
+            assert got.history is not None and full.history is not None
+            assert (got.history.messages, got.history.origin, got.history.head, got.history.tools) == (
+                full.history.messages,
+                full.history.origin,
+                full.history.head,
+                full.history.tools,
+            )
+    assert len(spliced) == len(turns)  # every turn after the first, and the retry
+
+
+def test_new_messages_with_images_are_read_in_full_and_cut() -> None:
+    bodies = chat_session(4)
+    for body in bodies:
+        history(body)
+    messages = orjson.loads(bodies[-1])["messages"]
+    shots = [image(64, 48, "PNG", seed=n) for n in range(3)]
+    parts = [{"type": "image_url", "image_url": {"url": data_url(shot, "image/png")}} for shot in shots]
+    with_images = orjson.dumps({"model": "gpt-4o", "messages": [*messages, {"role": "user", "content": parts}], "stream": True})
+    assert SEEN.splice(key_of(HOST, with_images), with_images) is not None  # it shares the text before them
+    with counting_spliced() as spliced:
+        got = outcome(with_images, max_images=1)
+    full = read_in_full(with_images, max_images=1)
+    assert not spliced
+    assert got.record is not None and got.record.images_before == 3 and got.record.pruned == 2
+    assert got.changed and got.body == full.body and same_record(got.record, full.record)
+
+
+def test_a_text_body_over_a_limit_is_read_in_full() -> None:
+    bodies = chat_session(6)
+    for body in bodies[:-1]:
+        history(body)
+    with counting_spliced() as spliced:
+        got = outcome(bodies[-1], max_body_bytes=len(bodies[-1]) // 2)
+    full = read_in_full(bodies[-1], max_body_bytes=len(bodies[-1]) // 2)
+    assert not spliced
+    assert got.record is not None and got.record.over_budget and same_record(got.record, full.record)
+
+
+def test_what_follows_the_messages_is_read_as_it_is_now() -> None:
+    # The system prompt after the messages, changed between turns: the conversation's origin is the new one's.
+    def body(turns: int, system: str) -> bytes:
+        messages: list[dict] = [{"role": "user", "content": "Fix the failing test."}]
+        for n in range(turns):
+            messages += [{"role": "assistant", "content": f"step {n}"}, {"role": "user", "content": f"result {n}"}]
+        return orjson.dumps({"model": "claude-sonnet-4-5", "messages": messages, "system": system, "max_tokens": 1024})
+
+    history(body(3, SYSTEM), "anthropic")
+    changed = body(4, SYSTEM + " Be brief.")
+    with counting_spliced() as spliced:
+        got = outcome(changed, "anthropic")
+    full = read_in_full(changed, "anthropic")
+    assert spliced and got.history is not None and full.history is not None
+    assert (got.history.origin, got.history.head, got.history.messages) == (full.history.origin, full.history.head, full.history.messages)
+    assert got.history.origin != history(body(3, SYSTEM), "anthropic").origin

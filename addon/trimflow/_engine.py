@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 from . import _body, _clicks, _jsoncodec
 from ._conversation import Recall
-from ._history import History, Images, history_of, image_key, session_key
+from ._history import SEEN, History, Images, history_of, image_key, session_key
 from ._human import format_size
 from ._imageinfo import sniff_media
 from ._limits import Limits, changed_fields
@@ -42,6 +42,7 @@ from ._policy import BODY, CACHE, COUNT_CAP, IMAGE_LIMIT, REPEAT, TOKENS, NeedsW
 from ._recall import Kept
 from ._record import COUNT_TOKENS, ENFORCE, OBSERVE, WARMUP, Record, utc_timestamp
 from ._rules import Rules, Target
+from ._seen_prefixes import Match, Spliced, key_of
 from ._send_once import files_api
 from ._text import escape_controls
 from ._tokens import text_tokens
@@ -194,6 +195,41 @@ def prune(
     host, path, fmt = target.host, target.path, target.format
     if inline and len(body) > INLINE_MAX_BODY:
         raise NeedsWorker(f"a body over {format_size(INLINE_MAX_BODY)}")
+    lowered = {name.lower(): value for name, value in headers.items()}
+
+    def failed(exc: Exception) -> Outcome:
+        # A payload is decoded only when read (_body.Payload): that is where a bad escape in one shows.
+        assert fmt is not None  # only a request of a known format gets this far
+        reason = str(exc) if isinstance(exc, _jsoncodec.BodyError) else f"internal error: {type(exc).__name__}"
+        return _untouched(body, host, path, fmt, mode, reason, started)
+
+    def guard(compute: Callable[[], Record]) -> Callable[[], Record | None]:
+        def guarded() -> Record | None:
+            try:
+                return compute()
+            except Exception as exc:  # noqa: BLE001 - as below: the record says what went wrong
+                return failed(exc).record
+
+        return guarded
+
+    if fmt is not None:
+        spliced = SEEN.splice(key_of(host, body), body)
+        if spliced is not None:
+            read = _prune_spliced(
+                spliced,
+                body,
+                host=host,
+                path=path,
+                headers=lowered,
+                fmt=fmt,
+                rules=rules,
+                mode=mode,
+                started=started,
+                guard=guard if inline else None,
+                tighten=tighten,
+            )
+            if read is not None:
+                return read
     try:
         # Exact integers are only needed to write a body back: _DocumentWriter asks for them then.
         doc = _body.parse(body, INLINE_MAX_WHOLE if inline else None, exact=False)
@@ -210,21 +246,6 @@ def prune(
             return Outcome(body, None)
     if not isinstance(parsed, dict):
         return _untouched(body, host, path, fmt, mode, f"body is a JSON {_JSON_TYPES.get(type(parsed), 'value')}, not an object", started)
-    lowered = {name.lower(): value for name, value in headers.items()}
-
-    def failed(exc: Exception) -> Outcome:
-        # A payload is decoded only when read (_body.Payload): that is where a bad escape in one shows.
-        reason = str(exc) if isinstance(exc, _jsoncodec.BodyError) else f"internal error: {type(exc).__name__}"
-        return _untouched(body, host, path, fmt, mode, reason, started)
-
-    def guard(compute: Callable[[], Record]) -> Callable[[], Record | None]:
-        def guarded() -> Record | None:
-            try:
-                return compute()
-            except Exception as exc:  # noqa: BLE001 - as below: the record says what went wrong
-                return failed(exc).record
-
-        return guarded
 
     try:
         return _prune(
@@ -246,6 +267,51 @@ def prune(
         raise
     except Exception as exc:  # noqa: BLE001 - the request must go through whatever the body holds
         return failed(exc)
+
+
+def _prune_spliced(
+    spliced: Spliced,
+    body: bytes,
+    *,
+    host: str,
+    path: str,
+    headers: Mapping[str, str],
+    fmt: str,
+    rules: Rules,
+    mode: str,
+    started: float,
+    guard: Callable[[Callable[[], Record]], Callable[[], Record | None]] | None,
+    tighten: Tighten | None,
+) -> Outcome | None:
+    """`prune` of a text body from its spliced document (trimflow._seen_prefixes: the messages it shares with a body
+    seen before cut out, but the first): the outcome of a body that nothing changes, or None when that is not known
+    from the document (it holds media, the limits may change the body, it reads otherwise): the body is read in full.
+    The messages cut out held no media (they were read before, in a body that held none) and need no reading."""
+    try:
+        doc = _body.parse(spliced.document, INLINE_MAX_WHOLE if guard is not None else None, exact=False)
+        if doc is None or doc.is_skeleton or not isinstance(doc.parsed, dict):
+            return None
+        return _prune(
+            doc,
+            host=host,
+            path=path,
+            headers=headers,
+            fmt=fmt,
+            rules=rules,
+            mode=mode,
+            started=started,
+            inline=guard is not None,
+            guard=guard,
+            tighten=tighten,
+            whole=body,
+            spliced=spliced.match,
+        )
+    except Exception:  # noqa: BLE001 - _Unspliced, or a document that reads otherwise: the body is read in full
+        return None
+
+
+class _Unspliced(Exception):
+    """A spliced document that does not tell the outcome (`_prune_spliced`)."""
 
 
 _JSON_TYPES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
@@ -276,10 +342,15 @@ def _prune(
     memory: CutMemory | None = None,
     tighten: Tighten | None = None,
     recall: ImageIds | None = None,
+    whole: bytes | None = None,
+    spliced: Match | None = None,
 ) -> Outcome:
-    """`guard`, given when inline: wraps the deferred record's computation so it fails as this would."""
-    parsed, body = doc.parsed, doc.body
+    """`guard`, given when inline: wraps the deferred record's computation so it fails as this would. `whole` and
+    `spliced`: `doc` is `whole` spliced, as `spliced` cut it (`_prune_spliced`)."""
+    parsed, body = doc.parsed, doc.body if whole is None else whole
     module = FORMATS[fmt]
+    if spliced is not None and module.history(parsed).path != spliced.items_path:
+        raise _Unspliced
     model = module.model(parsed, path)
     counted = counted_turn_path(fmt, path)
     # A token count is pruned as the turn it measures, so it counts what that turn will send.
@@ -290,6 +361,8 @@ def _prune(
         if limits is not ruled:
             learned_limits = changed_fields(ruled, limits)
     media = [doc.resolve(m) for m in module.find_media(parsed)]
+    if spliced is not None and media:
+        raise _Unspliced
     images = [m for m in media if m.kind == IMAGE]
     media_bytes = sum(m.wire_bytes for m in media)
 
@@ -326,8 +399,8 @@ def _prune(
 
     def history() -> History | None:
         try:
-            unstub, whole = (doc.unstubbed, None) if doc.is_skeleton else (None, body)
-            made = history_of(host, headers, module.history(parsed), [m.path for m in media], unstub, arrivals, body=whole)
+            unstub, read = (doc.unstubbed, None) if doc.is_skeleton else (None, body)
+            made = history_of(host, headers, module.history(parsed), [m.path for m in media], unstub, arrivals, body=read, spliced=spliced)
         except Exception:  # noqa: BLE001 - a request left unnumbered, never a request lost
             return None
         made.asked_lifetime = functools.partial(_asked_lifetime, module, parsed)
@@ -336,6 +409,15 @@ def _prune(
     held, cold, known, order, cut_before = 0, False, None, None, 0
     recalled: Recall | None = None
     unchanged = nothing_to_change(images, limits, len(body), fmt, model)
+    if spliced is not None:
+        if not unchanged:
+            raise _Unspliced
+
+        # Nothing to plan: the record's facts only, later when inline.
+        def account() -> Record:
+            return record_of(Plan(_facts(images), limits, fmt, model), body, time.perf_counter())
+
+        return Outcome(body, None, guard(account), history) if guard is not None else Outcome(body, account(), history=history)
     if memory is not None and arrivals and (not unchanged or _over_low_water(images, limits, len(body)) or _was_cut(memory, arrivals.keys)):
         # The cut needs the images' arrivals (and the cache-aware cut the last cut) now: the history is digested first.
         known = history()

@@ -36,7 +36,7 @@ import orjson
 from ._body import Payload
 from ._media import JsonPath, Media
 from ._placeholder import PLACEHOLDER_PREFIX
-from ._seen_prefixes import SeenPrefixes, Written
+from ._seen_prefixes import Match, SeenPrefixes, Written, key_of
 from .formats import HistoryParts
 
 # Headers agents use for a session id (lower case).
@@ -206,28 +206,38 @@ def history_of(
     images: Images | None = None,
     *,
     body: bytes | None = None,
+    spliced: Match | None = None,
 ) -> History:
     """A request's History: `parts` is its format's view of the body (formats' `history`), `media_paths` every
     media part the format found (left out of the digests), `unstub` puts the payloads a skeleton left out back
     into JSON written from it (trimflow._body: ParsedBody.unstubbed; None for a body parsed whole, which has none),
-    `images` are its images and `body` the bytes `parts` were parsed from (None: not known)."""
-    root = len(parts.path)
+    `images` are its images and `body` the bytes `parts` were parsed from (None: not known). `spliced`: `parts` were
+    parsed from `body` spliced (trimflow._seen_prefixes: SeenPrefixes.splice), as this match cut it."""
+    root, paths = len(parts.path), list(media_paths)
     media: dict[int, list[JsonPath]] = {}
-    for path in media_paths:
+    for path in paths:
         index = path[root] if len(path) > root else None
         if isinstance(index, int) and tuple(path[:root]) == parts.path:
             media.setdefault(index, []).append(tuple(path[root + 1 :]))
     canonical = _Canonical(unstub)
     head = canonical.of(parts.head, None)
     items = parts.items
-    if body is not None and unstub is None and not media and items:
+    text_body = body is not None and unstub is None and not paths and bool(items)
+    if spliced is not None and not text_body:
+        raise ValueError("a spliced body is a text body parsed whole")
+    if text_body:
         # A text body parsed whole: the messages it shares with a body seen before keep their digests (trimflow._seen_prefixes).
+        assert body is not None
         first = canonical.message(items[0], None)
         origin = _origin(head, first)
-        key = (host, parts.path, origin)
-        match = SEEN.match(key, body, len(items))
+        key = key_of(host, body)
+        if spliced is not None:
+            # Its items are the first message and those after the ones spliced out, which stand as None here.
+            items, match = [items[0], *itertools.repeat(None, spliced.spliced), *items[1:]], spliced
+        else:
+            match = SEEN.match(key, body, len(items), parts.path)
         messages, _ = canonical.digests(items, media, match.digests, first)
-        SEEN.remember(key, body, items, messages, _written(items), match)
+        SEEN.remember(key, body, items, messages, _written(items), match, items_path=parts.path)
     else:
         messages, first = canonical.digests(items, media)
         origin = _origin(head, first)

@@ -17,6 +17,9 @@ makes (`_OBJECTS`, checked in the snapshot each read and write runs in), SQLite 
 regular files, and a row is checked before it is used (one that is not what `put` writes is ignored, its values
 never longer than `put` writes read into memory).
 
+A read is answered from the rows the request path's connection read or wrote last while no other connection has
+written the file since (SQLite's `data_version`): a turn then costs one statement to read, not a transaction.
+
 The proxy's event loop never waits for the file: every connection has no busy timeout. A read another process
 holds up reads nothing that once; a write it holds up waits in a queue (one per conversation, the newest turn,
 at most MAX_PENDING, past which a write is dropped and counted) for a thread of its own, which also removes old
@@ -59,6 +62,7 @@ RETRY_FIRST, RETRY_MAX = 0.05, 1.0  # seconds before a held file is tried again,
 CHECKPOINT_EVERY = 64
 CLEAN_EVERY = 256
 LOG_LIMIT = 4 << 20
+KNOWN_ROWS, KNOWN_BYTES = 4096, 1 << 20  # rows the request path's connection keeps as it read or wrote them, their images' bytes
 CLOSE_WAIT = 1.0  # seconds `close` gives the writing thread to write what waits (it never waits for the file itself)
 _MAX_VALUE = 1 << 20  # the longest text or blob SQLite reads from the file at all (a row's images: 12 KiB)
 _IMAGE = struct.Struct(">8sI")  # an image's key and CRC-32
@@ -147,9 +151,11 @@ class Refused(Exception):
 
 
 class _Link:
-    """One connection to the file, with its lock, the schema version it checked, and when to open it again."""
+    """One connection to the file, with its lock, the schema version it checked, when to open it again, and the rows
+    it read or wrote last (`known`, as `_read` gives them) while no other connection wrote (`version`: the file's
+    data_version then)."""
 
-    __slots__ = ("lock", "db", "checked", "retry_at", "delay")
+    __slots__ = ("lock", "db", "checked", "retry_at", "delay", "known", "known_bytes", "version")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -157,6 +163,27 @@ class _Link:
         self.checked: int | None = None  # the schema version (PRAGMA schema_version) found to be exactly ours
         self.retry_at = 0.0  # monotonic seconds before which a held file is not opened again
         self.delay = RETRY_FIRST
+        self.known: dict[bytes, Sequence[object] | None] = {}  # oldest first
+        self.known_bytes = 0
+        self.version: int | None = None
+
+    def forget(self) -> None:
+        self.known.clear()
+        self.known_bytes, self.version = 0, None
+
+    def learn(self, key: bytes, row: Sequence[object] | None) -> None:
+        """`row` is what the file holds for `key` (None: no row), within KNOWN_BYTES of images over all keys."""
+        old = self.known.pop(key, None)
+        self.known_bytes -= _row_bytes(old)
+        self.known[key] = row
+        self.known_bytes += _row_bytes(row)
+        while self.known_bytes > KNOWN_BYTES or len(self.known) > KNOWN_ROWS:
+            self.known_bytes -= _row_bytes(self.known.pop(next(iter(self.known))))
+
+
+def _row_bytes(row: Sequence[object] | None) -> int:
+    images = row[2] if row is not None else None
+    return len(images) if isinstance(images, bytes) else 0
 
 
 class LastTurns:
@@ -210,9 +237,18 @@ class LastTurns:
             if db is None:
                 return [None] * len(keys)
             try:
-                with _transaction(db, "BEGIN"):
-                    if self._ours(link):
-                        rows = self._read(db, keys)
+                version = db.execute("PRAGMA data_version").fetchone()[0]
+                if version != link.version:  # another connection wrote the file: what this one knows may be old
+                    link.forget()
+                    link.version = version
+                if all(key in link.known for key in keys):
+                    rows = [link.known[key] for key in keys]
+                else:
+                    with _transaction(db, "BEGIN"):
+                        if self._ours(link):
+                            rows = self._read(db, keys)
+                    for key, row in zip(keys, rows, strict=True):
+                        link.learn(key, row)
             except (sqlite3.Error, Refused) as exc:
                 if not _busy(exc):  # a read held up (the whole file locked, WAL recovery) reads nothing this once
                     self._fail(link, exc)
@@ -320,12 +356,14 @@ class LastTurns:
         assert db is not None
         until = self.clock() + 1.0  # a newer row past this is no time a reader takes (see checked)
         written = 0
+        changed: list[Row] = []  # the rows the file now holds as written (a newer turn there is left as it is)
         with _transaction(db, "BEGIN IMMEDIATE"):
             if not self._ours(link):
                 db.execute(_TABLE)
                 db.execute(_INDEX)
                 db.execute(f"PRAGMA user_version = {_SCHEMA}")
             for row in rows:
+                before = db.total_changes
                 try:
                     db.execute(_WRITE, (*row, until))
                 except sqlite3.DataError as exc:
@@ -333,6 +371,11 @@ class LastTurns:
                         raise
                 else:
                     written += 1
+                    if db.total_changes != before:
+                        changed.append(row)
+        if link is self._front:
+            for row in changed:
+                link.learn(row[0], row[1:])
         return written
 
     def _fail(self, link: _Link, exc: BaseException) -> None:
@@ -577,6 +620,7 @@ def _close(link: _Link) -> None:
             pass
         link.db = None
         link.checked = None
+    link.forget()
 
 
 def checked(row: Sequence[object], now: float) -> LastTurn | None:
