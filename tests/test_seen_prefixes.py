@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 import orjson
 import pytest
 
-from trimflow import _engine, prune_request
+from trimflow import _engine, _seen_prefixes, prune_request
 from trimflow._engine import Outcome
 from trimflow._history import SEEN, History
 from trimflow._record import Record
@@ -278,15 +278,17 @@ def test_a_turn_is_read_from_what_it_shares_as_in_full(fmt: str) -> None:
     assert len(spliced) == len(turns)  # every turn after the first, and the retry
 
 
-def test_new_messages_with_images_are_read_in_full_and_cut() -> None:
+@pytest.mark.parametrize("side", [8, 400], ids=["tiny images", "screenshots"])
+def test_new_messages_with_images_are_read_in_full_and_cut(side: int) -> None:
     bodies = chat_session(4)
     for body in bodies:
         history(body)
     messages = orjson.loads(bodies[-1])["messages"]
-    shots = [image(64, 48, "PNG", seed=n) for n in range(3)]
+    shots = [image(side, side * 3 // 4, "PNG", seed=n) for n in range(3)]
     parts = [{"type": "image_url", "image_url": {"url": data_url(shot, "image/png")}} for shot in shots]
     with_images = orjson.dumps({"model": "gpt-4o", "messages": [*messages, {"role": "user", "content": parts}], "stream": True})
-    assert SEEN.splice(key_of(HOST, with_images), with_images) is not None  # it shares the text before them
+    # A payload long enough to be one (a screenshot) is seen in the bytes: no document is made; a tiny one is found in it.
+    assert (SEEN.splice(key_of(HOST, with_images), with_images) is None) == (side > 8)
     with counting_spliced() as spliced:
         got = outcome(with_images, max_images=1)
     full = read_in_full(with_images, max_images=1)
@@ -322,3 +324,26 @@ def test_what_follows_the_messages_is_read_as_it_is_now() -> None:
     assert spliced and got.history is not None and full.history is not None
     assert (got.history.origin, got.history.head, got.history.messages) == (full.history.origin, full.history.head, full.history.messages)
     assert got.history.origin != history(body(3, SYSTEM), "anthropic").origin
+
+
+def test_bodies_crafted_to_open_alike_cost_a_lookup_a_few_reads_of_the_body(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every body remembered under one key shares all but the last bytes before its last message's end with the next.
+    seen = SeenPrefixes(per_key=32)
+    opening = [{"role": "user", "content": "x" * 50_000}]
+    for n in range(32):
+        messages = [*opening, {"role": "assistant", "content": "y" * 50_000 + f"{n:04}"}]
+        body = orjson.dumps({"messages": messages})
+        seen.remember(key_of("h", body), body, messages, [1, n], lambda i, m=messages: orjson.dumps(m[i]), items_path=("messages",))  # type: ignore[misc]
+    assert len(seen._seen[key_of("h", body)]) == 32
+    looked_up = orjson.dumps({"messages": [*opening, {"role": "assistant", "content": "y" * 50_000 + "9999"}]})
+    work: list[int] = []
+    shared = _seen_prefixes._shared
+
+    def counted(*args: object) -> object:
+        found, done = shared(*args)  # type: ignore[arg-type]
+        work.append(done)
+        return found, done
+
+    monkeypatch.setattr(_seen_prefixes, "_shared", counted)
+    assert len(seen.match(key_of("h", looked_up), looked_up).digests) == 1  # the first message, from the first tried
+    assert len(work) < 32 and sum(work) <= _seen_prefixes.WORK * len(looked_up) + 2 * len(looked_up)

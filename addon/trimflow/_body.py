@@ -41,7 +41,7 @@ _MARK_BYTES, _END_BYTES = MARK.encode(), END.encode()
 MIN_PAYLOAD = 4096  # strings shorter than this stay in the skeleton
 HEAD = 600  # characters of a payload kept in its stub: more than any data URL header
 _QUOTE, _BACKSLASH = b'"', 0x5C
-CLEAN_BLOCK = MIN_PAYLOAD // 2  # see _has_clean_block
+CLEAN_BLOCK = MIN_PAYLOAD // 2  # see has_clean_block
 _COMPARED = 1 << 16  # bytes compared at a time when two payloads are compared
 _ESCAPED_MARKS = (b"\\ue00", b"\\uE00")  # U+E000..U+E00F written as JSON escapes
 
@@ -243,7 +243,7 @@ def parse(body: bytes, whole_max: int | None = None, exact: bool = True) -> Pars
 def _split(body: bytes) -> tuple[bytes, list[tuple[int, int]]] | None:
     """The skeleton and the spans of its stubbed strings, or None when it would not pay off or the
     body already holds a marker character outside its payloads."""
-    if not _has_clean_block(body):
+    if not has_clean_block(body):
         return None  # no payload to leave out: the whole parse is the cheaper one
     # Each step of the walk below is a little Python: a string, or a quote inside one that an escape
     # hides. A payload-heavy body takes few steps per byte; a text-heavy one, where JSON, code and
@@ -284,17 +284,17 @@ def _split(body: bytes) -> tuple[bytes, list[tuple[int, int]]] | None:
     return skeleton, spans
 
 
-def _has_clean_block(body: bytes) -> bool:
-    """Whether an aligned block of CLEAN_BLOCK bytes holds neither a quote nor a backslash.
+def has_clean_block(body: bytes, start: int = 0) -> bool:
+    """Whether an aligned block of CLEAN_BLOCK bytes (from `start`) holds neither a quote nor a backslash.
 
     Every string the skeleton would leave out as written (MIN_PAYLOAD bytes or more with no escape: a
     base64 payload, a data URL) holds such a block, since MIN_PAYLOAD >= 2 * CLEAN_BLOCK - 1. Text,
     whose lines end in an escaped newline, seldom does. A memchr per block: this costs a small part of
     the full parse it chooses."""
     find = body.find
-    for start in range(0, len(body) - CLEAN_BLOCK + 1, CLEAN_BLOCK):
-        end = start + CLEAN_BLOCK
-        if find(_QUOTE, start, end) < 0 and find(b"\\", start, end) < 0:
+    for block in range(start, len(body) - CLEAN_BLOCK + 1, CLEAN_BLOCK):
+        end = block + CLEAN_BLOCK
+        if find(_QUOTE, block, end) < 0 and find(b"\\", block, end) < 0:
             return True
     return False
 

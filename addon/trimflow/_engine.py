@@ -7,6 +7,10 @@ The pipeline: resolve (the caller's Target, or `prune_request` from a URL), pars
 _body), find (the format module's media), plan (_policy: what happens to each image), write
 (the document with placeholders and re-encoded images), record (the metrics Record).
 
+A text body that shares its first messages with a body seen before (trimflow._seen_prefixes) is read from its
+spliced document first (`_prune_spliced`): those messages cut out, they held no media. Where that document tells that
+nothing changes, the body goes as it came; else the body is read in full, as any other.
+
 Where it runs: `inline=True` is for a caller on an event loop (the proxy). Work at memchr speed over
 a body of up to INLINE_MAX_BODY runs there; a larger body, one that needs a full JSON parse over
 INLINE_MAX_WHOLE, or an image to re-encode raises NeedsWorker before that work starts, and the

@@ -28,7 +28,8 @@ the new last one, so the last messages of a turn are seldom written the same in 
 
 Bodies are looked up by their host and first bytes (`key_of`), then by what they share. Bounded: at most MAX_BODIES
 bodies and MAX_DIGESTS message digests over all of them (the oldest forgotten first), PER_KEY bodies per key, and
-MAX_RETAINED bytes of bodies kept as they came.
+MAX_RETAINED bytes of bodies kept as they came; a lookup compares or hashes at most WORK bytes per byte of the body
+(bodies crafted to open alike make it give up, and the body is read in full).
 The hashes are Python's keyed hash, like the digests they stand for: 64 bits, process-local, never written.
 """
 
@@ -40,6 +41,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+from ._body import has_clean_block
+
 ENDS_KEPT = 4  # the last messages whose ends a body remembers
 MAX_BOUNDS = 16  # bounds a body remembers: more are hashed again as one
 PER_KEY = 32  # bodies remembered per key: conversations that open alike (an agent's sub-agents, one project's sessions)
@@ -47,6 +50,7 @@ MAX_DIGESTS = 1 << 15  # message digests kept over all bodies
 MAX_BODIES = 256  # bodies kept over all keys: with MAX_DIGESTS, at most about 2.5 MiB (docs/performance.md)
 MAX_RETAINED = 16 << 20  # bytes of the bodies seen last kept as they came, to compare with
 OPENING = 256  # a body's first bytes, in its key
+WORK = 8  # bytes compared or hashed against the bodies seen, at most, per byte of a body looked up (a few parses of it)
 _TAIL = 32  # bytes before a bound compared before anything is hashed
 _SEPARATORS = b" \t\r\n"
 _BEFORE_FIRST = 256  # bytes before the first message the messages' key is looked for in
@@ -122,11 +126,14 @@ class SeenPrefixes:
         the most messages."""
         with self._lock:
             candidates = [(seen, self._retained.get(id(seen), (seen, None))[1]) for seen in self._seen.get(key, ())]
-        best = _NOTHING
+        best, budget = _NOTHING, WORK * len(body) + _TAIL * len(candidates)
         for seen, retained in candidates:
             if items_path is not None and seen.items_path != items_path:
                 continue
-            found = _shared(seen, retained, body, count)
+            if budget <= 0:
+                break  # bodies crafted to open alike cost a request no more than a few reads of it
+            found, work = _shared(seen, retained, body, count)
+            budget -= work
             if len(found.digests) > len(best.digests):
                 best = found
                 if len(best.digests) == count:
@@ -137,8 +144,8 @@ class SeenPrefixes:
         """`body` with the messages it shares with a body seen under `key` cut out, but the first (None: it shares
         fewer than two, or its first message's end is not known)."""
         match = self.match(key, body)
-        if match.spliced < 1 or match.first_end is None:
-            return None
+        if match.spliced < 1 or match.first_end is None or has_clean_block(body, match.bounds[-1]):
+            return None  # (a clean block: what follows may hold a payload, an image, and is read in full)
         return Spliced(body[: match.first_end] + body[match.bounds[-1] :], match)
 
     def remember(
@@ -203,32 +210,45 @@ def _array_opening(name: str) -> re.Pattern[bytes]:
     return re.compile(rb'"%s"\s*:\s*\[\s*\Z' % re.escape(name.encode()))
 
 
-def _shared(seen: _Seen, retained: bytes | None, body: bytes, count: int | None) -> Match:
-    """The bounds of `seen` that `body` shares: the bytes up to them the same as the body `seen` was left by
-    (`retained`: those bytes, when kept), or else, in order, each one's tail the same, then the bytes since the bound
-    before hashed the same. Nothing if the messages' key opens an array after them: a second array of messages there,
-    which a parser takes instead of the first. (A key written with escapes is not looked for: such a body misleads only
-    its own conversation.)"""
-    shared = 0
+def _shared(seen: _Seen, retained: bytes | None, body: bytes, count: int | None) -> tuple[Match, int]:
+    """The bounds of `seen` that `body` shares, and the bytes compared, hashed or searched to know it: the bytes up to
+    them the same as the body `seen` was left by (`retained`: those bytes, when kept), or else, in order, each one's
+    tail the same, then the bytes since the bound before hashed the same. Nothing if the messages' key opens an array
+    after them: a second array of messages there, which a parser takes instead of the first. (A key written with
+    escapes is not looked for: such a body misleads only its own conversation.)"""
+    shared, work = 0, 0
+    bounds = [b for b, n in zip(seen.bounds, seen.counts, strict=True) if b <= len(body) and (count is None or n <= count)]
     if retained is not None:
         seen_bytes = memoryview(retained)
-        for k in range(len(seen.bounds), 0, -1):  # the most first: usually all, or all but the last few
-            bound = seen.bounds[k - 1]
-            if bound <= len(body) and (count is None or seen.counts[k - 1] <= count) and body.startswith(seen_bytes[:bound]):
-                shared = k
-                break
+        # The same up to a bound, the same up to every bound before it: the last first (usually all are shared, or all
+        # but the last few), then halving.
+        low, high, k = 0, len(bounds), len(bounds)
+        while low < high:
+            bound = bounds[k - 1]
+            work += _TAIL + bound
+            if body[bound - _TAIL : bound] == seen.tails[k - 1] and body.startswith(seen_bytes[:bound]):
+                low = k
+            else:
+                high = k - 1
+            k = (low + high + 1) // 2
+        shared = low
     else:
         start = 0
-        for bound, tail, value in zip(seen.bounds, seen.tails, seen.hashes, strict=True):
-            if bound > len(body) or (count is not None and seen.counts[shared] > count):
+        for bound, tail, value in zip(bounds, seen.tails, seen.hashes, strict=False):
+            work += _TAIL
+            if body[bound - _TAIL : bound] != tail:
                 break
-            if body[bound - _TAIL : bound] != tail or hash(body[start:bound]) != value:
+            work += bound - start
+            if hash(body[start:bound]) != value:
                 break
             start, shared = bound, shared + 1
-    if not shared or _array_key(str(seen.items_path[-1])).search(body, seen.bounds[shared - 1]) is not None:
-        return _NOTHING
+    if not shared:
+        return _NOTHING, work
+    work += len(body) - seen.bounds[shared - 1]
+    if _array_key(str(seen.items_path[-1])).search(body, seen.bounds[shared - 1]) is not None:
+        return _NOTHING, work
     counts = seen.counts[:shared]
-    return Match(seen.digests[: counts[-1]], seen.bounds[:shared], counts, seen.hashes[:shared], seen.first_end, seen.items_path)
+    return Match(seen.digests[: counts[-1]], seen.bounds[:shared], counts, seen.hashes[:shared], seen.first_end, seen.items_path), work
 
 
 def _seen_of(body: bytes, items: Sequence[Any], digests: tuple[int, ...], written: Written, match: Match, items_path: ItemsPath) -> _Seen | None:
