@@ -162,11 +162,14 @@ class SeenPrefixes:
             self._count(before, -1)
             # A body this one extends (the same messages, digested: breakpoints moved or not) is this conversation's past.
             bodies = [seen, *(other for other in before if seen.digests[: len(other.digests)] != other.digests)][: self._per_key]
+            self._let_go([other for other in before if not any(other is kept for kept in bodies)])
             self._seen[key] = bodies  # the newest key last: the oldest are dropped first
             self._count(bodies, 1)
             while (self._kept > self._max_digests or self._bodies > self._max_bodies) and self._seen:
-                self._count(self._seen.pop(next(iter(self._seen))), -1)
-            if len(body) <= self._max_retained:
+                dropped = self._seen.pop(next(iter(self._seen)))
+                self._count(dropped, -1)
+                self._let_go(dropped)
+            if key in self._seen and len(body) <= self._max_retained:
                 self._retained[id(seen)] = (seen, body)
                 self._retained_bytes += len(body)
             while self._retained_bytes > self._max_retained:
@@ -175,11 +178,13 @@ class SeenPrefixes:
     def _count(self, bodies: list[_Seen], sign: int) -> None:
         self._kept += sign * sum(len(seen.digests) for seen in bodies)
         self._bodies += sign * len(bodies)
-        if sign < 0:
-            for seen in bodies:
-                retained = self._retained.pop(id(seen), None)
-                if retained is not None:
-                    self._retained_bytes -= len(retained[1])
+
+    def _let_go(self, bodies: list[_Seen]) -> None:
+        """The bytes of bodies no longer remembered."""
+        for seen in bodies:
+            retained = self._retained.pop(id(seen), None)
+            if retained is not None:
+                self._retained_bytes -= len(retained[1])
 
     def clear(self) -> None:
         with self._lock:
