@@ -358,3 +358,20 @@ def test_keys_are_the_same_in_every_process_and_tell_conversations_apart() -> No
     assert len(rows) == 8 * _last_turns.SLOTS and all(len(row) == 16 and row_keys(row[:16]) for row in rows)
     assert all(row_keys(key)[0] == key for key in keys)
     assert not math.isnan(TURN.sent_at)
+
+
+def test_a_turn_with_no_image_after_one_the_file_holds_so_is_not_written_again(path: Path) -> None:
+    text = LastTurn(1000.0, 0, ())
+    with opened(path, now=1010.0) as turns, opened(path, now=1010.0) as other:
+        turns.put(KEY, text)
+        assert turns.get(KEY) == text
+        turns.put(KEY, text._replace(sent_at=1001.0))  # nothing another process reads but the time: not written
+        assert other.get(KEY) == text
+        other.put(OTHER, text)  # another connection wrote: what this one knows is read again, and the turn written
+        turns.put(KEY, text._replace(sent_at=1002.0))
+        assert other.get(KEY) == text._replace(sent_at=1002.0)
+        turns.put(KEY, TURN._replace(sent_at=1003.0))  # images: written
+        assert other.get(KEY) == TURN._replace(sent_at=1003.0)
+        turns.put(KEY, text._replace(sent_at=1004.0))  # none after a row with images: written
+        assert other.get(KEY) == text._replace(sent_at=1004.0)
+        assert turns.writes_dropped == other.writes_dropped == 0

@@ -18,7 +18,9 @@ regular files, and a row is checked before it is used (one that is not what `put
 never longer than `put` writes read into memory).
 
 A read is answered from the rows the request path's connection read or wrote last while no other connection has
-written the file since (SQLite's `data_version`): a turn then costs one statement to read, not a transaction.
+written the file since (SQLite's `data_version`): a turn then costs one statement to read, not a transaction. A turn
+with no image after a row that holds none (a text conversation's) is not written again: only its time would change,
+and another process reads that time only with a cut.
 
 The proxy's event loop never waits for the file: every connection has no busy timeout. A read another process
 holds up reads nothing that once; a write it holds up waits in a queue (one per conversation, the newest turn,
@@ -181,6 +183,14 @@ class _Link:
             self.known_bytes -= _row_bytes(self.known.pop(next(iter(self.known))))
 
 
+_UNKNOWN: Sequence[object] = ()
+
+
+def _holds_nothing(row: Sequence[object] | None) -> bool:
+    """Whether a row as `_read` gives it holds no image and no cut (False for no row, or one not known)."""
+    return row is not None and len(row) == 3 and row[1] == 0 and row[2] == b""
+
+
 def _row_bytes(row: Sequence[object] | None) -> int:
     images = row[2] if row is not None else None
     return len(images) if isinstance(images, bytes) else 0
@@ -237,11 +247,7 @@ class LastTurns:
             if db is None:
                 return [None] * len(keys)
             try:
-                version = db.execute("PRAGMA data_version").fetchone()[0]
-                if version != link.version:  # another connection wrote the file: what this one knows may be old
-                    link.forget()
-                    link.version = version
-                if all(key in link.known for key in keys):
+                if self._unchanged(link) and all(key in link.known for key in keys):
                     rows = [link.known[key] for key in keys]
                 else:
                     with _transaction(db, "BEGIN"):
@@ -269,6 +275,17 @@ class LastTurns:
             return [None] if len(keys) == 1 else [LastTurns._read(db, [key])[0] for key in keys]
         return [found.get(key) for key in keys]
 
+    @staticmethod
+    def _unchanged(link: _Link) -> bool:
+        """Whether no other connection wrote the file since the link's rows were known; else they are forgotten."""
+        assert link.db is not None
+        version = link.db.execute("PRAGMA data_version").fetchone()[0]
+        if version == link.version:
+            return True
+        link.forget()
+        link.version = version
+        return False
+
     def put(self, key: bytes, turn: LastTurn) -> None:
         """Writes the turn now if the file lets it at once, else queues it for the writing thread."""
         if not self.in_use:
@@ -282,6 +299,10 @@ class LastTurns:
             db = self._ready(link)
             if db is not None:
                 try:
+                    if not images and not cut and _holds_nothing(link.known.get(key, _UNKNOWN)) and self._unchanged(link):
+                        # A text conversation's turn after one the file holds: a row with no image and no cut tells
+                        # another process nothing new (its time is read only with a cut), and is not written again.
+                        return
                     written = self._write(link, [row])
                 except (sqlite3.Error, Refused) as exc:
                     if not _busy(exc):
