@@ -375,3 +375,14 @@ def test_a_turn_with_no_image_after_one_the_file_holds_so_is_not_written_again(p
         turns.put(KEY, text._replace(sent_at=1004.0))  # none after a row with images: written
         assert other.get(KEY) == text._replace(sent_at=1004.0)
         assert turns.writes_dropped == other.writes_dropped == 0
+
+
+def test_a_turn_with_no_image_is_written_while_an_earlier_one_waits(path: Path) -> None:
+    text = LastTurn(1000.0, 0, ())
+    with opened(path, now=1010.0) as turns:
+        turns.put(KEY, text)
+        assert turns.get(KEY) == text
+        with sqlite_held_by_another_process(path):
+            turns.put(KEY, TURN._replace(sent_at=1001.0))  # held: it waits for the writing thread
+            turns.put(KEY, text._replace(sent_at=1002.0))  # waits too, as the newer turn: never skipped
+        wait_for(lambda: turns.get(KEY) == text._replace(sent_at=1002.0), "the newer turn written once the file is free")

@@ -286,6 +286,12 @@ class LastTurns:
         link.version = version
         return False
 
+    def _holds_nothing(self, link: _Link, key: bytes) -> bool:
+        """Whether the file holds a row for `key` with no image and no cut, and no turn of it waits to be written."""
+        with self._wake:
+            waiting = key in self._pending or key in self._in_flight
+        return not waiting and _holds_nothing(link.known.get(key, _UNKNOWN)) and self._unchanged(link)
+
     def put(self, key: bytes, turn: LastTurn) -> None:
         """Writes the turn now if the file lets it at once, else queues it for the writing thread."""
         if not self.in_use:
@@ -299,7 +305,7 @@ class LastTurns:
             db = self._ready(link)
             if db is not None:
                 try:
-                    if not images and not cut and _holds_nothing(link.known.get(key, _UNKNOWN)) and self._unchanged(link):
+                    if not images and not cut and self._holds_nothing(link, key):
                         # A text conversation's turn after one the file holds: a row with no image and no cut tells
                         # another process nothing new (its time is read only with a cut), and is not written again.
                         return
