@@ -8,7 +8,7 @@ _body), find (the format module's media), plan (_policy: what happens to each im
 (the document with placeholders and re-encoded images), record (the metrics Record).
 
 A text body that shares its first messages with a body seen before (trimflow._seen_prefixes) is read from its
-spliced document first (`_prune_spliced`): those messages cut out, they held no media. Where that document tells that
+spliced document first (`_spliced_document`): those messages cut out, they held no media. Where that document tells that
 nothing changes, the body goes as it came; else the body is read in full, as any other.
 
 Where it runs: `inline=True` is for a caller on an event loop (the proxy). Work at memchr speed over
@@ -216,24 +216,35 @@ def prune(
 
         return guarded
 
-    if fmt is not None:
-        spliced = SEEN.splice(key_of(host, body), body)
-        if spliced is not None:
-            read = _prune_spliced(
-                spliced,
-                body,
-                host=host,
-                path=path,
-                headers=lowered,
-                fmt=fmt,
-                rules=rules,
-                mode=mode,
-                started=started,
-                guard=guard if inline else None,
-                tighten=tighten,
-            )
-            if read is not None:
-                return read
+    def prune_doc(doc: _body.ParsedBody, whole: bytes | None = None, spliced: Match | None = None) -> Outcome:
+        assert fmt is not None
+        return _prune(
+            doc,
+            host=host,
+            path=path,
+            headers=lowered,
+            fmt=fmt,
+            rules=rules,
+            mode=mode,
+            started=started,
+            inline=inline,
+            guard=guard if inline else None,
+            memory=memory,
+            tighten=tighten,
+            recall=recall,
+            whole=whole,
+            spliced=spliced,
+        )
+
+    if fmt is not None and (spliced := SEEN.splice(key_of(host, body), body)) is not None:
+        # Read from its spliced document: the outcome of a body nothing changes. Where the document does not tell that
+        # (it holds media, a limit may change the body, it reads otherwise), the body is read in full below.
+        try:
+            doc = _spliced_document(spliced, inline)
+            if doc is not None:
+                return prune_doc(doc, body, spliced.match)
+        except Exception:  # noqa: BLE001 - _Unspliced, or a document that reads otherwise: the body is read in full
+            pass
     try:
         # Exact integers are only needed to write a body back: _DocumentWriter asks for them then.
         doc = _body.parse(body, INLINE_MAX_WHOLE if inline else None, exact=False)
@@ -252,70 +263,23 @@ def prune(
         return _untouched(body, host, path, fmt, mode, f"body is a JSON {_JSON_TYPES.get(type(parsed), 'value')}, not an object", started)
 
     try:
-        return _prune(
-            doc,
-            host=host,
-            path=path,
-            headers=lowered,
-            fmt=fmt,
-            rules=rules,
-            mode=mode,
-            started=started,
-            inline=inline,
-            guard=guard if inline else None,
-            memory=memory,
-            tighten=tighten,
-            recall=recall,
-        )
+        return prune_doc(doc)
     except NeedsWorker:
         raise
     except Exception as exc:  # noqa: BLE001 - the request must go through whatever the body holds
         return failed(exc)
 
 
-def _prune_spliced(
-    spliced: Spliced,
-    body: bytes,
-    *,
-    host: str,
-    path: str,
-    headers: Mapping[str, str],
-    fmt: str,
-    rules: Rules,
-    mode: str,
-    started: float,
-    guard: Callable[[Callable[[], Record]], Callable[[], Record | None]] | None,
-    tighten: Tighten | None,
-) -> Outcome | None:
-    """`prune` of a text body from its spliced document (trimflow._seen_prefixes: the messages it shares with a body
-    seen before cut out, but the first): the outcome of a body that nothing changes, or None when that is not known
-    from the document (it holds media, the limits may change the body, it reads otherwise): the body is read in full.
+def _spliced_document(spliced: Spliced, inline: bool) -> _body.ParsedBody | None:
+    """A text body's spliced document (trimflow._seen_prefixes: the messages it shares with a body seen before cut
+    out, but the first), parsed whole; None when it is not so read (a payload in it, too large inline, not an object).
     The messages cut out held no media (they were read before, in a body that held none) and need no reading."""
-    try:
-        doc = _body.parse(spliced.document, INLINE_MAX_WHOLE if guard is not None else None, exact=False)
-        if doc is None or doc.is_skeleton or not isinstance(doc.parsed, dict):
-            return None
-        return _prune(
-            doc,
-            host=host,
-            path=path,
-            headers=headers,
-            fmt=fmt,
-            rules=rules,
-            mode=mode,
-            started=started,
-            inline=guard is not None,
-            guard=guard,
-            tighten=tighten,
-            whole=body,
-            spliced=spliced.match,
-        )
-    except Exception:  # noqa: BLE001 - _Unspliced, or a document that reads otherwise: the body is read in full
-        return None
+    doc = _body.parse(spliced.document, INLINE_MAX_WHOLE if inline else None, exact=False)
+    return doc if doc is not None and not doc.is_skeleton and isinstance(doc.parsed, dict) else None
 
 
 class _Unspliced(Exception):
-    """A spliced document that does not tell the outcome (`_prune_spliced`)."""
+    """A spliced document that does not tell the outcome (`prune`)."""
 
 
 _JSON_TYPES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
@@ -350,7 +314,7 @@ def _prune(
     spliced: Match | None = None,
 ) -> Outcome:
     """`guard`, given when inline: wraps the deferred record's computation so it fails as this would. `whole` and
-    `spliced`: `doc` is `whole` spliced, as `spliced` cut it (`_prune_spliced`)."""
+    `spliced`: `doc` is `whole` spliced, as `spliced` cut it (`_spliced_document`)."""
     parsed, body = doc.parsed, doc.body if whole is None else whole
     module = FORMATS[fmt]
     if spliced is not None and module.history(parsed).path != spliced.items_path:

@@ -286,7 +286,7 @@ class LastTurns:
         link.version = version
         return False
 
-    def _holds_nothing(self, link: _Link, key: bytes) -> bool:
+    def _written_already(self, link: _Link, key: bytes) -> bool:
         """Whether the file holds a row for `key` with no image and no cut, and no turn of it waits to be written."""
         with self._wake:
             waiting = key in self._pending or key in self._in_flight
@@ -305,7 +305,7 @@ class LastTurns:
             db = self._ready(link)
             if db is not None:
                 try:
-                    if not images and not cut and self._holds_nothing(link, key):
+                    if not images and not cut and self._written_already(link, key):
                         # A text conversation's turn after one the file holds: a row with no image and no cut tells
                         # another process nothing new (its time is read only with a cut), and is not written again.
                         return
